@@ -1,0 +1,1 @@
+"""Storage backends, importable as ``guarded.backends.*``."""

@@ -1,0 +1,60 @@
+"""Lossless JSON codec for every StateStore record, payload and trajectory.
+
+``encode(record)`` turns any record of the protocol, ours or PenguiFlow's, into a plain JSON
+object; ``decode(name, data)`` rebuilds it. Values JSON cannot carry are refused with
+:class:`~guarded.errors.InvalidPayloadError` naming the path of the offending value.
+"""
+
+from .json_values import JSONObject, JSONValue, check_text, to_json_object, to_json_value
+from .records import (
+    ARTIFACT_REF,
+    ARTIFACT_RETENTION_CONFIG,
+    ARTIFACT_SCOPE,
+    CODECS,
+    DEFAULT_TYPES,
+    PLANNER_EVENT,
+    REMOTE_BINDING,
+    STATE_UPDATE,
+    STEERING_EVENT,
+    STORED_EVENT,
+    TASK_CONTEXT_SNAPSHOT,
+    TASK_STATE,
+    TASK_TELEMETRY_EVENT,
+    RecordCodec,
+    RecordTypes,
+    codec_for,
+    decode,
+    encode,
+    penguiflow_types,
+)
+from .trajectories import decode_trajectory, encode_trajectory, register_trajectory_type
+
+__all__ = [
+    "ARTIFACT_REF",
+    "ARTIFACT_RETENTION_CONFIG",
+    "ARTIFACT_SCOPE",
+    "CODECS",
+    "DEFAULT_TYPES",
+    "PLANNER_EVENT",
+    "REMOTE_BINDING",
+    "STATE_UPDATE",
+    "STEERING_EVENT",
+    "STORED_EVENT",
+    "TASK_CONTEXT_SNAPSHOT",
+    "TASK_STATE",
+    "TASK_TELEMETRY_EVENT",
+    "JSONObject",
+    "JSONValue",
+    "RecordCodec",
+    "RecordTypes",
+    "check_text",
+    "codec_for",
+    "decode",
+    "decode_trajectory",
+    "encode",
+    "encode_trajectory",
+    "penguiflow_types",
+    "register_trajectory_type",
+    "to_json_object",
+    "to_json_value",
+]

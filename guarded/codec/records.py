@@ -1,0 +1,429 @@
+"""Lossless JSON codecs for every record type of the protocol.
+
+Encoding reads attributes by name, so PenguiFlow's own objects (same attribute names) encode
+exactly like ours. Decoding builds the classes of a :class:`RecordTypes` family: ours by
+default, or any family with the same constructors (for example PenguiFlow's).
+Datetimes become ISO 8601 strings (offset kept, naive stays naive), enums their values,
+nested models nested objects, ``Any`` payloads strict JSON (see :mod:`.json_values`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from typing import Any, Generic, TypeVar
+
+from .. import models
+from ..errors import InvalidPayloadError
+from .json_values import JSONObject, JSONValue, check_text, to_json_object, to_json_value
+
+T = TypeVar("T")
+
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class RecordTypes:
+    """The classes :meth:`RecordCodec.decode` builds, one per record type."""
+
+    StoredEvent: type[Any] = models.StoredEvent
+    RemoteBinding: type[Any] = models.RemoteBinding
+    TaskContextSnapshot: type[Any] = models.TaskContextSnapshot
+    TaskState: type[Any] = models.TaskState
+    StateUpdate: type[Any] = models.StateUpdate
+    SteeringEvent: type[Any] = models.SteeringEvent
+    PlannerEvent: type[Any] = models.PlannerEvent
+    TaskTelemetryEvent: type[Any] = models.TaskTelemetryEvent
+    ArtifactScope: type[Any] = models.ArtifactScope
+    ArtifactRef: type[Any] = models.ArtifactRef
+    ArtifactRetentionConfig: type[Any] = models.ArtifactRetentionConfig
+    TaskStatus: type[Enum] = models.TaskStatus
+    TaskType: type[Enum] = models.TaskType
+    UpdateType: type[Enum] = models.UpdateType
+    SteeringEventType: type[Enum] = models.SteeringEventType
+
+
+DEFAULT_TYPES = RecordTypes()
+
+
+def penguiflow_types() -> RecordTypes:
+    """The family of PenguiFlow's own classes, for code that wants them back from a store.
+
+    Raises ``ImportError`` when ``penguiflow`` is not installed.
+    """
+    from penguiflow.artifacts import ArtifactRef, ArtifactRetentionConfig, ArtifactScope
+    from penguiflow.planner import PlannerEvent
+    from penguiflow.sessions.telemetry import TaskTelemetryEvent
+    from penguiflow.state import models as pf
+
+    return RecordTypes(
+        StoredEvent=pf.StoredEvent,
+        RemoteBinding=pf.RemoteBinding,
+        TaskContextSnapshot=pf.TaskContextSnapshot,
+        TaskState=pf.TaskState,
+        StateUpdate=pf.StateUpdate,
+        SteeringEvent=pf.SteeringEvent,
+        PlannerEvent=PlannerEvent,
+        TaskTelemetryEvent=TaskTelemetryEvent,
+        ArtifactScope=ArtifactScope,
+        ArtifactRef=ArtifactRef,
+        ArtifactRetentionConfig=ArtifactRetentionConfig,
+        TaskStatus=pf.TaskStatus,
+        TaskType=pf.TaskType,
+        UpdateType=pf.UpdateType,
+        SteeringEventType=pf.SteeringEventType,
+    )
+
+
+# --- field kinds: each a pair (encode(value, path) -> JSON, decode(json, types) -> value) -------------
+
+
+@dataclass(frozen=True, slots=True)
+class FieldKind:
+    encode: Callable[[Any, str], JSONValue]
+    decode: Callable[[Any, RecordTypes, str], Any]
+
+
+def _fail(path: str, expected: str, value: Any) -> InvalidPayloadError:
+    return InvalidPayloadError(f"expected {expected}, got {type(value).__name__} {value!r:.60}", path=path)
+
+
+def _encode_text(value: Any, path: str) -> JSONValue:
+    if not isinstance(value, str):
+        raise _fail(path, "a string", value)
+    return check_text(value, path)
+
+
+def _encode_int(value: Any, path: str) -> JSONValue:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(path, "an integer", value)
+    return int(value)
+
+
+def _encode_number(value: Any, path: str) -> JSONValue:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _fail(path, "a number", value)
+    return to_json_value(float(value) if isinstance(value, float) else int(value), path)
+
+
+def _encode_bool(value: Any, path: str) -> JSONValue:
+    if not isinstance(value, bool):
+        raise _fail(path, "a boolean", value)
+    return value
+
+
+def _encode_datetime(value: Any, path: str) -> JSONValue:
+    if not isinstance(value, datetime):
+        raise _fail(path, "a datetime", value)
+    return value.isoformat()
+
+
+def _decode_datetime(value: Any, types: RecordTypes, path: str) -> datetime:
+    if not isinstance(value, str):
+        raise _fail(path, "an ISO 8601 string", value)
+    return datetime.fromisoformat(value)
+
+
+def _same(value: Any, types: RecordTypes, path: str) -> Any:
+    return value
+
+
+def _decode_number(value: Any, types: RecordTypes, path: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _fail(path, "a number", value)
+    return value
+
+
+TEXT = FieldKind(_encode_text, _same)
+INT = FieldKind(_encode_int, _same)
+NUMBER = FieldKind(_encode_number, _decode_number)
+BOOL = FieldKind(_encode_bool, _same)
+DATETIME = FieldKind(_encode_datetime, _decode_datetime)
+JSON = FieldKind(to_json_value, _same)
+JSON_OBJECT = FieldKind(to_json_object, lambda value, types, path: dict(value))
+
+
+def optional(kind: FieldKind) -> FieldKind:
+    """``kind`` or ``None``."""
+    return FieldKind(
+        lambda value, path: None if value is None else kind.encode(value, path),
+        lambda value, types, path: None if value is None else kind.decode(value, types, path),
+    )
+
+
+def enum(family_name: str) -> FieldKind:
+    """An enum of the family's class ``family_name``; encodes its value, accepts any enum or raw value."""
+
+    def encode(value: Any, path: str) -> JSONValue:
+        raw = value.value if isinstance(value, Enum) else value
+        members = {member.value for member in getattr(DEFAULT_TYPES, family_name)}
+        if raw not in members:
+            raise _fail(path, f"a {family_name} ({', '.join(sorted(members))})", value)
+        return raw  # type: ignore[no-any-return]
+
+    def decode(value: Any, types: RecordTypes, path: str) -> Any:
+        try:
+            return getattr(types, family_name)(value)
+        except ValueError:
+            raise _fail(path, f"a {family_name}", value) from None
+
+    return FieldKind(encode, decode)
+
+
+def nested(codec: RecordCodec[Any]) -> FieldKind:
+    """A record of another codec, stored as a nested object."""
+    return FieldKind(
+        lambda value, path: codec.encode(value, path),
+        lambda value, types, path: codec.decode(value, types, path),
+    )
+
+
+# --- record codecs ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    name: str
+    kind: FieldKind
+    has_default: bool = False
+
+
+class RecordCodec(Generic[T]):
+    """Encodes one record type to a JSON object and decodes it back into a family class."""
+
+    def __init__(self, name: str, *fields_: Field) -> None:
+        self.name = name
+        self.fields = fields_
+
+    def encode(self, record: Any, path: str = "") -> JSONObject:
+        """Return the JSON object for ``record`` (ours, PenguiFlow's, or any object with the attributes)."""
+        result: JSONObject = {}
+        for field in self.fields:
+            value = getattr(record, field.name, _MISSING)
+            where = f"{path}.{field.name}" if path else field.name
+            if value is _MISSING:
+                raise InvalidPayloadError(
+                    f"{type(record).__name__} has no attribute {field.name!r}", path=where
+                )
+            result[field.name] = field.kind.encode(value, where)
+        return result
+
+    def decode(self, data: Mapping[str, Any], types: RecordTypes = DEFAULT_TYPES, path: str = "") -> T:
+        """Rebuild the record from :meth:`encode`'s output as an instance of ``types``' class."""
+        kwargs: dict[str, Any] = {}
+        for field in self.fields:
+            where = f"{path}.{field.name}" if path else field.name
+            if field.name in data:
+                kwargs[field.name] = field.kind.decode(data[field.name], types, where)
+            elif not field.has_default:
+                raise InvalidPayloadError(
+                    f"stored {self.name} lacks required field {field.name!r}", path=where
+                )
+        cls: type[T] = getattr(types, self.name)
+        return cls(**kwargs)
+
+
+def _f(name: str, kind: FieldKind, *, default: bool = False) -> Field:
+    return Field(name, kind, default)
+
+
+OPT_TEXT = optional(TEXT)
+OPT_INT = optional(INT)
+OPT_NUMBER = optional(NUMBER)
+
+STORED_EVENT: RecordCodec[models.StoredEvent] = RecordCodec(
+    "StoredEvent",
+    _f("trace_id", OPT_TEXT),
+    _f("ts", NUMBER),
+    _f("kind", TEXT),
+    _f("node_name", OPT_TEXT),
+    _f("node_id", OPT_TEXT),
+    _f("payload", JSON_OBJECT),
+)
+
+REMOTE_BINDING: RecordCodec[models.RemoteBinding] = RecordCodec(
+    "RemoteBinding",
+    _f("trace_id", TEXT),
+    _f("context_id", OPT_TEXT),
+    _f("task_id", TEXT),
+    _f("agent_url", TEXT),
+    _f("router_session_id", OPT_TEXT, default=True),
+    _f("remote_skill", OPT_TEXT, default=True),
+    _f("tenant_id", OPT_TEXT, default=True),
+    _f("user_id", OPT_TEXT, default=True),
+    _f("last_remote_task_id", OPT_TEXT, default=True),
+    _f("is_terminal", BOOL, default=True),
+    _f("metadata", JSON_OBJECT, default=True),
+)
+
+TASK_CONTEXT_SNAPSHOT: RecordCodec[models.TaskContextSnapshot] = RecordCodec(
+    "TaskContextSnapshot",
+    _f("session_id", TEXT),
+    _f("task_id", TEXT),
+    _f("trace_id", OPT_TEXT, default=True),
+    _f("spawned_from_task_id", TEXT, default=True),
+    _f("spawned_from_event_id", OPT_TEXT, default=True),
+    _f("spawned_at", DATETIME, default=True),
+    _f("spawn_reason", OPT_TEXT, default=True),
+    _f("query", OPT_TEXT, default=True),
+    _f("propagate_on_cancel", TEXT, default=True),
+    _f("notify_on_complete", BOOL, default=True),
+    _f("context_version", OPT_INT, default=True),
+    _f("context_hash", OPT_TEXT, default=True),
+    _f("llm_context", JSON_OBJECT, default=True),
+    _f("tool_context", JSON_OBJECT, default=True),
+    _f("memory", JSON_OBJECT, default=True),
+    _f("artifacts", JSON, default=True),
+)
+
+TASK_STATE: RecordCodec[models.TaskState] = RecordCodec(
+    "TaskState",
+    _f("task_id", TEXT),
+    _f("session_id", TEXT),
+    _f("status", enum("TaskStatus")),
+    _f("task_type", enum("TaskType")),
+    _f("priority", INT),
+    _f("context_snapshot", nested(TASK_CONTEXT_SNAPSHOT)),
+    _f("trace_id", OPT_TEXT, default=True),
+    _f("result", JSON, default=True),
+    _f("error", OPT_TEXT, default=True),
+    _f("description", OPT_TEXT, default=True),
+    _f("progress", optional(JSON_OBJECT), default=True),
+    _f("created_at", DATETIME, default=True),
+    _f("updated_at", DATETIME, default=True),
+)
+
+STATE_UPDATE: RecordCodec[models.StateUpdate] = RecordCodec(
+    "StateUpdate",
+    _f("session_id", TEXT),
+    _f("task_id", TEXT),
+    _f("trace_id", OPT_TEXT, default=True),
+    _f("update_id", TEXT),
+    _f("update_type", enum("UpdateType")),
+    _f("content", JSON),
+    _f("step_index", OPT_INT, default=True),
+    _f("total_steps", OPT_INT, default=True),
+    _f("created_at", DATETIME, default=True),
+)
+
+STEERING_EVENT: RecordCodec[models.SteeringEvent] = RecordCodec(
+    "SteeringEvent",
+    _f("session_id", TEXT),
+    _f("task_id", TEXT),
+    _f("event_id", TEXT),
+    _f("event_type", enum("SteeringEventType")),
+    _f("payload", JSON_OBJECT, default=True),
+    _f("trace_id", OPT_TEXT, default=True),
+    _f("source", TEXT, default=True),
+    _f("created_at", DATETIME, default=True),
+)
+
+PLANNER_EVENT: RecordCodec[models.PlannerEvent] = RecordCodec(
+    "PlannerEvent",
+    _f("event_type", TEXT),
+    _f("ts", NUMBER),
+    _f("trajectory_step", OPT_INT, default=True),
+    _f("thought", OPT_TEXT, default=True),
+    _f("node_name", OPT_TEXT, default=True),
+    _f("latency_ms", OPT_NUMBER, default=True),
+    _f("token_estimate", OPT_INT, default=True),
+    _f("error", OPT_TEXT, default=True),
+    _f("extra", JSON_OBJECT, default=True),
+)
+
+TASK_TELEMETRY_EVENT: RecordCodec[models.TaskTelemetryEvent] = RecordCodec(
+    "TaskTelemetryEvent",
+    _f("event_type", TEXT),
+    _f("outcome", TEXT),
+    _f("session_id", TEXT),
+    _f("task_id", TEXT),
+    _f("parent_task_id", OPT_TEXT, default=True),
+    _f("trace_id", OPT_TEXT, default=True),
+    _f("task_type", enum("TaskType")),
+    _f("status", enum("TaskStatus")),
+    _f("mode", OPT_TEXT, default=True),
+    _f("spawn_reason", OPT_TEXT, default=True),
+    _f("duration_ms", OPT_NUMBER, default=True),
+    _f("created_at_s", NUMBER, default=True),
+    _f("extra", JSON_OBJECT, default=True),
+)
+
+ARTIFACT_SCOPE: RecordCodec[models.ArtifactScope] = RecordCodec(
+    "ArtifactScope",
+    _f("tenant_id", OPT_TEXT, default=True),
+    _f("user_id", OPT_TEXT, default=True),
+    _f("session_id", OPT_TEXT, default=True),
+    _f("trace_id", OPT_TEXT, default=True),
+)
+
+ARTIFACT_REF: RecordCodec[models.ArtifactRef] = RecordCodec(
+    "ArtifactRef",
+    _f("id", TEXT),
+    _f("mime_type", OPT_TEXT, default=True),
+    _f("size_bytes", OPT_INT, default=True),
+    _f("filename", OPT_TEXT, default=True),
+    _f("sha256", OPT_TEXT, default=True),
+    _f("scope", optional(nested(ARTIFACT_SCOPE)), default=True),
+    _f("namespace", OPT_TEXT, default=True),
+    _f("source", JSON_OBJECT, default=True),
+)
+
+ARTIFACT_RETENTION_CONFIG: RecordCodec[models.ArtifactRetentionConfig] = RecordCodec(
+    "ArtifactRetentionConfig",
+    _f("ttl_seconds", INT, default=True),
+    _f("max_artifact_bytes", INT, default=True),
+    _f("max_session_bytes", INT, default=True),
+    _f("max_trace_bytes", INT, default=True),
+    _f("max_artifacts_per_trace", INT, default=True),
+    _f("max_artifacts_per_session", INT, default=True),
+    _f("cleanup_strategy", TEXT, default=True),
+)
+
+CODECS: dict[str, RecordCodec[Any]] = {
+    codec.name: codec
+    for codec in (
+        STORED_EVENT,
+        REMOTE_BINDING,
+        TASK_CONTEXT_SNAPSHOT,
+        TASK_STATE,
+        STATE_UPDATE,
+        STEERING_EVENT,
+        PLANNER_EVENT,
+        TASK_TELEMETRY_EVENT,
+        ARTIFACT_SCOPE,
+        ARTIFACT_REF,
+        ARTIFACT_RETENTION_CONFIG,
+    )
+}
+
+
+def codec_for(record: Any) -> RecordCodec[Any]:
+    """The codec for ``record``, found by class name so PenguiFlow's classes map to the same codec."""
+    try:
+        return CODECS[type(record).__name__]
+    except KeyError:
+        raise InvalidPayloadError(f"no codec for {type(record).__qualname__}") from None
+
+
+def encode(record: Any) -> JSONObject:
+    """Encode any record of the protocol (ours or PenguiFlow's) to a JSON object."""
+    return codec_for(record).encode(record)
+
+
+def decode(name: str, data: Mapping[str, Any], types: RecordTypes = DEFAULT_TYPES) -> Any:
+    """Decode a JSON object produced by :func:`encode` for the record type called ``name``."""
+    return CODECS[name].decode(data, types)
+
+
+__all__ = [
+    "CODECS",
+    "DEFAULT_TYPES",
+    "RecordCodec",
+    "RecordTypes",
+    "codec_for",
+    "decode",
+    "encode",
+    "penguiflow_types",
+]

@@ -1,0 +1,53 @@
+"""Exceptions raised by guarded and its backends."""
+
+from __future__ import annotations
+
+
+class GuardedError(Exception):
+    """Base class of every exception guarded raises on purpose."""
+
+
+class InvalidPayloadError(GuardedError, ValueError):
+    """A value that can never be stored: not JSON, a lone surrogate, NaN, a missing id, too large.
+
+    Never retryable. ``path`` locates the offending value inside the argument
+    (``payload["rows"][3]``); ``method`` names the store method once known.
+    """
+
+    def __init__(self, reason: str, *, path: str = "", method: str | None = None) -> None:
+        self.reason = reason
+        self.path = path
+        self.method = method
+        super().__init__(reason)
+
+    def at(self, prefix: str) -> InvalidPayloadError:
+        """Prefix the path with the name of the enclosing field or argument, and return self."""
+        if prefix:
+            self.path = prefix + (
+                self.path if self.path.startswith("[") or not self.path else "." + self.path
+            )
+        return self
+
+    def for_method(self, method: str) -> InvalidPayloadError:
+        """Record the store method the bad value was passed to, and return self."""
+        self.method = method
+        return self
+
+    def __str__(self) -> str:
+        where = ": ".join(part for part in (self.method, self.path) if part)
+        return f"{where}: {self.reason}" if where else self.reason
+
+
+class SteeringValidationError(ValueError):
+    """A steering payload does not satisfy its event type's required fields (spec 000).
+
+    ``errors`` lists every problem found; each message names the offending field.
+    """
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__("invalid steering payload: " + "; ".join(errors))
+
+
+class CapabilityError(TypeError):
+    """A store lacks methods a feature needs (see :func:`guarded.protocol.require_capabilities`)."""
