@@ -1,0 +1,65 @@
+"""One logical call through the guard, and the shape every layer has (tower's Layer/Service)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .outcome import Outcome
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from .config import ResolvedMethodConfig
+    from .policy import MethodPolicy
+
+
+class Call:
+    """A method call as it travels through the layers; layers annotate it as they go."""
+
+    __slots__ = ("args", "attempts", "deadline", "error", "kwargs", "method", "outcome", "retries", "span")
+
+    def __init__(
+        self, method: MethodSetup, args: tuple[Any, ...], kwargs: Mapping[str, Any], deadline: float
+    ) -> None:
+        self.method = method
+        self.args = args
+        self.kwargs = kwargs
+        self.deadline = deadline
+        """Event-loop time by which the call must return."""
+        self.attempts = 0
+        self.outcome = Outcome.OK
+        self.error: BaseException | None = None
+        self.retries: list[tuple[int, str, float]] | None = None
+        """(attempt that failed, error type, backoff in seconds) for each retry."""
+        self.span: Span | None = None
+
+    def note_retry(self, error_type: str, delay: float) -> None:
+        if self.retries is None:
+            self.retries = []
+        self.retries.append((self.attempts, error_type, delay))
+
+
+@dataclass(frozen=True, slots=True)
+class MethodSetup:
+    """Everything layers need to know about one method of one guarded store."""
+
+    store_name: str
+    label: str
+    """The ``method`` label of metrics and ``db.operation.name`` of spans (``artifact_store.get`` ...)."""
+    policy: MethodPolicy
+    settings: ResolvedMethodConfig
+    honours_idempotency_key: bool = False
+
+
+Service = Callable[[Call], Awaitable[Any]]
+"""Runs a call and returns its result."""
+
+
+class Layer(Protocol):
+    """One concern of the guard. ``wrap`` is called once per method when the guard is built and
+    returns the service that runs that method's calls; a layer with nothing to do for a method
+    returns ``inner`` unchanged, so it costs nothing there."""
+
+    def wrap(self, inner: Service, method: MethodSetup) -> Service: ...

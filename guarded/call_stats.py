@@ -1,0 +1,129 @@
+"""In-process statistics of guarded calls, exposed to Prometheus at scrape time.
+
+The hot path only bumps plain integers (no locks, no label lookups); a custom collector turns
+them into the call-duration histogram (with trace-id exemplars), the calls counter and the
+retries counter when Prometheus scrapes. Guards run on an event loop, so updates are not
+concurrent with each other; a scrape from another thread may see a series mid-update, which at
+worst shifts one observation between two consecutive scrapes.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from bisect import bisect_left
+from collections.abc import Iterator
+
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
+
+from . import telemetry_names as names
+
+
+class DurationSeries:
+    """Latency observations of one (store, method, outcome)."""
+
+    __slots__ = ("_bounds", "counts", "exemplars", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.exemplars: list[Exemplar | None] = [None] * (len(bounds) + 1)
+
+    def observe(self, seconds: float, trace_id: str | None = None) -> None:
+        index = bisect_left(self._bounds, seconds)
+        self.counts[index] += 1
+        self.total += seconds
+        if trace_id is not None:
+            self.exemplars[index] = Exemplar({"trace_id": trace_id}, seconds, time.time())
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+class CallStats:
+    """Every guard's call statistics in one registry."""
+
+    def __init__(self, bounds: tuple[float, ...] = names.CALL_DURATION_BUCKETS) -> None:
+        self.bounds = bounds
+        self.durations: dict[tuple[str, str, str], DurationSeries] = {}
+        self.retries: dict[tuple[str, str], int] = {}
+
+    def series(self, store: str, method: str, outcome: str) -> DurationSeries:
+        key = (store, method, outcome)
+        found = self.durations.get(key)
+        if found is None:
+            found = self.durations[key] = DurationSeries(self.bounds)
+        return found
+
+    def add_retries(self, store: str, method: str, retries: int) -> None:
+        key = (store, method)
+        self.retries[key] = self.retries.get(key, 0) + retries
+
+    def counts(self, store: str) -> dict[tuple[str, str], int]:
+        """Calls of ``store`` by (method, outcome)."""
+        return {
+            (method, outcome): series.count
+            for (name, method, outcome), series in list(self.durations.items())
+            if name == store
+        }
+
+
+class _CallStatsCollector(Collector):
+    def __init__(self, stats: CallStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        labels = [names.LABEL_STORE, names.LABEL_METHOD, names.LABEL_OUTCOME]
+        durations = HistogramMetricFamily(
+            names.CALL_DURATION, "Latency of guarded StateStore calls, all attempts included.", labels=labels
+        )
+        calls = CounterMetricFamily(names.CALLS, "Guarded StateStore calls by outcome.", labels=labels)
+        bounds = [*(_format_bound(bound) for bound in self._stats.bounds), "+Inf"]
+        for key, series in list(self._stats.durations.items()):
+            counts = list(series.counts)
+            exemplars = list(series.exemplars)
+            cumulative = 0
+            buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+            for bound, count, exemplar in zip(bounds, counts, exemplars, strict=True):
+                cumulative += count
+                buckets.append((bound, cumulative, exemplar) if exemplar else (bound, cumulative))
+            durations.add_metric(list(key), buckets, series.total)
+            calls.add_metric(list(key), cumulative)
+        retries = CounterMetricFamily(
+            names.RETRIES,
+            "Retried attempts of guarded calls.",
+            labels=[names.LABEL_STORE, names.LABEL_METHOD],
+        )
+        for (store, method), count in list(self._stats.retries.items()):
+            retries.add_metric([store, method], count)
+        yield durations
+        yield calls
+        yield retries
+
+    def describe(self) -> Iterator[Metric]:
+        labels = [names.LABEL_STORE, names.LABEL_METHOD, names.LABEL_OUTCOME]
+        yield HistogramMetricFamily(names.CALL_DURATION, "", labels=labels)
+        yield CounterMetricFamily(names.CALLS, "", labels=labels)
+        yield CounterMetricFamily(names.RETRIES, "", labels=[names.LABEL_STORE, names.LABEL_METHOD])
+
+
+def _format_bound(bound: float) -> str:
+    return repr(float(bound))
+
+
+_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, CallStats] = weakref.WeakKeyDictionary()
+
+
+def call_stats(registry: CollectorRegistry = REGISTRY) -> CallStats:
+    """The call statistics exported through ``registry``, registered on first use."""
+    found = _by_registry.get(registry)
+    if found is None:
+        found = CallStats()
+        registry.register(_CallStatsCollector(found))
+        _by_registry[registry] = found
+    return found

@@ -1,0 +1,316 @@
+"""``guard(store)``: wrap any StateStore in the layer chain and return a capability-preserving proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import os
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from opentelemetry import trace
+from opentelemetry.trace import TracerProvider
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from . import telemetry_names as names
+from .breaker import BreakerState, CircuitBreaker
+from .call import Call, Layer, MethodSetup, Service
+from .config import GuardConfig
+from .failure_log import FailureLog
+from .idempotency import IDEMPOTENCY_KEY
+from .layers import (
+    CircuitBreakerLayer,
+    FallbackLayer,
+    MetricsLayer,
+    RetryLayer,
+    TimeoutLayer,
+    TracingLayer,
+)
+from .layers.metrics import GuardInstruments, guard_instruments, publish_breaker_state
+from .policy import MethodPolicy, PolicyTable
+from .proxy import async_method_names, build_proxy_class
+
+S = TypeVar("S")
+
+HONOURS_IDEMPOTENCY_KEY = "honours_idempotency_key"
+"""A backend sets this class attribute to ``True`` when it honours
+:data:`guarded.idempotency.IDEMPOTENCY_KEY` for consumes; the guard then retries them."""
+
+
+class GuardedStore:
+    """Base class of every guard proxy (see :func:`guard`). Holds nothing of its own."""
+
+    async def __aenter__(self) -> Any:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await controller(self).aclose()
+
+    def __repr__(self) -> str:
+        core = _cores[self]
+        return f"<guarded {core.name!r} over {core.target!r}>"
+
+
+class GuardedArtifactStore(GuardedStore):
+    """Base class of the proxy returned by a guarded store's ``artifact_store``."""
+
+
+_cores: weakref.WeakKeyDictionary[GuardedStore, GuardCore] = weakref.WeakKeyDictionary()
+
+
+class GuardCore:
+    """What stands behind one proxy: the target, its policies, breaker, instruments and layers."""
+
+    def __init__(
+        self,
+        target: object,
+        *,
+        name: str,
+        config: GuardConfig,
+        policies: PolicyTable,
+        registry: CollectorRegistry,
+        tracer_provider: TracerProvider | None,
+        extra_layers: Sequence[Layer],
+        label_prefix: str = "",
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        self.target = target
+        self.name = name
+        self.config = config
+        self.policies = policies
+        self.registry = registry
+        self.tracer_provider = tracer_provider
+        self.extra_layers = tuple(extra_layers)
+        self.instruments: GuardInstruments = guard_instruments(registry)
+        self.breaker = breaker or self._new_breaker()
+        self.failure_log = FailureLog(config.logging.interval)
+        self.honours_idempotency_key = bool(getattr(target, HONOURS_IDEMPOTENCY_KEY, False))
+        self.label_prefix = label_prefix
+        tracer = trace.get_tracer(names.TRACER_NAME, tracer_provider=tracer_provider)
+        db_system = getattr(target, "db_system_name", None)
+        self.layers: list[Layer] = [
+            TracingLayer(tracer, db_system_name=db_system if isinstance(db_system, str) else None),
+            MetricsLayer(self.instruments),
+            FallbackLayer(self.failure_log),
+            CircuitBreakerLayer(self.breaker),
+            RetryLayer(config.retry),
+            TimeoutLayer(),
+            *self.extra_layers,
+        ]
+        self.setups: dict[str, MethodSetup] = {}
+        self._key_prefix = f"{os.getpid():x}-{id(self):x}-"
+        self._key_counter = itertools.count()
+
+    def _new_breaker(self) -> CircuitBreaker:
+        breaker = CircuitBreaker(self.config.breaker)
+        transitions = self.instruments.circuit_transitions
+        state_gauge_store = self.name
+
+        def on_transition(old: BreakerState, new: BreakerState) -> None:
+            transitions.labels(state_gauge_store, old.value, new.value).inc()
+            publish_breaker_state(self.instruments, state_gauge_store, new)
+
+        breaker.add_listener(on_transition)
+        publish_breaker_state(self.instruments, self.name, breaker.state)
+        return breaker
+
+    def policy(self, method: str) -> MethodPolicy:
+        return self.policies.get(method)
+
+    def build_method(self, method: str) -> Callable[..., Any]:
+        """The guarded coroutine function for ``target.method``."""
+        policy = self.policies.get(method)
+        setup = MethodSetup(
+            store_name=self.name,
+            label=self.label_prefix + method,
+            policy=policy,
+            settings=self.config.for_method(method, critical=policy.critical),
+            honours_idempotency_key=self.honours_idempotency_key and policy.alias_of is None,
+        )
+        self.setups[method] = setup
+        bound = getattr(self.target, method)
+
+        async def backend(call: Call) -> Any:
+            return await bound(*call.args, **call.kwargs)
+
+        service: Service = backend
+        for layer in reversed(self.layers):
+            service = layer.wrap(service, setup)
+        return _entry(service, setup, self._key_prefix, self._key_counter)
+
+
+def _entry(
+    service: Service, setup: MethodSetup, key_prefix: str, counter: itertools.count[int]
+) -> Callable[..., Any]:
+    deadline = setup.settings.deadline
+    get_loop = asyncio.get_running_loop
+    set_key = IDEMPOTENCY_KEY.set
+    reset_key = IDEMPOTENCY_KEY.reset
+
+    async def guarded_method(*args: Any, **kwargs: Any) -> Any:
+        return await service(Call(setup, args, kwargs, get_loop().time() + deadline))
+
+    async def keyed_method(*args: Any, **kwargs: Any) -> Any:
+        token = set_key(key_prefix + str(next(counter)))
+        try:
+            return await service(Call(setup, args, kwargs, get_loop().time() + deadline))
+        finally:
+            reset_key(token)
+
+    if not setup.policy.repeat_safe:
+        keyed_method.__name__ = keyed_method.__qualname__ = setup.label
+        return keyed_method
+
+    guarded_method.__name__ = guarded_method.__qualname__ = setup.label
+    return guarded_method
+
+
+def guard(
+    store: S,
+    *,
+    name: str = "default",
+    config: GuardConfig | None = None,
+    policies: Mapping[str, Mapping[str, Any] | MethodPolicy] | None = None,
+    registry: CollectorRegistry = REGISTRY,
+    tracer_provider: TracerProvider | None = None,
+    extra_layers: Sequence[Layer] = (),
+    **overrides: Any,
+) -> S:
+    """Wrap ``store`` so every async method is must-not-throw, bounded in time, retried when safe,
+    circuit-broken, measured and traced (DESIGN.md "Architecture").
+
+    The result has exactly the capabilities of ``store`` (same ``hasattr`` answers, same
+    ``isinstance`` against the protocols), so PenguiFlow sees the same store it saw before.
+
+    Args:
+        store: any object with async StateStore methods.
+        name: the ``store`` label of metrics and ``guarded.store`` span attribute.
+        config: every tunable; production defaults when omitted.
+        policies: per-method policy overrides (a :class:`~guarded.policy.MethodPolicy`, or a mapping
+            of fields to patch such as ``{"my_method": {"kind": "read", "fallback": "empty_list"}}``).
+        registry: prometheus registry for the metrics (the global one by default).
+        tracer_provider: OpenTelemetry tracer provider (the global one by default).
+        extra_layers: your own layers, run innermost (between the timeout layer and the store).
+        **overrides: fields of :class:`~guarded.config.GuardConfig` replacing those of ``config``.
+    """
+    base = config or GuardConfig()
+    if overrides:
+        base = GuardConfig.model_validate({**base.model_dump(), **overrides})
+    table = PolicyTable.for_state_store()
+    if policies:
+        table = table.with_overrides(policies)
+    core = GuardCore(
+        store,
+        name=name,
+        config=base,
+        policies=table,
+        registry=registry,
+        tracer_provider=tracer_provider,
+        extra_layers=extra_layers,
+    )
+    return _make_proxy(core, GuardedStore)  # type: ignore[return-value]
+
+
+def _make_proxy(core: GuardCore, base: type[GuardedStore]) -> GuardedStore:
+    target = core.target
+    methods = {method: core.build_method(method) for method in async_method_names(target)}
+    special: dict[str, property] = {}
+    if base is GuardedStore and inspect.getattr_static(target, "artifact_store", None) is not None:
+        special["artifact_store"] = _guarded_artifact_property(core)
+    cls = build_proxy_class(
+        target,
+        methods=methods,
+        special=special,
+        base=base,
+        class_name=f"Guarded{type(target).__name__}",
+    )
+    proxy: GuardedStore = cls()
+    _cores[proxy] = core
+    return proxy
+
+
+def _guarded_artifact_property(core: GuardCore) -> property:
+    cache: dict[int, tuple[object, GuardedStore]] = {}
+
+    def get(self: object) -> Any:
+        inner = core.target.artifact_store  # type: ignore[attr-defined]
+        if inner is None:
+            return None
+        cached = cache.get(id(inner))
+        if cached is not None and cached[0] is inner:
+            return cached[1]
+        artifact_core = GuardCore(
+            inner,
+            name=core.name,
+            config=core.config,
+            policies=PolicyTable.for_artifact_store(),
+            registry=core.registry,
+            tracer_provider=core.tracer_provider,
+            extra_layers=core.extra_layers,
+            label_prefix="artifact_store.",
+            breaker=core.breaker,
+        )
+        proxy = _make_proxy(artifact_core, GuardedArtifactStore)
+        cache.clear()
+        cache[id(inner)] = (inner, proxy)
+        return proxy
+
+    return property(get)
+
+
+def controller(proxy: object) -> GuardController:
+    """The controls of a guard proxy: flush, close, breaker, statistics, policies."""
+    core = _cores.get(proxy) if isinstance(proxy, GuardedStore) else None
+    if core is None:
+        raise TypeError(f"{type(proxy).__qualname__} is not a guarded store (use guarded.guard(store))")
+    return GuardController(core)
+
+
+class GuardController:
+    """Operator controls of one guard, kept off the proxy so they never collide with store methods."""
+
+    def __init__(self, core: GuardCore) -> None:
+        self._core = core
+
+    @property
+    def name(self) -> str:
+        return self._core.name
+
+    @property
+    def config(self) -> GuardConfig:
+        return self._core.config
+
+    @property
+    def store(self) -> object:
+        """The wrapped store."""
+        return self._core.target
+
+    @property
+    def breaker(self) -> CircuitBreaker:
+        """The circuit breaker (``state``, ``force_open()``, ``disable()``, ``reset()``)."""
+        return self._core.breaker
+
+    def policy(self, method: str) -> MethodPolicy:
+        """The policy the guard applies to ``method``."""
+        return self._core.policy(method)
+
+    def guarded_methods(self) -> list[str]:
+        """Names of the store methods the guard wraps."""
+        return sorted(self._core.setups)
+
+    async def flush(self) -> None:
+        """Write out anything the guard holds for the backend (nothing yet: no batching layer)."""
+        await asyncio.sleep(0)
+
+    async def aclose(self) -> None:
+        """Flush, then close the wrapped store when it has ``aclose()`` or ``close()``."""
+        await self.flush()
+        for closer_name in ("aclose", "close"):
+            closer = getattr(self._core.target, closer_name, None)
+            if callable(closer):
+                result = closer()
+                if inspect.isawaitable(result):
+                    await result
+                return

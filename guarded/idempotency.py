@@ -1,0 +1,45 @@
+"""The idempotency key of the current logical store call.
+
+``load_planner_state`` consumes its token: if the response is lost after the database ran the
+consume, a blind retry would find nothing and the pause would be gone. The guard therefore
+gives each *logical* call a key (the same key for every retry of that call) in the context
+variable :data:`IDEMPOTENCY_KEY`; a backend that supports it (the Postgres backend) records who
+consumed a token and answers a repeat with the same key again for a short grace period, while
+any other caller gets ``None``.
+
+The guard sets the key; backends only read it::
+
+    with idempotency_key("call-7f3a"):
+        payload = await store.load_planner_state(token)   # retried attempts reuse the key
+
+    current_idempotency_key()  # -> "call-7f3a" inside the block, None outside
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "guarded_idempotency_key", default=None
+)
+"""The key of the logical call in progress, or ``None`` outside any guarded call."""
+
+
+def current_idempotency_key() -> str | None:
+    """The idempotency key of the current logical call, or ``None``."""
+    return IDEMPOTENCY_KEY.get()
+
+
+@contextlib.contextmanager
+def idempotency_key(key: str | None) -> Iterator[str | None]:
+    """Set the idempotency key for the calls made inside the block (``None`` clears it)."""
+    token = IDEMPOTENCY_KEY.set(key)
+    try:
+        yield key
+    finally:
+        IDEMPOTENCY_KEY.reset(token)
+
+
+__all__ = ["IDEMPOTENCY_KEY", "current_idempotency_key", "idempotency_key"]

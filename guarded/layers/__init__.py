@@ -1,0 +1,25 @@
+"""The guard's layers, outermost first: tracing, metrics, fallback, circuit breaker, retry, timeout.
+
+Each has the same shape (:class:`guarded.call.Layer`): ``wrap(inner, method) -> service``.
+"""
+
+from ..call import Call, Layer, MethodSetup, Service
+from .breaker import CircuitBreakerLayer
+from .fallback import FallbackLayer
+from .metrics import MetricsLayer
+from .retry import RetryLayer
+from .timeout import TimeoutLayer
+from .tracing import TracingLayer
+
+__all__ = [
+    "Call",
+    "CircuitBreakerLayer",
+    "FallbackLayer",
+    "Layer",
+    "MethodSetup",
+    "MetricsLayer",
+    "RetryLayer",
+    "Service",
+    "TimeoutLayer",
+    "TracingLayer",
+]

@@ -1,0 +1,67 @@
+"""Must-not-throw: every failure becomes the method's safe default, with its outcome recorded.
+
+Caller cancellation (``asyncio.CancelledError``), ``KeyboardInterrupt`` and ``SystemExit`` are
+``BaseException``s and pass through untouched. A backend answering ``{}`` for a missing pause
+token gets ``None`` (spec 000 §5, "missing token semantics"), and single-item reads that find
+nothing report ``not_found`` so "store down" and "token expired" never look alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..call import Call, MethodSetup, Service
+from ..classify import CircuitOpenError, ErrorClass, classify, error_type, safe_message
+from ..failure_log import FailureLog
+from ..outcome import Outcome
+from ..policy import Kind
+
+
+def failure_outcome(exc: BaseException) -> Outcome:
+    """The outcome of a call that failed with ``exc``."""
+    if isinstance(exc, CircuitOpenError):
+        return Outcome.CIRCUIT_OPEN
+    if isinstance(exc, TimeoutError):
+        return Outcome.TIMEOUT
+    if classify(exc) is ErrorClass.REJECTED:
+        return Outcome.REJECTED
+    return Outcome.FALLBACK
+
+
+class FallbackLayer:
+    """Turns failures into the policy's fallback value; sets the call's final outcome."""
+
+    def __init__(self, failure_log: FailureLog) -> None:
+        self._log = failure_log
+
+    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+        policy = method.policy
+        make_fallback = policy.fallback.value_factory()
+        normalise_empty = policy.kind is Kind.CONSUME
+        single_item = policy.single_item
+        log = self._log
+
+        async def must_not_throw(call: Call) -> Any:
+            try:
+                result = await inner(call)
+            except Exception as exc:
+                call.error = exc
+                call.outcome = failure_outcome(exc)
+                log.failure(
+                    store=method.store_name,
+                    method=method.label,
+                    error_type=error_type(exc),
+                    outcome=call.outcome.value,
+                    message=safe_message(exc),
+                )
+                return make_fallback()
+            if normalise_empty and result == {}:
+                result = None
+            if call.outcome is Outcome.OK:
+                if single_item and result is None:
+                    call.outcome = Outcome.NOT_FOUND
+                elif call.attempts > 1:
+                    call.outcome = Outcome.RETRIED
+            return result
+
+        return must_not_throw

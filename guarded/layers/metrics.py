@@ -1,0 +1,99 @@
+"""Metrics: one latency observation per logical call, by store, method and final outcome.
+
+Observations go to :class:`~guarded.call_stats.CallStats` (plain counters, exported at scrape
+time); breaker state and transitions are ordinary prometheus-client instruments. Exemplars carry
+the trace id when the call's span is recording.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+from .. import telemetry_names as names
+from ..breaker import BreakerState
+from ..call import Call, MethodSetup, Service
+from ..call_stats import CallStats, DurationSeries, call_stats
+from ..outcome import Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class GuardInstruments:
+    stats: CallStats
+    circuit_state: Gauge
+    circuit_transitions: Counter
+
+
+_instruments: weakref.WeakKeyDictionary[CollectorRegistry, GuardInstruments] = weakref.WeakKeyDictionary()
+
+
+def guard_instruments(registry: CollectorRegistry = REGISTRY) -> GuardInstruments:
+    """The guard's instruments in ``registry``, created on first use and shared by every guard."""
+    found = _instruments.get(registry)
+    if found is None:
+        found = GuardInstruments(
+            stats=call_stats(registry),
+            circuit_state=Gauge(
+                names.CIRCUIT_STATE,
+                "Circuit breaker state: 1 for the current state, 0 for the others.",
+                [names.LABEL_STORE, names.LABEL_STATE],
+                registry=registry,
+            ),
+            circuit_transitions=Counter(
+                names.CIRCUIT_TRANSITIONS,
+                "Circuit breaker state changes.",
+                [names.LABEL_STORE, "from_state", "to_state"],
+                registry=registry,
+            ),
+        )
+        _instruments[registry] = found
+    return found
+
+
+def publish_breaker_state(instruments: GuardInstruments, store: str, state: BreakerState) -> None:
+    """Set the state gauge so exactly ``state`` reads 1 for ``store``."""
+    for candidate in BreakerState:
+        instruments.circuit_state.labels(store, candidate.value).set(1 if candidate is state else 0)
+
+
+class MetricsLayer:
+    """Observes latency and counts each call by its final outcome (cancellations included)."""
+
+    def __init__(self, instruments: GuardInstruments) -> None:
+        self._stats = instruments.stats
+
+    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+        stats = self._stats
+        store, label = method.store_name, method.label
+        series: dict[Outcome, DurationSeries] = {}
+        clock = time.perf_counter
+
+        def observe(call: Call, elapsed: float) -> None:
+            outcome = call.outcome
+            found = series.get(outcome)
+            if found is None:
+                found = series[outcome] = stats.series(store, label, outcome.value)
+            span = call.span
+            if span is None:
+                found.observe(elapsed)
+            else:
+                found.observe(elapsed, format(span.get_span_context().trace_id, "032x"))
+            if call.attempts > 1:
+                stats.add_retries(store, label, call.attempts - 1)
+
+        async def measured(call: Call) -> Any:
+            started = clock()
+            try:
+                result = await inner(call)
+            except BaseException:
+                call.outcome = Outcome.CANCELLED
+                observe(call, clock() - started)
+                raise
+            observe(call, clock() - started)
+            return result
+
+        return measured

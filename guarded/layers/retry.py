@@ -1,0 +1,89 @@
+"""Retries with exponential backoff and jitter (tenacity), for retryable errors only.
+
+The first attempt runs without any tenacity machinery; only a retryable failure enters the
+slow path. A consume (``load_planner_state``) is repeated only when the backend honours the
+guard's idempotency key, or when the failed attempt provably never reached the backend.
+Backoff never sleeps past the call's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
+
+from ..call import Call, MethodSetup, Service
+from ..classify import ErrorClass, classify, error_type, reached_backend
+from ..config import RetryConfig
+
+
+class RetryLayer:
+    """Retries retryable failures of repeat-safe calls (see module docs)."""
+
+    def __init__(self, config: RetryConfig) -> None:
+        self._config = config
+
+    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+        max_attempts = method.settings.max_attempts
+        repeat_safe = method.policy.repeat_safe or method.honours_idempotency_key
+
+        def may_repeat(exc: BaseException) -> bool:
+            if not isinstance(exc, Exception) or classify(exc) is not ErrorClass.RETRYABLE:
+                return False
+            return repeat_safe or not reached_backend(exc)
+
+        async def attempt(call: Call) -> Any:
+            call.attempts += 1
+            return await inner(call)
+
+        if max_attempts <= 1:
+            return attempt
+
+        wait = wait_exponential_jitter(
+            initial=self._config.initial_backoff,
+            max=self._config.max_backoff,
+            exp_base=self._config.multiplier,
+            jitter=self._config.jitter,
+        )
+
+        async def retried(call: Call) -> Any:
+            call.attempts += 1
+            try:
+                return await inner(call)
+            except Exception as exc:
+                if not may_repeat(exc):
+                    raise
+                first_error = exc
+            return await _retry_slow_path(call, first_error)
+
+        async def _retry_slow_path(call: Call, first_error: Exception) -> Any:
+            loop = asyncio.get_running_loop()
+
+            def stop(state: RetryCallState) -> bool:
+                return (
+                    call.attempts >= max_attempts
+                    or loop.time() + (state.upcoming_sleep or 0.0) >= call.deadline
+                )
+
+            def before_sleep(state: RetryCallState) -> None:
+                failure = state.outcome.exception() if state.outcome else None
+                call.note_retry(error_type(failure) if failure else "unknown", state.upcoming_sleep)
+
+            first = True
+            retrying = AsyncRetrying(
+                stop=stop,
+                wait=wait,
+                retry=retry_if_exception(may_repeat),
+                before_sleep=before_sleep,
+                reraise=True,
+            )
+            async for attempt_state in retrying:
+                with attempt_state:
+                    if first:
+                        first = False
+                        raise first_error
+                    return await attempt(call)
+            raise AssertionError("unreachable: tenacity either returns or re-raises")
+
+        return retried

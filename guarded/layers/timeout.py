@@ -1,0 +1,48 @@
+"""Per-attempt timeout, capped by the call's overall deadline (enforced by the loop's watchdog)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..call import Call, MethodSetup, Service
+from ..watchdog import watchdog_for
+
+
+class TimeoutLayer:
+    """Bounds each attempt by ``min(attempt timeout, time left before the deadline)``.
+
+    Raises ``TimeoutError`` at most one watchdog tick (5 ms) after the bound; a cancellation
+    from the caller still propagates as ``CancelledError``.
+    """
+
+    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+        attempt_timeout = method.settings.attempt_timeout
+        get_loop = asyncio.get_running_loop
+        current_task = asyncio.current_task
+
+        last: list[Any] = [None, None]
+
+        async def timed(call: Call) -> Any:
+            loop = get_loop()
+            task = current_task(loop)
+            assert task is not None
+            if last[0] is loop:
+                dog = last[1]
+            else:
+                dog = watchdog_for(loop)
+                last[0], last[1] = loop, dog
+            armed = dog.arm(task, min(loop.time() + attempt_timeout, call.deadline))
+            try:
+                result = await inner(call)
+            except asyncio.CancelledError:
+                if armed.fired and task.uncancel() == 0:
+                    raise TimeoutError(f"{method.label} timed out") from None
+                raise
+            finally:
+                dog.disarm(armed)
+            if armed.fired and task.uncancel() == 0:
+                raise TimeoutError(f"{method.label} timed out (the store swallowed the cancellation)")
+            return result
+
+        return timed

@@ -1,0 +1,78 @@
+"""OpenTelemetry tracing: one CLIENT span per logical call, covering every retry.
+
+Attributes follow the database-client semantic conventions where they apply
+(``db.system.name``, ``db.operation.name``, ``error.type``) plus ``guarded.store``,
+``guarded.outcome``, ``guarded.attempts``, and the PenguiFlow ids of the call
+(``penguiflow.trace_id`` / ``session_id`` / ``task_id``) — ids belong on spans, never on metric
+labels. No payload contents: recorded exceptions carry only a safe message.
+When the span is not recording, nothing is attached to the context and no attribute is computed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+
+from .. import telemetry_names as names
+from ..call import Call, MethodSetup, Service
+from ..classify import error_type, safe_message
+
+
+class TracingLayer:
+    """Wraps each call in a span from ``tracer``."""
+
+    def __init__(self, tracer: Tracer, *, db_system_name: str | None = None) -> None:
+        self._tracer = tracer
+        self._db_system_name = db_system_name
+
+    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+        tracer = self._tracer
+        span_name = method.label
+        ids = method.policy.ids
+        static_attributes: dict[str, str] = {
+            "db.operation.name": method.label,
+            names.SPAN_ATTR_STORE: method.store_name,
+        }
+        if self._db_system_name:
+            static_attributes["db.system.name"] = self._db_system_name
+
+        async def traced(call: Call) -> Any:
+            span = tracer.start_span(span_name, kind=SpanKind.CLIENT, attributes=static_attributes)
+            if not span.is_recording():
+                return await inner(call)
+            span.set_attributes(ids.extract(call.args, call.kwargs))
+            call.span = span
+            token = otel_context.attach(trace.set_span_in_context(span))
+            try:
+                result = await inner(call)
+            except BaseException as exc:
+                span.set_attribute(names.SPAN_ATTR_OUTCOME, "cancelled")
+                span.set_attribute("error.type", error_type(exc))
+                raise
+            else:
+                _finish(span, call)
+                return result
+            finally:
+                otel_context.detach(token)
+                span.end()
+
+        return traced
+
+
+def _finish(span: trace.Span, call: Call) -> None:
+    span.set_attribute(names.SPAN_ATTR_OUTCOME, call.outcome.value)
+    span.set_attribute(names.SPAN_ATTR_ATTEMPTS, call.attempts)
+    for attempt, failure_type, delay in call.retries or ():
+        span.add_event(
+            names.SPAN_EVENT_RETRY,
+            {"guarded.attempt": attempt, "error.type": failure_type, "guarded.backoff_seconds": delay},
+        )
+    error = call.error
+    if error is not None:
+        kind = error_type(error)
+        span.set_attribute("error.type", kind)
+        span.record_exception(error, attributes={"exception.message": safe_message(error)})
+        span.set_status(Status(StatusCode.ERROR, kind))

@@ -1,0 +1,362 @@
+"""The policy table: what every StateStore method is, as data (DESIGN.md "The policy table is data").
+
+Layers read a method's :class:`MethodPolicy`; none of them special-cases method names. Unknown
+async methods of a custom backend get a policy inferred from their name (:func:`infer_policy`),
+and users can override any entry or add methods through :class:`PolicyTable`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+ArgGetter = Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
+
+
+class Kind(str, Enum):
+    """What a method does to the store."""
+
+    READ = "read"
+    APPEND = "append"
+    UPSERT = "upsert"
+    CONSUME = "consume"
+    """Reads and deletes (``load_planner_state``): a blind repeat can lose the item."""
+    DELETE = "delete"
+
+    @property
+    def writes(self) -> bool:
+        return self is not Kind.READ
+
+
+class Fallback(str, Enum):
+    """The safe default a failed call returns (DESIGN.md "fallback")."""
+
+    NONE = "none"
+    EMPTY_LIST = "empty_list"
+    FALSE = "false"
+
+    def value_factory(self) -> Callable[[], Any]:
+        if self is Fallback.EMPTY_LIST:
+            return list
+        if self is Fallback.FALSE:
+            return lambda: False
+        return lambda: None
+
+
+def arg(name: str, index: int) -> ArgGetter:
+    """Read argument ``name`` passed by keyword or at position ``index``; ``None`` when absent."""
+
+    def get(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        return args[index] if len(args) > index else None
+
+    return get
+
+
+def attr_of(name: str, index: int, attribute: str) -> ArgGetter:
+    """Read ``attribute`` of argument ``name`` (by keyword or position ``index``)."""
+    get_arg = arg(name, index)
+
+    def get(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        return getattr(get_arg(args, kwargs), attribute, None)
+
+    return get
+
+
+@dataclass(frozen=True, slots=True)
+class Ids:
+    """Where a call's PenguiFlow ids come from (span attributes only, never metric labels)."""
+
+    trace_id: ArgGetter | None = None
+    session_id: ArgGetter | None = None
+    task_id: ArgGetter | None = None
+
+    def extract(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for key, getter in (
+            ("penguiflow.trace_id", self.trace_id),
+            ("penguiflow.session_id", self.session_id),
+            ("penguiflow.task_id", self.task_id),
+        ):
+            if getter is not None:
+                value = getter(args, kwargs)
+                if isinstance(value, str):
+                    found[key] = value
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class MethodPolicy:
+    """Semantics of one store method (DESIGN.md policy table).
+
+    ``lww_key`` returns the last-write-wins key of an upsert (newer writes for the key supersede
+    older ones); ``scope_key`` the trace or session a read or append belongs to (read-your-writes).
+    """
+
+    name: str
+    kind: Kind
+    fallback: Fallback = Fallback.NONE
+    repeat_safe: bool = True
+    critical: bool = False
+    dead_letter: bool = False
+    batch: bool = False
+    single_item: bool = False
+    """A read of one item: ``None`` means "not found" (outcome ``not_found``), not failure."""
+    lww_key: ArgGetter | None = None
+    scope_key: ArgGetter | None = None
+    ids: Ids = field(default_factory=Ids)
+    alias_of: str | None = None
+    inferred: bool = False
+
+    @property
+    def writes(self) -> bool:
+        return self.kind.writes
+
+    def fallback_value(self) -> Any:
+        return self.fallback.value_factory()()
+
+
+def _key(*getters: ArgGetter) -> ArgGetter:
+    def get(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(getter(args, kwargs) for getter in getters)
+
+    return get
+
+
+_event_trace = attr_of("event", 0, "trace_id")
+_binding = "binding"
+_state_task = attr_of("state", 0, "task_id")
+_state_session = attr_of("state", 0, "session_id")
+_update_session = attr_of("update", 0, "session_id")
+_update_task = attr_of("update", 0, "task_id")
+_steer_session = attr_of("event", 0, "session_id")
+_steer_task = attr_of("event", 0, "task_id")
+_trace_arg = arg("trace_id", 0)
+_session_arg = arg("session_id", 0)
+
+
+def _policies() -> list[MethodPolicy]:
+    binding_key = _key(
+        attr_of(_binding, 0, "trace_id"), attr_of(_binding, 0, "context_id"), attr_of(_binding, 0, "task_id")
+    )
+    return [
+        MethodPolicy(
+            "save_event",
+            Kind.APPEND,
+            dead_letter=True,
+            batch=True,
+            scope_key=_event_trace,
+            ids=Ids(trace_id=_event_trace),
+        ),
+        MethodPolicy(
+            "save_events",
+            Kind.APPEND,
+            dead_letter=True,
+            ids=Ids(),
+        ),
+        MethodPolicy(
+            "load_history",
+            Kind.READ,
+            Fallback.EMPTY_LIST,
+            scope_key=_trace_arg,
+            ids=Ids(trace_id=_trace_arg),
+        ),
+        MethodPolicy(
+            "save_remote_binding",
+            Kind.UPSERT,
+            dead_letter=True,
+            lww_key=binding_key,
+            ids=Ids(trace_id=attr_of(_binding, 0, "trace_id"), task_id=attr_of(_binding, 0, "task_id")),
+        ),
+        MethodPolicy(
+            "mark_binding_terminal",
+            Kind.UPSERT,
+            dead_letter=True,
+            lww_key=_key(arg("trace_id", 0), arg("context_id", 1), arg("task_id", 2)),
+            ids=Ids(trace_id=arg("trace_id", 0), task_id=arg("task_id", 2)),
+        ),
+        MethodPolicy(
+            "find_binding", Kind.READ, single_item=True, ids=Ids(session_id=arg("router_session_id", 0))
+        ),
+        MethodPolicy(
+            "list_bindings", Kind.READ, Fallback.EMPTY_LIST, ids=Ids(session_id=arg("router_session_id", 0))
+        ),
+        MethodPolicy(
+            "save_planner_state",
+            Kind.UPSERT,
+            critical=True,
+            dead_letter=True,
+            lww_key=arg("token", 0),
+        ),
+        MethodPolicy("load_planner_state", Kind.CONSUME, repeat_safe=False, single_item=True),
+        MethodPolicy("save_memory_state", Kind.UPSERT, dead_letter=True, lww_key=arg("key", 0)),
+        MethodPolicy("load_memory_state", Kind.READ, single_item=True),
+        MethodPolicy(
+            "save_task",
+            Kind.UPSERT,
+            dead_letter=True,
+            lww_key=_state_task,
+            ids=Ids(session_id=_state_session, task_id=_state_task, trace_id=attr_of("state", 0, "trace_id")),
+        ),
+        MethodPolicy("list_tasks", Kind.READ, Fallback.EMPTY_LIST, ids=Ids(session_id=_session_arg)),
+        MethodPolicy(
+            "save_update",
+            Kind.APPEND,
+            dead_letter=True,
+            batch=True,
+            scope_key=_update_session,
+            ids=Ids(
+                session_id=_update_session, task_id=_update_task, trace_id=attr_of("update", 0, "trace_id")
+            ),
+        ),
+        MethodPolicy(
+            "list_updates",
+            Kind.READ,
+            Fallback.EMPTY_LIST,
+            scope_key=_session_arg,
+            ids=Ids(session_id=_session_arg, task_id=arg("task_id", 99)),
+        ),
+        MethodPolicy(
+            "save_steering",
+            Kind.APPEND,
+            dead_letter=True,
+            scope_key=_steer_session,
+            ids=Ids(session_id=_steer_session, task_id=_steer_task, trace_id=attr_of("event", 0, "trace_id")),
+        ),
+        MethodPolicy(
+            "list_steering",
+            Kind.READ,
+            Fallback.EMPTY_LIST,
+            scope_key=_session_arg,
+            ids=Ids(session_id=_session_arg, task_id=arg("task_id", 99)),
+        ),
+        MethodPolicy(
+            "save_trajectory",
+            Kind.UPSERT,
+            dead_letter=True,
+            lww_key=_key(arg("trace_id", 0), arg("session_id", 1)),
+            ids=Ids(trace_id=arg("trace_id", 0), session_id=arg("session_id", 1)),
+        ),
+        MethodPolicy(
+            "get_trajectory",
+            Kind.READ,
+            single_item=True,
+            ids=Ids(trace_id=arg("trace_id", 0), session_id=arg("session_id", 1)),
+        ),
+        MethodPolicy("list_traces", Kind.READ, Fallback.EMPTY_LIST, ids=Ids(session_id=_session_arg)),
+        MethodPolicy(
+            "save_planner_event",
+            Kind.APPEND,
+            dead_letter=True,
+            batch=True,
+            scope_key=_trace_arg,
+            ids=Ids(trace_id=_trace_arg),
+        ),
+        MethodPolicy(
+            "list_planner_events",
+            Kind.READ,
+            Fallback.EMPTY_LIST,
+            scope_key=_trace_arg,
+            ids=Ids(trace_id=_trace_arg),
+        ),
+    ]
+
+
+ALIASES: dict[str, str] = {
+    "save_task_update": "save_update",
+    "list_task_updates": "list_updates",
+    "get_events": "list_planner_events",
+}
+"""Legacy names (spec 000 "Compatibility Adapters"): each takes its target's policy."""
+
+
+def _artifact_policies() -> list[MethodPolicy]:
+    return [
+        MethodPolicy("put_bytes", Kind.UPSERT),
+        MethodPolicy("put_text", Kind.UPSERT),
+        MethodPolicy("get", Kind.READ, single_item=True),
+        MethodPolicy("get_ref", Kind.READ, single_item=True),
+        MethodPolicy("exists", Kind.READ, Fallback.FALSE),
+        MethodPolicy("list", Kind.READ, Fallback.EMPTY_LIST),
+        MethodPolicy("delete", Kind.DELETE, Fallback.FALSE),
+    ]
+
+
+_WRITE_PREFIXES = ("save_", "put_", "set_", "mark_", "delete_", "upsert_", "append_", "add_", "update_")
+_READ_PREFIXES = ("load_", "get_", "list_", "find_", "exists", "fetch_", "read_", "count_", "has_")
+
+
+def infer_policy(name: str) -> MethodPolicy:
+    """Policy for a method the table does not know, from its name.
+
+    ``save_/put_/set_/mark_/delete_...`` are writes (upserts: repeat-safe, no dead-letter without an
+    explicit entry); ``load_/get_/list_/find_/exists...`` reads (``list_`` falls back to ``[]``,
+    ``exists`` to ``False``). Anything else is treated as a non-repeatable write: never retried
+    blindly, and its fallback is ``None``.
+    """
+    if name.startswith(("delete_", "remove_")):
+        return MethodPolicy(name, Kind.DELETE, inferred=True)
+    if name.startswith(_WRITE_PREFIXES):
+        return MethodPolicy(name, Kind.UPSERT, inferred=True)
+    if name.startswith(("list_", "find_all", "fetch_all")):
+        return MethodPolicy(name, Kind.READ, Fallback.EMPTY_LIST, inferred=True)
+    if name.startswith(("exists", "has_")):
+        return MethodPolicy(name, Kind.READ, Fallback.FALSE, inferred=True)
+    if name.startswith(_READ_PREFIXES):
+        return MethodPolicy(name, Kind.READ, single_item=True, inferred=True)
+    return MethodPolicy(name, Kind.UPSERT, repeat_safe=False, inferred=True)
+
+
+class PolicyTable:
+    """Policies by method name: the built-in table, legacy aliases, user overrides, inference."""
+
+    def __init__(
+        self, policies: Mapping[str, MethodPolicy], aliases: Mapping[str, str] | None = None
+    ) -> None:
+        self._policies = dict(policies)
+        self._aliases = dict(aliases or {})
+
+    @classmethod
+    def for_state_store(cls) -> PolicyTable:
+        """The table of every StateStore method (DESIGN.md), plus the ArtifactStore methods for
+        stores that implement that protocol directly."""
+        return cls({policy.name: policy for policy in [*_artifact_policies(), *_policies()]}, ALIASES)
+
+    @classmethod
+    def for_artifact_store(cls) -> PolicyTable:
+        """The table of the ArtifactStore methods."""
+        return cls({policy.name: policy for policy in _artifact_policies()})
+
+    def get(self, name: str) -> MethodPolicy:
+        """The policy of ``name``: explicit entry, else its alias target's, else inferred."""
+        policy = self._policies.get(name)
+        if policy is not None:
+            return policy
+        target = self._aliases.get(name)
+        if target is not None and target in self._policies:
+            return replace(self._policies[target], name=name, alias_of=target)
+        return infer_policy(name)
+
+    def with_overrides(self, overrides: Mapping[str, Mapping[str, Any] | MethodPolicy]) -> PolicyTable:
+        """A copy with entries replaced (a full :class:`MethodPolicy`) or patched (a mapping of fields)."""
+        table = PolicyTable(self._policies, self._aliases)
+        for name, override in overrides.items():
+            if isinstance(override, MethodPolicy):
+                table._policies[name] = replace(override, name=name)
+            else:
+                base = self.get(name)
+                patch = dict(override)
+                for enum_field, enum_type in (("kind", Kind), ("fallback", Fallback)):
+                    if isinstance(patch.get(enum_field), str):
+                        patch[enum_field] = enum_type(patch[enum_field])
+                table._policies[name] = replace(base, **patch, inferred=False)
+        return table
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._policies or name in self._aliases
+
+    def names(self) -> list[str]:
+        return sorted({*self._policies, *self._aliases})
