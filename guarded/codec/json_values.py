@@ -55,7 +55,7 @@ def to_json_value(value: Any, path: str = "", depth: int = 0) -> JSONValue:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidPayloadError(
-                    f"mapping key {key!r} is a {type(key).__name__}; JSON object keys must be strings",
+                    f"a mapping key is a {type(key).__name__}; JSON object keys must be strings",
                     path=path,
                 )
             result[check_text(key, f"{path}[{key!r}]")] = to_json_value(item, f"{path}[{key!r}]", depth + 1)

@@ -87,7 +87,7 @@ class FieldKind:
 
 
 def _fail(path: str, expected: str, value: Any) -> InvalidPayloadError:
-    return InvalidPayloadError(f"expected {expected}, got {type(value).__name__} {value!r:.60}", path=path)
+    return InvalidPayloadError(f"expected {expected}, got {type(value).__name__}", path=path)
 
 
 def _encode_text(value: Any, path: str) -> JSONValue:
@@ -123,11 +123,38 @@ def _encode_datetime(value: Any, path: str) -> JSONValue:
 def _decode_datetime(value: Any, types: RecordTypes, path: str) -> datetime:
     if not isinstance(value, str):
         raise _fail(path, "an ISO 8601 string", value)
-    return datetime.fromisoformat(value)
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise _fail(path, "an ISO 8601 string", value) from None
 
 
 def _same(value: Any, types: RecordTypes, path: str) -> Any:
     return value
+
+
+def _decode_text(value: Any, types: RecordTypes, path: str) -> Any:
+    if not isinstance(value, str):
+        raise _fail(path, "a string", value)
+    return value
+
+
+def _decode_int(value: Any, types: RecordTypes, path: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(path, "an integer", value)
+    return value
+
+
+def _decode_bool(value: Any, types: RecordTypes, path: str) -> Any:
+    if not isinstance(value, bool):
+        raise _fail(path, "a boolean", value)
+    return value
+
+
+def _decode_json_object(value: Any, types: RecordTypes, path: str) -> Any:
+    if not isinstance(value, Mapping):
+        raise _fail(path, "a JSON object", value)
+    return dict(value)
 
 
 def _decode_number(value: Any, types: RecordTypes, path: str) -> Any:
@@ -136,13 +163,13 @@ def _decode_number(value: Any, types: RecordTypes, path: str) -> Any:
     return value
 
 
-TEXT = FieldKind(_encode_text, _same)
-INT = FieldKind(_encode_int, _same)
+TEXT = FieldKind(_encode_text, _decode_text)
+INT = FieldKind(_encode_int, _decode_int)
 NUMBER = FieldKind(_encode_number, _decode_number)
-BOOL = FieldKind(_encode_bool, _same)
+BOOL = FieldKind(_encode_bool, _decode_bool)
 DATETIME = FieldKind(_encode_datetime, _decode_datetime)
 JSON = FieldKind(to_json_value, _same)
-JSON_OBJECT = FieldKind(to_json_object, lambda value, types, path: dict(value))
+JSON_OBJECT = FieldKind(to_json_object, _decode_json_object)
 
 
 def optional(kind: FieldKind) -> FieldKind:
@@ -158,10 +185,14 @@ def enum(family_name: str) -> FieldKind:
 
     def encode(value: Any, path: str) -> JSONValue:
         raw = value.value if isinstance(value, Enum) else value
-        members = {member.value for member in getattr(DEFAULT_TYPES, family_name)}
-        if raw not in members:
+        members = {member.value: member.value for member in getattr(DEFAULT_TYPES, family_name)}
+        try:
+            canonical = members.get(raw)
+        except TypeError:  # unhashable (a list, a dict): certainly not a member
+            canonical = None
+        if canonical is None:
             raise _fail(path, f"a {family_name} ({', '.join(sorted(members))})", value)
-        return raw  # type: ignore[no-any-return]
+        return canonical  # type: ignore[no-any-return]
 
     def decode(value: Any, types: RecordTypes, path: str) -> Any:
         try:
@@ -212,6 +243,8 @@ class RecordCodec(Generic[T]):
 
     def decode(self, data: Mapping[str, Any], types: RecordTypes = DEFAULT_TYPES, path: str = "") -> T:
         """Rebuild the record from :meth:`encode`'s output as an instance of ``types``' class."""
+        if not isinstance(data, Mapping):
+            raise _fail(path or self.name, f"a stored {self.name} object", data)
         kwargs: dict[str, Any] = {}
         for field in self.fields:
             where = f"{path}.{field.name}" if path else field.name
@@ -222,7 +255,25 @@ class RecordCodec(Generic[T]):
                     f"stored {self.name} lacks required field {field.name!r}", path=where
                 )
         cls: type[T] = getattr(types, self.name)
-        return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+            raise InvalidPayloadError(
+                f"stored {self.name} does not build a {cls.__qualname__} ({_describe(exc)})", path=path
+            ) from exc
+
+
+def _describe(exc: Exception) -> str:
+    """What a constructor refused, without the refused values (they may be payload contents)."""
+    errors = getattr(exc, "errors", None)  # pydantic's ValidationError
+    if callable(errors):
+        try:
+            return "; ".join(
+                f"{'.'.join(str(part) for part in error['loc'])}: {error['type']}" for error in errors()
+            )
+        except (TypeError, KeyError):
+            pass
+    return type(exc).__name__
 
 
 def _f(name: str, kind: FieldKind, *, default: bool = False) -> Field:

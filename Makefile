@@ -1,0 +1,52 @@
+# Developer and CI entry points. `make test` is what CI runs (.ci/run).
+#
+# The virtualenv in $(VENV) is created on first use and (re)installed only when
+# pyproject.toml or a file under requirements/ changed since the last install
+# (tracked by the stamp file $(STAMP)).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.guarded-installed
+REQUIREMENTS := requirements/penguiflow.txt requirements/penguiflow-support.txt
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := test
+.PHONY: test lint format install clean distclean
+
+## test: install if needed, lint, type-check, run the test suite
+test: lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## lint: ruff check, ruff format --check, mypy --strict
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy --strict guarded backends
+
+## format: apply ruff's formatting and safe fixes
+format: $(STAMP)
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+## install: create the virtualenv and install the project with its dev tools
+install: $(STAMP)
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "guarded needs Python >= 3.11; set PYTHON=...")'
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml $(REQUIREMENTS) | $(PY)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/penguiflow-support.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/penguiflow.txt
+	touch $@
+
+## clean: remove build outputs and tool caches (keeps the virtualenv)
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+## distclean: clean, and remove the virtualenv too
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,549 @@
+"""The reference in-memory StateStore: every method of the protocol, compatible with PenguiFlow 3.11.
+
+Every record is stored *encoded* with :mod:`guarded.codec` (as JSON text) and decoded on read.
+So a caller's later mutation never reaches the store, every read returns fresh objects, and the
+store refuses exactly what a durable backend would: a value JSON cannot carry (NaN, a lone
+surrogate, an arbitrary object, a missing id) raises :class:`~guarded.errors.InvalidPayloadError`
+naming the method and the path of the value, before anything is stored.
+
+Logs are bounded per trace or session (PenguiFlow's defaults; ``<= 0`` means unbounded). When a
+bound is hit the oldest records are dropped and counted in :attr:`InMemoryStateStore.dropped`,
+and the first drop of each kind is logged: dropping is never silent.
+
+Safe for concurrent use on one event loop: encoding happens before the lock is taken, and no
+critical section awaits. Not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, cast
+
+from guarded.codec import (
+    DEFAULT_TYPES,
+    PLANNER_EVENT,
+    REMOTE_BINDING,
+    STATE_UPDATE,
+    STEERING_EVENT,
+    STORED_EVENT,
+    TASK_STATE,
+    JSONObject,
+    RecordCodec,
+    RecordTypes,
+    decode_trajectory,
+    encode_trajectory,
+    to_json_object,
+)
+from guarded.errors import InvalidPayloadError
+from guarded.models import (
+    GLOBAL_TRACE_ID,
+    ArtifactRetentionConfig,
+    PlannerEvent,
+    RemoteBinding,
+    StateUpdate,
+    SteeringEvent,
+    StoredEvent,
+    TaskState,
+    Trajectory,
+)
+from guarded.steering import sanitize_steering_event, validate_steering_event
+
+from .memory_artifacts import InMemoryArtifactStore
+
+logger = logging.getLogger(__name__)
+
+DROP_KINDS = ("events", "updates", "steering", "planner_events")
+"""Keys of :attr:`InMemoryStateStore.dropped`."""
+
+_BindingKey = tuple[str, str | None, str]
+_Coordinates = tuple[str | None, str, str | None, str | None, str | None]
+
+
+def _dumps(value: JSONObject) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _checked(method: str, argument: str, encode: Callable[[], JSONObject]) -> JSONObject:
+    """Run a codec, naming ``method`` and the ``argument`` in any :class:`InvalidPayloadError`."""
+    try:
+        return encode()
+    except InvalidPayloadError as exc:
+        raise exc.at(argument).for_method(method) from None
+
+
+def _text(data: JSONObject, key: str) -> str:
+    return cast(str, data[key])
+
+
+def event_fingerprint(event: JSONObject) -> str:
+    """SHA-256 identity of an encoded event: trace, ts (as a float), kind, node name, node id, payload."""
+    identity = {**event, "ts": _ts(event)}
+    raw = json.dumps(identity, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
+
+
+@dataclass(slots=True)
+class _Binding:
+    seq: int
+    text: str
+    coordinates: _Coordinates
+    router_session_id: str | None
+    is_terminal: bool
+
+    @classmethod
+    def of(cls, seq: int, data: JSONObject) -> _Binding:
+        router_session_id = cast(str | None, data["router_session_id"])
+        coordinates = cast(
+            _Coordinates,
+            (
+                router_session_id,
+                *(data[name] for name in ("agent_url", "remote_skill", "tenant_id", "user_id")),
+            ),
+        )
+        return cls(seq, _dumps(data), coordinates, router_session_id, bool(data["is_terminal"]))
+
+
+@dataclass(slots=True)
+class _Record:
+    key: str | None
+    text: str
+    seq: int = 0
+    ts: float = 0.0
+    task_id: str | None = None
+
+
+@dataclass(slots=True)
+class _Log:
+    """An append-only log, idempotent by record key, dropping its oldest records past a bound."""
+
+    records: deque[_Record] = field(default_factory=deque)
+    keys: set[str] = field(default_factory=set)
+
+    def append(self, record: _Record, bound: int) -> int | None:
+        """Append and return how many old records were dropped; ``None`` when the key is present."""
+        if record.key is not None:
+            if record.key in self.keys:
+                return None
+            self.keys.add(record.key)
+        self.records.append(record)
+        dropped = 0
+        while 0 < bound < len(self.records):
+            old = self.records.popleft()
+            if old.key is not None:
+                self.keys.discard(old.key)
+            dropped += 1
+        return dropped
+
+
+def _page(records: Sequence[_Record], *, task_id: str | None, since_id: str | None, limit: int) -> list[str]:
+    """PenguiFlow's cursor rules: exclusive ``since_id`` found in the whole stream (unknown: none),
+    then the ``task_id`` filter, then the most recent ``limit`` records, oldest first."""
+    if limit <= 0:
+        return []
+    start = 0
+    if since_id:
+        start = next((index + 1 for index, record in enumerate(records) if record.key == since_id), 0)
+    selected = [r.text for r in records[start:] if task_id is None or r.task_id == task_id]
+    return selected[-limit:]
+
+
+class InMemoryStateStore:
+    """Complete in-memory StateStore for development, tests and the guard's own test suite.
+
+    Args:
+        max_events_per_trace: audit-log bound per trace.
+        max_updates_per_session: task-update bound per session.
+        max_steering_events_per_session: steering bound per session.
+        max_planner_events_per_trace: planner-event bound per trace.
+        artifact_retention: limits of :attr:`artifact_store`.
+        planner_state_ttl_seconds: pause expiry (spec 000 recommends 1 hour); ``None`` never
+            expires, like PenguiFlow's in-memory store.
+        clock: time source for pause and artifact expiry.
+        record_types: the classes reads return; :func:`guarded.codec.penguiflow_types` gives
+            PenguiFlow's own.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_events_per_trace: int = 50_000,
+        max_updates_per_session: int = 10_000,
+        max_steering_events_per_session: int = 10_000,
+        max_planner_events_per_trace: int = 50_000,
+        artifact_retention: ArtifactRetentionConfig | None = None,
+        planner_state_ttl_seconds: float | None = None,
+        clock: Callable[[], float] = time.time,
+        record_types: RecordTypes = DEFAULT_TYPES,
+    ) -> None:
+        self._bounds = {
+            "events": max_events_per_trace,
+            "updates": max_updates_per_session,
+            "steering": max_steering_events_per_session,
+            "planner_events": max_planner_events_per_trace,
+        }
+        self._planner_state_ttl = planner_state_ttl_seconds
+        self._clock = clock
+        self._types = record_types
+        self._lock = asyncio.Lock()
+        self._seq = 0
+        self._dropped = dict.fromkeys(DROP_KINDS, 0)
+        self._logs: dict[str, dict[str, _Log]] = {kind: {} for kind in DROP_KINDS}
+        self._bindings: dict[_BindingKey, _Binding] = {}
+        self._planner_state: dict[str, tuple[float | None, str]] = {}
+        self._memory_state: dict[str, str] = {}
+        self._tasks: dict[str, dict[str, str]] = {}
+        self._task_sessions: dict[str, str] = {}
+        self._trajectories: dict[str, tuple[str, str]] = {}
+        self._session_traces: dict[str, dict[str, None]] = {}
+        self._artifact_store = InMemoryArtifactStore(artifact_retention, clock=clock)
+
+    @property
+    def dropped(self) -> Mapping[str, int]:
+        """Read-only live counts of records dropped by the bounds, by kind (:data:`DROP_KINDS`)."""
+        return MappingProxyType(self._dropped)
+
+    @property
+    def artifact_store(self) -> InMemoryArtifactStore:
+        """The artifact store (spec 000 "StateStore Integration")."""
+        return self._artifact_store
+
+    # --- core audit log ---------------------------------------------------------------------------
+
+    async def save_event(self, event: StoredEvent) -> None:
+        """Append a runtime event; a repeat (same trace, ts, kind, node, payload) is ignored.
+
+        ``trace_id=None`` (or empty) is stored under :data:`~guarded.models.GLOBAL_TRACE_ID` and
+        reads back with that trace id (spec 000 ``save_event`` contract).
+        """
+        await self._insert_events([_encode_event(event, "save_event", "event")])
+
+    async def save_events(self, events: Sequence[StoredEvent]) -> None:
+        """Bulk :meth:`save_event` with the same idempotency; nothing is stored if any event is invalid."""
+        await self._insert_events(
+            [_encode_event(event, "save_events", f"events[{index}]") for index, event in enumerate(events)]
+        )
+
+    async def load_history(self, trace_id: str) -> Sequence[StoredEvent]:
+        """Events of the trace by ascending ``ts``, ties in insertion order; ``[]`` when unknown."""
+        async with self._lock:
+            log = self._logs["events"].get(trace_id)
+            records = sorted(log.records, key=lambda record: (record.ts, record.seq)) if log else []
+        return [self._decode(STORED_EVENT, record.text) for record in records]
+
+    # --- remote bindings ---------------------------------------------------------------------------
+
+    async def save_remote_binding(self, binding: RemoteBinding) -> None:
+        """Upsert by ``(trace_id, context_id, task_id)``."""
+        data = _checked("save_remote_binding", "binding", lambda: REMOTE_BINDING.encode(binding))
+        key = (_text(data, "trace_id"), cast(str | None, data["context_id"]), _text(data, "task_id"))
+        async with self._lock:
+            self._bindings[key] = _Binding.of(self._next_seq(), data)
+
+    async def find_binding(
+        self,
+        *,
+        router_session_id: str,
+        agent_url: str,
+        remote_skill: str,
+        tenant_id: str | None = None,
+        user_id: str | None = None,
+    ) -> RemoteBinding | None:
+        """The most recently saved non-terminal binding with these coordinates, or ``None``.
+
+        ``tenant_id`` and ``user_id`` must equal the binding's (``None`` matches only ``None``),
+        as in PenguiFlow 3.11.
+        """
+        wanted = (router_session_id, agent_url, remote_skill, tenant_id, user_id)
+        async with self._lock:
+            matches = [b for b in self._bindings.values() if b.coordinates == wanted and not b.is_terminal]
+        if not matches:
+            return None
+        latest = max(matches, key=lambda binding: binding.seq)
+        found: RemoteBinding = self._decode(REMOTE_BINDING, latest.text)
+        return found
+
+    async def list_bindings(self, *, router_session_id: str) -> Sequence[RemoteBinding]:
+        """Every binding of the router session, terminal ones included, in first-saved order."""
+        async with self._lock:
+            texts = [b.text for b in self._bindings.values() if b.router_session_id == router_session_id]
+        return [self._decode(REMOTE_BINDING, text) for text in texts]
+
+    async def mark_binding_terminal(self, *, trace_id: str, context_id: str | None, task_id: str) -> None:
+        """Mark the binding terminal so :meth:`find_binding` never returns it; unknown: no-op."""
+        key = (trace_id, context_id, task_id)
+        async with self._lock:
+            binding = self._bindings.get(key)
+            if binding is not None:
+                data: JSONObject = json.loads(binding.text)
+                data["is_terminal"] = True
+                self._bindings[key] = _Binding.of(binding.seq, data)
+
+    # --- planner pause / resume --------------------------------------------------------------------
+
+    async def save_planner_state(self, token: str, payload: dict[str, Any]) -> None:
+        """Store the pause payload losslessly under ``token`` (upsert; restarts the TTL)."""
+        text = _dumps(_checked("save_planner_state", "payload", lambda: to_json_object(payload)))
+        async with self._lock:
+            now = self._clock()
+            ttl = self._planner_state_ttl
+            if ttl is not None:
+                expired = [
+                    key
+                    for key, (until, _) in self._planner_state.items()
+                    if until is not None and until <= now
+                ]
+                for key in expired:
+                    del self._planner_state[key]
+            self._planner_state[token] = (None if ttl is None else now + ttl, text)
+
+    async def load_planner_state(self, token: str) -> dict[str, Any] | None:
+        """Return and consume the payload; ``None`` (never ``{}``) when missing, consumed or expired."""
+        async with self._lock:
+            entry = self._planner_state.pop(token, None)
+        if entry is None or (entry[0] is not None and entry[0] <= self._clock()):
+            return None
+        payload: dict[str, Any] = json.loads(entry[1])
+        return payload
+
+    # --- memory ------------------------------------------------------------------------------------
+
+    async def save_memory_state(self, key: str, state: dict[str, Any]) -> None:
+        """Upsert the memory state for ``key``."""
+        text = _dumps(_checked("save_memory_state", "state", lambda: to_json_object(state)))
+        async with self._lock:
+            self._memory_state[key] = text
+
+    async def load_memory_state(self, key: str) -> dict[str, Any] | None:
+        """A fresh copy of the state saved for ``key``, or ``None``."""
+        async with self._lock:
+            text = self._memory_state.get(key)
+        if text is None:
+            return None
+        state: dict[str, Any] = json.loads(text)
+        return state
+
+    # --- tasks and updates -------------------------------------------------------------------------
+
+    async def save_task(self, state: TaskState) -> None:
+        """Upsert by ``task_id``; a task saved under another session moves there."""
+        data = _checked("save_task", "state", lambda: TASK_STATE.encode(state))
+        task_id, session_id = _text(data, "task_id"), _text(data, "session_id")
+        async with self._lock:
+            previous = self._task_sessions.get(task_id)
+            if previous is not None and previous != session_id:
+                self._tasks[previous].pop(task_id, None)
+            self._task_sessions[task_id] = session_id
+            self._tasks.setdefault(session_id, {})[task_id] = _dumps(data)
+
+    async def list_tasks(self, session_id: str) -> Sequence[TaskState]:
+        """Every task of the session, in first-saved order; ``[]`` when none."""
+        async with self._lock:
+            texts = list(self._tasks.get(session_id, {}).values())
+        return [self._decode(TASK_STATE, text) for text in texts]
+
+    async def save_update(self, update: StateUpdate) -> None:
+        """Append an update; a repeated ``update_id`` within the session is ignored."""
+        data = _checked("save_update", "update", lambda: STATE_UPDATE.encode(update))
+        record = _Record(_text(data, "update_id"), _dumps(data), task_id=_text(data, "task_id"))
+        async with self._lock:
+            self._append("updates", _text(data, "session_id"), record)
+
+    async def list_updates(
+        self,
+        session_id: str,
+        *,
+        task_id: str | None = None,
+        since_id: str | None = None,
+        limit: int = 500,
+    ) -> Sequence[StateUpdate]:
+        """Updates oldest first, PenguiFlow's cursor rules (spec 000 §8).
+
+        ``since_id`` is an exclusive cursor looked up in the whole session stream (unknown or
+        dropped: no cursor); then the ``task_id`` filter; then the most recent ``limit``
+        (``<= 0``: none).
+        """
+        texts = await self._read_page("updates", session_id, task_id, since_id, limit)
+        return [self._decode(STATE_UPDATE, text) for text in texts]
+
+    async def save_task_update(self, update: StateUpdate) -> None:
+        """Legacy alias of :meth:`save_update` (spec 000 "Legacy Method Mappings")."""
+        await self.save_update(update)
+
+    async def list_task_updates(
+        self,
+        session_id: str,
+        *,
+        task_id: str | None = None,
+        since_id: str | None = None,
+        limit: int = 500,
+    ) -> Sequence[StateUpdate]:
+        """Legacy alias of :meth:`list_updates`."""
+        return await self.list_updates(session_id, task_id=task_id, since_id=since_id, limit=limit)
+
+    # --- steering ----------------------------------------------------------------------------------
+
+    async def save_steering(self, event: SteeringEvent) -> None:
+        """Sanitize, validate, then append the sanitized form (spec 000 "StateStore Implications").
+
+        Raises :class:`~guarded.errors.SteeringValidationError` before storing anything when
+        the sanitized payload misses its event type's required fields. A repeated ``event_id``
+        within the session is ignored.
+        """
+        sanitized = sanitize_steering_event(event)
+        validate_steering_event(sanitized)
+        data = _checked("save_steering", "event", lambda: STEERING_EVENT.encode(sanitized))
+        record = _Record(_text(data, "event_id"), _dumps(data), task_id=_text(data, "task_id"))
+        async with self._lock:
+            self._append("steering", _text(data, "session_id"), record)
+
+    async def list_steering(
+        self,
+        session_id: str,
+        *,
+        task_id: str | None = None,
+        since_id: str | None = None,
+        limit: int = 500,
+    ) -> Sequence[SteeringEvent]:
+        """Steering events with the cursor rules of :meth:`list_updates` (``since_id`` is an event id)."""
+        texts = await self._read_page("steering", session_id, task_id, since_id, limit)
+        return [self._decode(STEERING_EVENT, text) for text in texts]
+
+    # --- trajectories ------------------------------------------------------------------------------
+
+    async def save_trajectory(self, trace_id: str, session_id: str, trajectory: Trajectory) -> None:
+        """Upsert; the trace becomes the session's most recent and leaves any session it was in."""
+        text = _dumps(_checked("save_trajectory", "", lambda: encode_trajectory(trajectory)))
+        async with self._lock:
+            previous = self._trajectories.get(trace_id)
+            if previous is not None:
+                self._session_traces.get(previous[0], {}).pop(trace_id, None)
+            self._trajectories[trace_id] = (session_id, text)
+            self._session_traces.setdefault(session_id, {})[trace_id] = None
+
+    async def get_trajectory(self, trace_id: str, session_id: str) -> Trajectory | None:
+        """The trajectory, or ``None`` when missing or saved under another session."""
+        async with self._lock:
+            entry = self._trajectories.get(trace_id)
+        if entry is None or entry[0] != session_id:
+            return None
+        return decode_trajectory(json.loads(entry[1]))
+
+    async def list_traces(self, session_id: str, limit: int = 50) -> list[str]:
+        """Trace ids of the session, most recently saved first, at most ``limit``."""
+        async with self._lock:
+            traces = list(self._session_traces.get(session_id, {}))
+        return traces[::-1][: max(limit, 0)]
+
+    # --- planner events ----------------------------------------------------------------------------
+
+    async def save_planner_event(self, trace_id: str, event: PlannerEvent) -> None:
+        """Append a planner event.
+
+        Not de-duplicated by content: identical stream chunks with equal timestamps are
+        legitimate, and a planner event has no id to recognise a retry by.
+        """
+        data = _checked("save_planner_event", "event", lambda: PLANNER_EVENT.encode(event))
+        async with self._lock:
+            self._append("planner_events", trace_id, _Record(None, _dumps(data)))
+
+    async def list_planner_events(self, trace_id: str) -> list[PlannerEvent]:
+        """Planner events of the trace in emission order."""
+        async with self._lock:
+            log = self._logs["planner_events"].get(trace_id)
+            texts = [record.text for record in log.records] if log else []
+        return [self._decode(PLANNER_EVENT, text) for text in texts]
+
+    async def get_events(self, trace_id: str) -> list[PlannerEvent]:
+        """Legacy alias of :meth:`list_planner_events`."""
+        return await self.list_planner_events(trace_id)
+
+    # --- testing utilities -------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Forget everything, drop counters and artifacts included."""
+        for logs in self._logs.values():
+            logs.clear()
+        self._bindings.clear()
+        self._planner_state.clear()
+        self._memory_state.clear()
+        self._tasks.clear()
+        self._task_sessions.clear()
+        self._trajectories.clear()
+        self._session_traces.clear()
+        self._dropped.update(dict.fromkeys(DROP_KINDS, 0))
+        self._artifact_store.clear()
+
+    def clear_session(self, session_id: str) -> None:
+        """Forget a session: its tasks, updates, steering and artifacts, and for each of its traces
+        the trajectory, planner events and audit log, plus the ``session:{id}`` pseudo-trace."""
+        for task_id in self._tasks.pop(session_id, {}):
+            self._task_sessions.pop(task_id, None)
+        self._logs["updates"].pop(session_id, None)
+        self._logs["steering"].pop(session_id, None)
+        self._artifact_store.clear_session(session_id)
+        for trace_id in [*self._session_traces.pop(session_id, {}), f"session:{session_id}"]:
+            self._trajectories.pop(trace_id, None)
+            self._logs["planner_events"].pop(trace_id, None)
+            self._logs["events"].pop(trace_id, None)
+
+    # --- internals ---------------------------------------------------------------------------------
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _append(self, kind: str, key: str, record: _Record) -> None:
+        dropped = self._logs[kind].setdefault(key, _Log()).append(record, self._bounds[kind])
+        if not dropped:
+            return
+        if not self._dropped[kind]:
+            logger.warning(
+                "InMemoryStateStore bound reached: dropping the oldest %s beyond %d per %s",
+                kind,
+                self._bounds[kind],
+                "session" if kind in ("updates", "steering") else "trace",
+            )
+        self._dropped[kind] += dropped
+
+    async def _insert_events(self, events: Sequence[JSONObject]) -> None:
+        records = [
+            (_text(data, "trace_id"), _Record(event_fingerprint(data), _dumps(data), ts=_ts(data)))
+            for data in events
+        ]
+        async with self._lock:
+            for trace_id, record in records:
+                record.seq = self._next_seq()
+                self._append("events", trace_id, record)
+
+    async def _read_page(
+        self, kind: str, session_id: str, task_id: str | None, since_id: str | None, limit: int
+    ) -> list[str]:
+        async with self._lock:
+            log = self._logs[kind].get(session_id)
+            records = list(log.records) if log else []
+        return _page(records, task_id=task_id, since_id=since_id, limit=limit)
+
+    def _decode(self, codec: RecordCodec[Any], text: str) -> Any:
+        return codec.decode(json.loads(text), self._types)
+
+
+def _ts(event: JSONObject) -> float:
+    return float(cast(float, event["ts"]))
+
+
+def _encode_event(event: StoredEvent, method: str, argument: str) -> JSONObject:
+    """The encoded event with ``trace_id`` normalised to :data:`GLOBAL_TRACE_ID` when missing."""
+    data = _checked(method, argument, lambda: STORED_EVENT.encode(event))
+    data["trace_id"] = data["trace_id"] or GLOBAL_TRACE_ID
+    return data
+
+
+__all__ = ["DROP_KINDS", "InMemoryStateStore", "event_fingerprint"]

@@ -1,0 +1,261 @@
+"""Steering payload sanitization and validation (spec 000, "Steering Payload Sanitization").
+
+Steering payloads are untrusted user input. :func:`sanitize_payload` clamps them to the spec's
+size limits with the same rules as ``penguiflow.steering`` and, unlike PenguiFlow, always yields
+strict, storable JSON: non-finite floats become their string form (``"nan"``, ``"inf"``),
+lone surrogates become U+FFFD, keys become strings, and anything else becomes a truncated
+string. **Sanitization is lossy by design**: what it drops or rewrites cannot be recovered, so
+stores persist the sanitized form, never the raw input.
+
+:func:`validate_steering_event` checks the event-specific required fields of the spec's table
+and raises :class:`~guarded.errors.SteeringValidationError` whose messages name the field.
+PenguiFlow sanitizes first and validates the sanitized event; callers should do the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping
+from itertools import islice
+from typing import Any, TypeVar
+
+from .errors import SteeringValidationError
+
+MAX_STEERING_PAYLOAD_BYTES = 16_384
+"""Largest UTF-8 size of the JSON-encoded sanitized payload; larger ones become a summary."""
+MAX_STEERING_DEPTH = 6
+"""Nesting levels kept; values below them become ``"<truncated>"``."""
+MAX_STEERING_KEYS = 64
+"""Keys kept per mapping; more add ``"__truncated_keys__": true``."""
+MAX_STEERING_LIST_ITEMS = 50
+"""Items kept per list, tuple or set; more add a final ``"<truncated>"`` item."""
+MAX_STEERING_STRING = 4_096
+"""Characters kept per string."""
+
+TRUNCATED = "<truncated>"
+TRUNCATED_KEYS = "__truncated_keys__"
+_MAX_KEY_CHARS = 64
+_MAX_INT_BITS = 12_000
+"""Larger integers are replaced by a description; their decimal form would exceed the string limit."""
+
+E = TypeVar("E")
+
+
+def _text(value: str, limit: int = MAX_STEERING_STRING) -> str:
+    """``value`` as a plain str of at most ``limit`` characters with lone surrogates replaced by U+FFFD."""
+    text = str.__str__(value)[:limit]
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text
+
+
+def _describe(value: object) -> str:
+    try:
+        return _text(str(value))
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
+
+
+def _key(key: object) -> str:
+    return _text(key if isinstance(key, str) else _describe(key), _MAX_KEY_CHARS)
+
+
+def _sanitize_value(value: Any, depth: int) -> Any:
+    if depth <= 0:
+        return TRUNCATED
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, int):
+        return (
+            int(value) if value.bit_length() <= _MAX_INT_BITS else f"<integer of {value.bit_length()} bits>"
+        )
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else str(float(value))
+    if isinstance(value, Mapping):
+        result: dict[str, Any] = {}
+        for index, (key, item) in enumerate(value.items()):
+            if index >= MAX_STEERING_KEYS:
+                result[TRUNCATED_KEYS] = True
+                break
+            result[_key(key)] = _sanitize_value(item, depth - 1)
+        return result
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [_sanitize_value(item, depth - 1) for item in islice(value, MAX_STEERING_LIST_ITEMS)]
+        if len(value) > MAX_STEERING_LIST_ITEMS:
+            items.append(TRUNCATED)
+        return items
+    return _describe(value)
+
+
+def _encoded_size(payload: Mapping[str, Any]) -> tuple[str, int]:
+    raw = json.dumps(payload, ensure_ascii=False)
+    return raw, len(raw.encode("utf-8"))
+
+
+def _summary(raw: str, max_payload_bytes: int) -> dict[str, Any]:
+    """The spec's "truncated summary" fallback, shortened until it fits ``max_payload_bytes``."""
+    length = min(len(raw), MAX_STEERING_STRING)
+    while True:
+        fallback: dict[str, Any] = {"truncated": True, "summary": raw[:length]}
+        _, size = _encoded_size(fallback)
+        if size <= max_payload_bytes or length == 0:
+            return fallback
+        length = max(0, min(length - 1, length * max_payload_bytes // size))
+
+
+def sanitize_payload(payload: Any, *, max_payload_bytes: int = MAX_STEERING_PAYLOAD_BYTES) -> dict[str, Any]:
+    """Clamp an untrusted steering payload to a bounded, strict-JSON dict (spec 000 "Sanitization Process").
+
+    Nesting deeper than :data:`MAX_STEERING_DEPTH` becomes ``"<truncated>"``, mappings keep
+    :data:`MAX_STEERING_KEYS` keys, sequences :data:`MAX_STEERING_LIST_ITEMS` items, strings
+    :data:`MAX_STEERING_STRING` characters; when the JSON encoding still exceeds
+    ``max_payload_bytes`` the result is ``{"truncated": true, "summary": <prefix of the JSON>}``,
+    itself within the limit. A non-mapping payload is wrapped as ``{"value": ...}``.
+    The result always survives ``json.dumps(..., allow_nan=False)`` and UTF-8 encoding, and
+    sanitizing it again returns it unchanged. Lossy: see the module docstring.
+    """
+    sanitized = _sanitize_value(payload, MAX_STEERING_DEPTH)
+    if not isinstance(sanitized, dict):
+        sanitized = {"value": sanitized}
+    raw, size = _encoded_size(sanitized)
+    if size <= max_payload_bytes:
+        return sanitized
+    return _summary(raw, max_payload_bytes)
+
+
+def sanitize_steering_event(event: E, *, max_payload_bytes: int = MAX_STEERING_PAYLOAD_BYTES) -> E:
+    """Return a copy of ``event`` (ours or PenguiFlow's ``SteeringEvent``) with its payload sanitized.
+
+    Uses ``model_copy`` when the event has it, so the copy keeps the event's class.
+    """
+    payload = sanitize_payload(getattr(event, "payload", None) or {}, max_payload_bytes=max_payload_bytes)
+    model_copy = getattr(event, "model_copy", None)
+    if callable(model_copy):
+        copied: E = model_copy(update={"payload": payload})
+        return copied
+    if dataclasses.is_dataclass(event) and not isinstance(event, type):
+        return dataclasses.replace(event, payload=payload)
+    raise TypeError(f"cannot copy a {type(event).__qualname__}: expected a pydantic model or a dataclass")
+
+
+def _non_empty_text(value: object) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _optional(payload: Mapping[str, Any], field: str, ok: Callable[[object], bool]) -> bool:
+    return payload.get(field) is None or ok(payload[field])
+
+
+def _inject_context(kind: str, payload: Mapping[str, Any]) -> list[str]:
+    errors = []
+    if not _non_empty_text(payload.get("text")):
+        errors.append(f"{kind} requires non-empty 'text'")
+    if not _optional(payload, "scope", lambda value: value in {"foreground", "task_only"}):
+        errors.append(f"{kind} 'scope' must be 'foreground' or 'task_only'")
+    if not _optional(payload, "severity", lambda value: value in {"note", "correction"}):
+        errors.append(f"{kind} 'severity' must be 'note' or 'correction'")
+    return errors
+
+
+def _redirect(kind: str, payload: Mapping[str, Any]) -> list[str]:
+    errors = []
+    instruction = payload.get("instruction") or payload.get("goal") or payload.get("query")
+    if not _non_empty_text(instruction):
+        errors.append(f"{kind} requires non-empty 'instruction' (or 'goal'/'query')")
+    if not _optional(payload, "constraints", lambda value: isinstance(value, Mapping)):
+        errors.append(f"{kind} 'constraints' must be an object")
+    return errors
+
+
+def _cancel(kind: str, payload: Mapping[str, Any]) -> list[str]:
+    errors = _reason(kind, payload)
+    if not _optional(payload, "hard", lambda value: isinstance(value, bool)):
+        errors.append(f"{kind} 'hard' must be a boolean")
+    return errors
+
+
+def _prioritize(kind: str, payload: Mapping[str, Any]) -> list[str]:
+    priority = payload.get("priority")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        return [f"{kind} requires integer 'priority'"]
+    return []
+
+
+def _decision(kind: str, payload: Mapping[str, Any]) -> list[str]:
+    errors = []
+    token = payload.get("resume_token") or payload.get("patch_id") or payload.get("event_id")
+    if not isinstance(token, str) or not token:
+        errors.append(f"{kind} requires non-empty 'resume_token' (or 'patch_id'/'event_id')")
+    if not _optional(payload, "decision", lambda value: isinstance(value, str)):
+        errors.append(f"{kind} 'decision' must be a string")
+    return errors
+
+
+def _reason(kind: str, payload: Mapping[str, Any]) -> list[str]:
+    if not _optional(payload, "reason", lambda value: isinstance(value, str)):
+        return [f"{kind} 'reason' must be a string"]
+    return []
+
+
+def _user_message(kind: str, payload: Mapping[str, Any]) -> list[str]:
+    errors = []
+    if not _non_empty_text(payload.get("text")):
+        errors.append(f"{kind} requires non-empty 'text'")
+    if not _optional(payload, "active_tasks", lambda value: isinstance(value, list)):
+        errors.append(f"{kind} 'active_tasks' must be a list")
+    return errors
+
+
+_VALIDATORS: dict[str, Callable[[str, Mapping[str, Any]], list[str]]] = {
+    "INJECT_CONTEXT": _inject_context,
+    "REDIRECT": _redirect,
+    "CANCEL": _cancel,
+    "PRIORITIZE": _prioritize,
+    "PAUSE": _reason,
+    "RESUME": _reason,
+    "APPROVE": _decision,
+    "REJECT": _decision,
+    "USER_MESSAGE": _user_message,
+}
+
+
+def validate_steering_event(event: Any) -> None:
+    """Check the payload against the spec's "Event-Specific Payload Validation" table.
+
+    Same rules as PenguiFlow 3.11 except that a boolean is not an integer ``priority``.
+    Accepts our or PenguiFlow's ``SteeringEvent``. Raises
+    :class:`~guarded.errors.SteeringValidationError` listing every problem, each naming its field
+    (``"USER_MESSAGE requires non-empty 'text'"``).
+    """
+    payload = getattr(event, "payload", None)
+    if not isinstance(payload, Mapping):
+        raise SteeringValidationError(["payload must be an object"])
+    event_type = getattr(event, "event_type", None)
+    kind = str(getattr(event_type, "value", event_type))
+    validator = _VALIDATORS.get(kind)
+    if validator is None:
+        raise SteeringValidationError([f"unknown steering event_type {kind!r}"])
+    errors = validator(kind, payload)
+    if errors:
+        raise SteeringValidationError(errors)
+
+
+__all__ = [
+    "MAX_STEERING_DEPTH",
+    "MAX_STEERING_KEYS",
+    "MAX_STEERING_LIST_ITEMS",
+    "MAX_STEERING_PAYLOAD_BYTES",
+    "MAX_STEERING_STRING",
+    "TRUNCATED",
+    "TRUNCATED_KEYS",
+    "sanitize_payload",
+    "sanitize_steering_event",
+    "validate_steering_event",
+]
