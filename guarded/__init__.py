@@ -1,18 +1,50 @@
-"""guarded: make any PenguiFlow StateStore production-safe and observable."""
+"""guarded: make any PenguiFlow StateStore production-safe and observable.
 
+``guard(store)`` wraps a backend in composable layers (tracing, metrics, fallback, circuit
+breaker, retry, timeout) so every method is must-not-throw and observable, while the proxy keeps
+exactly the store's capabilities. See DESIGN.md and the README.
+"""
+
+from .breaker import BreakerState, CircuitBreaker
+from .call import Call, Layer, MethodSetup, Service
+from .config import BreakerConfig, GuardConfig, LoggingConfig, MethodConfig, RetryConfig, TimeoutConfig
 from .errors import CapabilityError, GuardedError, InvalidPayloadError, SteeringValidationError
+from .guard import GuardController, GuardedStore, controller, guard
+from .outcome import Outcome
+from .policy import Fallback, Kind, MethodPolicy, PolicyTable
 from .protocol import StateStore, capabilities, missing_capabilities, require_capabilities
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BreakerConfig",
+    "BreakerState",
+    "Call",
     "CapabilityError",
+    "CircuitBreaker",
+    "Fallback",
+    "GuardConfig",
+    "GuardController",
     "GuardedError",
+    "GuardedStore",
     "InvalidPayloadError",
+    "Kind",
+    "Layer",
+    "LoggingConfig",
+    "MethodConfig",
+    "MethodPolicy",
+    "MethodSetup",
+    "Outcome",
+    "PolicyTable",
+    "RetryConfig",
+    "Service",
     "StateStore",
     "SteeringValidationError",
+    "TimeoutConfig",
     "__version__",
     "capabilities",
+    "controller",
+    "guard",
     "missing_capabilities",
     "require_capabilities",
 ]
