@@ -12,7 +12,7 @@ REQUIREMENTS := requirements/penguiflow.txt requirements/penguiflow-support.txt
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := test
-.PHONY: test lint format install clean distclean
+.PHONY: test lint format install bench clean distclean
 
 ## test: install if needed, lint, type-check, run the test suite
 test: lint
@@ -23,6 +23,10 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy --strict guarded backends
+
+## bench: print the benchmark figures the README quotes (side by side with their references)
+bench: $(STAMP)
+	$(PY) -m benchmarks $(BENCH_ARGS)
 
 ## format: apply ruff's formatting and safe fixes
 format: $(STAMP)

@@ -20,7 +20,16 @@ from .contract import (
     run_contracts,
     select_contracts,
 )
-from .faulty import Fault, FaultInjector, FaultKind, FaultPlan, FaultRecord, FaultyStore, fault_injector
+from .faulty import (
+    Ending,
+    Fault,
+    FaultInjector,
+    FaultKind,
+    FaultPlan,
+    FaultRecord,
+    FaultyStore,
+    fault_injector,
+)
 
 if TYPE_CHECKING:
     from .pytest_contract import StateStoreContract
@@ -41,6 +50,7 @@ __all__ = [
     "ContractResult",
     "ContractStatus",
     "ContractViolation",
+    "Ending",
     "Fault",
     "FaultInjector",
     "FaultKind",

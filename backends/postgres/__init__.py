@@ -1,0 +1,30 @@
+"""PostgreSQL backend on asyncpg: ``from guarded.backends.postgres import PostgresStateStore``.
+
+See ``backends/postgres/README.md`` for configuration, migrations, tenancy, retention and the
+command line (``guarded pg migrate|status|cleanup``).
+"""
+
+from .artifacts import ArtifactLimitError, ArtifactTooLargeError, PostgresArtifactStore
+from .connection import PoolSettings
+from .migrations import MigrationError, MigrationStatus, SchemaNotMigratedError, SchemaTooNewError
+from .options import RetentionPolicy
+from .retention import CleanupReport
+from .schema_names import InvalidSchemaNameError, validate_schema_name
+from .store import PostgresStateStore, StoreOptions
+
+__all__ = [
+    "ArtifactLimitError",
+    "ArtifactTooLargeError",
+    "CleanupReport",
+    "InvalidSchemaNameError",
+    "MigrationError",
+    "MigrationStatus",
+    "PoolSettings",
+    "PostgresArtifactStore",
+    "PostgresStateStore",
+    "RetentionPolicy",
+    "SchemaNotMigratedError",
+    "SchemaTooNewError",
+    "StoreOptions",
+    "validate_schema_name",
+]

@@ -1,0 +1,387 @@
+"""An :class:`~guarded.models.ArtifactStore` on ``bytea`` honouring ``ArtifactRetentionConfig``.
+
+Same rules as the in-memory reference (:mod:`guarded.backends.memory_artifacts`):
+
+* IDs are content-addressed like PenguiFlow's (``{namespace or 'art'}_{sha256[:12]}``); putting
+  the same content under the same namespace returns the stored ref and refreshes its TTL.
+* ``ttl_seconds``: an artifact older than this is invisible to every method (``<= 0``: never
+  expires); ``cleanup()`` deletes expired rows.
+* ``max_artifact_bytes``: a larger artifact is refused (:class:`ArtifactTooLargeError`) before I/O.
+* ``max_session_bytes`` / ``max_artifacts_per_session`` per ``scope.session_id`` and
+  ``max_trace_bytes`` / ``max_artifacts_per_trace`` per ``scope.trace_id`` (artifacts without
+  one form a group of their own). When a put would exceed a limit, ``cleanup_strategy``
+  ``"lru"`` evicts the group's least recently used artifacts (``get`` and ``put`` count as use),
+  ``"fifo"`` the oldest inserted, and ``"none"`` refuses the put (:class:`ArtifactLimitError`).
+
+A put runs in one transaction holding advisory locks on its session and trace groups, so
+concurrent puts -- from any number of processes -- cannot overshoot a limit. Use order is a
+sequence value, not a timestamp, so LRU is exact.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from guarded.codec import ARTIFACT_REF, ARTIFACT_SCOPE, RecordTypes, to_json_object
+from guarded.errors import InvalidPayloadError
+from guarded.models import ArtifactRetentionConfig
+
+from ..memory_artifacts import ArtifactLimitError, ArtifactTooLargeError, artifact_id
+from .connection import Connection, Database
+from .json_codec import (
+    check_text,
+    check_text_opt,
+    dump_json,
+    loads_json,
+    refusing,
+    to_db_text,
+    to_db_text_opt,
+)
+from .schema_names import next_seq, qualified
+
+_LIVE = "(expires_at IS NULL OR expires_at > now())"
+
+
+@dataclass(frozen=True, slots=True)
+class _Member:
+    artifact_id: str
+    size: int
+    order: int
+    session_key: str | None
+    trace_key: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    name: str  # "session" | "trace"
+    key: str | None
+    max_count: int
+    max_bytes: int
+
+    @property
+    def count_field(self) -> str:
+        return f"max_artifacts_per_{self.name}"
+
+    @property
+    def bytes_field(self) -> str:
+        return f"max_{self.name}_bytes"
+
+    def holds(self, member: _Member) -> bool:
+        return (member.session_key if self.name == "session" else member.trace_key) == self.key
+
+
+def _limit_error(group: _Group, count: int, total: int, size: int, over_count: bool) -> ArtifactLimitError:
+    where = f"{group.name} {group.key!r}"
+    if over_count:
+        return ArtifactLimitError(
+            f"{group.count_field}={group.max_count} reached for {where} ({count} stored) "
+            "and cleanup_strategy is 'none'",
+            limit=group.count_field,
+        )
+    return ArtifactLimitError(
+        f"{group.bytes_field}={group.max_bytes} would be exceeded for {where} "
+        f"({total} bytes stored + {size} new) and cleanup_strategy is 'none'",
+        limit=group.bytes_field,
+    )
+
+
+def plan_evictions(members: list[_Member], groups: tuple[_Group, ...], size: int, strategy: str) -> list[str]:
+    """IDs to evict (oldest first by the strategy's order) so ``size`` more bytes fit every group."""
+    ordered = sorted(members, key=lambda member: member.order)
+    victims: list[str] = []
+    for group in groups:
+        in_group = [member for member in ordered if group.holds(member) and member.artifact_id not in victims]
+        count, total = len(in_group), sum(member.size for member in in_group)
+        for member in in_group:
+            over_count = 0 < group.max_count <= count
+            if not over_count and not 0 < group.max_bytes < total + size:
+                break
+            if strategy == "none":
+                raise _limit_error(group, count, total, size, over_count)
+            victims.append(member.artifact_id)
+            count, total = count - 1, total - member.size
+    return victims
+
+
+class PostgresArtifactStore:
+    """Artifacts in the ``artifacts`` table of a store's schema (``store.artifact_store``)."""
+
+    def __init__(
+        self,
+        db: Database,
+        schema: str,
+        retention: ArtifactRetentionConfig | None = None,
+        types: RecordTypes | None = None,
+    ) -> None:
+        from guarded.codec import DEFAULT_TYPES
+
+        self._db = db
+        self._schema = schema
+        self._retention = retention or ArtifactRetentionConfig()
+        self._types = types or DEFAULT_TYPES
+        table = self._table = qualified(schema, "artifacts")
+        seq = next_seq(schema)
+        ttl = self._retention.ttl_seconds
+        self._expires = f"now() + make_interval(secs => {int(ttl)})" if ttl > 0 else "NULL"
+        self._refresh = (
+            f"UPDATE {table} SET created_at = now(), expires_at = {self._expires}, used_seq = {seq} "
+            f"WHERE artifact_id = $1 AND {_LIVE} RETURNING ref"
+        )
+        self._insert = (
+            f"INSERT INTO {table} (artifact_id, session_key, trace_key, size_bytes, mime_type, sha256, ref, "
+            "data, inserted_seq, used_seq, expires_at) "
+            f"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, {seq}, {seq}, {self._expires}) "
+            "ON CONFLICT (artifact_id) DO UPDATE SET created_at = now(), expires_at = EXCLUDED.expires_at, "
+            "used_seq = EXCLUDED.used_seq RETURNING ref"
+        )
+        self._get_touch = (
+            f"UPDATE {table} SET used_seq = {seq} WHERE artifact_id = $1 AND {_LIVE} RETURNING data"
+        )
+        self._get = f"SELECT data FROM {table} WHERE artifact_id = $1 AND {_LIVE}"
+        self._get_ref = f"SELECT ref FROM {table} WHERE artifact_id = $1 AND {_LIVE}"
+        self._delete = f"DELETE FROM {table} WHERE artifact_id = $1 RETURNING {_LIVE}"
+        self._exists = f"SELECT EXISTS (SELECT 1 FROM {table} WHERE artifact_id = $1 AND {_LIVE})"
+
+    @property
+    def retention(self) -> ArtifactRetentionConfig:
+        """The retention limits in force."""
+        return self._retention
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    async def put_bytes(
+        self,
+        data: bytes,
+        *,
+        mime_type: str | None = None,
+        filename: str | None = None,
+        namespace: str | None = None,
+        scope: Any = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Any:
+        """Store ``data`` and return its ref; identical content and namespace return the stored ref.
+
+        Raises :class:`ArtifactTooLargeError`, :class:`ArtifactLimitError`, or
+        :class:`~guarded.errors.InvalidPayloadError` for arguments that cannot be stored.
+        """
+        with refusing("artifact_store.put_bytes"):
+            prepared = self._prepare(data, mime_type, filename, namespace, scope, meta)
+        return await self._put(*prepared)
+
+    async def put_text(
+        self,
+        text: str,
+        *,
+        mime_type: str = "text/plain",
+        filename: str | None = None,
+        namespace: str | None = None,
+        scope: Any = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Any:
+        """Store ``text`` as UTF-8 (see :meth:`put_bytes`); a lone surrogate is an ``InvalidPayloadError``."""
+        with refusing("artifact_store.put_text"):
+            data = check_text(text, "text").encode("utf-8")
+            prepared = self._prepare(data, mime_type, filename, namespace, scope, meta)
+        return await self._put(*prepared)
+
+    def _prepare(
+        self,
+        data: Any,
+        mime_type: str | None,
+        filename: str | None,
+        namespace: str | None,
+        scope: Any,
+        meta: dict[str, Any] | None,
+    ) -> tuple[tuple[Any, ...], tuple[_Group, _Group]]:
+        """Validate a put and return the row to insert and the artifact's groups."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise InvalidPayloadError(f"expected bytes, got {type(data).__name__}", path="data")
+        data = bytes(data)
+        retention = self._retention
+        if 0 < retention.max_artifact_bytes < len(data):
+            raise ArtifactTooLargeError(
+                f"artifact of {len(data)} bytes exceeds max_artifact_bytes={retention.max_artifact_bytes}"
+            )
+        check_text_opt(mime_type, "mime_type")
+        check_text_opt(filename, "filename")
+        check_text_opt(namespace, "namespace")
+        key = artifact_id(data, namespace)
+        digest = hashlib.sha256(data).hexdigest()
+        ref = ARTIFACT_REF.encode(
+            SimpleNamespace(
+                id=key,
+                mime_type=mime_type,
+                size_bytes=len(data),
+                filename=filename,
+                sha256=digest,
+                scope=scope,
+                namespace=namespace,
+                source=to_json_object(meta or {}, "meta"),
+            )
+        )
+        stored_scope = ref["scope"] if isinstance(ref["scope"], dict) else {}
+        session = stored_scope.get("session_id")
+        trace = stored_scope.get("trace_id")
+        session_key = to_db_text(session) if isinstance(session, str) else None
+        trace_key = to_db_text(trace) if isinstance(trace, str) else None
+        groups = (
+            _Group("session", session_key, retention.max_artifacts_per_session, retention.max_session_bytes),
+            _Group("trace", trace_key, retention.max_artifacts_per_trace, retention.max_trace_bytes),
+        )
+        for group in groups:
+            if 0 < group.max_bytes < len(data):
+                raise ArtifactLimitError(
+                    f"artifact of {len(data)} bytes exceeds {group.bytes_field}={group.max_bytes} on its own",
+                    limit=group.bytes_field,
+                )
+        row = (
+            key,
+            session_key,
+            trace_key,
+            len(data),
+            to_db_text_opt(mime_type),
+            digest,
+            dump_json(ref),
+            data,
+        )
+        return row, groups
+
+    async def _put(self, row: tuple[Any, ...], groups: tuple[_Group, _Group]) -> Any:
+        key, session_key, trace_key, size = row[0], row[1], row[2], row[3]
+
+        async def put(conn: Connection) -> Any:
+            async with conn.transaction():
+                locks = sorted(self._lock_name(group) for group in groups)
+                for lock in locks:
+                    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", lock)
+                await conn.execute(
+                    f"DELETE FROM {self._table} WHERE NOT {_LIVE} AND (artifact_id = $1 OR "
+                    f"{_eq('session_key', 2, session_key)} OR {_eq('trace_key', 3, trace_key)})",
+                    key,
+                    session_key,
+                    trace_key,
+                )
+                existing = await conn.fetchval(self._refresh, key)
+                if existing is not None:
+                    return existing
+                victims = await self._plan(conn, groups, size, session_key, trace_key)
+                if victims:
+                    await conn.execute(
+                        f"DELETE FROM {self._table} WHERE artifact_id = ANY($1::text[])", victims
+                    )
+                return await conn.fetchval(self._insert, *row)
+
+        return self._decode_ref(await self._db.run(put))
+
+    def _lock_name(self, group: _Group) -> str:
+        """The advisory lock serialising puts into one session or trace group."""
+        key = "" if group.key is None else "k" + group.key
+        return f"guarded.artifacts:{self._schema}:{group.name}:{key}"
+
+    async def _plan(
+        self,
+        conn: Connection,
+        groups: tuple[_Group, ...],
+        size: int,
+        session_key: str | None,
+        trace_key: str | None,
+    ) -> list[str]:
+        if all(group.max_count <= 0 and group.max_bytes <= 0 for group in groups):
+            return []
+        order = "used_seq" if self._retention.cleanup_strategy == "lru" else "inserted_seq"
+        records = await conn.fetch(
+            f"SELECT artifact_id, size_bytes, {order} AS ord, session_key, trace_key FROM {self._table} "
+            f"WHERE {_eq('session_key', 1, session_key)} OR {_eq('trace_key', 2, trace_key)}",
+            session_key,
+            trace_key,
+        )
+        members = [
+            _Member(
+                record["artifact_id"],
+                record["size_bytes"],
+                record["ord"],
+                record["session_key"],
+                record["trace_key"],
+            )
+            for record in records
+        ]
+        return plan_evictions(members, groups, size, self._retention.cleanup_strategy)
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    async def get(self, artifact_id: str) -> bytes | None:
+        """The artifact's bytes, or ``None`` when missing or expired; counts as use for ``lru``."""
+        with refusing("artifact_store.get"):
+            key = check_text(artifact_id, "artifact_id")
+        sql = self._get_touch if self._retention.cleanup_strategy == "lru" else self._get
+        data = await self._db.fetchval(sql, key)
+        return None if data is None else bytes(data)
+
+    async def get_ref(self, artifact_id: str) -> Any:
+        """The artifact's ref, or ``None`` when missing or expired."""
+        with refusing("artifact_store.get_ref"):
+            key = check_text(artifact_id, "artifact_id")
+        text = await self._db.fetchval(self._get_ref, key)
+        return None if text is None else self._decode_ref(text)
+
+    async def delete(self, artifact_id: str) -> bool:
+        """Delete the artifact; ``False`` when it was missing or already expired."""
+        with refusing("artifact_store.delete"):
+            key = check_text(artifact_id, "artifact_id")
+        live = await self._db.fetchval(self._delete, key)
+        return bool(live)
+
+    async def exists(self, artifact_id: str) -> bool:
+        """Whether the artifact is stored and not expired."""
+        with refusing("artifact_store.exists"):
+            key = check_text(artifact_id, "artifact_id")
+        return bool(await self._db.fetchval(self._exists, key))
+
+    async def list(self, *, scope: Any = None) -> builtins.list[Any]:
+        """Refs of live artifacts in insertion order; ``scope``'s non-``None`` fields must all match."""
+        wanted: dict[str, Any] = {}
+        if scope is not None:
+            try:
+                wanted = {
+                    name: value for name, value in ARTIFACT_SCOPE.encode(scope).items() if value is not None
+                }
+            except InvalidPayloadError as exc:
+                raise exc.at("scope") from None
+        conditions = [_LIVE]
+        args: builtins.list[Any] = []
+        for name, column in (("session_id", "session_key"), ("trace_id", "trace_key")):
+            if name in wanted:
+                args.append(to_db_text(str(wanted[name])))
+                conditions.append(f"{column} = ${len(args)}")
+        records = await self._db.fetch(
+            f"SELECT ref FROM {self._table} WHERE {' AND '.join(conditions)} ORDER BY inserted_seq", *args
+        )
+        refs = []
+        for record in records:
+            data = loads_json(record[0])
+            ref_scope = data.get("scope") or {}
+            if all(ref_scope.get(name) == value for name, value in wanted.items()):
+                refs.append(ARTIFACT_REF.decode(data, self._types))
+        return refs
+
+    def _decode_ref(self, text: str) -> Any:
+        return ARTIFACT_REF.decode(loads_json(text), self._types)
+
+
+def _eq(column: str, index: int, value: str | None) -> str:
+    """``column = $index``, or ``column IS NULL`` (with a typed no-op use of the parameter) for ``None``."""
+    if value is None:
+        return f"({column} IS NULL AND ${index}::text IS NULL)"
+    return f"{column} = ${index}"
+
+
+__all__ = [
+    "ArtifactLimitError",
+    "ArtifactTooLargeError",
+    "PostgresArtifactStore",
+    "plan_evictions",
+]

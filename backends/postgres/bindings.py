@@ -1,0 +1,124 @@
+"""Remote bindings: ``save_remote_binding`` upserts, ``find_binding`` / ``list_bindings`` /
+``mark_binding_terminal`` (PenguiFlow 3.11 conversation bindings).
+
+The key is ``(trace_id, context_id, task_id)`` as in PenguiFlow's reference store; ``context_id``
+may be ``None``, so the key column ``context_key`` holds a value no real context id can have for
+it. ``find_binding`` returns the most recently *saved* non-terminal binding with the given
+router session, agent URL and skill whose tenant and user equal the ones asked for (``None``
+matching only ``None``); ``list_bindings`` lists a router session's bindings in first-saved order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from guarded.codec import REMOTE_BINDING, RecordTypes
+
+from .connection import Database
+from .json_codec import (
+    check_text,
+    check_text_opt,
+    dump_json,
+    key_text,
+    loads_json,
+    to_db_text,
+    to_db_text_opt,
+)
+from .schema_names import next_seq, qualified
+
+BindingRow = tuple[str, str, str, str, str | None, str | None, str | None, str | None, bool, str]
+
+
+def encode_binding(binding: Any) -> BindingRow:
+    """Validate ``binding`` and return its row (``InvalidPayloadError`` names the field)."""
+    doc = REMOTE_BINDING.encode(binding)
+    return (
+        to_db_text(str(doc["trace_id"])),
+        key_text(_opt(doc["context_id"])),
+        to_db_text(str(doc["task_id"])),
+        to_db_text(str(doc["agent_url"])),
+        to_db_text_opt(_opt(doc.get("router_session_id"))),
+        to_db_text_opt(_opt(doc.get("remote_skill"))),
+        to_db_text_opt(_opt(doc.get("tenant_id"))),
+        to_db_text_opt(_opt(doc.get("user_id"))),
+        bool(doc.get("is_terminal", False)),
+        dump_json(doc),
+    )
+
+
+def _opt(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+class Bindings:
+    """SQL of the ``remote_bindings`` table."""
+
+    def __init__(self, db: Database, schema: str, types: RecordTypes) -> None:
+        self._db = db
+        self._types = types
+        table = qualified(schema, "remote_bindings")
+        self.upsert = (
+            f"INSERT INTO {table} (trace_id, context_key, task_id, agent_url, router_session_id, "
+            "remote_skill, tenant_id, user_id, is_terminal, doc, saved_seq) "
+            f"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, {next_seq(schema)}) "
+            "ON CONFLICT (trace_id, context_key, task_id) DO UPDATE SET "
+            "agent_url = EXCLUDED.agent_url, router_session_id = EXCLUDED.router_session_id, "
+            "remote_skill = EXCLUDED.remote_skill, tenant_id = EXCLUDED.tenant_id, "
+            "user_id = EXCLUDED.user_id, "
+            "is_terminal = EXCLUDED.is_terminal, doc = EXCLUDED.doc, saved_seq = EXCLUDED.saved_seq, "
+            "updated_at = now()"
+        )
+        self.find = (
+            f"SELECT doc, is_terminal FROM {table} WHERE router_session_id = $1 AND agent_url = $2 "
+            "AND remote_skill = $3 AND NOT is_terminal "
+            "AND tenant_id IS NOT DISTINCT FROM $4 AND user_id IS NOT DISTINCT FROM $5 "
+            "ORDER BY saved_seq DESC LIMIT 1"
+        )
+        self.list = f"SELECT doc, is_terminal FROM {table} WHERE router_session_id = $1 ORDER BY id"
+        self.mark = (
+            f"UPDATE {table} SET is_terminal = true, updated_at = now() "
+            "WHERE trace_id = $1 AND context_key = $2 AND task_id = $3"
+        )
+
+    def _decode(self, doc: str, is_terminal: bool) -> Any:
+        data: Mapping[str, Any] = {**loads_json(doc), "is_terminal": is_terminal}
+        return REMOTE_BINDING.decode(data, self._types)
+
+    async def save(self, row: BindingRow) -> None:
+        await self._db.execute(self.upsert, *row)
+
+    async def find_binding(
+        self,
+        *,
+        router_session_id: Any,
+        agent_url: Any,
+        remote_skill: Any,
+        tenant_id: Any = None,
+        user_id: Any = None,
+    ) -> Any:
+        args = (
+            to_db_text(check_text(router_session_id, "router_session_id")),
+            to_db_text(check_text(agent_url, "agent_url")),
+            to_db_text(check_text(remote_skill, "remote_skill")),
+            to_db_text_opt(check_text_opt(tenant_id, "tenant_id")),
+            to_db_text_opt(check_text_opt(user_id, "user_id")),
+        )
+        row = await self._db.fetchrow(self.find, *args)
+        return None if row is None else self._decode(row["doc"], row["is_terminal"])
+
+    async def list_bindings(self, router_session_id: Any) -> list[Any]:
+        key = to_db_text(check_text(router_session_id, "router_session_id"))
+        rows = await self._db.fetch(self.list, key)
+        return [self._decode(row["doc"], row["is_terminal"]) for row in rows]
+
+    async def mark_terminal(self, *, trace_id: Any, context_id: Any, task_id: Any) -> None:
+        args = (
+            to_db_text(check_text(trace_id, "trace_id")),
+            key_text(check_text_opt(context_id, "context_id")),
+            to_db_text(check_text(task_id, "task_id")),
+        )
+        await self._db.execute(self.mark, *args)
+
+
+__all__ = ["BindingRow", "Bindings", "encode_binding"]

@@ -1,0 +1,222 @@
+"""The connection pool and how every statement reaches it.
+
+:func:`create_pool` builds an asyncpg pool with the store's settings (size, ``command_timeout``,
+a server-side ``statement_timeout``, a per-connection ``init`` hook). :class:`Database` runs
+operations on it: it times pool acquisition for the metrics and recovers from lost connections.
+
+**Recovering the pool.** After a database restart or failover every idle pool connection is
+dead. asyncpg replaces a connection it already knows is closed when it is acquired; one whose
+death is noticed only by the statement fails with a connection error. :meth:`Database.run`
+then expires the pool's connections (so the other dead ones are replaced, not tried in turn)
+and runs the operation once more on a fresh connection -- for operations that are safe to
+repeat, which is every operation of this backend except the two that could act twice without an
+idempotency key: a pause consume and a planner-event append. Anything else (and a second
+failure) propagates: the guard's retry layer handles outages that last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from .metrics import StoreMetrics
+
+T = TypeVar("T")
+
+Connection = asyncpg.Connection | PoolConnectionProxy
+"""What operations receive: a pooled connection."""
+
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,  # class 08: connection does not exist / failure
+    asyncpg.exceptions.AdminShutdownError,  # 57P01: server shut down / restarted
+    asyncpg.exceptions.CrashShutdownError,  # 57P02
+    asyncpg.exceptions.CannotConnectNowError,  # 57P03: starting up / shutting down
+    ConnectionError,  # reset, refused, broken pipe
+)
+"""Errors that mean the connection, not the statement, failed."""
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection was lost (the statement may not have run)."""
+    if isinstance(exc, CONNECTION_ERRORS):
+        return True
+    if isinstance(exc, asyncpg.InterfaceError):
+        text = str(exc)
+        return "connection is closed" in text or "connection was closed" in text
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSettings:
+    """How :func:`create_pool` builds the pool (every field has a production default).
+
+    ``statement_timeout`` is enforced by the server (it cancels a runaway statement even when
+    the client is gone); ``command_timeout`` by asyncpg on the client. Both in seconds,
+    ``None`` to disable. ``server_settings`` are extra PostgreSQL settings for every connection;
+    ``init`` runs on each new connection (for type codecs, ``SET`` commands, ...).
+    """
+
+    min_size: int = 2
+    max_size: int = 10
+    command_timeout: float | None = 10.0
+    statement_timeout: float | None = 30.0
+    connect_timeout: float = 10.0
+    max_inactive_connection_lifetime: float = 300.0
+    application_name: str = "guarded"
+    server_settings: Mapping[str, str] = field(default_factory=dict)
+    init: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Further keyword arguments for ``asyncpg.create_pool`` (``ssl``, ``statement_cache_size``...)."""
+
+
+async def create_pool(dsn: str | None, settings: PoolSettings) -> asyncpg.Pool:
+    """An asyncpg pool for ``dsn`` configured by ``settings``."""
+    server_settings = {"application_name": settings.application_name}
+    if settings.statement_timeout is not None:
+        server_settings["statement_timeout"] = str(int(settings.statement_timeout * 1000))
+    server_settings.update(settings.server_settings)
+    options: dict[str, Any] = {
+        "min_size": settings.min_size,
+        "max_size": settings.max_size,
+        "command_timeout": settings.command_timeout,
+        "timeout": settings.connect_timeout,
+        "max_inactive_connection_lifetime": settings.max_inactive_connection_lifetime,
+        "server_settings": server_settings,
+    }
+    if settings.init is not None:
+        options["init"] = settings.init
+    options.update(settings.extra)
+    pool: asyncpg.Pool = await asyncpg.create_pool(dsn, **options)
+    return pool
+
+
+class Database:
+    """Runs operations on a pool: timed acquisition, recovery from lost connections.
+
+    The pool may be opened lazily: with ``opener`` and no ``pool``, the first operation opens it.
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool | None = None,
+        *,
+        opener: Callable[[], Awaitable[asyncpg.Pool]] | None = None,
+        metrics: StoreMetrics | None = None,
+    ) -> None:
+        if pool is None and opener is None:
+            raise ValueError("Database needs a pool or an opener")
+        self._pool = pool
+        self._opener = opener
+        self._open_lock = asyncio.Lock()
+        self.metrics = metrics
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The pool (raises when a lazy database was never opened)."""
+        if self._pool is None:
+            raise RuntimeError("the database pool is not open yet")
+        return self._pool
+
+    @property
+    def is_open(self) -> bool:
+        return self._pool is not None
+
+    async def open(self) -> asyncpg.Pool:
+        """The pool, opening it first when this database is lazy."""
+        if self._pool is not None:
+            return self._pool
+        async with self._open_lock:
+            if self._pool is None:
+                assert self._opener is not None
+                self._pool = await self._opener()
+            return self._pool
+
+    @asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Connection]:
+        """A pooled connection; the wait is recorded in the acquire histogram."""
+        pool = self._pool if self._pool is not None else await self.open()
+        started = time.perf_counter()
+        async with pool.acquire() as conn:
+            if self.metrics is not None:
+                self.metrics.observe_acquire(time.perf_counter() - started)
+            yield conn
+
+    async def run(self, operation: Callable[[Connection], Awaitable[T]], *, repeat_safe: bool = True) -> T:
+        """Run ``operation(conn)``; once more on a fresh connection if the first one was dead."""
+        try:
+            async with self.acquire() as conn:
+                return await operation(conn)
+        except Exception as exc:
+            if not is_connection_error(exc):
+                raise
+            if self.metrics is not None:
+                self.metrics.connection_error()
+            if not repeat_safe or self.pool.is_closing():
+                raise
+        await self._expire()
+        async with self.acquire() as conn:
+            return await operation(conn)
+
+    async def _expire(self) -> None:
+        with contextlib.suppress(TimeoutError, asyncpg.InterfaceError):
+            await asyncio.wait_for(self.pool.expire_connections(), timeout=5)
+
+    async def execute(self, sql: str, *args: Any, repeat_safe: bool = True) -> str:
+        async def op(conn: Connection) -> str:
+            return await conn.execute(sql, *args)
+
+        return await self.run(op, repeat_safe=repeat_safe)
+
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        async def op(conn: Connection) -> list[asyncpg.Record]:
+            return await conn.fetch(sql, *args)
+
+        return await self.run(op)
+
+    async def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
+        async def op(conn: Connection) -> asyncpg.Record | None:
+            return await conn.fetchrow(sql, *args)
+
+        return await self.run(op)
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        async def op(conn: Connection) -> Any:
+            return await conn.fetchval(sql, *args)
+
+        return await self.run(op)
+
+    async def fetchval_once(self, sql: str, *args: Any) -> Any:
+        """:meth:`fetchval` for a statement that must not run twice (a consume without a key)."""
+
+        async def op(conn: Connection) -> Any:
+            return await conn.fetchval(sql, *args)
+
+        return await self.run(op, repeat_safe=False)
+
+    def pool_size(self) -> int:
+        return self._pool.get_size() if self._pool is not None else 0
+
+    def pool_max_size(self) -> int:
+        return self._pool.get_max_size() if self._pool is not None else 0
+
+    def pool_in_use(self) -> int:
+        pool = self._pool
+        return pool.get_size() - pool.get_idle_size() if pool is not None else 0
+
+
+__all__ = [
+    "CONNECTION_ERRORS",
+    "Connection",
+    "Database",
+    "PoolSettings",
+    "create_pool",
+    "is_connection_error",
+]

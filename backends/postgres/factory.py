@@ -1,0 +1,198 @@
+"""Store factories for command-line tools, configured from environment variables.
+
+PenguiFlow's admin CLI (and ``guarded check``) load a store from ``module:callable``, sync or
+async. Two callables are offered::
+
+    penguiflow-admin history --state-store guarded.backends.postgres.factory:create_store TRACE
+    guarded check guarded.backends.postgres.factory:create_store
+
+* :func:`create_store` (async): connects, applies migrations, returns a ready store.
+* :func:`create_store_lazy` (sync): returns at once; the pool opens on the first call.
+
+Environment variables (all optional; durations in seconds, ``none`` disables a timeout):
+
+=====================================  ===========================================================
+``GUARDED_PG_DSN``                     connection string; else ``DATABASE_URL``; else asyncpg's
+                                       ``PGHOST``/``PGPORT``/``PGUSER``/``PGPASSWORD``/``PGDATABASE``
+``GUARDED_PG_SCHEMA``                  schema (tenant) of the store's tables, default ``public``
+``GUARDED_PG_STORE_NAME``              ``store`` label of the metrics, default ``postgres``
+``GUARDED_PG_POOL_MIN_SIZE``           pool minimum size, default 2
+``GUARDED_PG_POOL_MAX_SIZE``           pool maximum size, default 10
+``GUARDED_PG_COMMAND_TIMEOUT``         client-side timeout per statement, default 10
+``GUARDED_PG_STATEMENT_TIMEOUT``       server ``statement_timeout``, default 30
+``GUARDED_PG_CONNECT_TIMEOUT``         connection timeout, default 10
+``GUARDED_PG_APPLICATION_NAME``        ``application_name`` shown in ``pg_stat_activity``, default ``guarded``
+``GUARDED_PG_MIGRATE``                 apply pending migrations on connect (``1``/``0``), default 1
+``GUARDED_PG_PAUSE_TTL``               pause (planner state) time to live, default 3600
+``GUARDED_PG_CONSUME_GRACE``           repeat window of a consumed pause for the same key, default 60
+``GUARDED_PG_METRICS``                 export backend metrics (``1``/``0``), default 1
+``GUARDED_PG_STATS_INTERVAL``          seconds between table row/size samples, default 60
+``GUARDED_PG_RETENTION_EVENTS``        max age of ``flow_events`` rows for ``cleanup()``, default keep
+``GUARDED_PG_RETENTION_UPDATES``       max age of ``state_updates`` rows, default keep
+``GUARDED_PG_RETENTION_STEERING``      max age of ``steering_events`` rows, default keep
+``GUARDED_PG_RETENTION_PLANNER_EVENTS`` max age of ``planner_events`` rows, default keep
+``GUARDED_PG_ARTIFACT_<FIELD>``        any ``ArtifactRetentionConfig`` field, upper case, e.g.
+                                       ``GUARDED_PG_ARTIFACT_TTL_SECONDS``,
+                                       ``GUARDED_PG_ARTIFACT_CLEANUP_STRATEGY``
+=====================================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from guarded.models import ArtifactRetentionConfig
+
+from .connection import PoolSettings
+from .options import RetentionPolicy
+from .schema_names import validate_schema_name
+from .store import PostgresStateStore, StoreOptions
+
+PREFIX = "GUARDED_PG_"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class ConfigurationError(ValueError):
+    """An environment variable has a value the factory cannot use; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class FactoryConfig:
+    """Everything :func:`create_store` reads from the environment."""
+
+    dsn: str | None
+    schema: str
+    pool: PoolSettings
+    options: StoreOptions
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(PREFIX + name)
+    return value.strip() if value is not None and value.strip() else None
+
+
+def _number(
+    env: Mapping[str, str], name: str, default: float | None, *, nullable: bool = False
+) -> float | None:
+    raw = _get(env, name)
+    if raw is None:
+        return default
+    if nullable and raw.lower() == "none":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{PREFIX}{name}={raw!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise ConfigurationError(f"{PREFIX}{name}={raw!r} must be a positive number")
+    return value
+
+
+def _integer(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = _get(env, name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(f"{PREFIX}{name}={raw!r} is not an integer") from None
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _get(env, name)
+    if raw is None:
+        return default
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise ConfigurationError(f"{PREFIX}{name}={raw!r} must be 1/0, true/false, yes/no or on/off")
+
+
+def _artifact_retention(env: Mapping[str, str]) -> ArtifactRetentionConfig:
+    values: dict[str, Any] = {}
+    for field_name, info in ArtifactRetentionConfig.model_fields.items():
+        raw = _get(env, f"ARTIFACT_{field_name.upper()}")
+        if raw is None:
+            continue
+        if info.annotation is int:
+            values[field_name] = _integer(env, f"ARTIFACT_{field_name.upper()}", 0)
+        else:
+            values[field_name] = raw
+    try:
+        return ArtifactRetentionConfig(**values)
+    except ValueError as exc:
+        raise ConfigurationError(f"invalid {PREFIX}ARTIFACT_* setting: {exc}") from None
+
+
+def config_from_env(env: Mapping[str, str] | None = None) -> FactoryConfig:
+    """Read the factory configuration from ``env`` (default ``os.environ``)."""
+    env = os.environ if env is None else env
+    dsn = _get(env, "DSN") or (env.get("DATABASE_URL") or None)
+    schema = _get(env, "SCHEMA") or "public"
+    try:
+        validate_schema_name(schema)
+    except ValueError as exc:
+        raise ConfigurationError(f"{PREFIX}SCHEMA: {exc}") from None
+    defaults = PoolSettings()
+    pool = PoolSettings(
+        min_size=_integer(env, "POOL_MIN_SIZE", defaults.min_size),
+        max_size=_integer(env, "POOL_MAX_SIZE", defaults.max_size),
+        command_timeout=_number(env, "COMMAND_TIMEOUT", defaults.command_timeout, nullable=True),
+        statement_timeout=_number(env, "STATEMENT_TIMEOUT", defaults.statement_timeout, nullable=True),
+        connect_timeout=_number(env, "CONNECT_TIMEOUT", defaults.connect_timeout) or defaults.connect_timeout,
+        application_name=_get(env, "APPLICATION_NAME") or defaults.application_name,
+    )
+    options: StoreOptions = {
+        "migrate": _flag(env, "MIGRATE", True),
+        "metrics": _flag(env, "METRICS", True),
+        "stats_interval": _number(env, "STATS_INTERVAL", 60.0, nullable=True),
+        "artifact_retention": _artifact_retention(env),
+        "retention": RetentionPolicy(
+            events_max_age=_number(env, "RETENTION_EVENTS", None, nullable=True),
+            updates_max_age=_number(env, "RETENTION_UPDATES", None, nullable=True),
+            steering_max_age=_number(env, "RETENTION_STEERING", None, nullable=True),
+            planner_events_max_age=_number(env, "RETENTION_PLANNER_EVENTS", None, nullable=True),
+        ),
+    }
+    name = _get(env, "STORE_NAME")
+    if name is not None:
+        options["name"] = name
+    pause_ttl = _number(env, "PAUSE_TTL", None)
+    if pause_ttl is not None:
+        options["pause_ttl"] = pause_ttl
+    grace = _get(env, "CONSUME_GRACE")
+    if grace is not None:
+        try:
+            options["consume_grace"] = float(grace)
+        except ValueError:
+            raise ConfigurationError(f"{PREFIX}CONSUME_GRACE={grace!r} is not a number of seconds") from None
+    return FactoryConfig(dsn=dsn, schema=schema, pool=pool, options=options)
+
+
+async def create_store() -> PostgresStateStore:
+    """Async factory (``module:callable``): a connected, migrated store configured from the environment."""
+    config = config_from_env()
+    return await PostgresStateStore.connect(
+        config.dsn, schema=config.schema, pool=config.pool, **config.options
+    )
+
+
+def create_store_lazy() -> PostgresStateStore:
+    """Sync factory (``module:callable``): a store from the environment that connects on first use."""
+    config = config_from_env()
+    return PostgresStateStore.lazy(config.dsn, schema=config.schema, pool=config.pool, **config.options)
+
+
+__all__ = [
+    "PREFIX",
+    "ConfigurationError",
+    "FactoryConfig",
+    "config_from_env",
+    "create_store",
+    "create_store_lazy",
+]

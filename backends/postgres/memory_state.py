@@ -1,0 +1,40 @@
+"""Short-term memory state: an upsert per key, read back exactly (spec 000 §6, §7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .connection import Database
+from .json_codec import check_text, dump_json_object, loads_json, to_db_text
+from .schema_names import qualified
+
+
+class MemoryStates:
+    """SQL of the ``memory_states`` table."""
+
+    def __init__(self, db: Database, schema: str) -> None:
+        self._db = db
+        table = qualified(schema, "memory_states")
+        self.upsert = (
+            f"INSERT INTO {table} (key, state) VALUES ($1, $2) "
+            "ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, updated_at = now()"
+        )
+        self.select = f"SELECT state FROM {table} WHERE key = $1"
+
+    @staticmethod
+    def encode(key: Any, state: Any) -> tuple[str, str]:
+        """Validate the arguments of ``save_memory_state``."""
+        return to_db_text(check_text(key, "key")), dump_json_object(state, "state")
+
+    async def save(self, key: str, state: str) -> None:
+        await self._db.execute(self.upsert, key, state)
+
+    async def load(self, key: Any) -> dict[str, Any] | None:
+        text = await self._db.fetchval(self.select, to_db_text(check_text(key, "key")))
+        if text is None:
+            return None
+        state: dict[str, Any] = loads_json(text)
+        return state
+
+
+__all__ = ["MemoryStates"]

@@ -1,0 +1,189 @@
+"""Backend metrics for the dashboards: pool size and use, acquire wait, table rows and sizes.
+
+Metric names come from :mod:`guarded.telemetry_names` (one source of truth with the dashboards).
+Metric families are created once per Prometheus registry and shared by every store that uses
+that registry; each store owns the children labelled with its ``store`` name and ``schema`` and
+removes them on close. Labels are bounded: store name and schema are operator-chosen, table
+names are a fixed set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from guarded import telemetry_names as names
+
+ACQUIRE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Pool acquire waits are normally sub-millisecond; the tail shows pool exhaustion."""
+
+_STORE_LABELS = (names.LABEL_STORE, names.LABEL_SCHEMA)
+_TABLE_LABELS = (names.LABEL_STORE, names.LABEL_SCHEMA, names.LABEL_TABLE)
+
+
+@dataclass(frozen=True, slots=True)
+class PgMetricFamilies:
+    """The Postgres backend's metric families in one registry."""
+
+    pool_size: Gauge
+    pool_max_size: Gauge
+    pool_in_use: Gauge
+    acquire_seconds: Histogram
+    connection_errors: Counter
+    table_rows: Gauge
+    table_size_bytes: Gauge
+    table_stats_timestamp: Gauge
+    cleanup_deleted: Counter
+    schema_version: Gauge
+
+
+_families: dict[int, tuple[CollectorRegistry, PgMetricFamilies]] = {}
+_families_lock = threading.Lock()
+
+
+def families_for(registry: CollectorRegistry) -> PgMetricFamilies:
+    """The metric families registered in ``registry`` (created on first use)."""
+    with _families_lock:
+        entry = _families.get(id(registry))
+        if entry is not None and entry[0] is registry:
+            return entry[1]
+        families = PgMetricFamilies(
+            pool_size=Gauge(
+                names.GUARDED_PG_POOL_SIZE,
+                "Connections open in the store's asyncpg pool.",
+                _STORE_LABELS,
+                registry=registry,
+            ),
+            pool_max_size=Gauge(
+                names.GUARDED_PG_POOL_MAX_SIZE,
+                "Configured maximum size of the store's asyncpg pool.",
+                _STORE_LABELS,
+                registry=registry,
+            ),
+            pool_in_use=Gauge(
+                names.GUARDED_PG_POOL_IN_USE,
+                "Pool connections checked out right now.",
+                _STORE_LABELS,
+                registry=registry,
+            ),
+            acquire_seconds=Histogram(
+                names.GUARDED_PG_POOL_ACQUIRE_SECONDS,
+                "Time waited to acquire a pool connection.",
+                _STORE_LABELS,
+                buckets=ACQUIRE_BUCKETS,
+                registry=registry,
+            ),
+            connection_errors=Counter(
+                names.GUARDED_PG_CONNECTION_ERRORS_TOTAL,
+                "Operations that lost their database connection.",
+                _STORE_LABELS,
+                registry=registry,
+            ),
+            table_rows=Gauge(
+                names.GUARDED_PG_TABLE_ROWS,
+                "Estimated live rows per table (sampled periodically).",
+                _TABLE_LABELS,
+                registry=registry,
+            ),
+            table_size_bytes=Gauge(
+                names.GUARDED_PG_TABLE_SIZE_BYTES,
+                "On-disk size per table including indexes and TOAST (sampled periodically).",
+                _TABLE_LABELS,
+                registry=registry,
+            ),
+            table_stats_timestamp=Gauge(
+                names.GUARDED_PG_TABLE_STATS_TIMESTAMP,
+                "Unix time of the last successful table sample.",
+                _STORE_LABELS,
+                registry=registry,
+            ),
+            cleanup_deleted=Counter(
+                names.GUARDED_PG_CLEANUP_DELETED_ROWS_TOTAL,
+                "Rows deleted by cleanup().",
+                _TABLE_LABELS,
+                registry=registry,
+            ),
+            schema_version=Gauge(
+                names.GUARDED_PG_MIGRATION_VERSION,
+                "Migration version of the schema the store runs against.",
+                _STORE_LABELS,
+                registry=registry,
+            ),
+        )
+        _families[id(registry)] = (registry, families)
+        return families
+
+
+class StoreMetrics:
+    """The metric children of one store (labelled with its name and schema)."""
+
+    def __init__(
+        self,
+        *,
+        store: str,
+        schema: str,
+        registry: CollectorRegistry | None = None,
+        pool_size: Callable[[], int] | None = None,
+        pool_max_size: Callable[[], int] | None = None,
+        pool_in_use: Callable[[], int] | None = None,
+    ) -> None:
+        self.families = families_for(registry if registry is not None else REGISTRY)
+        self.labels = (store, schema)
+        self._tables: set[str] = set()
+        families = self.families
+        if pool_size is not None:
+            families.pool_size.labels(*self.labels).set_function(pool_size)
+        if pool_max_size is not None:
+            families.pool_max_size.labels(*self.labels).set_function(pool_max_size)
+        if pool_in_use is not None:
+            families.pool_in_use.labels(*self.labels).set_function(pool_in_use)
+        self._acquire = families.acquire_seconds.labels(*self.labels)
+        self._connection_errors = families.connection_errors.labels(*self.labels)
+
+    def observe_acquire(self, seconds: float) -> None:
+        self._acquire.observe(seconds)
+
+    def connection_error(self) -> None:
+        self._connection_errors.inc()
+
+    def set_schema_version(self, version: int) -> None:
+        self.families.schema_version.labels(*self.labels).set(version)
+
+    def set_table_stats(self, stats: Mapping[str, tuple[int, int]]) -> None:
+        """Record ``{table: (rows, bytes)}`` from one sample."""
+        for table, (rows, size) in stats.items():
+            self._tables.add(table)
+            self.families.table_rows.labels(*self.labels, table).set(rows)
+            self.families.table_size_bytes.labels(*self.labels, table).set(size)
+        self.families.table_stats_timestamp.labels(*self.labels).set(time.time())
+
+    def cleanup_deleted(self, table: str, rows: int) -> None:
+        self._tables.add(table)
+        self.families.cleanup_deleted.labels(*self.labels, table).inc(rows)
+
+    def close(self) -> None:
+        """Remove this store's children so a closed store stops being exported."""
+        families = self.families
+        for family in (
+            families.pool_size,
+            families.pool_max_size,
+            families.pool_in_use,
+            families.acquire_seconds,
+            families.connection_errors,
+            families.table_stats_timestamp,
+            families.schema_version,
+        ):
+            with contextlib.suppress(KeyError):
+                family.remove(*self.labels)
+        for table in self._tables:
+            for table_family in (families.table_rows, families.table_size_bytes, families.cleanup_deleted):
+                with contextlib.suppress(KeyError):
+                    table_family.remove(*self.labels, table)
+
+
+__all__ = ["ACQUIRE_BUCKETS", "PgMetricFamilies", "StoreMetrics", "families_for"]

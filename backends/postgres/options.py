@@ -1,0 +1,56 @@
+"""Settings of a :class:`~guarded.backends.postgres.PostgresStateStore` other than its pool."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DEFAULT_PAUSE_TTL_SECONDS = 3600.0
+"""Spec 000 ``save_planner_state``: "SHOULD set expiration (recommended: 1 hour)"."""
+DEFAULT_CONSUME_GRACE_SECONDS = 60.0
+"""How long a consumed pause can be consumed again by the same idempotency key."""
+DEFAULT_STATS_INTERVAL_SECONDS = 60.0
+"""How often table row counts and sizes are sampled for the metrics."""
+DEFAULT_CLEANUP_BATCH = 5_000
+"""Rows deleted per statement by :meth:`cleanup` (bounded transactions and lock times)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """Maximum ages (seconds since a row was stored) enforced by ``cleanup()``; ``None`` keeps rows forever.
+
+    Pauses and artifacts expire by their own TTLs whatever this says.
+    """
+
+    events_max_age: float | None = None
+    updates_max_age: float | None = None
+    steering_max_age: float | None = None
+    planner_events_max_age: float | None = None
+    batch_size: int = DEFAULT_CLEANUP_BATCH
+
+    def __post_init__(self) -> None:
+        for name in ("events_max_age", "updates_max_age", "steering_max_age", "planner_events_max_age"):
+            value = getattr(self, name)
+            if value is not None and (not math.isfinite(value) or value <= 0):
+                raise ValueError(f"RetentionPolicy.{name} must be a positive number of seconds or None")
+        if self.batch_size <= 0:
+            raise ValueError("RetentionPolicy.batch_size must be positive")
+
+
+def check_seconds(name: str, value: float, *, allow_zero: bool = False) -> float:
+    """``value`` as a float when it is a finite, positive (or zero) number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value!r}")
+    return float(value)
+
+
+__all__ = [
+    "DEFAULT_CLEANUP_BATCH",
+    "DEFAULT_CONSUME_GRACE_SECONDS",
+    "DEFAULT_PAUSE_TTL_SECONDS",
+    "DEFAULT_STATS_INTERVAL_SECONDS",
+    "RetentionPolicy",
+    "check_seconds",
+]

@@ -1,0 +1,90 @@
+"""Planner pause state: a TTL, and consume-once that is safe to retry.
+
+``save_planner_state`` upserts the payload with ``expires_at = now() + ttl`` (database clock;
+default one hour). Saving a token again replaces its payload, restarts its TTL and makes it
+consumable again, exactly like the reference store.
+
+``load_planner_state`` consumes the token. The problem it must solve: if the response is lost
+after the database ran the consume, a blind retry finds nothing and the pause is gone. So:
+
+* **With an idempotency key** (:func:`guarded.idempotency.current_idempotency_key`, set by the
+  guard for each logical call and reused by its retries) the consume *marks* the row --
+  ``consumed_at = now(), consumer_key = key`` -- instead of deleting it. When the mark finds
+  the row already consumed, a second statement (with a fresh snapshot, so it sees a concurrent
+  consume that just committed) returns the payload again if the row was consumed *by the same
+  key* less than ``consume_grace`` seconds ago. Any other caller gets ``None``. Consumed rows
+  are deleted by ``cleanup()`` once the grace period is over.
+* **Without a key** nobody can ask again, so the row is deleted and returned in one statement
+  (``DELETE ... RETURNING``), the spec's implementation.
+
+Missing, expired and consumed tokens all read as ``None`` (never ``{}``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from guarded.idempotency import current_idempotency_key
+
+from .connection import Connection, Database
+from .json_codec import check_text, dump_json_object, loads_json, to_db_text
+from .schema_names import qualified
+
+
+class Pauses:
+    """SQL of the ``planner_pauses`` table."""
+
+    def __init__(self, db: Database, schema: str, *, ttl: float, grace: float) -> None:
+        self._db = db
+        self.ttl = ttl
+        self.grace = grace
+        table = qualified(schema, "planner_pauses")
+        self.upsert = (
+            f"INSERT INTO {table} (token, payload, expires_at) "
+            "VALUES ($1, $2, now() + make_interval(secs => $3)) "
+            "ON CONFLICT (token) DO UPDATE SET payload = EXCLUDED.payload, created_at = now(), "
+            "expires_at = EXCLUDED.expires_at, consumed_at = NULL, consumer_key = NULL"
+        )
+        self.take = (
+            f"DELETE FROM {table} WHERE token = $1 AND consumed_at IS NULL AND expires_at > now() "
+            "RETURNING payload"
+        )
+        self.mark = (
+            f"UPDATE {table} SET consumed_at = now(), consumer_key = $2 "
+            "WHERE token = $1 AND consumed_at IS NULL AND expires_at > now() RETURNING payload"
+        )
+        self.repeat = (
+            f"SELECT payload FROM {table} WHERE token = $1 AND consumer_key = $2 "
+            "AND consumed_at > now() - make_interval(secs => $3)"
+        )
+
+    @staticmethod
+    def encode(token: Any, payload: Any) -> tuple[str, str]:
+        """Validate the arguments of ``save_planner_state``."""
+        return to_db_text(check_text(token, "token")), dump_json_object(payload, "payload")
+
+    async def save(self, token: str, payload: str) -> None:
+        await self._db.execute(self.upsert, token, payload, self.ttl)
+
+    async def load(self, token: Any) -> dict[str, Any] | None:
+        key = to_db_text(check_text(token, "token"))
+        consumer = current_idempotency_key()
+        if consumer is None:
+            text = await self._db.fetchval_once(self.take, key)
+        else:
+            consumer_key = to_db_text(check_text(consumer, "idempotency_key"))
+
+            async def consume(conn: Connection) -> Any:
+                found = await conn.fetchval(self.mark, key, consumer_key)
+                if found is None:
+                    found = await conn.fetchval(self.repeat, key, consumer_key, self.grace)
+                return found
+
+            text = await self._db.run(consume)
+        if text is None:
+            return None
+        payload: dict[str, Any] = loads_json(text)
+        return payload
+
+
+__all__ = ["Pauses"]

@@ -1,0 +1,569 @@
+"""``PostgresStateStore``: the whole StateStore protocol on PostgreSQL (asyncpg).
+
+Lifecycle::
+
+    store = await PostgresStateStore.connect(dsn, schema="tenant_a")     # pool + migrations
+    store = await PostgresStateStore.from_pool(app_pool, schema="tenant_a")  # your pool
+    store = PostgresStateStore.lazy(dsn)          # sync: the pool opens on first use
+    async with await PostgresStateStore.connect(dsn) as store: ...
+    await store.close()
+
+Every method validates its arguments before any I/O: values that can never be stored raise
+:class:`~guarded.errors.InvalidPayloadError` (non-retryable) naming the method and the field
+path. Everything else a method raises comes from the database (connection loss, timeouts) and
+is for the guard's retry / circuit-breaker / dead-letter layers to handle: this is a plain
+store that may throw, ``guard()`` makes it safe.
+
+Record types returned are guarded's models by default; pass ``types=guarded.codec.penguiflow_types()``
+to get PenguiFlow's own classes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Self, TypedDict, Unpack
+
+import asyncpg
+from prometheus_client import CollectorRegistry
+
+from guarded.codec import DEFAULT_TYPES, STATE_UPDATE, STEERING_EVENT, RecordTypes
+from guarded.errors import InvalidPayloadError
+from guarded.models import ArtifactRetentionConfig
+from guarded.steering import sanitize_steering_event, validate_steering_event
+
+from . import migrations as migrations_module
+from .artifacts import PostgresArtifactStore
+from .bindings import Bindings, encode_binding
+from .connection import Database, PoolSettings, create_pool
+from .events import Events, encode_event, encode_events
+from .json_codec import check_text, refusing
+from .memory_state import MemoryStates
+from .metrics import StoreMetrics
+from .options import (
+    DEFAULT_CONSUME_GRACE_SECONDS,
+    DEFAULT_PAUSE_TTL_SECONDS,
+    DEFAULT_STATS_INTERVAL_SECONDS,
+    RetentionPolicy,
+    check_seconds,
+)
+from .pauses import Pauses
+from .planner_events import PlannerEvents, call_keys, encode_planner_event
+from .retention import CleanupReport, cleanup
+from .schema_names import validate_schema_name
+from .streams import Stream
+from .table_stats import table_stats
+from .tasks import Tasks, encode_task
+from .trajectories import Trajectories
+
+logger = logging.getLogger("guarded.backends.postgres")
+
+
+class StoreOptions(TypedDict, total=False):
+    """Keyword options shared by :meth:`PostgresStateStore.connect`, ``from_pool`` and ``lazy``."""
+
+    name: str
+    """Store name for metric labels (default ``"postgres"``)."""
+    types: RecordTypes
+    """Classes returned by reads (default guarded's models)."""
+    pause_ttl: float
+    """Seconds a saved pause stays loadable (default 3600)."""
+    consume_grace: float
+    """Seconds a consumed pause can be consumed again by the same idempotency key (default 60)."""
+    artifact_retention: ArtifactRetentionConfig | None
+    """Limits of ``artifact_store`` (default ``ArtifactRetentionConfig()``)."""
+    retention: RetentionPolicy | None
+    """Maximum ages enforced by :meth:`PostgresStateStore.cleanup` (default: keep everything)."""
+    registry: CollectorRegistry | None
+    """Prometheus registry for the backend metrics (default the global ``REGISTRY``)."""
+    metrics: bool
+    """Export backend metrics (default ``True``)."""
+    stats_interval: float | None
+    """Seconds between table row/size samples (default 60; ``None`` disables sampling)."""
+    migrate: bool
+    """Apply pending migrations when opening (default ``True``); else require an up-to-date schema."""
+
+
+class PostgresStateStore:
+    """A production StateStore on PostgreSQL; every capability of the protocol, one schema per tenant."""
+
+    def __init__(
+        self, db: Database, *, schema: str, owns_pool: bool, **options: Unpack[StoreOptions]
+    ) -> None:
+        """Use :meth:`connect`, :meth:`from_pool` or :meth:`lazy` rather than this constructor."""
+        self.schema = validate_schema_name(schema)
+        self.name = options.get("name", "postgres")
+        self.types = options.get("types", DEFAULT_TYPES)
+        self.pause_ttl = check_seconds("pause_ttl", options.get("pause_ttl", DEFAULT_PAUSE_TTL_SECONDS))
+        self.consume_grace = check_seconds(
+            "consume_grace", options.get("consume_grace", DEFAULT_CONSUME_GRACE_SECONDS), allow_zero=True
+        )
+        self.retention = options.get("retention") or RetentionPolicy()
+        self._migrate = options.get("migrate", True)
+        interval = options.get("stats_interval", DEFAULT_STATS_INTERVAL_SECONDS)
+        self._stats_interval = None if interval is None else check_seconds("stats_interval", interval)
+        self._owns_pool = owns_pool
+        self._db = db
+        self._metrics: StoreMetrics | None = None
+        if options.get("metrics", True):
+            self._metrics = StoreMetrics(
+                store=self.name,
+                schema=self.schema,
+                registry=options.get("registry"),
+                pool_size=db.pool_size,
+                pool_max_size=db.pool_max_size,
+                pool_in_use=db.pool_in_use,
+            )
+        db.metrics = self._metrics
+        types = self.types
+        self._events = Events(db, self.schema, types)
+        self._bindings = Bindings(db, self.schema, types)
+        self._pauses = Pauses(db, self.schema, ttl=self.pause_ttl, grace=self.consume_grace)
+        self._memory = MemoryStates(db, self.schema)
+        self._tasks = Tasks(db, self.schema, types)
+        self._updates = Stream(
+            db,
+            self.schema,
+            types,
+            table="state_updates",
+            id_field="update_id",
+            type_field="update_type",
+            codec=STATE_UPDATE,
+        )
+        self._steering = Stream(
+            db,
+            self.schema,
+            types,
+            table="steering_events",
+            id_field="event_id",
+            type_field="event_type",
+            codec=STEERING_EVENT,
+        )
+        self._trajectories = Trajectories(db, self.schema)
+        self._planner_events = PlannerEvents(db, self.schema, types)
+        self._artifacts = PostgresArtifactStore(db, self.schema, options.get("artifact_retention"), types)
+        self._sampler: asyncio.Task[None] | None = None
+        self._closed = False
+        self.schema_version: int | None = None
+
+    # ------------------------------------------------------------------------------------------------
+    # Lifecycle
+    # ------------------------------------------------------------------------------------------------
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str | None = None,
+        *,
+        schema: str = "public",
+        pool: PoolSettings | None = None,
+        **options: Unpack[StoreOptions],
+    ) -> Self:
+        """Create a pool for ``dsn``, apply migrations to ``schema`` and return a ready store.
+
+        ``dsn`` ``None`` lets asyncpg read the standard ``PG*`` environment variables.
+        ``pool`` sets the pool size, ``command_timeout``, server ``statement_timeout`` and
+        connection setup (see :class:`~.connection.PoolSettings`).
+        """
+        validate_schema_name(schema)
+        settings = pool or PoolSettings()
+        created = await create_pool(dsn, settings)
+        try:
+            store = cls(Database(created), schema=schema, owns_pool=True, **options)
+        except BaseException:
+            await created.close()
+            raise
+        try:
+            await store._opened()
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    @classmethod
+    async def from_pool(
+        cls, pool: asyncpg.Pool, *, schema: str = "public", **options: Unpack[StoreOptions]
+    ) -> Self:
+        """A store on an application-owned pool (not closed by :meth:`close`); migrations applied."""
+        store = cls(Database(pool), schema=schema, owns_pool=False, **options)
+        try:
+            await store._opened()
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    @classmethod
+    def lazy(
+        cls,
+        dsn: str | None = None,
+        *,
+        schema: str = "public",
+        pool: PoolSettings | None = None,
+        **options: Unpack[StoreOptions],
+    ) -> Self:
+        """A store built synchronously whose pool (and migrations) open on the first call."""
+        settings = pool or PoolSettings()
+        holder: list[PostgresStateStore] = []
+
+        async def opener() -> asyncpg.Pool:
+            created = await create_pool(dsn, settings)
+            try:
+                await holder[0]._prepare_schema(created)
+            except BaseException:
+                await created.close()
+                raise
+            holder[0]._start_sampler()
+            return created
+
+        store = cls(Database(opener=opener), schema=validate_schema_name(schema), owns_pool=True, **options)
+        holder.append(store)
+        return store
+
+    async def _opened(self) -> None:
+        await self._prepare_schema(self._db.pool)
+        self._start_sampler()
+
+    async def _prepare_schema(self, pool: asyncpg.Pool) -> None:
+        async with pool.acquire() as conn:
+            if self._migrate:
+                await migrations_module.migrate(conn, self.schema)
+                version = migrations_module.latest_version()
+            else:
+                version = await migrations_module.require_current(conn, self.schema)
+        self.schema_version = version
+        if self._metrics is not None:
+            self._metrics.set_schema_version(version)
+
+    def _start_sampler(self) -> None:
+        if self._metrics is None or self._stats_interval is None or self._sampler is not None:
+            return
+        self._sampler = asyncio.get_running_loop().create_task(
+            self._sample_forever(self._stats_interval), name=f"guarded-pg-stats-{self.name}-{self.schema}"
+        )
+
+    async def _sample_forever(self, interval: float) -> None:
+        last_error = 0.0
+        while True:
+            try:
+                await self.sample_table_stats()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                now = time.monotonic()
+                if now - last_error > 300:
+                    last_error = now
+                    logger.warning(
+                        "guarded_pg_stats_failed",
+                        extra={
+                            "event": "guarded_pg_stats_failed",
+                            "schema": self.schema,
+                            "exception": repr(exc),
+                        },
+                    )
+            await asyncio.sleep(interval)
+
+    async def sample_table_stats(self) -> dict[str, tuple[int, int]]:
+        """Sample ``{table: (estimated rows, bytes)}`` now and update the metrics."""
+        stats = await table_stats(self._db, self.schema)
+        if self._metrics is not None:
+            self._metrics.set_table_stats(stats)
+        return stats
+
+    async def close(self) -> None:
+        """Stop background sampling, drop this store's metrics and close the pool when the store owns it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._sampler is not None:
+            self._sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampler
+            self._sampler = None
+        if self._metrics is not None:
+            self._metrics.close()
+        if self._owns_pool and self._db.is_open:
+            try:
+                await asyncio.wait_for(self._db.pool.close(), timeout=10)
+            except TimeoutError:
+                self._db.pool.terminate()
+
+    async def __aenter__(self) -> Self:
+        if not self._db.is_open:
+            await self._db.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The asyncpg pool (for ops tooling; the store does not expect others to use its schema)."""
+        return self._db.pool
+
+    async def migration_status(self) -> migrations_module.MigrationStatus:
+        """Where the schema stands relative to the migrations shipped with this code."""
+        async with self._db.acquire() as conn:
+            return await migrations_module.status(conn, self.schema)
+
+    async def cleanup(self) -> CleanupReport:
+        """Delete expired pauses and artifacts and enforce the configured retention; report rows deleted."""
+        report = await cleanup(self._db, self.schema, grace=self.consume_grace, policy=self.retention)
+        if self._metrics is not None:
+            for table, rows in report.deleted.items():
+                self._metrics.cleanup_deleted(table, rows)
+        return report
+
+    def __repr__(self) -> str:
+        return f"PostgresStateStore(name={self.name!r}, schema={self.schema!r})"
+
+    # ------------------------------------------------------------------------------------------------
+    # Core audit log
+    # ------------------------------------------------------------------------------------------------
+
+    async def save_event(self, event: Any) -> None:
+        """Persist a runtime event; idempotent by the event's fingerprint."""
+        with refusing("save_event", "event"):
+            row = encode_event(event)
+        await self._events.save(row)
+
+    async def save_events(self, events: Sequence[Any]) -> None:
+        """Persist many events in one statement; duplicates ignored exactly as in :meth:`save_event`."""
+        with refusing("save_events"):
+            rows = encode_events(list(events))
+        await self._events.save_many(rows)
+
+    async def load_history(self, trace_id: str) -> list[Any]:
+        """The trace's events by ascending ``ts``, ties in insertion order; ``[]`` for an unknown trace."""
+        with refusing("load_history"):
+            check_text(trace_id, "trace_id")
+        return await self._events.load(trace_id)
+
+    # ------------------------------------------------------------------------------------------------
+    # Remote bindings
+    # ------------------------------------------------------------------------------------------------
+
+    async def save_remote_binding(self, binding: Any) -> None:
+        """Upsert the binding on ``(trace_id, context_id, task_id)``."""
+        with refusing("save_remote_binding", "binding"):
+            row = encode_binding(binding)
+        await self._bindings.save(row)
+
+    async def find_binding(
+        self,
+        *,
+        router_session_id: str,
+        agent_url: str,
+        remote_skill: str,
+        tenant_id: str | None = None,
+        user_id: str | None = None,
+    ) -> Any:
+        """The most recently saved non-terminal binding with these coordinates, or ``None``."""
+        with refusing("find_binding"):
+            return await self._bindings.find_binding(
+                router_session_id=router_session_id,
+                agent_url=agent_url,
+                remote_skill=remote_skill,
+                tenant_id=tenant_id,
+                user_id=user_id,
+            )
+
+    async def list_bindings(self, *, router_session_id: str) -> list[Any]:
+        """Every binding of a router session, in the order first saved."""
+        with refusing("list_bindings"):
+            return await self._bindings.list_bindings(router_session_id)
+
+    async def mark_binding_terminal(self, *, trace_id: str, context_id: str | None, task_id: str) -> None:
+        """Mark a binding terminal (never reused); a no-op for an unknown binding."""
+        with refusing("mark_binding_terminal"):
+            await self._bindings.mark_terminal(trace_id=trace_id, context_id=context_id, task_id=task_id)
+
+    # ------------------------------------------------------------------------------------------------
+    # Planner pause state and memory
+    # ------------------------------------------------------------------------------------------------
+
+    async def save_planner_state(self, token: str, payload: dict[str, Any]) -> None:
+        """Upsert a pause payload, loadable for ``pause_ttl`` seconds."""
+        with refusing("save_planner_state"):
+            row = self._pauses.encode(token, payload)
+        await self._pauses.save(*row)
+
+    async def load_planner_state(self, token: str) -> dict[str, Any] | None:
+        """Consume the pause: its payload once, then ``None`` (a repeat with the same idempotency key
+        within ``consume_grace`` seconds gets the payload again)."""
+        with refusing("load_planner_state"):
+            return await self._pauses.load(token)
+
+    async def save_memory_state(self, key: str, state: dict[str, Any]) -> None:
+        """Upsert the memory state of ``key``."""
+        with refusing("save_memory_state"):
+            row = self._memory.encode(key, state)
+        await self._memory.save(*row)
+
+    async def load_memory_state(self, key: str) -> dict[str, Any] | None:
+        """The exact state saved for ``key``, or ``None``."""
+        with refusing("load_memory_state"):
+            return await self._memory.load(key)
+
+    # ------------------------------------------------------------------------------------------------
+    # Tasks and updates
+    # ------------------------------------------------------------------------------------------------
+
+    async def save_task(self, state: Any) -> None:
+        """Upsert a task unless the stored one has a newer ``updated_at`` (never goes backwards)."""
+        with refusing("save_task", "state"):
+            row = encode_task(state)
+        if not await self._tasks.save(row):
+            logger.debug(
+                "guarded_pg_stale_task_refused",
+                extra={"event": "guarded_pg_stale_task_refused", "schema": self.schema},
+            )
+
+    async def list_tasks(self, session_id: str) -> list[Any]:
+        """Every task of the session; ``[]`` when none."""
+        with refusing("list_tasks"):
+            return await self._tasks.list(session_id)
+
+    async def save_update(self, update: Any) -> None:
+        """Append an update; idempotent by ``(session_id, update_id)``."""
+        with refusing("save_update", "update"):
+            row = self._updates.encode(update)
+        await self._updates.save(row)
+
+    async def save_updates(self, updates: Sequence[Any]) -> None:
+        """Append many updates in one statement, with :meth:`save_update`'s idempotency."""
+        with refusing("save_updates"):
+            rows = self._updates.encode_many(list(updates))
+        await self._updates.save_many(rows)
+
+    async def list_updates(
+        self,
+        session_id: str,
+        *,
+        task_id: str | None = None,
+        since_id: str | None = None,
+        limit: int = 500,
+    ) -> list[Any]:
+        """Updates oldest first after the exclusive cursor ``since_id``; the ``limit`` most recent."""
+        with refusing("list_updates"):
+            return await self._updates.list(session_id, task_id=task_id, since_id=since_id, limit=limit)
+
+    async def save_task_update(self, update: Any) -> None:
+        """Legacy alias of :meth:`save_update`."""
+        with refusing("save_task_update", "update"):
+            row = self._updates.encode(update)
+        await self._updates.save(row)
+
+    async def list_task_updates(
+        self,
+        session_id: str,
+        *,
+        task_id: str | None = None,
+        since_id: str | None = None,
+        limit: int = 500,
+    ) -> list[Any]:
+        """Legacy alias of :meth:`list_updates`."""
+        with refusing("list_task_updates"):
+            return await self._updates.list(session_id, task_id=task_id, since_id=since_id, limit=limit)
+
+    # ------------------------------------------------------------------------------------------------
+    # Steering
+    # ------------------------------------------------------------------------------------------------
+
+    async def save_steering(self, event: Any) -> None:
+        """Sanitize, validate, then append the sanitized form; idempotent by ``(session_id, event_id)``.
+
+        Raises :class:`~guarded.errors.SteeringValidationError` before storing anything when the
+        sanitized payload lacks its event type's required fields (as the in-memory reference).
+        """
+        sanitized = sanitize_steering_event(event)
+        validate_steering_event(sanitized)
+        with refusing("save_steering", "event"):
+            row = self._steering.encode(sanitized)
+        await self._steering.save(row)
+
+    async def list_steering(
+        self,
+        session_id: str,
+        *,
+        task_id: str | None = None,
+        since_id: str | None = None,
+        limit: int = 500,
+    ) -> list[Any]:
+        """Steering events with :meth:`list_updates`' cursor rules."""
+        with refusing("list_steering"):
+            return await self._steering.list(session_id, task_id=task_id, since_id=since_id, limit=limit)
+
+    # ------------------------------------------------------------------------------------------------
+    # Trajectories
+    # ------------------------------------------------------------------------------------------------
+
+    async def save_trajectory(self, trace_id: str, session_id: str, trajectory: Any) -> None:
+        """Upsert the trajectory of ``(trace_id, session_id)``."""
+        with refusing("save_trajectory"):
+            row = self._trajectories.encode(trace_id, session_id, trajectory)
+        await self._trajectories.save(row)
+
+    async def get_trajectory(self, trace_id: str, session_id: str) -> Any:
+        """The trajectory, or ``None`` when missing or saved under another session."""
+        with refusing("get_trajectory"):
+            return await self._trajectories.get(trace_id, session_id)
+
+    async def list_traces(self, session_id: str, limit: int = 50) -> list[str]:
+        """Trace ids of the session, most recently saved first."""
+        with refusing("list_traces"):
+            return await self._trajectories.list_traces(session_id, limit)
+
+    # ------------------------------------------------------------------------------------------------
+    # Planner events
+    # ------------------------------------------------------------------------------------------------
+
+    async def save_planner_event(self, trace_id: str, event: Any) -> None:
+        """Append a planner event (a retry under the same idempotency key is not appended twice)."""
+        with refusing("save_planner_event"):
+            row = encode_planner_event(trace_id, event, call_keys(1)[0])
+        await self._planner_events.save_many([row])
+
+    async def save_planner_events(self, items: Sequence[tuple[str, Any]]) -> None:
+        """Append many ``(trace_id, event)`` pairs in one statement, in order."""
+        with refusing("save_planner_events"):
+            pairs = list(items)
+            keys = call_keys(len(pairs))
+            rows = []
+            for index, (trace_id, event) in enumerate(pairs):
+                try:
+                    rows.append(encode_planner_event(trace_id, event, keys[index]))
+                except InvalidPayloadError as exc:
+                    raise exc.at(f"items[{index}]") from None
+        await self._planner_events.save_many(rows)
+
+    async def list_planner_events(self, trace_id: str) -> list[Any]:
+        """Planner events of a trace in emission order."""
+        with refusing("list_planner_events"):
+            return await self._planner_events.list(trace_id)
+
+    async def get_events(self, trace_id: str) -> list[Any]:
+        """Legacy alias of :meth:`list_planner_events`."""
+        with refusing("get_events"):
+            return await self._planner_events.list(trace_id)
+
+    # ------------------------------------------------------------------------------------------------
+    # Artifacts
+    # ------------------------------------------------------------------------------------------------
+
+    @property
+    def artifact_store(self) -> PostgresArtifactStore:
+        """Artifacts in this store's schema, with the configured retention."""
+        return self._artifacts
+
+
+__all__ = ["PostgresStateStore", "StoreOptions"]

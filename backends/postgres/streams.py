@@ -1,0 +1,119 @@
+"""Cursor-paginated, append-only session streams: task updates and steering events.
+
+Both streams share one set of rules (spec 000 §8/§9, PenguiFlow's reference store):
+
+* items are idempotent by their id (``update_id`` / ``event_id``) within a session;
+* a listing is oldest first, in insertion order (the ``id`` identity column);
+* ``since_id`` is an *exclusive* cursor resolved in the session's whole stream -- before the
+  ``task_id`` filter -- and an unknown (or empty) cursor means no cursor;
+* ``limit`` keeps the **most recent** ``limit`` matching items, still returned oldest first
+  (PenguiFlow's ``filtered[-limit:]``); ``limit <= 0`` returns nothing, as in the in-memory
+  reference.
+
+The cursor is resolved inside the query (a keyset on ``id``), so a listing is one statement
+using the ``(session_id, id)`` or ``(session_id, task_id, id)`` index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from guarded.codec import RecordCodec, RecordTypes
+from guarded.errors import InvalidPayloadError
+
+from .connection import Database
+from .json_codec import check_text, check_text_opt, dump_json, loads_json, to_db_text, to_db_text_opt
+from .schema_names import qualified
+
+StreamRow = tuple[str, str, str, str, str]
+"""(session_id, task_id, item id, item type, doc)."""
+
+
+class Stream:
+    """SQL of one stream table (``state_updates`` or ``steering_events``)."""
+
+    def __init__(
+        self,
+        db: Database,
+        schema: str,
+        types: RecordTypes,
+        *,
+        table: str,
+        id_field: str,
+        type_field: str,
+        codec: RecordCodec[Any],
+    ) -> None:
+        self._db = db
+        self._types = types
+        self._codec = codec
+        self.id_field = id_field
+        self.type_field = type_field
+        name = qualified(schema, table)
+        columns = f"session_id, task_id, {id_field}, {type_field}, doc"
+        self.insert_one = f"INSERT INTO {name} ({columns}) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING"
+        self.insert_many = (
+            f"INSERT INTO {name} ({columns}) SELECT {columns} "
+            "FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::json[]) WITH ORDINALITY "
+            f"AS batch({columns}, ord) ORDER BY ord ON CONFLICT DO NOTHING"
+        )
+        after = (
+            f"id > COALESCE((SELECT cursor.id FROM {name} AS cursor "
+            f"WHERE cursor.session_id = $1 AND cursor.{id_field} = $2), 0)"
+        )
+        self._list: dict[bool, str] = {}
+        for with_task in (False, True):
+            where = f"session_id = $1 AND {after}" + (" AND task_id = $4" if with_task else "")
+            self._list[with_task] = f"SELECT doc FROM {name} WHERE {where} ORDER BY id DESC LIMIT $3"
+
+    def encode(self, item: Any) -> StreamRow:
+        """Validate ``item`` and return its row (``InvalidPayloadError`` names the field)."""
+        doc = self._codec.encode(item)
+        item_type = doc[self.type_field]
+        return (
+            to_db_text(str(doc["session_id"])),
+            to_db_text(str(doc["task_id"])),
+            to_db_text(str(doc[self.id_field])),
+            str(item_type),
+            dump_json(doc),
+        )
+
+    def encode_many(self, items: Sequence[Any]) -> list[StreamRow]:
+        rows = []
+        for index, item in enumerate(items):
+            try:
+                rows.append(self.encode(item))
+            except InvalidPayloadError as exc:
+                raise exc.at(f"updates[{index}]") from None
+        return rows
+
+    async def save(self, row: StreamRow) -> None:
+        await self._db.execute(self.insert_one, *row)
+
+    async def save_many(self, rows: Sequence[StreamRow]) -> None:
+        if not rows:
+            return
+        if len(rows) == 1:
+            await self.save(rows[0])
+            return
+        await self._db.execute(self.insert_many, *zip(*rows, strict=True))
+
+    async def list(
+        self, session_id: Any, *, task_id: Any = None, since_id: Any = None, limit: Any = 500
+    ) -> list[Any]:
+        session = to_db_text(check_text(session_id, "session_id"))
+        task = to_db_text_opt(check_text_opt(task_id, "task_id"))
+        cursor = to_db_text_opt(check_text_opt(since_id, "since_id")) or None
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise InvalidPayloadError(f"expected an integer, got {type(limit).__name__}", path="limit")
+        if limit <= 0:
+            return []
+        args: list[Any] = [session, cursor, limit]
+        if task is not None:
+            args.append(task)
+        records = await self._db.fetch(self._list[task is not None], *args)
+        records.reverse()
+        return [self._codec.decode(loads_json(record[0]), self._types) for record in records]
+
+
+__all__ = ["Stream", "StreamRow"]

@@ -1,0 +1,261 @@
+"""Values JSON cannot carry are refused before any I/O, naming the method and the field path.
+
+Every call here runs against a store whose pool is already *closed*: an
+``InvalidPayloadError`` (rather than asyncpg's "pool is closed") proves the refusal came first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from guarded.backends.postgres import PostgresStateStore
+from guarded.errors import InvalidPayloadError, SteeringValidationError
+from guarded.models import (
+    PlannerEvent,
+    RemoteBinding,
+    StateUpdate,
+    SteeringEvent,
+    SteeringEventType,
+    StoredEvent,
+    TaskContextSnapshot,
+    TaskState,
+    TaskStatus,
+    TaskType,
+    UpdateType,
+)
+
+from .conftest import StoreFactory
+
+NAN = float("nan")
+SURROGATE = "bad \udc80 text"
+
+
+class Opaque:
+    """An object JSON cannot serialise."""
+
+
+def event(**changes: Any) -> StoredEvent:
+    fields: dict[str, Any] = {
+        "trace_id": "t",
+        "ts": 1.0,
+        "kind": "k",
+        "node_name": "n",
+        "node_id": "i",
+        "payload": {"ok": 1},
+    }
+    fields.update(changes)
+    return StoredEvent(**fields)
+
+
+def task(**changes: Any) -> TaskState:
+    fields: dict[str, Any] = {
+        "task_id": "task",
+        "session_id": "s",
+        "status": TaskStatus.RUNNING,
+        "task_type": TaskType.BACKGROUND,
+        "priority": 1,
+        "context_snapshot": TaskContextSnapshot(session_id="s", task_id="task"),
+    }
+    fields.update(changes)
+    return TaskState(**fields)
+
+
+Call = Callable[[PostgresStateStore], Awaitable[Any]]
+
+
+def untyped(store: PostgresStateStore) -> Any:
+    """The store without static types, to pass it arguments of the wrong type on purpose."""
+    return store
+
+
+CASES: list[tuple[str, Call, str, str]] = [
+    ("nan payload", lambda s: s.save_event(event(payload={"x": NAN})), "save_event", "event.payload['x']"),
+    ("inf ts", lambda s: s.save_event(event(ts=float("inf"))), "save_event", "event.ts"),
+    ("huge int ts", lambda s: s.save_event(event(ts=10**400)), "save_event", "event.ts"),
+    ("str ts", lambda s: s.save_event(event(ts="1.0")), "save_event", "event.ts"),
+    ("surrogate kind", lambda s: s.save_event(event(kind=SURROGATE)), "save_event", "event.kind"),
+    (
+        "object in payload",
+        lambda s: s.save_event(event(payload={"a": [1, Opaque()]})),
+        "save_event",
+        "event.payload['a'][1]",
+    ),
+    ("int key", lambda s: s.save_event(event(payload={"a": {1: "x"}})), "save_event", "event.payload['a']"),
+    ("payload not a mapping", lambda s: s.save_event(event(payload=[1])), "save_event", "event.payload"),
+    ("int trace id", lambda s: s.save_event(event(trace_id=7)), "save_event", "event.trace_id"),
+    (
+        "bulk: second event bad",
+        lambda s: s.save_events([event(), event(payload={"x": {"y": NAN}})]),
+        "save_events",
+        "events[1].payload['x']['y']",
+    ),
+    (
+        "binding metadata",
+        lambda s: s.save_remote_binding(RemoteBinding("t", None, "k", "u", metadata={"m": Opaque()})),
+        "save_remote_binding",
+        "binding.metadata['m']",
+    ),
+    (
+        "pause payload set",
+        lambda s: s.save_planner_state("tok", {"s": {1, 2}}),
+        "save_planner_state",
+        "payload['s']",
+    ),
+    ("pause token not str", lambda s: untyped(s).save_planner_state(5, {}), "save_planner_state", "token"),
+    ("pause token surrogate", lambda s: s.load_planner_state(SURROGATE), "load_planner_state", "token"),
+    (
+        "memory key surrogate",
+        lambda s: s.save_memory_state("k", {SURROGATE: 1}),
+        "save_memory_state",
+        f"state[{SURROGATE!r}]",
+    ),
+    ("task result nan", lambda s: s.save_task(task(result={"r": NAN})), "save_task", "state.result['r']"),
+    (
+        "task snapshot object",
+        lambda s: s.save_task(
+            task(
+                context_snapshot=TaskContextSnapshot(
+                    session_id="s", task_id="task", llm_context={"o": Opaque()}
+                )
+            )
+        ),
+        "save_task",
+        "state.context_snapshot.llm_context['o']",
+    ),
+    (
+        "update content nan",
+        lambda s: s.save_update(
+            StateUpdate(session_id="s", task_id="t", update_type=UpdateType.PROGRESS, content=NAN)
+        ),
+        "save_update",
+        "update.content",
+    ),
+    (
+        "bulk updates",
+        lambda s: s.save_updates(
+            [
+                StateUpdate(session_id="s", task_id="t", update_type=UpdateType.PROGRESS, content=1),
+                StateUpdate(session_id="s", task_id="t", update_type=UpdateType.PROGRESS, content=[Opaque()]),
+            ]
+        ),
+        "save_updates",
+        "updates[1].content[0]",
+    ),
+    (
+        "steering id surrogate",
+        lambda s: s.save_steering(
+            SteeringEvent(
+                session_id="s",
+                task_id="t",
+                event_id=SURROGATE,
+                event_type=SteeringEventType.CANCEL,
+            )
+        ),
+        "save_steering",
+        "event.event_id",
+    ),
+    (
+        "trajectory nan",
+        lambda s: s.save_trajectory("t", "s", {"steps": [NAN]}),
+        "save_trajectory",
+        "trajectory['steps'][0]",
+    ),
+    (
+        "trajectory object",
+        lambda s: s.save_trajectory("t", "s", Opaque()),
+        "save_trajectory",
+        "trajectory",
+    ),
+    (
+        "planner event extra",
+        lambda s: s.save_planner_event("t", PlannerEvent("x", 1.0, 1, extra={"e": NAN})),
+        "save_planner_event",
+        "event.extra['e']",
+    ),
+    (
+        "bulk planner events",
+        lambda s: s.save_planner_events([("t", PlannerEvent("x", 1.0, 1)), ("t", PlannerEvent("x", NAN, 1))]),
+        "save_planner_events",
+        "items[1].event.ts",
+    ),
+    ("history trace not str", lambda s: untyped(s).load_history(None), "load_history", "trace_id"),
+    ("updates limit not int", lambda s: untyped(s).list_updates("s", limit="5"), "list_updates", "limit"),
+    (
+        "steering since_id not str",
+        lambda s: untyped(s).list_steering("s", since_id=3),
+        "list_steering",
+        "since_id",
+    ),
+    ("traces limit bool", lambda s: s.list_traces("s", limit=True), "list_traces", "limit"),
+    (
+        "find_binding tenant",
+        lambda s: untyped(s).find_binding(
+            router_session_id="r", agent_url="u", remote_skill="k", tenant_id=1
+        ),
+        "find_binding",
+        "tenant_id",
+    ),
+]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("name", "call", "method", "path"), CASES, ids=[case[0] for case in CASES])
+async def test_refused_before_io_with_method_and_path(
+    make_store: StoreFactory, name: str, call: Call, method: str, path: str
+) -> None:
+    store = await make_store()
+    await store.close()  # any I/O would now fail with asyncpg's "pool is closed"
+    with pytest.raises(InvalidPayloadError) as caught:
+        await call(store)
+    assert caught.value.method == method
+    assert caught.value.path == path
+    assert method in str(caught.value)
+    assert path in str(caught.value)
+    assert isinstance(caught.value, ValueError)  # never retryable
+
+
+@pytest.mark.asyncio
+async def test_bad_bulk_stores_nothing(store: PostgresStateStore) -> None:
+    with pytest.raises(InvalidPayloadError):
+        await store.save_events([event(trace_id="bulk"), event(trace_id="bulk", payload={"x": NAN})])
+    assert await store.load_history("bulk") == []
+
+
+@pytest.mark.asyncio
+async def test_artifact_bad_inputs(store: PostgresStateStore) -> None:
+    artifacts = store.artifact_store
+    with pytest.raises(InvalidPayloadError) as caught:
+        await artifacts.put_bytes("not bytes")  # type: ignore[arg-type]
+    assert caught.value.path == "data"
+    with pytest.raises(InvalidPayloadError) as caught:
+        await artifacts.put_text(SURROGATE)
+    assert caught.value.path == "text"
+    with pytest.raises(InvalidPayloadError) as caught:
+        await artifacts.put_bytes(b"x", meta={"m": NAN})
+    assert caught.value.path == "meta['m']"
+
+
+@pytest.mark.asyncio
+async def test_invalid_steering_is_rejected_and_not_stored(store: PostgresStateStore) -> None:
+    with pytest.raises(SteeringValidationError):
+        await store.save_steering(
+            SteeringEvent(session_id="s", task_id="t", event_type=SteeringEventType.PRIORITIZE, payload={})
+        )
+    assert await store.list_steering("s") == []
+
+
+@pytest.mark.asyncio
+async def test_naive_and_aware_datetimes_round_trip(store: PostgresStateStore) -> None:
+    naive = datetime(2025, 1, 1, 12, 0, 0, 123456)
+    aware = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+    await store.save_task(task(task_id="naive", created_at=naive, updated_at=naive))
+    await store.save_task(task(task_id="aware", created_at=aware, updated_at=aware))
+    by_id = {item.task_id: item for item in await store.list_tasks("s")}
+    assert by_id["naive"].updated_at == naive
+    assert by_id["naive"].updated_at.tzinfo is None
+    assert by_id["aware"].updated_at == aware
+    assert by_id["aware"].updated_at.tzinfo is not None
