@@ -97,6 +97,9 @@ class CircuitBreaker:
         self._probes_in_flight = 0
         self._probe_results: list[tuple[bool, bool]] = []
         self._generation = 0
+        # A count window never holds more than ``window_size`` calls (resilience4j caps it too).
+        minimum = config.minimum_calls
+        self._minimum_calls = min(minimum, config.window_size) if config.window == "count" else minimum
 
     def _new_window(self) -> _CountWindow | _TimeWindow:
         if self.config.window == "time":
@@ -158,7 +161,7 @@ class CircuitBreaker:
             self._probes_in_flight = max(0, self._probes_in_flight - 1)
 
     def _tripped(self, calls: int, failures: int, slow: int, minimum: int | None = None) -> bool:
-        if calls < (self.config.minimum_calls if minimum is None else minimum):
+        if calls < (self._minimum_calls if minimum is None else minimum):
             return False
         return (
             failures / calls >= self.config.failure_rate_threshold

@@ -103,12 +103,16 @@ def reached_backend(exc: BaseException) -> bool:
 def safe_message(exc: BaseException) -> str:
     """A description of ``exc`` fit for logs and spans: never free text that may quote a payload.
 
-    Our own errors and OS/timeout errors carry controlled text; a database error is described by
-    its SQLSTATE; anything else only by its type.
+    Our own errors and OS/timeout errors carry controlled text (for a rejected payload, the reason
+    without the path, whose keys come from the payload); a database error is described by its
+    SQLSTATE; anything else only by its type.
     """
     code = sqlstate(exc)
     if code is not None:
         return f"SQLSTATE {code}"
+    if isinstance(exc, InvalidPayloadError):
+        # Its path names the keys of the payload (``state['<key>']``): keep only the reason.
+        return exc.reason[:200]
     if isinstance(exc, GuardedError | OSError | TimeoutError | asyncio.TimeoutError):
         return str(exc)[:200]
     return ""

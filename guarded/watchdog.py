@@ -33,6 +33,8 @@ class Watchdog:
         self._tick = tick
         self._buckets: dict[int, set[_Armed]] = {}
         self._handle: asyncio.TimerHandle | None = None
+        self._scheduled = 0
+        """The bucket ``_handle`` wakes up for."""
 
     def arm(self, task: asyncio.Task[object], when: float) -> _Armed:
         """Cancel ``task`` once loop time reaches ``when`` unless disarmed first."""
@@ -43,7 +45,13 @@ class Watchdog:
             self._buckets[bucket] = {armed}
         else:
             entries.add(armed)
-        if self._handle is None:
+        handle = self._handle
+        if handle is None or bucket < self._scheduled:
+            # An earlier deadline than the one the wake-up is set for (calls of different
+            # methods have different timeouts): wake up earlier.
+            if handle is not None:
+                handle.cancel()
+            self._scheduled = bucket
             self._handle = self._loop.call_at(bucket * self._tick, self._check)
         return armed
 
@@ -63,7 +71,8 @@ class Watchdog:
                 armed.fired = True
                 armed.task.cancel()
         if self._buckets:
-            self._handle = self._loop.call_at(min(self._buckets) * self._tick, self._check)
+            self._scheduled = min(self._buckets)
+            self._handle = self._loop.call_at(self._scheduled * self._tick, self._check)
 
 
 _watchdogs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watchdog] = weakref.WeakKeyDictionary()

@@ -8,6 +8,7 @@ nothing report ``not_found`` so "store down" and "token expired" never look alik
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ..call import Call, MethodSetup, Service
@@ -40,21 +41,20 @@ class FallbackLayer:
         normalise_empty = policy.kind is Kind.CONSUME
         single_item = policy.single_item
         log = self._log
+        current_task = asyncio.current_task
 
         async def must_not_throw(call: Call) -> Any:
             try:
                 result = await inner(call)
             except Exception as exc:
-                call.error = exc
-                call.outcome = failure_outcome(exc)
-                log.failure(
-                    store=method.store_name,
-                    method=method.label,
-                    error_type=error_type(exc),
-                    outcome=call.outcome.value,
-                    message=safe_message(exc),
-                )
-                return make_fallback()
+                return failed(call, exc)
+            except asyncio.CancelledError as exc:
+                # The caller's cancellation propagates; a CancelledError the store raised on
+                # its own (an internal future of the driver was cancelled) is just a failure.
+                task = current_task()
+                if task is None or task.cancelling():
+                    raise
+                return failed(call, exc)
             if normalise_empty and result == {}:
                 result = None
             if call.outcome is Outcome.OK:
@@ -63,5 +63,17 @@ class FallbackLayer:
                 elif call.attempts > 1:
                     call.outcome = Outcome.RETRIED
             return result
+
+        def failed(call: Call, exc: BaseException) -> Any:
+            call.error = exc
+            call.outcome = failure_outcome(exc)
+            log.failure(
+                store=method.store_name,
+                method=method.label,
+                error_type=error_type(exc),
+                outcome=call.outcome.value,
+                message=safe_message(exc),
+            )
+            return make_fallback()
 
         return must_not_throw

@@ -9,6 +9,7 @@ Backoff never sleeps past the call's deadline.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
@@ -16,6 +17,11 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exp
 from ..call import Call, MethodSetup, Service
 from ..classify import ErrorClass, classify, error_type, reached_backend
 from ..config import RetryConfig
+
+_FIRST_BACKOFF = (
+    "multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter).parameters else "initial"
+)
+"""tenacity 9.2 renamed ``initial`` (now deprecated) to ``multiplier``; 8.x only knows ``initial``."""
 
 
 class RetryLayer:
@@ -41,7 +47,7 @@ class RetryLayer:
             return attempt
 
         wait = wait_exponential_jitter(
-            initial=self._config.initial_backoff,
+            **{_FIRST_BACKOFF: self._config.initial_backoff},
             max=self._config.max_backoff,
             exp_base=self._config.multiplier,
             jitter=self._config.jitter,

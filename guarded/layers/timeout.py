@@ -35,12 +35,18 @@ class TimeoutLayer:
             armed = dog.arm(task, min(loop.time() + attempt_timeout, call.deadline))
             try:
                 result = await inner(call)
-            except asyncio.CancelledError:
-                if armed.fired and task.uncancel() == 0:
-                    raise TimeoutError(f"{method.label} timed out") from None
-                raise
-            finally:
+            except BaseException as exc:
                 dog.disarm(armed)
+                # Whatever the store made of the watchdog's cancellation, withdraw it (else the
+                # task's cancellation count stays raised, which breaks the caller's own
+                # asyncio.timeout); unless the caller cancelled too, the attempt timed out.
+                if armed.fired and task.uncancel() == 0:
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise TimeoutError(f"{method.label} timed out") from None
+                    if isinstance(exc, Exception):
+                        raise TimeoutError(f"{method.label} timed out") from exc
+                raise
+            dog.disarm(armed)
             if armed.fired and task.uncancel() == 0:
                 raise TimeoutError(f"{method.label} timed out (the store swallowed the cancellation)")
             return result

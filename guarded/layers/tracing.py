@@ -10,6 +10,7 @@ When the span is not recording, nothing is attached to the context and no attrib
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -50,6 +51,7 @@ class TracingLayer:
                 result = await inner(call)
             except BaseException as exc:
                 span.set_attribute(names.SPAN_ATTR_OUTCOME, "cancelled")
+                span.set_attribute(names.SPAN_ATTR_ATTEMPTS, call.attempts)
                 span.set_attribute("error.type", error_type(exc))
                 raise
             else:
@@ -74,5 +76,17 @@ def _finish(span: trace.Span, call: Call) -> None:
     if error is not None:
         kind = error_type(error)
         span.set_attribute("error.type", kind)
-        span.record_exception(error, attributes={"exception.message": safe_message(error)})
+        # Not span.record_exception(): its exception.stacktrace ends with str(error), which may
+        # quote a payload. The frames are kept; the message is the safe one.
+        message = safe_message(error)
+        stacktrace = "".join(traceback.format_tb(error.__traceback__))
+        span.add_event(
+            "exception",
+            {
+                "exception.type": kind,
+                "exception.message": message,
+                "exception.stacktrace": f"Traceback (most recent call last):\n{stacktrace}{kind}: {message}",
+                "exception.escaped": "False",
+            },
+        )
         span.set_status(Status(StatusCode.ERROR, kind))
