@@ -142,7 +142,10 @@ class CircuitBreaker:
         if self._state is BreakerState.CLOSED:
             window = self._window
             window.add(failed, slow, self._clock())
-            if (failed or slow) and self._tripped(window.calls, window.failures, window.slow):
+            # A success can only trip the breaker by bringing the window up to its minimum size.
+            if (failed or slow or window.calls <= self._minimum_calls) and self._tripped(
+                window.calls, window.failures, window.slow
+            ):
                 self._open()
         elif self._state is BreakerState.HALF_OPEN:
             self._probes_in_flight = max(0, self._probes_in_flight - 1)

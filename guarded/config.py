@@ -56,6 +56,13 @@ class LoggingConfig(_Frozen):
     """At most one record per (method, error type) per interval; suppressed ones are counted."""
 
 
+class ArtifactFallbackConfig(_Frozen):
+    """Artifacts the backend could not take are kept in this process, within these bounds."""
+
+    local_max_bytes: int = Field(64 * 1024 * 1024, ge=0)
+    """Per session and per trace; beyond it the oldest local artifacts are evicted (LRU)."""
+
+
 class MethodConfig(_Frozen):
     """Per-method overrides; unset fields keep the guard-wide value."""
 
@@ -72,6 +79,7 @@ class GuardConfig(_Frozen):
     retry: RetryConfig = RetryConfig()
     breaker: BreakerConfig = BreakerConfig()
     logging: LoggingConfig = LoggingConfig()
+    artifacts: ArtifactFallbackConfig = ArtifactFallbackConfig()
     methods: dict[str, MethodConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -15,6 +15,7 @@ from opentelemetry.trace import TracerProvider
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from . import telemetry_names as names
+from .backends.memory_artifacts import InMemoryArtifactStore
 from .breaker import BreakerState, CircuitBreaker
 from .call import Call, Layer, MethodSetup, Service
 from .config import GuardConfig
@@ -28,8 +29,10 @@ from .layers import (
     TimeoutLayer,
     TracingLayer,
 )
+from .layers.artifact_fallback import LocalArtifactFallbackLayer
 from .layers.metrics import GuardInstruments, guard_instruments, publish_breaker_state
-from .policy import MethodPolicy, PolicyTable
+from .models import ArtifactRetentionConfig
+from .policy import LIFECYCLE_METHODS, MethodPolicy, PolicyTable
 from .proxy import async_method_names, build_proxy_class
 
 S = TypeVar("S")
@@ -75,6 +78,7 @@ class GuardCore:
         extra_layers: Sequence[Layer],
         label_prefix: str = "",
         breaker: CircuitBreaker | None = None,
+        degraded_layers: Sequence[Layer] = (),
     ) -> None:
         self.target = target
         self.name = name
@@ -94,6 +98,7 @@ class GuardCore:
             TracingLayer(tracer, db_system_name=db_system if isinstance(db_system, str) else None),
             MetricsLayer(self.instruments),
             FallbackLayer(self.failure_log),
+            *degraded_layers,
             CircuitBreakerLayer(self.breaker),
             RetryLayer(config.retry),
             TimeoutLayer(),
@@ -215,7 +220,9 @@ def guard(
 
 def _make_proxy(core: GuardCore, base: type[GuardedStore]) -> GuardedStore:
     target = core.target
-    methods = {method: core.build_method(method) for method in async_method_names(target)}
+    methods = {
+        method: core.build_method(method) for method in async_method_names(target, exclude=LIFECYCLE_METHODS)
+    }
     special: dict[str, property] = {}
     if base is GuardedStore and inspect.getattr_static(target, "artifact_store", None) is not None:
         special["artifact_store"] = _guarded_artifact_property(core)
@@ -233,6 +240,12 @@ def _make_proxy(core: GuardCore, base: type[GuardedStore]) -> GuardedStore:
 
 def _guarded_artifact_property(core: GuardCore) -> property:
     cache: dict[int, tuple[object, GuardedStore]] = {}
+    local_artifacts = InMemoryArtifactStore(
+        ArtifactRetentionConfig(
+            max_session_bytes=core.config.artifacts.local_max_bytes,
+            max_trace_bytes=core.config.artifacts.local_max_bytes,
+        )
+    )
 
     def get(self: object) -> Any:
         inner = core.target.artifact_store  # type: ignore[attr-defined]
@@ -251,6 +264,7 @@ def _guarded_artifact_property(core: GuardCore) -> property:
             extra_layers=core.extra_layers,
             label_prefix="artifact_store.",
             breaker=core.breaker,
+            degraded_layers=[LocalArtifactFallbackLayer(local_artifacts, core.failure_log)],
         )
         proxy = _make_proxy(artifact_core, GuardedArtifactStore)
         cache.clear()

@@ -265,6 +265,12 @@ def _policies() -> list[MethodPolicy]:
     ]
 
 
+LIFECYCLE_METHODS = frozenset(
+    {"close", "aclose", "connect", "open", "start", "stop", "shutdown", "migrate", "cleanup", "flush"}
+)
+"""Async methods that manage the store rather than use it: passed through unguarded, so their
+errors and duration stay visible to the code that opens and closes the store."""
+
 ALIASES: dict[str, str] = {
     "save_task_update": "save_update",
     "list_task_updates": "list_updates",
@@ -352,6 +358,8 @@ class PolicyTable:
                 for enum_field, enum_type in (("kind", Kind), ("fallback", Fallback)):
                     if isinstance(patch.get(enum_field), str):
                         patch[enum_field] = enum_type(patch[enum_field])
+                if "kind" in patch and "repeat_safe" not in patch:
+                    patch["repeat_safe"] = patch["kind"] is not Kind.CONSUME
                 table._policies[name] = replace(base, **patch, inferred=False)
         return table
 

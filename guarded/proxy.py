@@ -32,14 +32,14 @@ def public_names(target: object) -> list[str]:
     return [name for name in dir(target) if not name.startswith("__")]
 
 
-def async_method_names(target: object) -> list[str]:
+def async_method_names(target: object, *, exclude: frozenset[str] = frozenset()) -> list[str]:
     """Names of ``target``'s public async methods, found without evaluating its properties.
 
-    Private methods (a leading underscore) are not part of any protocol and pass through unguarded.
+    Private methods (a leading underscore) and names in ``exclude`` are left out.
     """
     found = []
     for name in public_names(target):
-        if name.startswith("_"):
+        if name.startswith("_") or name in exclude:
             continue
         static = inspect.getattr_static(target, name, _MISSING)
         if isinstance(static, property):

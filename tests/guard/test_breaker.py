@@ -365,3 +365,12 @@ async def test_guarded_artifact_store_shares_the_breaker() -> None:
     assert await store.artifact_store.exists("x") is False
     assert calls(registry, "artifact_store.exists", "circuit_open") == 1
     assert fault_injector(faulty).log == []
+
+
+def test_a_success_that_reaches_minimum_calls_trips_when_the_rate_is_over() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    run(b, "fail", "fail", "fail")
+    assert b.state is CLOSED
+    run(b, "ok")  # the 4th call is a success, but 3 of 4 failed: 75% >= 50%
+    assert b.state is OPEN
