@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -18,15 +19,35 @@ if TYPE_CHECKING:
 class Call:
     """A method call as it travels through the layers; layers annotate it as they go."""
 
-    __slots__ = ("args", "attempts", "deadline", "error", "kwargs", "method", "outcome", "retries", "span")
+    __slots__ = (
+        "args",
+        "attempts",
+        "deadline",
+        "error",
+        "kwargs",
+        "loop",
+        "method",
+        "outcome",
+        "retries",
+        "span",
+        "started",
+    )
 
     def __init__(
-        self, method: MethodSetup, args: tuple[Any, ...], kwargs: Mapping[str, Any], deadline: float
+        self,
+        method: MethodSetup,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        loop: asyncio.AbstractEventLoop,
+        started: float,
     ) -> None:
         self.method = method
         self.args = args
         self.kwargs = kwargs
-        self.deadline = deadline
+        self.loop = loop
+        self.started = started
+        """Event-loop time when the call began."""
+        self.deadline = started + method.settings.deadline
         """Event-loop time by which the call must return."""
         self.attempts = 0
         self.outcome = Outcome.OK

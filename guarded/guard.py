@@ -7,7 +7,7 @@ import inspect
 import itertools
 import os
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from opentelemetry import trace
@@ -95,7 +95,11 @@ class GuardCore:
         tracer = trace.get_tracer(names.TRACER_NAME, tracer_provider=tracer_provider)
         db_system = getattr(target, "db_system_name", None)
         self.layers: list[Layer] = [
-            TracingLayer(tracer, db_system_name=db_system if isinstance(db_system, str) else None),
+            TracingLayer(
+                tracer,
+                db_system_name=db_system if isinstance(db_system, str) else None,
+                tracer_provider=tracer_provider,
+            ),
             MetricsLayer(self.instruments),
             FallbackLayer(self.failure_log),
             *degraded_layers,
@@ -137,8 +141,8 @@ class GuardCore:
         self.setups[method] = setup
         bound = getattr(self.target, method)
 
-        async def backend(call: Call) -> Any:
-            return await bound(*call.args, **call.kwargs)
+        def backend(call: Call) -> Awaitable[Any]:
+            return bound(*call.args, **call.kwargs)  # type: ignore[no-any-return]
 
         service: Service = backend
         for layer in reversed(self.layers):
@@ -149,27 +153,25 @@ class GuardCore:
 def _entry(
     service: Service, setup: MethodSetup, key_prefix: str, counter: itertools.count[int]
 ) -> Callable[..., Any]:
-    deadline = setup.settings.deadline
     get_loop = asyncio.get_running_loop
     set_key = IDEMPOTENCY_KEY.set
     reset_key = IDEMPOTENCY_KEY.reset
 
     async def guarded_method(*args: Any, **kwargs: Any) -> Any:
-        return await service(Call(setup, args, kwargs, get_loop().time() + deadline))
+        loop = get_loop()
+        return await service(Call(setup, args, kwargs, loop, loop.time()))
 
     async def keyed_method(*args: Any, **kwargs: Any) -> Any:
+        loop = get_loop()
         token = set_key(key_prefix + str(next(counter)))
         try:
-            return await service(Call(setup, args, kwargs, get_loop().time() + deadline))
+            return await service(Call(setup, args, kwargs, loop, loop.time()))
         finally:
             reset_key(token)
 
-    if not setup.policy.repeat_safe:
-        keyed_method.__name__ = keyed_method.__qualname__ = setup.label
-        return keyed_method
-
-    guarded_method.__name__ = guarded_method.__qualname__ = setup.label
-    return guarded_method
+    chosen = guarded_method if setup.policy.repeat_safe else keyed_method
+    chosen.__name__ = chosen.__qualname__ = setup.label
+    return chosen
 
 
 def guard(

@@ -78,9 +78,18 @@ class Watchdog:
 _watchdogs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watchdog] = weakref.WeakKeyDictionary()
 
 
+_last: tuple[weakref.ref[asyncio.AbstractEventLoop], Watchdog] | None = None
+
+
 def watchdog_for(loop: asyncio.AbstractEventLoop) -> Watchdog:
-    """The watchdog of ``loop``, created on first use."""
+    """The watchdog of ``loop``, created on first use (the last one is cached without a strong
+    reference to its loop)."""
+    global _last
+    last = _last
+    if last is not None and last[0]() is loop:
+        return last[1]
     found = _watchdogs.get(loop)
     if found is None:
         found = _watchdogs[loop] = Watchdog(loop)
+    _last = (weakref.ref(loop), found)
     return found

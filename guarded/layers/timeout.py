@@ -18,21 +18,15 @@ class TimeoutLayer:
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         attempt_timeout = method.settings.attempt_timeout
-        get_loop = asyncio.get_running_loop
         current_task = asyncio.current_task
 
-        last: list[Any] = [None, None]
-
         async def timed(call: Call) -> Any:
-            loop = get_loop()
+            loop = call.loop
             task = current_task(loop)
             assert task is not None
-            if last[0] is loop:
-                dog = last[1]
-            else:
-                dog = watchdog_for(loop)
-                last[0], last[1] = loop, dog
-            armed = dog.arm(task, min(loop.time() + attempt_timeout, call.deadline))
+            dog = watchdog_for(loop)
+            now = call.started if call.attempts <= 1 else loop.time()
+            armed = dog.arm(task, min(now + attempt_timeout, call.deadline))
             try:
                 result = await inner(call)
             except BaseException as exc:

@@ -10,24 +10,52 @@ When the span is not recording, nothing is attached to the context and no attrib
 
 from __future__ import annotations
 
+import os
 import traceback
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
 from .. import telemetry_names as names
 from ..call import Call, MethodSetup, Service
 from ..classify import error_type, safe_message
 
+_UNKNOWN = object()
+
 
 class TracingLayer:
     """Wraps each call in a span from ``tracer``."""
 
-    def __init__(self, tracer: Tracer, *, db_system_name: str | None = None) -> None:
+    def __init__(
+        self,
+        tracer: Tracer,
+        *,
+        db_system_name: str | None = None,
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
         self._tracer = tracer
         self._db_system_name = db_system_name
+        self._provider = tracer_provider
+        self._provider_from_environment = OTEL_PYTHON_TRACER_PROVIDER in os.environ
+
+    def _tracing_off(self) -> bool:
+        """Whether no span could record: no SDK provider at all, or one whose sampler drops all.
+
+        Then no span is created (the API's no-op span still costs about a microsecond, and the
+        SDK's unsampled span about four). ``trace.get_tracer_provider()`` reads ``os.environ`` on
+        every call while no provider is set, so the API's global is looked at first; if a future
+        API version renames it, the lookup below still gives the right answer, only slower.
+        """
+        provider = self._provider
+        if provider is None:
+            if getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None and not self._provider_from_environment:
+                return True
+            provider = trace.get_tracer_provider()
+        return type(provider) is ProxyTracerProvider or getattr(provider, "sampler", None) is ALWAYS_OFF
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         tracer = self._tracer
@@ -40,7 +68,11 @@ class TracingLayer:
         if self._db_system_name:
             static_attributes["db.system.name"] = self._db_system_name
 
+        tracing_off = self._tracing_off
+
         async def traced(call: Call) -> Any:
+            if tracing_off():
+                return await inner(call)
             span = tracer.start_span(span_name, kind=SpanKind.CLIENT, attributes=static_attributes)
             if not span.is_recording():
                 return await inner(call)

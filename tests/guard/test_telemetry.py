@@ -298,3 +298,38 @@ async def test_labels_are_bounded_and_never_ids(
             assert not IDS & set(sample.labels.values()), sample
     assert seen_guard_samples > 0
     assert sum(outcome_counts(registry, "primary").values()) == 90
+
+
+def test_a_global_tracer_provider_set_after_guard_creation_is_used() -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import asyncio
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from prometheus_client import CollectorRegistry
+        from guarded import guard
+        from guarded.backends.memory import InMemoryStateStore
+
+        async def main() -> None:
+            store = guard(InMemoryStateStore(), registry=CollectorRegistry())
+            await store.load_memory_state("before")
+            exporter = InMemorySpanExporter()
+            provider = TracerProvider()
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            trace.set_tracer_provider(provider)
+            await store.load_memory_state("after")
+            print([span.name for span in exporter.get_finished_spans()])
+
+        asyncio.run(main())
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "['load_memory_state']"
