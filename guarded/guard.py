@@ -115,18 +115,14 @@ class GuardCore:
     def _new_breaker(self) -> CircuitBreaker:
         breaker = CircuitBreaker(self.config.breaker)
         transitions = self.instruments.circuit_transitions
-        state_gauge_store = self.name
 
         def on_transition(old: BreakerState, new: BreakerState) -> None:
-            transitions.labels(state_gauge_store, old.value, new.value).inc()
-            publish_breaker_state(self.instruments, state_gauge_store, new)
+            transitions.labels(self.name, old.value, new.value).inc()
+            publish_breaker_state(self.instruments, self.name, new)
 
         breaker.add_listener(on_transition)
         publish_breaker_state(self.instruments, self.name, breaker.state)
         return breaker
-
-    def policy(self, method: str) -> MethodPolicy:
-        return self.policies.get(method)
 
     def build_method(self, method: str) -> Callable[..., Any]:
         """The guarded coroutine function for ``target.method``."""
@@ -310,7 +306,12 @@ class GuardController:
 
     def policy(self, method: str) -> MethodPolicy:
         """The policy the guard applies to ``method``."""
-        return self._core.policy(method)
+        return self._core.policies.get(method)
+
+    def stats(self) -> dict[tuple[str, str], int]:
+        """Calls made through this guard so far, by (method, outcome); artifact methods are
+        ``artifact_store.*``. The same numbers Prometheus scrapes as ``guarded_store_calls_total``."""
+        return self._core.instruments.stats.counts(self._core.name)
 
     def guarded_methods(self) -> list[str]:
         """Names of the store methods the guard wraps."""

@@ -26,7 +26,3 @@ class Outcome(str, Enum):
     """Refused as bad data; never retried."""
     CANCELLED = "cancelled"
     """The caller cancelled the call; the cancellation propagated."""
-
-    @property
-    def failed(self) -> bool:
-        return self not in {Outcome.OK, Outcome.RETRIED, Outcome.NOT_FOUND, Outcome.CANCELLED}

@@ -25,10 +25,6 @@ class Kind(str, Enum):
     """Reads and deletes (``load_planner_state``): a blind repeat can lose the item."""
     DELETE = "delete"
 
-    @property
-    def writes(self) -> bool:
-        return self is not Kind.READ
-
 
 class Fallback(str, Enum):
     """The safe default a failed call returns (DESIGN.md "fallback")."""
@@ -110,13 +106,6 @@ class MethodPolicy:
     ids: Ids = field(default_factory=Ids)
     alias_of: str | None = None
     inferred: bool = False
-
-    @property
-    def writes(self) -> bool:
-        return self.kind.writes
-
-    def fallback_value(self) -> Any:
-        return self.fallback.value_factory()()
 
 
 def _key(*getters: ArgGetter) -> ArgGetter:
@@ -365,6 +354,3 @@ class PolicyTable:
 
     def __contains__(self, name: object) -> bool:
         return name in self._policies or name in self._aliases
-
-    def names(self) -> list[str]:
-        return sorted({*self._policies, *self._aliases})

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator, Mapping
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
+from guarded.codec import check_text as codec_check_text
 from guarded.codec import to_json_value
 from guarded.errors import InvalidPayloadError
 
@@ -99,16 +100,7 @@ def check_text(value: Any, path: str) -> str:
     """``value`` when it is a ``str`` without lone surrogates, else :class:`InvalidPayloadError`."""
     if not isinstance(value, str):
         raise InvalidPayloadError(f"expected a string, got {type(value).__name__}", path=path)
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidPayloadError(
-                f"string contains a lone surrogate (U+{ord(value[exc.start]):04X} at index {exc.start}), "
-                "which is not valid Unicode and cannot be stored",
-                path=path,
-            ) from None
-    return value
+    return codec_check_text(value, path)
 
 
 def check_text_opt(value: Any, path: str) -> str | None:

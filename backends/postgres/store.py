@@ -435,7 +435,10 @@ class PostgresStateStore:
 
     async def save_update(self, update: Any) -> None:
         """Append an update; idempotent by ``(session_id, update_id)``."""
-        with refusing("save_update", "update"):
+        await self._save_update("save_update", update)
+
+    async def _save_update(self, method: str, update: Any) -> None:
+        with refusing(method, "update"):
             row = self._updates.encode(update)
         await self._updates.save(row)
 
@@ -454,14 +457,17 @@ class PostgresStateStore:
         limit: int = 500,
     ) -> list[Any]:
         """Updates oldest first after the exclusive cursor ``since_id``; the ``limit`` most recent."""
-        with refusing("list_updates"):
+        return await self._list_updates("list_updates", session_id, task_id, since_id, limit)
+
+    async def _list_updates(
+        self, method: str, session_id: str, task_id: str | None, since_id: str | None, limit: int
+    ) -> list[Any]:
+        with refusing(method):
             return await self._updates.list(session_id, task_id=task_id, since_id=since_id, limit=limit)
 
     async def save_task_update(self, update: Any) -> None:
         """Legacy alias of :meth:`save_update`."""
-        with refusing("save_task_update", "update"):
-            row = self._updates.encode(update)
-        await self._updates.save(row)
+        await self._save_update("save_task_update", update)
 
     async def list_task_updates(
         self,
@@ -472,8 +478,7 @@ class PostgresStateStore:
         limit: int = 500,
     ) -> list[Any]:
         """Legacy alias of :meth:`list_updates`."""
-        with refusing("list_task_updates"):
-            return await self._updates.list(session_id, task_id=task_id, since_id=since_id, limit=limit)
+        return await self._list_updates("list_task_updates", session_id, task_id, since_id, limit)
 
     # ------------------------------------------------------------------------------------------------
     # Steering

@@ -270,3 +270,17 @@ def test_controller_of_a_proxy_and_of_anything_else() -> None:
             controller(not_a_proxy)
     with pytest.raises(TypeError, match="not a FaultyStore"):
         fault_injector(proxy)
+
+
+@pytest.mark.asyncio
+async def test_controller_stats_count_calls_by_method_and_outcome() -> None:
+    store = guard(InMemoryStateStore(), name="stats", registry=CollectorRegistry())
+    await store.load_memory_state("missing")
+    await store.load_memory_state("missing")
+    await store.save_memory_state("k", {"a": 1})
+    await store.artifact_store.exists("nope")
+    assert controller(store).stats() == {
+        ("load_memory_state", "not_found"): 2,
+        ("save_memory_state", "ok"): 1,
+        ("artifact_store.exists", "ok"): 1,
+    }
