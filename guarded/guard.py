@@ -78,6 +78,7 @@ class GuardCore:
         extra_layers: Sequence[Layer],
         label_prefix: str = "",
         breaker: CircuitBreaker | None = None,
+        failure_log: FailureLog | None = None,
         degraded_layers: Sequence[Layer] = (),
     ) -> None:
         self.target = target
@@ -89,7 +90,7 @@ class GuardCore:
         self.extra_layers = tuple(extra_layers)
         self.instruments: GuardInstruments = guard_instruments(registry)
         self.breaker = breaker or self._new_breaker()
-        self.failure_log = FailureLog(config.logging.interval)
+        self.failure_log = failure_log or FailureLog(config.logging.interval)
         self.honours_idempotency_key = bool(getattr(target, HONOURS_IDEMPOTENCY_KEY, False))
         self.label_prefix = label_prefix
         tracer = trace.get_tracer(names.TRACER_NAME, tracer_provider=tracer_provider)
@@ -262,6 +263,7 @@ def _guarded_artifact_property(core: GuardCore) -> property:
             extra_layers=core.extra_layers,
             label_prefix="artifact_store.",
             breaker=core.breaker,
+            failure_log=core.failure_log,
             degraded_layers=[LocalArtifactFallbackLayer(local_artifacts, core.failure_log)],
         )
         proxy = _make_proxy(artifact_core, GuardedArtifactStore)
