@@ -27,23 +27,37 @@ class BreakerState(str, Enum):
 
 TransitionListener = Callable[[BreakerState, BreakerState], None]
 
+# Enum attribute lookups cost about 0.1 µs each on CPython 3.11; the hot path uses these.
+_CLOSED = BreakerState.CLOSED
+_HALF_OPEN = BreakerState.HALF_OPEN
+_OPEN = BreakerState.OPEN
+_DISABLED = BreakerState.DISABLED
+
 
 class _CountWindow:
+    """The last ``size`` calls, as a ring of ``failed | slow << 1`` codes."""
+
     def __init__(self, size: int) -> None:
-        self._entries: deque[tuple[bool, bool]] = deque()
+        self._codes = [0] * size
+        self._next = 0
         self._size = size
         self.calls = self.failures = self.slow = 0
 
     def add(self, failed: bool, slow: bool, now: float) -> None:
-        if len(self._entries) == self._size:
-            old_failed, old_slow = self._entries.popleft()
-            self.calls -= 1
-            self.failures -= old_failed
-            self.slow -= old_slow
-        self._entries.append((failed, slow))
-        self.calls += 1
-        self.failures += failed
-        self.slow += slow
+        position = self._next
+        self._next = (position + 1) % self._size
+        if self.calls == self._size:
+            old = self._codes[position]
+            if old:
+                self.failures -= old & 1
+                self.slow -= old >> 1
+        else:
+            self.calls += 1
+        code = failed | slow << 1
+        self._codes[position] = code
+        if code:
+            self.failures += failed
+            self.slow += slow
 
     def expire(self, now: float) -> None:
         return None
@@ -100,6 +114,8 @@ class CircuitBreaker:
         # A count window never holds more than ``window_size`` calls (resilience4j caps it too).
         minimum = config.minimum_calls
         self._minimum_calls = min(minimum, config.window_size) if config.window == "count" else minimum
+        self._slow_call_duration = config.slow_call_duration
+        self._window_is_timed = config.window == "time"
 
     def _new_window(self) -> _CountWindow | _TimeWindow:
         if self.config.window == "time":
@@ -109,7 +125,7 @@ class CircuitBreaker:
     @property
     def state(self) -> BreakerState:
         """The current state (an OPEN breaker whose wait is over reports HALF_OPEN)."""
-        if self._state is BreakerState.OPEN and self._clock() - self._opened_at >= self.config.open_duration:
+        if self._state is _OPEN and self._clock() - self._opened_at >= self.config.open_duration:
             self._transition(BreakerState.HALF_OPEN)
         return self._state
 
@@ -123,11 +139,11 @@ class CircuitBreaker:
         A HALF_OPEN breaker admits ``half_open_probes`` calls.
         """
         state = self._state
-        if state is BreakerState.CLOSED or state is BreakerState.DISABLED:
+        if state is _CLOSED or state is _DISABLED:
             return self._generation
         state = self.state
         if (
-            state is BreakerState.HALF_OPEN
+            state is _HALF_OPEN
             and self._probes_in_flight + len(self._probe_results) < self.config.half_open_probes
         ):
             self._probes_in_flight += 1
@@ -138,16 +154,16 @@ class CircuitBreaker:
         """Record the result of a call admitted with ``ticket``."""
         if ticket != self._generation:
             return
-        slow = duration >= self.config.slow_call_duration
-        if self._state is BreakerState.CLOSED:
+        slow = duration >= self._slow_call_duration
+        if self._state is _CLOSED:
             window = self._window
-            window.add(failed, slow, self._clock())
+            window.add(failed, slow, self._clock() if self._window_is_timed else 0.0)
             # A success can only trip the breaker by bringing the window up to its minimum size.
             if (failed or slow or window.calls <= self._minimum_calls) and self._tripped(
                 window.calls, window.failures, window.slow
             ):
                 self._open()
-        elif self._state is BreakerState.HALF_OPEN:
+        elif self._state is _HALF_OPEN:
             self._probes_in_flight = max(0, self._probes_in_flight - 1)
             self._probe_results.append((failed, slow))
             if len(self._probe_results) >= self.config.half_open_probes:
@@ -160,7 +176,7 @@ class CircuitBreaker:
 
     def release(self, ticket: int) -> None:
         """Give back an admission without a result (the call was cancelled or its error is ignored)."""
-        if ticket == self._generation and self._state is BreakerState.HALF_OPEN:
+        if ticket == self._generation and self._state is _HALF_OPEN:
             self._probes_in_flight = max(0, self._probes_in_flight - 1)
 
     def _tripped(self, calls: int, failures: int, slow: int, minimum: int | None = None) -> bool:

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from .policy import MethodPolicy
 
 
+_OK = Outcome.OK  # enum attribute lookups are slow on CPython 3.11 (about 0.1 µs)
+
+
 class Call:
     """A method call as it travels through the layers; layers annotate it as they go."""
 
@@ -50,7 +53,7 @@ class Call:
         self.deadline = started + method.settings.deadline
         """Event-loop time by which the call must return."""
         self.attempts = 0
-        self.outcome = Outcome.OK
+        self.outcome = _OK
         self.error: BaseException | None = None
         self.retries: list[tuple[int, str, float]] | None = None
         """(attempt that failed, error type, backoff in seconds) for each retry."""

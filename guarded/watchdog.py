@@ -1,28 +1,20 @@
 """Deadline watchdog: cheap per-call timeouts for a hot path.
 
 ``asyncio.timeout`` schedules and cancels a ``TimerHandle`` per use (several microseconds).
-The watchdog instead files each armed deadline into a bucket of ``tick`` seconds; one loop
-callback, scheduled only while something is armed, wakes once per tick and cancels the tasks
-whose deadline has passed. Arming and disarming are a set insert and removal. A deadline fires
-at most one tick late.
+The watchdog instead keeps the armed deadlines in one dict (arming and disarming are a dict
+insert and pop) and keeps a single loop callback scheduled for the earliest of them, rounded
+up to a ``tick``. When it wakes it cancels the tasks whose deadline has passed and schedules
+itself for the next one. A deadline fires at most one tick late.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import weakref
 
 DEFAULT_TICK = 0.005
-
-
-class _Armed:
-    __slots__ = ("bucket", "fired", "task", "when")
-
-    def __init__(self, task: asyncio.Task[object], when: float, bucket: int) -> None:
-        self.task = task
-        self.when = when
-        self.bucket = bucket
-        self.fired = False
 
 
 class Watchdog:
@@ -31,48 +23,48 @@ class Watchdog:
     def __init__(self, loop: asyncio.AbstractEventLoop, tick: float = DEFAULT_TICK) -> None:
         self._loop = loop
         self._tick = tick
-        self._buckets: dict[int, set[_Armed]] = {}
+        self._armed: dict[int, tuple[asyncio.Task[object], float]] = {}
+        self._next_key = itertools.count().__next__
         self._handle: asyncio.TimerHandle | None = None
-        self._scheduled = 0
-        """The bucket ``_handle`` wakes up for."""
+        self._wake_at = math.inf
+        """Loop time ``_handle`` wakes up at (infinity when nothing is scheduled)."""
 
-    def arm(self, task: asyncio.Task[object], when: float) -> _Armed:
-        """Cancel ``task`` once loop time reaches ``when`` unless disarmed first."""
-        bucket = int(when / self._tick) + 1
-        armed = _Armed(task, when, bucket)
-        entries = self._buckets.get(bucket)
-        if entries is None:
-            self._buckets[bucket] = {armed}
-        else:
-            entries.add(armed)
-        handle = self._handle
-        if handle is None or bucket < self._scheduled:
+    def arm(self, task: asyncio.Task[object], when: float) -> int:
+        """Cancel ``task`` once loop time reaches ``when`` unless disarmed first; returns the key
+        to hand to :meth:`disarm`."""
+        key = self._next_key()
+        self._armed[key] = (task, when)
+        if when < self._wake_at:
             # An earlier deadline than the one the wake-up is set for (calls of different
             # methods have different timeouts): wake up earlier.
-            if handle is not None:
-                handle.cancel()
-            self._scheduled = bucket
-            self._handle = self._loop.call_at(bucket * self._tick, self._check)
-        return armed
+            self._schedule(when)
+        return key
 
-    def disarm(self, armed: _Armed) -> None:
-        entries = self._buckets.get(armed.bucket)
-        if entries is not None:
-            entries.discard(armed)
-            if not entries:
-                del self._buckets[armed.bucket]
+    def disarm(self, key: int) -> bool:
+        """Withdraw the deadline of ``key``; ``True`` when it had already fired (the task was
+        cancelled by the watchdog)."""
+        return self._armed.pop(key, None) is None
+
+    def _schedule(self, when: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        tick = self._tick
+        self._wake_at = at = (int(when / tick) + 1) * tick
+        self._handle = self._loop.call_at(at, self._check)
 
     def _check(self) -> None:
         self._handle = None
+        self._wake_at = math.inf
+        armed = self._armed
+        if not armed:
+            return
         now = self._loop.time()
-        due = [bucket for bucket in self._buckets if bucket * self._tick <= now]
-        for bucket in due:
-            for armed in self._buckets.pop(bucket):
-                armed.fired = True
-                armed.task.cancel()
-        if self._buckets:
-            self._scheduled = min(self._buckets)
-            self._handle = self._loop.call_at(self._scheduled * self._tick, self._check)
+        due = [key for key, (_, when) in armed.items() if when <= now]
+        for key in due:
+            task, _ = armed.pop(key)
+            task.cancel()
+        if armed:
+            self._schedule(min(when for _, when in armed.values()))
 
 
 _watchdogs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watchdog] = weakref.WeakKeyDictionary()

@@ -42,6 +42,7 @@ class FallbackLayer:
         single_item = policy.single_item
         log = self._log
         current_task = asyncio.current_task
+        ok, not_found, retried = Outcome.OK, Outcome.NOT_FOUND, Outcome.RETRIED
 
         async def must_not_throw(call: Call) -> Any:
             try:
@@ -57,11 +58,11 @@ class FallbackLayer:
                 return failed(call, exc)
             if normalise_empty and result == {}:
                 result = None
-            if call.outcome is Outcome.OK:
+            if call.outcome is ok:
                 if single_item and result is None:
-                    call.outcome = Outcome.NOT_FOUND
+                    call.outcome = not_found
                 elif call.attempts > 1:
-                    call.outcome = Outcome.RETRIED
+                    call.outcome = retried
             return result
 
         def failed(call: Call, exc: BaseException) -> Any:

@@ -30,18 +30,16 @@ class TimeoutLayer:
             try:
                 result = await inner(call)
             except BaseException as exc:
-                dog.disarm(armed)
                 # Whatever the store made of the watchdog's cancellation, withdraw it (else the
                 # task's cancellation count stays raised, which breaks the caller's own
                 # asyncio.timeout); unless the caller cancelled too, the attempt timed out.
-                if armed.fired and task.uncancel() == 0:
+                if dog.disarm(armed) and task.uncancel() == 0:
                     if isinstance(exc, asyncio.CancelledError):
                         raise TimeoutError(f"{method.label} timed out") from None
                     if isinstance(exc, Exception):
                         raise TimeoutError(f"{method.label} timed out") from exc
                 raise
-            dog.disarm(armed)
-            if armed.fired and task.uncancel() == 0:
+            if dog.disarm(armed) and task.uncancel() == 0:
                 raise TimeoutError(f"{method.label} timed out (the store swallowed the cancellation)")
             return result
 
