@@ -37,6 +37,8 @@ _DISABLED = BreakerState.DISABLED
 class _CountWindow:
     """The last ``size`` calls, as a ring of ``failed | slow << 1`` codes."""
 
+    __slots__ = ("_codes", "_next", "_size", "calls", "failures", "slow")
+
     def __init__(self, size: int) -> None:
         self._codes = [0] * size
         self._next = 0
@@ -65,6 +67,8 @@ class _CountWindow:
 
 class _TimeWindow:
     """Per-second buckets covering the last ``seconds`` seconds."""
+
+    __slots__ = ("_buckets", "_seconds", "calls", "failures", "slow")
 
     def __init__(self, seconds: int) -> None:
         self._buckets: deque[list[int]] = deque()
@@ -100,6 +104,21 @@ class CircuitBreaker:
     ``release``; results of calls admitted before the last state change are ignored, so a slow call
     from before the breaker opened can never be mistaken for a half-open probe.
     """
+
+    __slots__ = (
+        "_clock",
+        "_generation",
+        "_listeners",
+        "_minimum_calls",
+        "_opened_at",
+        "_probe_results",
+        "_probes_in_flight",
+        "_slow_call_duration",
+        "_state",
+        "_window",
+        "_window_is_timed",
+        "config",
+    )
 
     def __init__(self, config: BreakerConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config

@@ -10,7 +10,6 @@ itself for the next one. A deadline fires at most one tick late.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 import weakref
 
@@ -20,27 +19,28 @@ DEFAULT_TICK = 0.005
 class Watchdog:
     """Cancels tasks whose deadline passed; one per event loop (see :func:`watchdog_for`)."""
 
+    __slots__ = ("__weakref__", "_armed", "_handle", "_loop", "_tick", "_wake_at")
+
     def __init__(self, loop: asyncio.AbstractEventLoop, tick: float = DEFAULT_TICK) -> None:
         self._loop = loop
         self._tick = tick
-        self._armed: dict[int, tuple[asyncio.Task[object], float]] = {}
-        self._next_key = itertools.count().__next__
+        self._armed: dict[object, tuple[asyncio.Task[object], float]] = {}
         self._handle: asyncio.TimerHandle | None = None
         self._wake_at = math.inf
         """Loop time ``_handle`` wakes up at (infinity when nothing is scheduled)."""
 
-    def arm(self, task: asyncio.Task[object], when: float) -> int:
-        """Cancel ``task`` once loop time reaches ``when`` unless disarmed first; returns the key
-        to hand to :meth:`disarm`."""
-        key = self._next_key()
+    def arm(self, key: object, task: asyncio.Task[object], when: float) -> None:
+        """Cancel ``task`` once loop time reaches ``when`` unless ``key`` is disarmed first.
+
+        ``key`` is any hashable object that stays unique while armed (the guard uses the call).
+        """
         self._armed[key] = (task, when)
         if when < self._wake_at:
             # An earlier deadline than the one the wake-up is set for (calls of different
             # methods have different timeouts): wake up earlier.
             self._schedule(when)
-        return key
 
-    def disarm(self, key: int) -> bool:
+    def disarm(self, key: object) -> bool:
         """Withdraw the deadline of ``key``; ``True`` when it had already fired (the task was
         cancelled by the watchdog)."""
         return self._armed.pop(key, None) is None

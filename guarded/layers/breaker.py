@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ..breaker import CircuitBreaker
@@ -22,25 +21,23 @@ class CircuitBreakerLayer:
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         breaker = self.breaker
-        clock = time.perf_counter
 
         async def guarded_by_breaker(call: Call) -> Any:
             ticket = breaker.allow()
             if ticket is None:
                 raise CircuitOpenError(f"circuit open for store {method.store_name!r}")
-            started = clock()
             try:
                 result = await inner(call)
             except Exception as exc:
                 if classify(exc) is ErrorClass.REJECTED:
                     breaker.release(ticket)
                 else:
-                    breaker.record(ticket, failed=True, duration=clock() - started)
+                    breaker.record(ticket, failed=True, duration=call.loop.time() - call.started)
                 raise
             except BaseException:
                 breaker.release(ticket)
                 raise
-            breaker.record(ticket, failed=False, duration=clock() - started)
+            breaker.record(ticket, failed=False, duration=call.loop.time() - call.started)
             return result
 
         return guarded_by_breaker

@@ -20,26 +20,33 @@ class TimeoutLayer:
         attempt_timeout = method.settings.attempt_timeout
         current_task = asyncio.current_task
 
+        last: list[Any] = [None, None]
+        """The event loop of the last call and its watchdog."""
+
         async def timed(call: Call) -> Any:
             loop = call.loop
             task = current_task(loop)
             assert task is not None
-            dog = watchdog_for(loop)
-            now = call.started if call.attempts <= 1 else loop.time()
-            armed = dog.arm(task, min(now + attempt_timeout, call.deadline))
+            if loop is last[0]:
+                dog = last[1]
+            else:
+                dog = watchdog_for(loop)
+                last[:] = loop, dog
+            when = (call.started if call.attempts <= 1 else loop.time()) + attempt_timeout
+            dog.arm(call, task, when if when < call.deadline else call.deadline)
             try:
                 result = await inner(call)
             except BaseException as exc:
                 # Whatever the store made of the watchdog's cancellation, withdraw it (else the
                 # task's cancellation count stays raised, which breaks the caller's own
                 # asyncio.timeout); unless the caller cancelled too, the attempt timed out.
-                if dog.disarm(armed) and task.uncancel() == 0:
+                if dog.disarm(call) and task.uncancel() == 0:
                     if isinstance(exc, asyncio.CancelledError):
                         raise TimeoutError(f"{method.label} timed out") from None
                     if isinstance(exc, Exception):
                         raise TimeoutError(f"{method.label} timed out") from exc
                 raise
-            if dog.disarm(armed) and task.uncancel() == 0:
+            if dog.disarm(call) and task.uncancel() == 0:
                 raise TimeoutError(f"{method.label} timed out (the store swallowed the cancellation)")
             return result
 

@@ -69,9 +69,12 @@ class TracingLayer:
             static_attributes["db.system.name"] = self._db_system_name
 
         tracing_off = self._tracing_off
+        api = trace
+        no_explicit_provider = self._provider is None and not self._provider_from_environment
 
         async def traced(call: Call) -> Any:
-            if tracing_off():
+            # The first test is tracing_off()'s own fast answer, inlined for the common case.
+            if (no_explicit_provider and getattr(api, "_TRACER_PROVIDER", _UNKNOWN) is None) or tracing_off():
                 return await inner(call)
             span = tracer.start_span(span_name, kind=SpanKind.CLIENT, attributes=static_attributes)
             if not span.is_recording():
