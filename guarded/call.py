@@ -78,7 +78,8 @@ class MethodSetup:
 
 
 Service = Callable[[Call], Awaitable[Any]]
-"""Runs a call and returns its result."""
+"""Runs a call and returns its result. It need not be a coroutine function: a layer with nothing
+to do for a particular call may return ``inner(call)`` itself and so add no frame."""
 
 
 class Layer(Protocol):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Awaitable
 from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
@@ -39,9 +40,9 @@ class RetryLayer:
                 return False
             return repeat_safe or not reached_backend(exc)
 
-        async def attempt(call: Call) -> Any:
+        def attempt(call: Call) -> Awaitable[Any]:
             call.attempts += 1
-            return await inner(call)
+            return inner(call)
 
         if max_attempts <= 1:
             return attempt
