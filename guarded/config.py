@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -63,6 +64,58 @@ class ArtifactFallbackConfig(_Frozen):
     """Per session and per trace; beyond it the oldest local artifacts are evicted (LRU)."""
 
 
+class BatchConfig(_Frozen):
+    """Write-behind batching of append-only writes (``save_event``, ``save_update``,
+    ``save_planner_event``): the caller is acknowledged once its write is queued."""
+
+    enabled: bool = True
+    max_batch: int = Field(500, ge=1)
+    """A method's queue is flushed as soon as it holds this many writes."""
+    max_delay: float = Field(0.002, ge=0)
+    """... or once its oldest write has waited this long (seconds): the window in which an
+    acknowledged write exists only in this process."""
+    queue_size: int = Field(20_000, ge=1)
+    """Writes queued or being flushed, all methods together; a full queue makes callers wait
+    (up to their deadline, then the write is dead-lettered)."""
+    max_concurrent_flushes: int = Field(2, ge=1)
+    """Flushes of one method running at once."""
+    single_write_concurrency: int = Field(16, ge=1)
+    """Concurrent single writes per flush when the backend has no bulk method."""
+
+
+class DeadLetterConfig(_Frozen):
+    """Writes that finally failed are acknowledged and kept here, then replayed in order."""
+
+    enabled: bool = True
+    path: str | None = Field(default_factory=lambda: os.environ.get("GUARDED_DLQ_PATH") or None)
+    """SQLite spill file (``{name}`` is replaced by the guard's name). Every dead-lettered write is
+    committed to it before the caller is acknowledged, so it survives a crash of the process.
+    ``None`` (the default unless ``GUARDED_DLQ_PATH`` is set) keeps the buffer in memory only."""
+    max_memory_entries: int = Field(10_000, ge=1)
+    max_memory_bytes: int = Field(64 * 1024 * 1024, ge=1)
+    """In-memory caps; beyond them entries live on disk only (or, without a spill file, the
+    oldest are dropped: counted and logged)."""
+    max_disk_bytes: int = Field(1024 * 1024 * 1024, ge=1)
+    """Spill-file cap; beyond it the oldest entries are dropped (counted and logged)."""
+    synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
+    """SQLite ``synchronous`` in WAL mode: NORMAL survives a crash of the process, FULL also a
+    power loss (one fsync per commit)."""
+    replay_rate: float = Field(500.0, gt=0)
+    """Writes per second the background replay sends to a recovering backend, at most."""
+    replay_batch: int = Field(100, ge=1)
+    """Consecutive replayed events grouped into one bulk write, at most."""
+    drain_timeout: float = Field(10.0, ge=0)
+    """Seconds ``aclose()`` spends draining the buffer to the backend before leaving the rest in
+    the spill file."""
+
+
+class StaleConfig(_Frozen):
+    """Stale-if-error: the last value this process read or wrote per key serves failed reads."""
+
+    enabled: bool = True
+    max_entries: int = Field(10_000, ge=0)
+
+
 class MethodConfig(_Frozen):
     """Per-method overrides; unset fields keep the guard-wide value."""
 
@@ -80,6 +133,9 @@ class GuardConfig(_Frozen):
     breaker: BreakerConfig = BreakerConfig()
     logging: LoggingConfig = LoggingConfig()
     artifacts: ArtifactFallbackConfig = ArtifactFallbackConfig()
+    batching: BatchConfig = BatchConfig()
+    dead_letter: DeadLetterConfig = DeadLetterConfig()
+    stale: StaleConfig = StaleConfig()
     methods: dict[str, MethodConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")

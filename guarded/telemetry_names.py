@@ -102,3 +102,36 @@ SPAN_ATTR_STORE = "guarded.store"
 SPAN_ATTR_OUTCOME = "guarded.outcome"
 SPAN_ATTR_ATTEMPTS = "guarded.attempts"
 SPAN_EVENT_RETRY = "retry"
+
+# --- dead-letter buffer (issue 5) ----------------------------------------------------------------
+DLQ_DEPTH = "guarded_deadletter_depth"
+"""Gauge: writes waiting in the dead-letter buffer (memory and spill file), by store."""
+DLQ_BYTES = "guarded_deadletter_bytes"
+"""Gauge: encoded size of the waiting writes, by store and ``location`` (memory / disk)."""
+DLQ_OLDEST_AGE = "guarded_deadletter_oldest_age_seconds"
+"""Gauge: age of the oldest waiting write (0 when empty), by store."""
+DLQ_PARKED_DEPTH = "guarded_deadletter_parked"
+"""Gauge: writes parked as bad data (never replayed automatically), by store."""
+DLQ_ENQUEUED = "guarded_deadletter_enqueued_total"
+"""Counter: writes dead-lettered, by store and method."""
+DLQ_REPLAYED = "guarded_deadletter_replayed_total"
+"""Counter: dead-lettered writes replayed to the backend, by store and method."""
+DLQ_DROPPED = "guarded_deadletter_dropped_total"
+"""Counter: writes dropped for lack of space (data loss), by store, method and ``reason``."""
+DLQ_PARKED = "guarded_deadletter_parked_total"
+"""Counter: writes parked as bad data, by store and method."""
+DLQ_SUPERSEDED = "guarded_deadletter_superseded_total"
+"""Counter: dead-lettered writes discarded because a newer write for the same key won, by store."""
+
+# --- batching (issue 5) ----------------------------------------------------------------------------
+BATCH_SIZE = "guarded_batch_size"
+"""Histogram: writes per flush, by store and method."""
+BATCH_FLUSH_DURATION = "guarded_batch_flush_duration_seconds"
+"""Histogram: time one flush took, by store and method."""
+BATCH_PENDING = "guarded_batch_pending"
+"""Gauge: acknowledged writes queued or being flushed (lost if the process dies now), by store."""
+BATCH_SIZE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
+
+# --- stale-if-error (issue 5) ---------------------------------------------------------------------
+STALE_ENTRIES = "guarded_stale_cache_entries"
+"""Gauge: values held for stale-if-error reads, by store."""
