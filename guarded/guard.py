@@ -19,6 +19,8 @@ from .backends.memory_artifacts import InMemoryArtifactStore
 from .breaker import BreakerState, CircuitBreaker
 from .call import Call, Layer, MethodSetup, Service
 from .config import GuardConfig
+from .deadletter import DeadLetterBuffer
+from .durability import Durability
 from .failure_log import FailureLog
 from .idempotency import IDEMPOTENCY_KEY
 from .layers import (
@@ -30,7 +32,10 @@ from .layers import (
     TracingLayer,
 )
 from .layers.artifact_fallback import LocalArtifactFallbackLayer
+from .layers.dead_letter import DeadLetterLayer
 from .layers.metrics import GuardInstruments, guard_instruments, publish_breaker_state
+from .layers.stale_reads import StaleReadLayer
+from .layers.write_behind import WriteBehindLayer
 from .models import ArtifactRetentionConfig
 from .policy import LIFECYCLE_METHODS, MethodPolicy, PolicyTable
 from .proxy import async_method_names, build_proxy_class
@@ -46,6 +51,9 @@ class GuardedStore:
     """Base class of every guard proxy (see :func:`guard`). Holds nothing of its own."""
 
     async def __aenter__(self) -> Any:
+        durability = _cores[self].durability
+        if durability is not None:
+            await durability.open()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -80,6 +88,7 @@ class GuardCore:
         breaker: CircuitBreaker | None = None,
         failure_log: FailureLog | None = None,
         degraded_layers: Sequence[Layer] = (),
+        durable: bool = False,
     ) -> None:
         self.target = target
         self.name = name
@@ -95,6 +104,23 @@ class GuardCore:
         self.label_prefix = label_prefix
         tracer = trace.get_tracer(names.TRACER_NAME, tracer_provider=tracer_provider)
         db_system = getattr(target, "db_system_name", None)
+        self._internal: dict[str, tuple[MethodSetup, Service]] = {}
+        self.durability: Durability | None = None
+        if durable:
+            self.durability = Durability(
+                target,
+                config,
+                store_name=name,
+                registry=registry,
+                breaker=self.breaker,
+                run=self.run_internal,
+            )
+            degraded_layers = [
+                StaleReadLayer(self.durability, policies),
+                DeadLetterLayer(self.durability, self.failure_log),
+                WriteBehindLayer(self.durability),
+                *degraded_layers,
+            ]
         self.layers: list[Layer] = [
             TracingLayer(
                 tracer,
@@ -125,26 +151,52 @@ class GuardCore:
         publish_breaker_state(self.instruments, self.name, breaker.state)
         return breaker
 
-    def build_method(self, method: str) -> Callable[..., Any]:
-        """The guarded coroutine function for ``target.method``."""
+    def _setup(self, method: str) -> MethodSetup:
         policy = self.policies.get(method)
-        setup = MethodSetup(
+        return MethodSetup(
             store_name=self.name,
             label=self.label_prefix + method,
             policy=policy,
             settings=self.config.for_method(method, critical=policy.critical),
             honours_idempotency_key=self.honours_idempotency_key and policy.alias_of is None,
         )
-        self.setups[method] = setup
+
+    def _compose(self, method: str, setup: MethodSetup, layers: Sequence[Layer]) -> Service:
         bound = getattr(self.target, method)
 
         def backend(call: Call) -> Awaitable[Any]:
             return bound(*call.args, **call.kwargs)  # type: ignore[no-any-return]
 
         service: Service = backend
-        for layer in reversed(self.layers):
+        for layer in reversed(layers):
             service = layer.wrap(service, setup)
+        return service
+
+    def build_method(self, method: str) -> Callable[..., Any]:
+        """The guarded coroutine function for ``target.method``."""
+        setup = self._setup(method)
+        self.setups[method] = setup
+        service = self._compose(method, setup, self.layers)
         return _entry(service, setup, self._key_prefix, self._key_counter)
+
+    async def run_internal(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """``target.method(*args, **kwargs)`` through breaker, retry and timeout only: the guard's
+        own calls (batch flushes, replays), which raise on failure and are not counted as calls."""
+        found = self._internal.get(method)
+        if found is None:
+            setup = self._setup(method)
+            layers: list[Layer] = [
+                CircuitBreakerLayer(self.breaker),
+                RetryLayer(self.config.retry),
+                TimeoutLayer(),
+            ]
+            found = self._internal[method] = (
+                setup,
+                self._compose(method, setup, [*layers, *self.extra_layers]),
+            )
+        setup, service = found
+        loop = asyncio.get_running_loop()
+        return await service(Call(setup, args, kwargs, loop, loop.time()))
 
 
 def _entry(
@@ -213,6 +265,7 @@ def guard(
         registry=registry,
         tracer_provider=tracer_provider,
         extra_layers=extra_layers,
+        durable=True,
     )
     return _make_proxy(core, GuardedStore)  # type: ignore[return-value]
 
@@ -319,13 +372,34 @@ class GuardController:
         """Names of the store methods the guard wraps."""
         return sorted(self._core.setups)
 
+    @property
+    def dead_letters(self) -> DeadLetterBuffer | None:
+        """The dead-letter buffer (``stats()``, ``entries()``, ``parked()``), ``None`` when disabled."""
+        durability = self._core.durability
+        return durability.buffer if durability is not None else None
+
     async def flush(self) -> None:
-        """Write out anything the guard holds for the backend (nothing yet: no batching layer)."""
-        await asyncio.sleep(0)
+        """Hand every batched write to the backend now (what fails is dead-lettered)."""
+        if self._core.durability is not None:
+            await self._core.durability.flush()
+
+    async def drain(self, timeout: float | None = None) -> int:  # noqa: ASYNC109 - a budget
+        """Flush, then replay dead-lettered writes until none is left or ``timeout`` seconds
+        (default ``dead_letter.drain_timeout``) pass; returns how many remain."""
+        durability = self._core.durability
+        if durability is None:
+            return 0
+        return await durability.drain(
+            self._core.config.dead_letter.drain_timeout if timeout is None else timeout
+        )
 
     async def aclose(self) -> None:
-        """Flush, then close the wrapped store when it has ``aclose()`` or ``close()``."""
-        await self.flush()
+        """Flush batches and drain the dead-letter buffer within ``dead_letter.drain_timeout``
+        (what is left stays in the spill file for the next process), then close the wrapped store
+        when it has ``aclose()`` or ``close()``."""
+        durability = self._core.durability
+        if durability is not None:
+            await durability.aclose(self._core.config.dead_letter.drain_timeout)
         for closer_name in ("aclose", "close"):
             closer = getattr(self._core.target, closer_name, None)
             if callable(closer):

@@ -26,6 +26,18 @@ class Kind(str, Enum):
     DELETE = "delete"
 
 
+class Merge(str, Enum):
+    """How a read combines the backend's answer with writes the guard still holds (batched or
+    dead-lettered) for the same key or scope, and what it serves when the backend fails."""
+
+    LIST = "list"
+    """A list: held writes' values are added (replacing items with the same ``merge_id``)."""
+    LATEST = "latest"
+    """One value: the newest held write for the key wins (it is newer than the backend's)."""
+    TAKE = "take"
+    """A consume: a held write for the key is taken out of the buffer and returned."""
+
+
 class Fallback(str, Enum):
     """The safe default a failed call returns (DESIGN.md "fallback")."""
 
@@ -104,6 +116,15 @@ class MethodPolicy:
     lww_key: ArgGetter | None = None
     scope_key: ArgGetter | None = None
     ids: Ids = field(default_factory=Ids)
+    value: ArgGetter | None = None
+    """Of a write: the argument carrying the written value (what a read of it returns)."""
+    merge_from: str | None = None
+    """Of a read: the write method whose held writes it sees (read-your-writes, stale-if-error)."""
+    merge: Merge | None = None
+    merge_id: str | None = None
+    """With :attr:`Merge.LIST`: the attribute identifying an item (newer replaces older)."""
+    read_key: ArgGetter | None = None
+    """Of a single-value read: its key, equal to the ``lww_key`` of the write it reads."""
     alias_of: str | None = None
     inferred: bool = False
 
@@ -138,6 +159,7 @@ def _policies() -> list[MethodPolicy]:
             dead_letter=True,
             batch=True,
             scope_key=_event_trace,
+            value=arg("event", 0),
             ids=Ids(trace_id=_event_trace),
         ),
         MethodPolicy(
@@ -151,6 +173,8 @@ def _policies() -> list[MethodPolicy]:
             Kind.READ,
             Fallback.EMPTY_LIST,
             scope_key=_trace_arg,
+            merge_from="save_event",
+            merge=Merge.LIST,
             ids=Ids(trace_id=_trace_arg),
         ),
         MethodPolicy(
@@ -179,24 +203,54 @@ def _policies() -> list[MethodPolicy]:
             critical=True,
             dead_letter=True,
             lww_key=arg("token", 0),
+            value=arg("payload", 1),
         ),
-        MethodPolicy("load_planner_state", Kind.CONSUME, repeat_safe=False, single_item=True),
-        MethodPolicy("save_memory_state", Kind.UPSERT, dead_letter=True, lww_key=arg("key", 0)),
-        MethodPolicy("load_memory_state", Kind.READ, single_item=True),
+        MethodPolicy(
+            "load_planner_state",
+            Kind.CONSUME,
+            repeat_safe=False,
+            single_item=True,
+            merge_from="save_planner_state",
+            merge=Merge.TAKE,
+            read_key=arg("token", 0),
+        ),
+        MethodPolicy(
+            "save_memory_state", Kind.UPSERT, dead_letter=True, lww_key=arg("key", 0), value=arg("state", 1)
+        ),
+        MethodPolicy(
+            "load_memory_state",
+            Kind.READ,
+            single_item=True,
+            merge_from="save_memory_state",
+            merge=Merge.LATEST,
+            read_key=arg("key", 0),
+        ),
         MethodPolicy(
             "save_task",
             Kind.UPSERT,
             dead_letter=True,
             lww_key=_state_task,
+            scope_key=_state_session,
+            value=arg("state", 0),
             ids=Ids(session_id=_state_session, task_id=_state_task, trace_id=attr_of("state", 0, "trace_id")),
         ),
-        MethodPolicy("list_tasks", Kind.READ, Fallback.EMPTY_LIST, ids=Ids(session_id=_session_arg)),
+        MethodPolicy(
+            "list_tasks",
+            Kind.READ,
+            Fallback.EMPTY_LIST,
+            scope_key=_session_arg,
+            merge_from="save_task",
+            merge=Merge.LIST,
+            merge_id="task_id",
+            ids=Ids(session_id=_session_arg),
+        ),
         MethodPolicy(
             "save_update",
             Kind.APPEND,
             dead_letter=True,
             batch=True,
             scope_key=_update_session,
+            value=arg("update", 0),
             ids=Ids(
                 session_id=_update_session, task_id=_update_task, trace_id=attr_of("update", 0, "trace_id")
             ),
@@ -206,6 +260,9 @@ def _policies() -> list[MethodPolicy]:
             Kind.READ,
             Fallback.EMPTY_LIST,
             scope_key=_session_arg,
+            merge_from="save_update",
+            merge=Merge.LIST,
+            merge_id="update_id",
             ids=Ids(session_id=_session_arg, task_id=arg("task_id", 99)),
         ),
         MethodPolicy(
@@ -213,6 +270,7 @@ def _policies() -> list[MethodPolicy]:
             Kind.APPEND,
             dead_letter=True,
             scope_key=_steer_session,
+            value=arg("event", 0),
             ids=Ids(session_id=_steer_session, task_id=_steer_task, trace_id=attr_of("event", 0, "trace_id")),
         ),
         MethodPolicy(
@@ -220,6 +278,9 @@ def _policies() -> list[MethodPolicy]:
             Kind.READ,
             Fallback.EMPTY_LIST,
             scope_key=_session_arg,
+            merge_from="save_steering",
+            merge=Merge.LIST,
+            merge_id="event_id",
             ids=Ids(session_id=_session_arg, task_id=arg("task_id", 99)),
         ),
         MethodPolicy(
@@ -227,12 +288,16 @@ def _policies() -> list[MethodPolicy]:
             Kind.UPSERT,
             dead_letter=True,
             lww_key=_key(arg("trace_id", 0), arg("session_id", 1)),
+            value=arg("trajectory", 2),
             ids=Ids(trace_id=arg("trace_id", 0), session_id=arg("session_id", 1)),
         ),
         MethodPolicy(
             "get_trajectory",
             Kind.READ,
             single_item=True,
+            merge_from="save_trajectory",
+            merge=Merge.LATEST,
+            read_key=_key(arg("trace_id", 0), arg("session_id", 1)),
             ids=Ids(trace_id=arg("trace_id", 0), session_id=arg("session_id", 1)),
         ),
         MethodPolicy("list_traces", Kind.READ, Fallback.EMPTY_LIST, ids=Ids(session_id=_session_arg)),
@@ -242,6 +307,7 @@ def _policies() -> list[MethodPolicy]:
             dead_letter=True,
             batch=True,
             scope_key=_trace_arg,
+            value=arg("event", 1),
             ids=Ids(trace_id=_trace_arg),
         ),
         MethodPolicy(
@@ -249,6 +315,8 @@ def _policies() -> list[MethodPolicy]:
             Kind.READ,
             Fallback.EMPTY_LIST,
             scope_key=_trace_arg,
+            merge_from="save_planner_event",
+            merge=Merge.LIST,
             ids=Ids(trace_id=_trace_arg),
         ),
     ]

@@ -7,7 +7,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from guarded.config import BreakerConfig, GuardConfig, LoggingConfig, RetryConfig, TimeoutConfig
+from guarded.config import (
+    BatchConfig,
+    BreakerConfig,
+    DeadLetterConfig,
+    GuardConfig,
+    LoggingConfig,
+    RetryConfig,
+    StaleConfig,
+    TimeoutConfig,
+)
 from guarded.models import StoredEvent
 
 ATTEMPT = 0.05
@@ -30,7 +39,14 @@ def fast_config(
     log_interval: float = 60.0,
     **fields: Any,
 ) -> GuardConfig:
-    """Small timeouts, tiny backoff, breaker off unless given: tests run in milliseconds."""
+    """Small timeouts, tiny backoff, breaker off unless given: tests run in milliseconds.
+
+    Batching, dead-lettering and stale reads are off unless given, so the tests of the other
+    layers see each call's own outcome; tests/guard/test_durability.py turns them on.
+    """
+    fields.setdefault("batching", BatchConfig(enabled=False))
+    fields.setdefault("dead_letter", DeadLetterConfig(enabled=False, path=None))
+    fields.setdefault("stale", StaleConfig(enabled=False))
     return GuardConfig(
         timeout=TimeoutConfig(attempt=attempt, deadline=deadline, critical_deadline=deadline),
         retry=retry

@@ -1,0 +1,619 @@
+"""Write-behind batching of append-only writes (``save_event``, ``save_update``, ``save_planner_event``).
+
+A :class:`Batcher` acknowledges a write as soon as it is queued and writes it later, in bulk, through
+a *writer* its owner supplies. The owner also decides what a failed flush means (retry, dead-letter);
+the batcher only promises that every queued write is either handed to the writer or, when
+:meth:`Batcher.aclose` runs out of time, returned by :meth:`Batcher.drain_unwritten`.
+
+Flush policy, per method queue:
+
+- flush as soon as the queue holds ``max_batch`` writes, or once its oldest write has waited
+  ``max_delay`` seconds (one timer per queue, armed when the queue stops being empty;
+  ``max_delay=0`` flushes on the next loop iteration);
+- a flush takes up to ``max_batch`` writes in queue order; at most ``max_concurrent_flushes``
+  flushes of one method run at once, further batches wait for one of them to finish;
+- writes of one method are handed to the writer in submission order. With
+  ``max_concurrent_flushes > 1`` two batches of one method may be *written* concurrently and
+  complete out of order, which suits idempotent appends whose reads order by timestamp; set it to 1
+  when the backend must see strict submission order.
+
+Backpressure: writes queued plus writes being flushed (all methods together) never exceed
+``queue_size``. A submitter that finds no space waits, FIFO, up to its deadline.
+
+Read-your-writes: :meth:`Batcher.flush_scope` writes out what is pending for one trace or session
+before a read of it; :meth:`Batcher.pending_for_scope` lists those writes (for a fallback that
+must show them while the backend is down).
+
+Metrics (prometheus-client, shared by every batcher of one registry): ``guarded_batch_size`` and
+``guarded_batch_flush_duration_seconds`` histograms by store and method, observed once per flush,
+and the ``guarded_batch_pending`` gauge by store, read from the batchers at scrape time so that
+:meth:`Batcher.submit` never touches a metric.
+
+Not thread-safe: a batcher works on the event loop running when it is used (it binds to none at
+construction, so it may be built outside a loop); use it from one loop at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import inspect
+import itertools
+import logging
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from . import telemetry_names as names
+from .config import BatchConfig
+from .protocol import StateStore, SupportsPlannerEvents, SupportsTasks
+
+logger = logging.getLogger("guarded.batching")
+
+BATCHED_METHODS: tuple[str, ...] = ("save_event", "save_update", "save_planner_event")
+"""The append-only methods a batcher takes."""
+
+BULK_METHODS: Mapping[str, str] = {
+    "save_event": "save_events",
+    "save_update": "save_updates",
+    "save_planner_event": "save_planner_events",
+}
+"""The bulk backend method that writes many calls of each batched method at once."""
+
+_CANCEL_GRACE = 1.0
+"""Seconds :meth:`Batcher.aclose` waits for cancelled flushes to unwind after its timeout."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingWrite:
+    """One acknowledged write waiting to be flushed."""
+
+    method: str
+    """The store method, e.g. ``"save_event"``."""
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    scope: str | None
+    """The trace or session id the write belongs to, for read-your-writes; ``None`` for none."""
+    stamp: int
+    """Call-order number assigned by the caller."""
+    queued_at: float
+    """Loop time at which the caller submitted the write."""
+
+
+Writer: TypeAlias = Callable[[str, Sequence[PendingWrite]], Awaitable[None]]
+"""Writes one flush of one method. It must not raise: it handles failures itself (retry,
+dead-letter). If it raises anyway, the batcher logs the error type (never payloads), counts the
+writes in :attr:`Batcher.failed` and frees their space; they are not returned to the owner."""
+
+
+# --- metrics ----------------------------------------------------------------------------------------
+
+
+class _PendingCollector(Collector):
+    """``guarded_batch_pending`` by store, summed over the live batchers of one registry."""
+
+    def __init__(self) -> None:
+        self.batchers: weakref.WeakSet[Batcher] = weakref.WeakSet()
+
+    def collect(self) -> Iterator[Metric]:
+        totals: dict[str, int] = {}
+        for batcher in list(self.batchers):
+            totals[batcher.store_name] = totals.get(batcher.store_name, 0) + batcher.pending
+        family = GaugeMetricFamily(
+            names.BATCH_PENDING,
+            "Acknowledged writes queued or being flushed (lost if the process dies now).",
+            labels=[names.LABEL_STORE],
+        )
+        for store, total in sorted(totals.items()):
+            family.add_metric([store], total)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(names.BATCH_PENDING, "", labels=[names.LABEL_STORE])
+
+
+@dataclass(frozen=True, slots=True)
+class _Instruments:
+    size: Histogram
+    duration: Histogram
+    pending: _PendingCollector
+
+
+_instruments: weakref.WeakKeyDictionary[CollectorRegistry, _Instruments] = weakref.WeakKeyDictionary()
+
+
+def _instruments_for(registry: CollectorRegistry) -> _Instruments:
+    found = _instruments.get(registry)
+    if found is None:
+        labels = [names.LABEL_STORE, names.LABEL_METHOD]
+        pending = _PendingCollector()
+        found = _Instruments(
+            size=Histogram(
+                names.BATCH_SIZE,
+                "Writes per batch flush.",
+                labels,
+                buckets=names.BATCH_SIZE_BUCKETS,
+                registry=registry,
+            ),
+            duration=Histogram(
+                names.BATCH_FLUSH_DURATION,
+                "Time one batch flush took, writer included.",
+                labels,
+                buckets=names.CALL_DURATION_BUCKETS,
+                registry=registry,
+            ),
+            pending=pending,
+        )
+        registry.register(pending)
+        _instruments[registry] = found
+    return found
+
+
+# --- the batcher ------------------------------------------------------------------------------------
+
+
+class _ScopeEntry:
+    """Writes of one (method, scope) queued or in flight, and the sequence number of the last one."""
+
+    __slots__ = ("count", "last")
+
+    def __init__(self, last: int) -> None:
+        self.count = 1
+        self.last = last
+
+
+class _MethodQueue:
+    """The queue, flushes in flight and read-your-writes bookkeeping of one method.
+
+    Every write gets a sequence number (its position in the method's submission order) without
+    storing it: the head of ``queue`` is number ``taken``. Batches are contiguous ranges, kept in
+    ``in_flight`` by their first number, in start order.
+    """
+
+    __slots__ = (
+        "active",
+        "due",
+        "duration",
+        "flush_waiters",
+        "in_flight",
+        "method",
+        "queue",
+        "scopes",
+        "size",
+        "taken",
+        "timer",
+        "urgent_through",
+    )
+
+    def __init__(self, method: str, size: Histogram, duration: Histogram) -> None:
+        self.method = method
+        self.queue: deque[PendingWrite] = deque()
+        self.taken = 0
+        self.in_flight: dict[int, list[PendingWrite]] = {}
+        self.active = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.due = False
+        self.urgent_through = 0
+        """Writes numbered below this are flushed without waiting for size or delay."""
+        self.scopes: dict[str, _ScopeEntry] = {}
+        self.flush_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        """Heap of (sequence number to reach, tie-breaker, future) of pending flush calls."""
+        self.size = size
+        self.duration = duration
+
+    @property
+    def submitted(self) -> int:
+        return self.taken + len(self.queue)
+
+    @property
+    def written_through(self) -> int:
+        """Every write numbered below this has left the batcher (written, failed or handed back)."""
+        for start in self.in_flight:
+            return start
+        return self.taken
+
+
+class Batcher:
+    """Write-behind queue of append-only writes with bulk flushes, backpressure and read-your-writes.
+
+    ``submit`` is the hot path: while there is space it appends to a deque and bumps counters — no
+    lock, task, timer or metric per write. Flush tasks are one per batch.
+    """
+
+    def __init__(
+        self,
+        config: BatchConfig,
+        writer: Writer,
+        *,
+        store_name: str,
+        registry: CollectorRegistry = REGISTRY,
+    ) -> None:
+        self.config = config
+        self.store_name = store_name
+        self._writer = writer
+        self._max_batch = config.max_batch
+        self._max_delay = config.max_delay
+        self._capacity = config.queue_size
+        self._max_flushes = config.max_concurrent_flushes
+        self._queues: dict[str, _MethodQueue] = {}
+        self._pending = 0
+        self._waiters: deque[asyncio.Future[bool]] = deque()
+        self._closing = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._unwritten: list[PendingWrite] = []
+        self._abandoned: set[int] = set()
+        self._tiebreak = itertools.count()
+        self.failed = 0
+        """Writes whose writer raised (a bug in the writer): logged, counted, not retried."""
+        instruments = _instruments_for(registry)
+        self._size = instruments.size
+        self._duration = instruments.duration
+        instruments.pending.batchers.add(self)
+
+    # --- state --------------------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Writes queued or being flushed, plus slots granted to submitters about to queue."""
+        return self._pending
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` has started: no write is accepted any more."""
+        return self._closing
+
+    def pending_for_scope(self, method: str, scope: str) -> list[PendingWrite]:
+        """Writes of ``method`` for ``scope`` queued or in flight, in submission order."""
+        mq = self._queues.get(method)
+        if mq is None or scope not in mq.scopes:
+            return []
+        found = [write for batch in mq.in_flight.values() for write in batch if write.scope == scope]
+        found.extend(write for write in mq.queue if write.scope == scope)
+        return found
+
+    # --- submitting ---------------------------------------------------------------------------------
+
+    async def submit(self, write: PendingWrite, *, deadline: float) -> bool:
+        """Queue ``write``; ``True`` once it is queued (the caller may be acknowledged).
+
+        When the batcher is full (``queue_size`` writes queued or in flight, all methods together),
+        wait for space, FIFO with other waiting submitters, until loop time ``deadline``; ``False``
+        when there was still none (the caller dead-letters the write). ``False`` at once after
+        :meth:`aclose` started. Cancelling a waiting submitter gives its place back.
+        """
+        if self._pending < self._capacity and not self._waiters and not self._closing:
+            self._pending += 1
+            self._enqueue(write)
+            return True
+        return await self._wait_for_space(write, deadline)
+
+    async def _wait_for_space(self, write: PendingWrite, deadline: float) -> bool:
+        if self._closing:
+            return False
+        loop = asyncio.get_running_loop()
+        if deadline <= loop.time():
+            return False
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiters.append(waiter)
+        expiry = loop.call_at(deadline, self._expire, waiter)
+        try:
+            granted = await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.result():
+                self._release(1)
+            else:
+                self._forget_waiter(waiter)
+            raise
+        finally:
+            expiry.cancel()
+        if granted:
+            self._enqueue(write)
+        return granted
+
+    def _expire(self, waiter: asyncio.Future[bool]) -> None:
+        if not waiter.done():
+            waiter.set_result(False)
+            self._forget_waiter(waiter)
+
+    def _forget_waiter(self, waiter: asyncio.Future[bool]) -> None:
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+
+    def _release(self, count: int) -> None:
+        """Free ``count`` slots and hand them to waiting submitters, oldest first."""
+        self._pending -= count
+        waiters = self._waiters
+        while waiters and self._pending < self._capacity:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                self._pending += 1
+                waiter.set_result(True)
+
+    def _enqueue(self, write: PendingWrite) -> None:
+        """Queue a write whose slot is already counted in ``_pending``."""
+        method = write.method
+        mq = self._queues.get(method)
+        if mq is None:
+            mq = self._queues[method] = _MethodQueue(
+                method,
+                self._size.labels(self.store_name, method),
+                self._duration.labels(self.store_name, method),
+            )
+        queue = mq.queue
+        queue.append(write)
+        scope = write.scope
+        if scope is not None:
+            entry = mq.scopes.get(scope)
+            if entry is None:
+                mq.scopes[scope] = _ScopeEntry(mq.taken + len(queue) - 1)
+            else:
+                entry.count += 1
+                entry.last = mq.taken + len(queue) - 1
+        if len(queue) >= self._max_batch:
+            self._pump(mq)
+        elif len(queue) == 1 and mq.timer is None and not mq.due:
+            mq.timer = asyncio.get_running_loop().call_later(self._max_delay, self._on_timer, mq)
+
+    # --- flushing -----------------------------------------------------------------------------------
+
+    def _on_timer(self, mq: _MethodQueue) -> None:
+        mq.timer = None
+        mq.due = True
+        self._pump(mq)
+
+    def _pump(self, mq: _MethodQueue) -> None:
+        """Start the flushes ``mq`` is ready for, then keep its timer armed while writes wait."""
+        queue = mq.queue
+        max_batch = self._max_batch
+        started = False
+        while queue and mq.active < self._max_flushes:
+            if not (len(queue) >= max_batch or mq.due or mq.taken < mq.urgent_through or self._closing):
+                break
+            size = min(len(queue), max_batch)
+            batch = [queue.popleft() for _ in range(size)]
+            start = mq.taken
+            mq.taken += size
+            mq.in_flight[start] = batch
+            mq.active += 1
+            mq.due = False
+            started = True
+            task = asyncio.get_running_loop().create_task(self._run_flush(mq, start, batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if not queue:
+            mq.due = False
+            if mq.timer is not None:
+                mq.timer.cancel()
+                mq.timer = None
+        elif started and not mq.due:
+            if mq.timer is not None:
+                mq.timer.cancel()
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            when = min(queue[0].queued_at, now) + self._max_delay
+            mq.timer = loop.call_at(when, self._on_timer, mq)
+
+    async def _run_flush(self, mq: _MethodQueue, start: int, batch: list[PendingWrite]) -> None:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        finished = cancelled = False
+        try:
+            await self._writer(mq.method, batch)
+            finished = True
+        except asyncio.CancelledError:
+            if id(batch) not in self._abandoned:
+                self._unwritten.extend(batch)
+            cancelled = True
+            raise
+        except Exception as exc:
+            self.failed += len(batch)
+            logger.error(
+                "batch writer for %s on store %r raised %s; %d writes counted as failed",
+                mq.method,
+                self.store_name,
+                type(exc).__qualname__,
+                len(batch),
+                extra={
+                    "event": "batch_writer_failed",
+                    "store": self.store_name,
+                    "method": mq.method,
+                    "error_type": type(exc).__qualname__,
+                    "writes": len(batch),
+                },
+            )
+            finished = True
+        finally:
+            if id(batch) in self._abandoned:
+                self._abandoned.discard(id(batch))
+            else:
+                if finished:
+                    mq.size.observe(len(batch))
+                    mq.duration.observe(loop.time() - began)
+                self._finish(mq, start, batch, pump=not cancelled)
+
+    def _finish(self, mq: _MethodQueue, start: int, batch: list[PendingWrite], *, pump: bool = True) -> None:
+        """A batch left the batcher: free its slots, settle its scopes, wake flush waiters, go on."""
+        del mq.in_flight[start]
+        mq.active -= 1
+        scopes = mq.scopes
+        for write in batch:
+            scope = write.scope
+            if scope is not None:
+                entry = scopes[scope]
+                entry.count -= 1
+                if not entry.count:
+                    del scopes[scope]
+        self._wake_flushers(mq)
+        self._release(len(batch))
+        if pump and mq.queue:
+            self._pump(mq)
+
+    def _wake_flushers(self, mq: _MethodQueue) -> None:
+        waiters = mq.flush_waiters
+        if not waiters:
+            return
+        through = mq.written_through
+        while waiters and waiters[0][0] <= through:
+            future = heapq.heappop(waiters)[2]
+            if not future.done():
+                future.set_result(None)
+
+    def _request(self, mq: _MethodQueue, target: int) -> asyncio.Future[None] | None:
+        """Flush ``mq`` up to sequence number ``target`` (exclusive) now; a future that resolves
+        once all of those are written, or ``None`` when they already are."""
+        if mq.written_through >= target:
+            return None
+        mq.urgent_through = max(mq.urgent_through, target)
+        self._pump(mq)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(mq.flush_waiters, (target, next(self._tiebreak), future))
+        return future
+
+    async def flush_scope(self, method: str, scope: str) -> None:
+        """Return once every write of (``method``, ``scope``) queued before the call has been
+        handed to the writer and the writer finished with it (read-your-writes).
+
+        Costs one dictionary lookup when nothing is pending for the scope.
+        """
+        mq = self._queues.get(method)
+        if mq is None:
+            return
+        entry = mq.scopes.get(scope)
+        if entry is None:
+            return
+        future = self._request(mq, entry.last + 1)
+        if future is not None:
+            await future
+
+    async def flush(self) -> None:
+        """Return once everything queued before the call has been written (or handed back)."""
+        futures = [self._request(mq, mq.submitted) for mq in list(self._queues.values())]
+        for future in futures:
+            if future is not None:
+                await future
+
+    # --- closing ------------------------------------------------------------------------------------
+
+    async def aclose(self, timeout: float | None = None) -> int:  # noqa: ASYNC109
+        """Stop accepting writes, flush everything and wait for the flushes in flight.
+
+        Returns 0 when all of it was written within ``timeout`` seconds (``None``: no limit).
+        Otherwise the flushes still running are cancelled and the number of writes still queued
+        or in flight is returned; those writes are available from :meth:`drain_unwritten`, for
+        the owner to dead-letter. A cancelled flush may have reached the backend already, so
+        they are delivered at least once, not exactly once.
+        """
+        self._closing = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(False)
+        try:
+            async with asyncio.timeout(timeout):
+                while self._pending:
+                    await self.flush()
+                    if self._pending:
+                        await asyncio.sleep(0)
+        except TimeoutError:
+            pass
+        if not self._pending:
+            return 0
+        return await self._abandon()
+
+    async def _abandon(self) -> int:
+        """Hand every write still queued or in flight back to the owner and cancel the flushes."""
+        unwritten = 0
+        for mq in self._queues.values():
+            if mq.timer is not None:
+                mq.timer.cancel()
+                mq.timer = None
+            mq.due = False
+            queued = list(mq.queue)
+            mq.queue.clear()
+            if queued:
+                mq.in_flight[mq.taken] = queued
+                mq.taken += len(queued)
+                mq.active += 1
+            for start, batch in list(mq.in_flight.items()):
+                if batch is not queued:
+                    self._abandoned.add(id(batch))
+                self._unwritten.extend(batch)
+                unwritten += len(batch)
+                self._finish(mq, start, batch)
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=_CANCEL_GRACE)
+        return unwritten
+
+    def drain_unwritten(self) -> list[PendingWrite]:
+        """Writes that were acknowledged but never written (``aclose`` timed out, or a flush was
+        cancelled), in submission order per method; each is returned once."""
+        unwritten, self._unwritten = self._unwritten, []
+        return unwritten
+
+
+# --- helpers for the owner's writer -----------------------------------------------------------------
+
+
+def _parameters(function: Callable[..., Any]) -> tuple[str, ...]:
+    return tuple(name for name in inspect.signature(function).parameters if name != "self")
+
+
+_SINGLE_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "save_event": _parameters(StateStore.save_event),
+    "save_update": _parameters(SupportsTasks.save_update),
+    "save_planner_event": _parameters(SupportsPlannerEvents.save_planner_event),
+}
+
+
+def bulk_method_for(store: object, method: str) -> str | None:
+    """The name of ``store``'s bulk form of ``method`` (``save_event`` → ``save_events`` ...), or
+    ``None`` when ``method`` has no bulk form or ``store`` does not offer it."""
+    bulk = BULK_METHODS.get(method)
+    if bulk is None or not callable(getattr(store, bulk, None)):
+        return None
+    return bulk
+
+
+def _argument(write: PendingWrite, index: int, name: str) -> Any:
+    if index < len(write.args):
+        return write.args[index]
+    try:
+        return write.kwargs[name]
+    except KeyError:
+        raise TypeError(f"{write.method}() call without its {name!r} argument") from None
+
+
+def bulk_args(method: str, writes: Sequence[PendingWrite]) -> tuple[Any, ...]:
+    """Positional arguments of the bulk call that writes ``writes`` (single calls of ``method``).
+
+    ``save_events(events)`` and ``save_updates(updates)`` take the list of single-call arguments;
+    ``save_planner_events(items)`` takes ``(trace_id, event)`` pairs.
+    """
+    parameters = _SINGLE_PARAMETERS.get(method)
+    if parameters is None:
+        raise ValueError(f"{method!r} has no bulk form; batched methods are {BATCHED_METHODS}")
+    if len(parameters) == 1:
+        name = parameters[0]
+        return ([_argument(write, 0, name) for write in writes],)
+    return ([tuple(_argument(write, i, name) for i, name in enumerate(parameters)) for write in writes],)
+
+
+__all__ = [
+    "BATCHED_METHODS",
+    "BULK_METHODS",
+    "Batcher",
+    "PendingWrite",
+    "Writer",
+    "bulk_args",
+    "bulk_method_for",
+]

@@ -1,0 +1,47 @@
+"""The dead-letter buffer: writes that finally failed are kept, spilled to SQLite, replayed in order.
+
+* :mod:`.calls` encodes a store write call to JSON and back, losslessly;
+* :mod:`.entries` defines what the buffer holds (:class:`DeadLetter`, :class:`ParkedWrite`);
+* :mod:`.spill` is the durable SQLite spill file (single writer, ``flock``-ed);
+* :mod:`.buffer` is the :class:`DeadLetterBuffer` the guard uses;
+* :mod:`.replay` the replay vocabulary (:class:`ReplayResult`, :class:`ReplaySummary`, pacing);
+* :mod:`.telemetry` the ``guarded_deadletter_*`` metrics and the log of dropped writes.
+"""
+
+from .buffer import DeadLetterBuffer, PutItem
+from .calls import CALL_SPECS, decode_call, encode_call
+from .entries import DeadLetter, DeadLetterStats, ParkedWrite, canonical_key
+from .replay import (
+    Call,
+    ReplayRejected,
+    ReplayResult,
+    ReplaySummary,
+    Send,
+    SendBulk,
+    TokenBucket,
+    store_sender,
+)
+from .spill import SpillFile, SpillFileError, SpillFileLockedError
+
+__all__ = [
+    "CALL_SPECS",
+    "Call",
+    "DeadLetter",
+    "DeadLetterBuffer",
+    "DeadLetterStats",
+    "ParkedWrite",
+    "PutItem",
+    "ReplayRejected",
+    "ReplayResult",
+    "ReplaySummary",
+    "Send",
+    "SendBulk",
+    "SpillFile",
+    "SpillFileError",
+    "SpillFileLockedError",
+    "TokenBucket",
+    "canonical_key",
+    "decode_call",
+    "encode_call",
+    "store_sender",
+]

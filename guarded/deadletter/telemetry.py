@@ -1,0 +1,243 @@
+"""Dead-letter metrics, exported at scrape time, and the structured log of dropped writes.
+
+Counters are plain integers bumped by the buffers; gauges are read from the live buffers when
+Prometheus scrapes. One collector per registry serves every buffer registered with it, so
+several guards (different store names) share one registry; buffers with the same store name
+are summed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .. import telemetry_names as names
+
+logger = logging.getLogger("guarded.deadletter")
+
+LABEL_LOCATION = "location"
+LABEL_REASON = "reason"
+
+DROP_MEMORY_FULL = "memory_full"
+"""``reason`` of writes dropped because the in-memory buffer (no spill file) was full."""
+DROP_DISK_FULL = "disk_full"
+"""``reason`` of writes dropped because the spill file reached ``max_disk_bytes``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gauges:
+    """What one buffer contributes to the gauges."""
+
+    depth: int
+    memory_bytes: int
+    disk_bytes: int
+    oldest_age: float
+    parked: int
+
+
+class GaugeSource(Protocol):
+    """A buffer, as the collector sees it."""
+
+    @property
+    def store_name(self) -> str: ...
+
+    def gauges(self) -> Gauges: ...
+
+
+class DeadLetterTelemetry:
+    """Counters of every dead-letter buffer of one registry, and the live buffers for the gauges."""
+
+    def __init__(self) -> None:
+        self.enqueued: dict[tuple[str, str], int] = {}
+        self.replayed: dict[tuple[str, str], int] = {}
+        self.dropped: dict[tuple[str, str, str], int] = {}
+        self.parked: dict[tuple[str, str], int] = {}
+        self.superseded: dict[str, int] = {}
+        self.buffers: weakref.WeakSet[GaugeSource] = weakref.WeakSet()
+
+    def count_enqueued(self, store: str, method: str, amount: int = 1) -> None:
+        key = (store, method)
+        self.enqueued[key] = self.enqueued.get(key, 0) + amount
+
+    def count_replayed(self, store: str, method: str, amount: int = 1) -> None:
+        key = (store, method)
+        self.replayed[key] = self.replayed.get(key, 0) + amount
+
+    def count_dropped(self, store: str, method: str, reason: str, amount: int = 1) -> None:
+        key = (store, method, reason)
+        self.dropped[key] = self.dropped.get(key, 0) + amount
+
+    def count_parked(self, store: str, method: str, amount: int = 1) -> None:
+        key = (store, method)
+        self.parked[key] = self.parked.get(key, 0) + amount
+
+    def count_superseded(self, store: str, amount: int = 1) -> None:
+        self.superseded[store] = self.superseded.get(store, 0) + amount
+
+
+class _Collector(Collector):
+    def __init__(self, telemetry: DeadLetterTelemetry) -> None:
+        self._telemetry = telemetry
+
+    def collect(self) -> Iterator[Metric]:
+        telemetry = self._telemetry
+        store_method = [names.LABEL_STORE, names.LABEL_METHOD]
+        for name, doc, counts in (
+            (names.DLQ_ENQUEUED, "Writes dead-lettered.", telemetry.enqueued),
+            (names.DLQ_REPLAYED, "Dead-lettered writes replayed to the backend.", telemetry.replayed),
+            (names.DLQ_PARKED, "Writes parked as bad data.", telemetry.parked),
+        ):
+            family = CounterMetricFamily(name, doc, labels=store_method)
+            for key, value in list(counts.items()):
+                family.add_metric(list(key), value)
+            yield family
+        dropped = CounterMetricFamily(
+            names.DLQ_DROPPED,
+            "Dead-lettered writes dropped for lack of space (data loss).",
+            labels=[*store_method, LABEL_REASON],
+        )
+        for key3, value in list(telemetry.dropped.items()):
+            dropped.add_metric(list(key3), value)
+        yield dropped
+        superseded = CounterMetricFamily(
+            names.DLQ_SUPERSEDED,
+            "Dead-lettered writes discarded because a newer write for the same key won.",
+            labels=[names.LABEL_STORE],
+        )
+        for store, value in list(telemetry.superseded.items()):
+            superseded.add_metric([store], value)
+        yield superseded
+        yield from self._gauges()
+
+    def _gauges(self) -> Iterator[Metric]:
+        totals: dict[str, list[float]] = {}
+        buffers: list[GaugeSource] = []
+        for _ in range(3):
+            try:
+                buffers = list(self._telemetry.buffers)
+                break
+            except RuntimeError:  # a buffer was added by the event loop thread mid-copy
+                continue
+        for buffer in buffers:
+            gauges = buffer.gauges()
+            found = totals.setdefault(buffer.store_name, [0, 0, 0, 0.0, 0])
+            found[0] += gauges.depth
+            found[1] += gauges.memory_bytes
+            found[2] += gauges.disk_bytes
+            found[3] = max(found[3], gauges.oldest_age)
+            found[4] += gauges.parked
+        depth = GaugeMetricFamily(
+            names.DLQ_DEPTH, "Writes waiting in the dead-letter buffer.", labels=[names.LABEL_STORE]
+        )
+        size = GaugeMetricFamily(
+            names.DLQ_BYTES,
+            "Encoded size of the waiting writes, by location.",
+            labels=[names.LABEL_STORE, LABEL_LOCATION],
+        )
+        oldest = GaugeMetricFamily(
+            names.DLQ_OLDEST_AGE,
+            "Age of the oldest waiting write (0 when empty).",
+            labels=[names.LABEL_STORE],
+        )
+        parked = GaugeMetricFamily(
+            names.DLQ_PARKED_DEPTH, "Writes parked as bad data.", labels=[names.LABEL_STORE]
+        )
+        for store, (depth_value, memory, disk, age, parked_value) in totals.items():
+            depth.add_metric([store], depth_value)
+            size.add_metric([store, "memory"], memory)
+            size.add_metric([store, "disk"], disk)
+            oldest.add_metric([store], age)
+            parked.add_metric([store], parked_value)
+        yield depth
+        yield size
+        yield oldest
+        yield parked
+
+    def describe(self) -> Iterator[Metric]:
+        store = [names.LABEL_STORE]
+        store_method = [names.LABEL_STORE, names.LABEL_METHOD]
+        yield CounterMetricFamily(names.DLQ_ENQUEUED, "", labels=store_method)
+        yield CounterMetricFamily(names.DLQ_REPLAYED, "", labels=store_method)
+        yield CounterMetricFamily(names.DLQ_PARKED, "", labels=store_method)
+        yield CounterMetricFamily(names.DLQ_DROPPED, "", labels=[*store_method, LABEL_REASON])
+        yield CounterMetricFamily(names.DLQ_SUPERSEDED, "", labels=store)
+        yield GaugeMetricFamily(names.DLQ_DEPTH, "", labels=store)
+        yield GaugeMetricFamily(names.DLQ_BYTES, "", labels=[*store, LABEL_LOCATION])
+        yield GaugeMetricFamily(names.DLQ_OLDEST_AGE, "", labels=store)
+        yield GaugeMetricFamily(names.DLQ_PARKED_DEPTH, "", labels=store)
+
+
+_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, DeadLetterTelemetry] = weakref.WeakKeyDictionary()
+
+
+def deadletter_telemetry(registry: CollectorRegistry = REGISTRY) -> DeadLetterTelemetry:
+    """The dead-letter telemetry of ``registry``, registered on first use and shared by every buffer."""
+    found = _by_registry.get(registry)
+    if found is None:
+        found = DeadLetterTelemetry()
+        registry.register(_Collector(found))
+        _by_registry[registry] = found
+    return found
+
+
+class DropLog:
+    """Logs dropped writes at most once per interval per (method, reason), counting the rest.
+
+    Records carry ``event``, ``store``, ``method``, ``reason``, ``dropped`` and ``suppressed``
+    as ``extra`` fields, never payload contents.
+    """
+
+    def __init__(
+        self, store: str, *, interval: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._store = store
+        self._interval = interval
+        self._clock = clock
+        self._last: dict[tuple[str, str], float] = {}
+        self._pending: dict[tuple[str, str], int] = {}
+
+    def dropped(self, method: str, reason: str, count: int) -> None:
+        key = (method, reason)
+        now = self._clock()
+        total = self._pending.pop(key, 0) + count
+        last = self._last.get(key)
+        if last is not None and now - last < self._interval:
+            self._pending[key] = total
+            return
+        self._last[key] = now
+        logger.error(
+            "dead-letter buffer of store %r dropped %d %s write(s) (%s): data loss",
+            self._store,
+            total,
+            method,
+            reason,
+            extra={
+                "event": "deadletter_dropped",
+                "store": self._store,
+                "method": method,
+                "reason": reason,
+                "dropped": total,
+                "suppressed": total - count,
+            },
+        )
+
+
+__all__ = [
+    "DROP_DISK_FULL",
+    "DROP_MEMORY_FULL",
+    "LABEL_LOCATION",
+    "LABEL_REASON",
+    "DeadLetterTelemetry",
+    "DropLog",
+    "GaugeSource",
+    "Gauges",
+    "deadletter_telemetry",
+]

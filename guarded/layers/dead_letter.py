@@ -1,0 +1,80 @@
+"""Dead-letter layer: a write that finally fails is acknowledged and kept, not lost.
+
+Retries exhausted, breaker open, timeout: the write goes to the dead-letter buffer (outcome
+``dead_lettered``) and the caller returns normally. Bad data (the backend rejected it) is parked
+with its reason and never retried; the caller sees outcome ``rejected``. After a direct write
+succeeds, older held writes of the same last-write-wins key are discarded, so a replay can
+never overwrite newer data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..call import Call, MethodSetup, Service
+from ..classify import ErrorClass, classify, error_type, safe_message
+from ..durability import Durability
+from ..failure_log import FailureLog
+from ..layers.fallback import failure_outcome
+from ..outcome import Outcome
+
+
+class DeadLetterLayer:
+    """Keeps failed dead-letter-eligible writes (policy ``dead_letter``) that are not batched."""
+
+    def __init__(self, durability: Durability, failure_log: FailureLog) -> None:
+        self._durability = durability
+        self._log = failure_log
+
+    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+        durability = self._durability
+        policy = method.policy
+        batched = policy.batch and durability.batcher is not None
+        if durability.buffer is None or not policy.dead_letter or batched:
+            return inner
+        buffer = durability.buffer
+        name = policy.name
+        key_of, scope_of = policy.lww_key, policy.scope_key
+        next_stamp = durability.next_stamp
+        log = self._log
+
+        async def dead_lettering(call: Call) -> Any:
+            if not durability.opened:
+                await durability.open()
+            stamp = next_stamp()
+            try:
+                result = await inner(call)
+            except Exception as exc:
+                if classify(exc) is ErrorClass.REJECTED:
+                    await durability.park(name, call.args, call.kwargs, exc)
+                    raise
+                key = key_of(call.args, call.kwargs) if key_of is not None else None
+                scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
+                kept = await durability.dead_letter(
+                    name,
+                    call.args,
+                    call.kwargs,
+                    key=key,
+                    scope=scope if isinstance(scope, str) else None,
+                    stamp=stamp,
+                    error=failure_outcome(exc).value,
+                )
+                if not kept:
+                    raise
+                call.error = exc
+                call.outcome = Outcome.DEAD_LETTERED
+                log.failure(
+                    store=method.store_name,
+                    method=method.label,
+                    error_type=error_type(exc),
+                    outcome=Outcome.DEAD_LETTERED.value,
+                    message=safe_message(exc),
+                )
+                return None
+            if key_of is not None and not buffer.is_empty:
+                key = key_of(call.args, call.kwargs)
+                if key is not None:
+                    await buffer.supersede(name, key, stamp)
+            return result
+
+        return dead_lettering

@@ -1,0 +1,230 @@
+"""Reads that see the guard's own writes, and answer during an outage (stale-if-error).
+
+Driven by the policy table (``merge_from``, ``merge``, ``read_key``, ``value``):
+
+* a read of a trace or session first flushes the batched writes of that scope, then adds the
+  writes still held (queued or dead-lettered) to the backend's answer (read-your-writes);
+* a single-value read (memory state, trajectory) answers the newest held write for its key;
+* ``load_planner_state`` takes a pause token still held in the dead-letter buffer (consume);
+* when the backend fails, the last value this process read or wrote for the key, plus what is
+  held, is served with outcome ``stale``; with nothing to serve the failure goes on to the
+  fallback layer.
+
+Planner state is never served from the cache, only from the buffer: a token this process saved
+directly is in the backend, and answering it from memory would let it be consumed twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
+
+from ..call import Call, MethodSetup, Service
+from ..durability import Durability
+from ..outcome import Outcome
+from ..policy import ArgGetter, Kind, Merge, PolicyTable
+
+
+class StaleReadLayer:
+    """Read-your-writes and stale-if-error for reads with a ``merge`` policy; keeps the cache
+    up to date from the writes those reads see."""
+
+    def __init__(self, durability: Durability, policies: PolicyTable) -> None:
+        self._durability = durability
+        self._policies = policies
+
+    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+        policy = method.policy
+        if policy.kind in (Kind.UPSERT, Kind.APPEND):
+            return self._wrap_write(inner, method)
+        if policy.merge is None or policy.merge_from is None:
+            return inner
+        write_policy = self._policies.get(policy.merge_from)
+        value_of = write_policy.value
+        if value_of is None:
+            return inner
+        if policy.merge is Merge.TAKE:
+            return self._wrap_take(inner, policy.merge_from, policy.read_key, value_of)
+        if policy.merge is Merge.LATEST:
+            return self._wrap_latest(inner, policy.merge_from, policy.read_key, value_of)
+        return self._wrap_list(inner, method, value_of)
+
+    def _wrap_write(self, inner: Service, method: MethodSetup) -> Service:
+        cache = self._durability.cache
+        policy = method.policy
+        key_of, value_of = policy.lww_key, policy.value
+        if cache is None or key_of is None or value_of is None:
+            return inner
+        name = policy.name
+
+        async def remembered(call: Call) -> Any:
+            result = await inner(call)
+            key = key_of(call.args, call.kwargs)
+            if key is not None and _hashable(key):
+                cache.put((name, key), value_of(call.args, call.kwargs))
+            return result
+
+        return remembered
+
+    def _wrap_take(
+        self, inner: Service, write: str, key_of: ArgGetter | None, value_of: ArgGetter
+    ) -> Service:
+        durability = self._durability
+        if durability.buffer is None or key_of is None:
+            return inner
+        buffer = durability.buffer
+
+        async def take_held(call: Call, key: Any) -> Any:
+            held = await buffer.take(write, key)
+            return None if held is None else value_of(*held)
+
+        async def consume(call: Call) -> Any:
+            if not durability.opened:
+                await durability.open()
+            key = key_of(call.args, call.kwargs)
+            try:
+                result = await inner(call)
+            except Exception as exc:
+                held = await take_held(call, key) if key is not None else None
+                if held is None:
+                    raise
+                call.error, call.outcome = exc, Outcome.STALE
+                return held
+            if result is None and key is not None and not buffer.is_empty:
+                held = await take_held(call, key)
+                if held is not None:
+                    call.outcome = Outcome.STALE
+                    return held
+            return result
+
+        return consume
+
+    def _wrap_latest(
+        self, inner: Service, write: str, key_of: ArgGetter | None, value_of: ArgGetter
+    ) -> Service:
+        durability = self._durability
+        buffer, cache = durability.buffer, durability.cache
+        if key_of is None:
+            return inner
+
+        async def held_value(key: Any) -> tuple[bool, Any]:
+            if buffer is None or buffer.is_empty:
+                return False, None
+            held = await buffer.latest_for_key(write, key)
+            return (False, None) if held is None else (True, value_of(*held))
+
+        async def latest(call: Call) -> Any:
+            if not durability.opened:
+                await durability.open()
+            key = key_of(call.args, call.kwargs)
+            cache_key = (write, key) if key is not None and _hashable(key) else None
+            try:
+                result = await inner(call)
+            except Exception as exc:
+                found, value = await held_value(key)
+                if not found and cache is not None and cache_key is not None and cache_key in cache:
+                    found, value = True, cache.get(cache_key)
+                if not found:
+                    raise
+                call.error, call.outcome = exc, Outcome.STALE
+                return value
+            found, value = await held_value(key)
+            if found:
+                result = value
+            if cache is not None and cache_key is not None and result is not None:
+                cache.put(cache_key, result)
+            return result
+
+        return latest
+
+    def _wrap_list(self, inner: Service, method: MethodSetup, value_of: ArgGetter) -> Service:
+        durability = self._durability
+        buffer, cache, batcher = durability.buffer, durability.cache, durability.batcher
+        policy = method.policy
+        write = policy.merge_from
+        scope_of = policy.scope_key
+        assert write is not None
+        if scope_of is None:
+            return inner
+        write_batched = self._policies.get(write).batch and batcher is not None
+        merge = _list_merger(policy.merge_id)
+        name = policy.name
+
+        def held_values(scope: str) -> list[Any]:
+            values: list[Any] = []
+            if write_batched and batcher is not None:
+                values.extend(value_of(w.args, w.kwargs) for w in batcher.pending_for_scope(write, scope))
+            return values
+
+        async def held_in_buffer(scope: str) -> list[Any]:
+            if buffer is None or buffer.is_empty:
+                return []
+            return [value_of(*held) for held in await buffer.pending_for_scope(write, scope)]
+
+        async def listed(call: Call) -> Any:
+            if not durability.opened:
+                await durability.open()
+            scope = scope_of(call.args, call.kwargs)
+            if not isinstance(scope, str):
+                return await inner(call)
+            if write_batched and batcher is not None:
+                await batcher.flush_scope(write, scope)
+            cache_key = _call_key(name, call.args, call.kwargs)
+            try:
+                result = await inner(call)
+            except Exception as exc:
+                held = held_values(scope) + await held_in_buffer(scope)
+                cached = cache.get(cache_key) if cache is not None and cache_key is not None else None
+                if cached is None and not held:
+                    raise
+                call.error, call.outcome = exc, Outcome.STALE
+                return merge(list(cached or ()), held, call.kwargs)
+            held = await held_in_buffer(scope)
+            if held:
+                result = merge(list(result), held, call.kwargs)
+            if cache is not None and cache_key is not None:
+                cache.put(cache_key, list(result))
+            return result
+
+        return listed
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _call_key(name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Hashable | None:
+    key = (name, args, tuple(sorted(kwargs.items())))
+    return key if _hashable(key) else None
+
+
+def _list_merger(merge_id: str | None) -> Callable[[list[Any], Sequence[Any], Mapping[str, Any]], list[Any]]:
+    """Adds held values to a list answer: same ``merge_id`` replaces, equal items are not
+    repeated, items with a ``ts`` stay in ``ts`` order, and a ``limit`` keeps the newest."""
+
+    def merge(items: list[Any], held: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
+        if merge_id is not None:
+            position = {getattr(item, merge_id, None): index for index, item in enumerate(items)}
+            for value in held:
+                index = position.get(getattr(value, merge_id, None))
+                if index is None:
+                    position[getattr(value, merge_id, None)] = len(items)
+                    items.append(value)
+                else:
+                    items[index] = value
+        else:
+            for value in held:
+                if value not in items:
+                    items.append(value)
+        if items and all(hasattr(item, "ts") for item in items):
+            items.sort(key=lambda item: item.ts)
+        limit = kwargs.get("limit")
+        if isinstance(limit, int) and limit >= 0 and len(items) > limit:
+            items = items[len(items) - limit :]
+        return items
+
+    return merge

@@ -1,0 +1,46 @@
+"""Helpers of the dead-letter tests: configurations, records, metric readers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from guarded.config import DeadLetterConfig
+from guarded.deadletter import DeadLetterBuffer
+from guarded.models import StoredEvent
+
+STORE = "primary"
+
+
+def config(path: Path | str | None, **fields: Any) -> DeadLetterConfig:
+    """A dead-letter configuration with ``path`` (``None``: memory only)."""
+    return DeadLetterConfig(path=None if path is None else str(path), **fields)
+
+
+def buffer(
+    path: Path | str | None, registry: CollectorRegistry | None = None, *, store: str = STORE, **fields: Any
+) -> DeadLetterBuffer:
+    """A buffer with its own registry unless one is given."""
+    return DeadLetterBuffer(
+        config(path, **fields), store_name=store, registry=registry or CollectorRegistry()
+    )
+
+
+def event(trace_id: str | None, index: int, **payload: Any) -> StoredEvent:
+    return StoredEvent(
+        trace_id, 1_700_000_000.0 + index, "node_success", "node", f"n{index}", {"i": index, **payload}
+    )
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    """A sample's value, 0 when the series does not exist."""
+    return registry.get_sample_value(name, {"store": STORE, **labels}) or 0.0
+
+
+async def put_events(target: DeadLetterBuffer, trace_id: str, count: int, *, start: int = 0) -> None:
+    for index in range(start, start + count):
+        await target.put(
+            "save_event", (event(trace_id, index),), {}, scope=trace_id, stamp=index, error="ConnectionError"
+        )

@@ -1,0 +1,272 @@
+"""``guarded dlq list|stats|replay|purge`` against real spill files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from guarded.cli import main
+from guarded.deadletter import SpillFile
+from tests.deadletter import factories
+from tests.deadletter.support import buffer, event
+
+SECRET = "s3cr3t-payload"
+
+
+def prepare(path: Path, *, events: int = 3, parked: int = 1) -> None:
+    async def run() -> None:
+        target = buffer(path)
+        for index in range(events):
+            await target.put(
+                "save_event",
+                (event("trace-1", index, note=SECRET),),
+                {},
+                scope="trace-1",
+                stamp=index,
+                error="ConnectionResetError",
+            )
+        await target.put(
+            "save_memory_state",
+            ("tenant:user:s", {"note": SECRET}),
+            {},
+            key="tenant:user:s",
+            stamp=99,
+            error="x",
+        )
+        for index in range(parked):
+            await target.park("save_task", (), {"state": {"bad": SECRET}}, reason=f"bad data {index}")
+        await target.aclose()
+
+    asyncio.run(run())
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def pending(path: Path) -> int:
+    reader = SpillFile.open_read_only(str(path))
+    try:
+        return reader.totals().pending
+    finally:
+        reader.close()
+
+
+def test_list_shows_metadata_but_no_payload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "dlq.db"
+    prepare(path)
+    code, out, _ = run(capsys, "dlq", "list", "--path", str(path))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["SEQ", "METHOD", "KEY", "SCOPE", "AGE", "SIZE", "ERROR"]
+    assert "save_event" in lines[1]
+    assert "trace-1" in lines[1]
+    assert "ConnectionResetError" in lines[1]
+    assert '"tenant:user:s"' in out
+    assert "4 of 4 pending write(s)" in out
+    assert SECRET not in out
+
+    code, out, _ = run(capsys, "dlq", "list", "--path", str(path), "--limit", "2", "--show-payload")
+    assert code == 0
+    assert SECRET in out
+    assert "2 of 4" in out
+
+
+def test_list_json_and_parked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "dlq.db"
+    prepare(path, parked=2)
+    code, out, _ = run(capsys, "dlq", "list", "--path", str(path), "--json")
+    document = json.loads(out)
+    assert code == 0
+    assert document["kind"] == "pending"
+    assert document["total"] == 4
+    first = document["entries"][0]
+    assert set(first) == {"seq", "method", "key", "scope", "enqueued_at", "age_seconds", "size", "error"}
+    assert [entry["method"] for entry in document["entries"]] == ["save_event"] * 3 + ["save_memory_state"]
+    assert SECRET not in out
+
+    code, out, _ = run(capsys, "dlq", "list", "--path", str(path), "--parked", "--json")
+    document = json.loads(out)
+    assert document["total"] == 2
+    reasons = [entry["reason"] for entry in document["entries"]]
+    assert reasons[0].startswith("bad data 0 (call not kept: save_task: state.task_id:")
+    assert reasons[1].startswith("bad data 1")
+    assert not any(entry["call_kept"] for entry in document["entries"])
+    code, out, _ = run(capsys, "dlq", "list", "--path", str(path), "--parked")
+    assert code == 0
+    assert "REASON" in out
+    assert "bad data 1" in out
+    assert "lost" in out
+    assert SECRET not in out
+
+
+def test_stats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "dlq.db"
+    prepare(path)
+    code, out, _ = run(capsys, "dlq", "stats", "--path", str(path), "--json")
+    document = json.loads(out)
+    assert code == 0
+    assert document["pending"] == 4
+    assert document["parked"] == 1
+    assert document["by_method"]["save_event"]["pending"] == 3
+    assert document["pending_bytes"] == sum(item["bytes"] for item in document["by_method"].values())
+    code, out, _ = run(capsys, "dlq", "stats", "--path", str(path))
+    assert code == 0
+    assert "pending:     4" in out
+    assert "save_memory_state" in out
+
+
+def test_replay_into_a_factory_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "dlq.db"
+    prepare(path, parked=0)
+    code, out, _ = run(
+        capsys,
+        "dlq",
+        "replay",
+        "--path",
+        str(path),
+        "--store",
+        "tests.deadletter.factories:async_memory_store",
+    )
+    assert code == 0, out
+    assert "replayed 4 of 4" in out
+    store = factories.BUILT[-1]
+    history = asyncio.run(store.load_history("trace-1"))
+    assert [item.payload["i"] for item in history] == [0, 1, 2]
+    assert asyncio.run(store.load_memory_state("tenant:user:s")) == {"note": SECRET}
+    assert pending(path) == 0
+
+
+def test_replay_into_a_failing_store_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "dlq.db"
+    prepare(path, parked=0)
+    code, out, _ = run(
+        capsys,
+        "dlq",
+        "replay",
+        "--path",
+        str(path),
+        "--store",
+        "tests.deadletter.factories:down_store",
+        "--json",
+    )
+    document = json.loads(out)
+    assert code == 1
+    assert document["replayed"] == 0
+    assert document["remaining"] == 4
+    assert document["stopped_early"]
+    assert "ConnectionRefusedError" in document["last_error"]
+    assert pending(path) == 4
+
+
+def test_replay_including_parked_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "dlq.db"
+
+    async def setup() -> None:
+        target = buffer(path)
+        await target.park("save_memory_state", ("k", {"v": 1}), {}, reason="backend said no")
+        await target.aclose()
+
+    asyncio.run(setup())
+    code, out, _ = run(
+        capsys,
+        "dlq",
+        "replay",
+        "--path",
+        str(path),
+        "--store",
+        "tests.deadletter.factories:memory_store",
+        "--include-parked",
+        "--rate",
+        "1000",
+    )
+    assert code == 0, out
+    assert "1 parked write(s) were moved back" in out
+    assert asyncio.run(factories.BUILT[-1].load_memory_state("k")) == {"v": 1}
+
+
+def test_purge_needs_confirmation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "dlq.db"
+    prepare(path)
+    code, _, err = run(capsys, "dlq", "purge", "--path", str(path), "--pending")
+    assert code == 2
+    assert "--yes" in err
+    code, _, err = run(capsys, "dlq", "purge", "--path", str(path), "--yes")
+    assert code == 2
+    assert "--pending" in err
+    assert pending(path) == 4
+    code, out, _ = run(capsys, "dlq", "purge", "--path", str(path), "--pending", "--yes", "--json")
+    assert code == 0
+    assert json.loads(out)["purged"] == 4
+    code, out, _ = run(capsys, "dlq", "purge", "--path", str(path), "--parked", "--yes")
+    assert code == 0
+    assert "purged 1 parked write(s)" in out
+    code, out, _ = run(capsys, "dlq", "stats", "--path", str(path), "--json")
+    assert json.loads(out)["pending"] == 0
+    assert json.loads(out)["parked"] == 0
+
+
+def test_writers_refuse_a_file_held_by_a_live_buffer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "dlq.db"
+    prepare(path)
+
+    async def hold() -> None:
+        target = buffer(path)
+        await target.open()
+        try:
+            loop = asyncio.get_running_loop()
+            code = await loop.run_in_executor(
+                None, main, ["dlq", "purge", "--path", str(path), "--pending", "--yes"]
+            )
+            assert code == 1
+            code = await loop.run_in_executor(None, main, ["dlq", "stats", "--path", str(path)])
+            assert code == 0
+        finally:
+            await target.aclose()
+
+    asyncio.run(hold())
+    err = capsys.readouterr().err
+    assert "in use by another process" in err
+    assert "stop that process first" in err
+    assert pending(path) == 4
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["dlq", "list", "--path", "{missing}"], "no dead-letter spill file"),
+        (["dlq", "stats", "--path", "{foreign}"], "not a guarded dead-letter spill file"),
+        (["dlq", "replay", "--path", "{spill}", "--store", "no_such_module_xyz:make"], "cannot import"),
+        (["dlq", "replay", "--path", "{spill}", "--store", "nocolon"], "invalid factory"),
+        (["dlq", "replay", "--path", "{spill}", "--store", "m:f", "--rate", "0"], "--rate must be positive"),
+        (["dlq", "list", "--path", "{spill}", "--limit", "-1"], "--limit"),
+    ],
+)
+def test_usage_errors_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    spill = tmp_path / "dlq.db"
+    prepare(spill, events=1, parked=0)
+    foreign = tmp_path / "foreign.db"
+    foreign.write_bytes(b"")
+    import sqlite3
+
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE t (x)")
+    names = {"missing": str(tmp_path / "missing.db"), "foreign": str(foreign), "spill": str(spill)}
+    code, _, err = run(capsys, *[part.format(**names) for part in argv])
+    assert code == 2
+    assert message in err
+
+
+def test_dlq_needs_an_action(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "dlq")
+    assert code == 2
+    assert "ACTION" in err

@@ -1,0 +1,175 @@
+"""Nothing acknowledged is lost (DESIGN.md "What nothing lost means"), against the in-memory
+store with injected faults: dead-lettering, replay, last-write-wins, stale-if-error,
+read-your-writes through the batcher, consume of a held pause, graceful drain and spill files.
+The PostgreSQL outage, crash and flapping scenarios are in tests/postgres/test_outages.py.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from guarded.backends.memory import InMemoryStateStore
+from guarded.config import BatchConfig, DeadLetterConfig, StaleConfig
+from guarded.guard import controller, guard
+from guarded.models import TaskContextSnapshot, TaskState, TaskStatus, TaskType
+from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+
+from .support import calls, event, fast_config
+
+OUTAGE = FaultPlan.always(Fault.error_before(ConnectionRefusedError))
+RECOVERED = FaultPlan()
+BEGIN = datetime(2026, 11, 21, tzinfo=UTC)
+
+
+def durable(path: Path | None = None, *, batch_delay: float = 0.001, **fields: Any) -> Any:
+    return fast_config(
+        batching=BatchConfig(max_delay=batch_delay),
+        dead_letter=DeadLetterConfig(path=str(path) if path else None, replay_rate=10_000),
+        stale=StaleConfig(),
+        **fields,
+    )
+
+
+def guarded_faulty(
+    path: Path | None = None, **fields: Any
+) -> tuple[Any, InMemoryStateStore, Any, CollectorRegistry]:
+    registry = CollectorRegistry()
+    backend = InMemoryStateStore()
+    faulty = FaultyStore(backend, FaultPlan())
+    store = guard(faulty, registry=registry, config=durable(path, **fields))
+    return store, backend, fault_injector(faulty), registry
+
+
+def task(task_id: str, status: TaskStatus, version: int) -> TaskState:
+    return TaskState(
+        task_id=task_id,
+        session_id="s1",
+        status=status,
+        task_type=TaskType.FOREGROUND,
+        priority=0,
+        context_snapshot=TaskContextSnapshot(session_id="s1", task_id=task_id),
+        created_at=BEGIN,
+        updated_at=BEGIN + timedelta(seconds=version),
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_failed_write_is_acknowledged_kept_and_replayed_after_recovery() -> None:
+    store, backend, injector, registry = guarded_faulty()
+    injector.plan = OUTAGE
+    assert await store.save_memory_state("k1", {"turns": [1]}) is None
+    assert calls(registry, "save_memory_state", "dead_lettered") == 1
+    assert controller(store).dead_letters.depth == 1
+    assert await backend.load_memory_state("k1") is None
+
+    injector.plan = RECOVERED
+    assert await controller(store).drain(timeout=5) == 0
+    assert await backend.load_memory_state("k1") == {"turns": [1]}
+
+
+@pytest.mark.asyncio
+async def test_memory_keeps_its_turns_through_an_outage() -> None:
+    store, backend, injector, registry = guarded_faulty()
+    await store.save_memory_state("m", {"turns": ["a"]})
+    assert await store.load_memory_state("m") == {"turns": ["a"]}
+
+    injector.plan = OUTAGE
+    for turn in ("b", "c"):
+        state = await store.load_memory_state("m")
+        assert state is not None, "an outage must not look like an empty memory"
+        await store.save_memory_state("m", {"turns": [*state["turns"], turn]})
+    assert calls(registry, "load_memory_state", "stale") == 2
+    assert controller(store).dead_letters.depth == 1  # coalesced by key
+
+    injector.plan = RECOVERED
+    assert await controller(store).drain(timeout=5) == 0
+    assert await backend.load_memory_state("m") == {"turns": ["a", "b", "c"]}
+
+
+@pytest.mark.asyncio
+async def test_a_replay_never_overwrites_a_newer_direct_write() -> None:
+    store, backend, injector, _ = guarded_faulty()
+    injector.plan = OUTAGE
+    await store.save_task(task("t1", TaskStatus.RUNNING, 1))
+    assert controller(store).dead_letters.depth == 1
+
+    injector.plan = RECOVERED
+    await store.save_task(task("t1", TaskStatus.COMPLETE, 2))
+    assert controller(store).dead_letters.depth == 0  # superseded by the newer write
+    assert await controller(store).drain(timeout=5) == 0
+    [stored] = await backend.list_tasks("s1")
+    assert stored.status is TaskStatus.COMPLETE
+
+
+@pytest.mark.asyncio
+async def test_batched_events_are_read_back_at_once_and_survive_an_outage() -> None:
+    store, backend, injector, registry = guarded_faulty(batch_delay=10.0)
+    await store.save_event(event("t1", 0))
+    assert len(await store.load_history("t1")) == 1  # read-your-writes flushes the batch
+
+    injector.plan = OUTAGE
+    for index in range(1, 4):
+        assert await store.save_event(event("t1", index)) is None
+    history = await store.load_history("t1")
+    assert [e.node_id for e in history] == ["n0", "n1", "n2", "n3"]  # stale cache + held writes
+    assert calls(registry, "load_history", "stale") == 1
+    assert len(await backend.load_history("t1")) == 1
+
+    injector.plan = RECOVERED
+    assert await controller(store).drain(timeout=5) == 0
+    assert [e.node_id for e in await backend.load_history("t1")] == ["n0", "n1", "n2", "n3"]
+
+
+@pytest.mark.asyncio
+async def test_a_pause_saved_during_an_outage_is_resumed_from_the_buffer_once() -> None:
+    store, backend, injector, registry = guarded_faulty()
+    injector.plan = OUTAGE
+    await store.save_planner_state("tok", {"step": 3})
+    assert calls(registry, "save_planner_state", "dead_lettered") == 1
+
+    assert await store.load_planner_state("tok") == {"step": 3}
+    assert await store.load_planner_state("tok") is None  # consumed once
+    injector.plan = RECOVERED
+    assert await controller(store).drain(timeout=5) == 0
+    assert await backend.load_planner_state("tok") is None  # never replayed after its consume
+
+
+@pytest.mark.asyncio
+async def test_bad_data_is_parked_with_its_reason_and_not_retried() -> None:
+    store, backend, _, registry = guarded_faulty()
+    assert await store.save_memory_state("k", {"x": math.nan}) is None
+    assert calls(registry, "save_memory_state", "rejected") == 1
+    buffer = controller(store).dead_letters
+    assert buffer.depth == 0
+    [parked] = await buffer.parked()
+    assert parked.method == "save_memory_state"
+    assert "NaN" in parked.reason or "nan" in parked.reason.lower()
+    assert await backend.load_memory_state("k") is None
+
+
+@pytest.mark.asyncio
+async def test_close_keeps_what_it_could_not_drain_and_the_next_process_replays_it(tmp_path: Path) -> None:
+    spill = tmp_path / "dlq-{name}.sqlite"
+    store, backend, injector, _ = guarded_faulty(
+        spill,
+    )
+    injector.plan = OUTAGE
+    await store.save_memory_state("k", {"v": 1})
+    for index in range(3):
+        await store.save_event(event("t1", index))
+    await controller(store).flush()
+    await controller(store).aclose()
+    assert (tmp_path / "dlq-default.sqlite").exists()
+
+    registry = CollectorRegistry()
+    again = guard(backend, registry=registry, config=durable(spill))
+    async with again:
+        assert await controller(again).drain(timeout=5) == 0
+    assert await backend.load_memory_state("k") == {"v": 1}
+    assert len(await backend.load_history("t1")) == 3
