@@ -64,22 +64,27 @@ class DeadLetterTelemetry:
         self.buffers: weakref.WeakSet[GaugeSource] = weakref.WeakSet()
 
     def count_enqueued(self, store: str, method: str, amount: int = 1) -> None:
+        """Writes of ``method`` dead-lettered."""
         key = (store, method)
         self.enqueued[key] = self.enqueued.get(key, 0) + amount
 
     def count_replayed(self, store: str, method: str, amount: int = 1) -> None:
+        """Dead-lettered writes of ``method`` the backend took on replay."""
         key = (store, method)
         self.replayed[key] = self.replayed.get(key, 0) + amount
 
     def count_dropped(self, store: str, method: str, reason: str, amount: int = 1) -> None:
+        """Writes of ``method`` dropped for lack of space (``reason``: memory_full / disk_full)."""
         key = (store, method, reason)
         self.dropped[key] = self.dropped.get(key, 0) + amount
 
     def count_parked(self, store: str, method: str, amount: int = 1) -> None:
+        """Writes of ``method`` parked as bad data."""
         key = (store, method)
         self.parked[key] = self.parked.get(key, 0) + amount
 
     def count_superseded(self, store: str, amount: int = 1) -> None:
+        """Dead-lettered writes discarded because a newer write of their key won."""
         self.superseded[store] = self.superseded.get(store, 0) + amount
 
 
@@ -205,6 +210,7 @@ class DropLog:
         self._pending: dict[tuple[str, str], int] = {}
 
     def dropped(self, method: str, reason: str, count: int) -> None:
+        """Record ``count`` dropped writes of ``method``; logs now or folds them into the next record."""
         key = (method, reason)
         now = self._clock()
         total = self._pending.pop(key, 0) + count

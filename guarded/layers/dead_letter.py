@@ -71,7 +71,9 @@ class DeadLetterLayer:
                     message=safe_message(exc),
                 )
                 return None
-            if key_of is not None and not buffer.is_empty:
+            if key_of is not None:
+                # Even with nothing held: the buffer remembers the newest successful write of the
+                # key, so an older write of it that fails later is discarded, not replayed.
                 key = key_of(call.args, call.kwargs)
                 if key is not None:
                     await buffer.supersede(name, key, stamp)

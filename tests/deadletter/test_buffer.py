@@ -348,7 +348,7 @@ async def test_parked_writes_keep_their_reason_and_are_not_replayed(tmp_path: Pa
         assert "nan" in lost.reason
         assert [write.seq for write in await target.parked()] == [kept.seq, lost.seq]
         assert target.depth == 0
-        assert sample(registry, "guarded_deadletter_parked") == 2
+        assert sample(registry, "guarded_deadletter_parked_writes") == 2
         assert sample(registry, "guarded_deadletter_parked_total", method=MEMORY) == 2
         summary = await target.replay(_never_called)
         assert summary.replayed == 0

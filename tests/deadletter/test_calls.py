@@ -23,7 +23,7 @@ from tests.test_codec import (
 )
 
 
-class Path:
+class Steps:
     """A trajectory object with a wire form, like PenguiFlow's ``Trajectory``."""
 
     def __init__(self, steps: list[str]) -> None:
@@ -33,16 +33,16 @@ class Path:
         return {"steps": list(self.steps)}
 
     @classmethod
-    def from_serialised(cls, payload: Any) -> Path:
+    def from_serialised(cls, payload: Any) -> Steps:
         return cls(list(payload["steps"]))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Path) and other.steps == self.steps
+        return isinstance(other, Steps) and other.steps == self.steps
 
     __hash__ = None  # type: ignore[assignment]
 
 
-register_trajectory_type(Path)
+register_trajectory_type(Steps)
 
 Calls = list[tuple[str, tuple[Any, ...], dict[str, Any]]]
 
@@ -62,7 +62,7 @@ def write_calls(t: RecordTypes) -> Calls:
         ("save_updates", ([sample_state_update(t)],), {}),
         ("save_steering", (sample_steering_event(t),), {}),
         ("save_trajectory", ("trace-1", "session-1", {"steps": [{"thought": "x"}], "n": NESTED}), {}),
-        ("save_trajectory", ("trace-1",), {"session_id": "session-1", "trajectory": Path(["a", "b"])}),
+        ("save_trajectory", ("trace-1",), {"session_id": "session-1", "trajectory": Steps(["a", "b"])}),
         ("save_planner_event", ("trace-1", sample_planner_event(t)), {}),
         (
             "save_planner_events",
@@ -121,8 +121,8 @@ def test_records_come_back_as_classes_not_dicts() -> None:
     trace_id, planner_event = args[0][0]
     assert trace_id == "t"
     assert type(planner_event) is DEFAULT_TYPES.PlannerEvent
-    args, _ = roundtrip("save_trajectory", ("t", "s", Path(["x"])), {}, DEFAULT_TYPES)
-    assert args[2] == Path(["x"])
+    args, _ = roundtrip("save_trajectory", ("t", "s", Steps(["x"])), {}, DEFAULT_TYPES)
+    assert args[2] == Steps(["x"])
 
 
 def _penguiflow() -> RecordTypes:
