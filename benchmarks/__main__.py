@@ -2,9 +2,12 @@
 
 Sections run in order: ``guard`` (the guard's per-call cost against a bare store and a naive
 composition of tenacity + purgatory + OpenTelemetry + prometheus-client, on the in-memory
-store) and ``postgres`` (the Postgres backend against raw asyncpg). Without ``--dsn`` an
-embedded PostgreSQL server (``guarded.testing.postgres``) is started for the PostgreSQL
-sections and removed afterwards. Exit status 1 when a target is missed (only with ``--strict``).
+store), ``postgres`` (the Postgres backend against raw asyncpg) and ``durability`` (write-behind
+batching against unbatched writes and ``COPY``, caller latency, dead-letter drain after an
+outage). Without ``--dsn`` an embedded PostgreSQL server (``guarded.testing.postgres``) is
+started for the PostgreSQL sections and removed afterwards; the durability section stops and
+restarts it (with ``--dsn`` it starts one of its own for that). Exit status 1 when a target is
+missed (only with ``--strict``).
 """
 
 from __future__ import annotations
@@ -15,12 +18,17 @@ import platform
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from . import guard_bench, postgres_bench
+from . import durability_bench, guard_bench, postgres_bench
 from .guard_report import format_section
 from .side_by_side import Row, format_table
 
+if TYPE_CHECKING:
+    from guarded.testing.postgres import EmbeddedPostgres
+
 GUARD_SECTION = "guard"
+DURABILITY_SECTION = durability_bench.SECTION
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,12 +44,23 @@ SECTIONS: list[Section] = [
 """Every benchmark section, in the order they run."""
 
 
-async def run_sections(sections: Sequence[Section], dsn: str, repeats: int) -> list[Row]:
+async def run_sections(
+    sections: Sequence[Section],
+    dsn: str,
+    repeats: int,
+    *,
+    durability: bool = False,
+    server: EmbeddedPostgres | None = None,
+) -> tuple[list[Row], durability_bench.Report | None]:
     rows: list[Row] = []
     for section in sections:
         print(f"running {section.name} ...", file=sys.stderr, flush=True)
         rows += await section.run(dsn, repeats=repeats)
-    return rows
+    report = None
+    if durability:
+        print(f"running {DURABILITY_SECTION} ...", file=sys.stderr, flush=True)
+        report = await durability_bench.run(dsn, repeats=repeats, server=server)
+    return rows, report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--section",
         action="append",
-        choices=[GUARD_SECTION, *(section.name for section in SECTIONS)],
+        choices=[GUARD_SECTION, *(section.name for section in SECTIONS), DURABILITY_SECTION],
         help="run only these",
     )
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per benchmark (median reported)")
@@ -66,22 +85,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         guard_result = asyncio.run(guard_bench.run())
         print(format_section(guard_result), end="\n\n", flush=True)
         missed_guard = not all(verdict.passed for verdict in guard_result.verdicts)
-    if not sections:
+    durability = not args.section or DURABILITY_SECTION in args.section
+    if not sections and not durability:
         return 1 if args.strict and missed_guard else 0
 
     if args.dsn:
-        rows = asyncio.run(run_sections(sections, args.dsn, args.repeats))
+        rows, report = asyncio.run(run_sections(sections, args.dsn, args.repeats, durability=durability))
         where = "given server"
     else:
         from guarded.testing.postgres import embedded_postgres
 
         with embedded_postgres(durable=args.durable) as server:
-            rows = asyncio.run(run_sections(sections, server.dsn, args.repeats))
+            rows, report = asyncio.run(
+                run_sections(sections, server.dsn, args.repeats, durability=durability, server=server)
+            )
         where = "embedded server, " + ("durable" if args.durable else "fsync=off synchronous_commit=off")
     print(f"guarded benchmarks: median of {args.repeats} runs; {where}; Python {platform.python_version()}")
-    print(format_table(rows))
+    if rows:
+        print(format_table(rows))
     missed = [row for row in rows if row.met is False]
-    return 1 if args.strict and (missed or missed_guard) else 0
+    missed_durability = False
+    if report is not None:
+        print(("\n" if rows else "") + durability_bench.format_report(report))
+        missed_durability = not all(verdict.passed for verdict in report.verdicts)
+    return 1 if args.strict and (missed or missed_guard or missed_durability) else 0
 
 
 if __name__ == "__main__":

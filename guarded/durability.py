@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from .classify import ErrorClass, classify, error_type, safe_message
 from .config import GuardConfig
 from .deadletter import DeadLetterBuffer, ReplayResult
 from .errors import InvalidPayloadError
+from .idempotency import WRITE_KEY_ARGUMENT, item_keys
 from .stale import StaleCache
 
 logger = logging.getLogger("guarded.durability")
@@ -34,6 +36,10 @@ InternalCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any
 _WAITING_STATES = frozenset({BreakerState.OPEN, BreakerState.FORCED_OPEN})
 _REPLAY_PAUSE = 0.5
 _REPLAY_MAX_PAUSE = 5.0
+KEYED_APPENDS = frozenset({"save_planner_event"})
+"""Appends without a natural id: each write gets a key of its own, used by its flush, kept with it
+when it is dead-lettered and used again by its replay (:data:`guarded.idempotency.ITEM_KEYS`), so a
+backend that honours keys stores it once even when an acknowledgement was lost."""
 
 
 class Durability:
@@ -67,6 +73,7 @@ class Durability:
         self.cache: StaleCache | None = StaleCache(config.stale.max_entries) if config.stale.enabled else None
         self.next_stamp: Callable[[], int] = itertools.count(1).__next__
         """Call-order stamps: a direct write supersedes held writes of its key with older stamps."""
+        self._write_key_prefix = f"{uuid.uuid4().hex}:"
         self.opened = False
         self._opening: asyncio.Future[None] | None = None
         self._replay_task: asyncio.Task[None] | None = None
@@ -128,10 +135,26 @@ class Durability:
         if self.buffer is not None:
             await self.buffer.park(method, args, kwargs, reason=f"{error_type(exc)}: {safe_message(exc)}")
 
+    def _write_key(self, write: PendingWrite) -> str:
+        return self._write_key_prefix + str(write.stamp)
+
+    def _kept_kwargs(self, write: PendingWrite) -> Mapping[str, Any]:
+        if write.method not in KEYED_APPENDS:
+            return write.kwargs
+        return {**write.kwargs, WRITE_KEY_ARGUMENT: self._write_key(write)}
+
     async def _dead_letter_writes(self, failed: Sequence[tuple[PendingWrite, BaseException]]) -> None:
         assert self.buffer is not None
         items = [
-            (write.method, write.args, write.kwargs, None, write.scope, write.stamp, error_type(exc))
+            (
+                write.method,
+                write.args,
+                self._kept_kwargs(write),
+                None,
+                write.scope,
+                write.stamp,
+                error_type(exc),
+            )
             for write, exc in failed
         ]
         try:
@@ -141,7 +164,7 @@ class Durability:
                 await self.dead_letter(
                     write.method,
                     write.args,
-                    write.kwargs,
+                    self._kept_kwargs(write),
                     key=None,
                     scope=write.scope,
                     stamp=write.stamp,
@@ -154,8 +177,10 @@ class Durability:
         what fails is dead-lettered, what is bad data is parked."""
         bulk = bulk_method_for(self.target, method)
         if bulk is not None:
+            keys = tuple(map(self._write_key, writes)) if method in KEYED_APPENDS else None
             try:
-                await self._run(bulk, bulk_args(method, writes), {})
+                with item_keys(keys):
+                    await self._run(bulk, bulk_args(method, writes), {})
                 return
             except Exception as exc:
                 if classify(exc) is not ErrorClass.REJECTED:
@@ -170,8 +195,10 @@ class Durability:
 
         async def write_one(write: PendingWrite) -> None:
             async with limit:
+                keys = (self._write_key(write),) if write.method in KEYED_APPENDS else None
                 try:
-                    await self._run(write.method, write.args, write.kwargs)
+                    with item_keys(keys):
+                        await self._run(write.method, write.args, write.kwargs)
                 except Exception as exc:
                     if classify(exc) is ErrorClass.REJECTED:
                         await self.park(write.method, write.args, write.kwargs, exc)
@@ -195,8 +222,10 @@ class Durability:
             )
 
     async def _send(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ReplayResult:
+        key = kwargs.pop(WRITE_KEY_ARGUMENT, None)
         try:
-            await self._run(method, args, kwargs)
+            with item_keys(None if key is None else (str(key),)):
+                await self._run(method, args, kwargs)
         except Exception as exc:
             if classify(exc) is ErrorClass.REJECTED:
                 raise  # the buffer parks it, with the exception as its reason

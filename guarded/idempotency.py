@@ -27,6 +27,34 @@ IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 """The key of the logical call in progress, or ``None`` outside any guarded call."""
 
 
+ITEM_KEYS: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
+    "guarded_item_keys", default=None
+)
+"""One key per item of the append in progress, set by the guard for its own flushes and replays
+of appends without a natural id (planner events). A backend that honours keys stores the i-th
+item under the i-th key (instead of ``"<key>:<i>"``), so a flush whose acknowledgement was lost and
+the later replay of one of its writes store that write once."""
+
+WRITE_KEY_ARGUMENT = "_guarded_write_key"
+"""Keyword argument under which a dead-lettered append keeps its item key; a replay removes it and
+sets :data:`ITEM_KEYS` instead."""
+
+
+def current_item_keys() -> tuple[str, ...] | None:
+    """The per-item keys of the append in progress (see :data:`ITEM_KEYS`), or ``None``."""
+    return ITEM_KEYS.get()
+
+
+@contextlib.contextmanager
+def item_keys(keys: tuple[str, ...] | None) -> Iterator[tuple[str, ...] | None]:
+    """Set :data:`ITEM_KEYS` for the calls made inside the block (``None`` clears it)."""
+    token = ITEM_KEYS.set(keys)
+    try:
+        yield keys
+    finally:
+        ITEM_KEYS.reset(token)
+
+
 def current_idempotency_key() -> str | None:
     """The idempotency key of the current logical call, or ``None``."""
     return IDEMPOTENCY_KEY.get()
@@ -42,4 +70,12 @@ def idempotency_key(key: str | None) -> Iterator[str | None]:
         IDEMPOTENCY_KEY.reset(token)
 
 
-__all__ = ["IDEMPOTENCY_KEY", "current_idempotency_key", "idempotency_key"]
+__all__ = [
+    "IDEMPOTENCY_KEY",
+    "ITEM_KEYS",
+    "WRITE_KEY_ARGUMENT",
+    "current_idempotency_key",
+    "current_item_keys",
+    "idempotency_key",
+    "item_keys",
+]

@@ -19,7 +19,7 @@ from typing import Any
 
 from guarded.codec import PLANNER_EVENT, RecordTypes
 from guarded.errors import InvalidPayloadError
-from guarded.idempotency import current_idempotency_key
+from guarded.idempotency import current_idempotency_key, current_item_keys
 
 from .connection import Database
 from .json_codec import check_text, dump_json, loads_json, to_db_text, to_float
@@ -47,7 +47,11 @@ def encode_planner_event(trace_id: Any, event: Any, call_key: str | None = None)
 
 
 def call_keys(count: int) -> list[str | None]:
-    """The ``call_key`` of each of ``count`` events saved by the current logical call."""
+    """The ``call_key`` of each of ``count`` events saved by the current logical call (the guard's
+    per-item keys when it set them for a flush or replay of its own)."""
+    items = current_item_keys()
+    if items is not None and len(items) == count:
+        return [to_db_text(check_text(item, "idempotency_key")) for item in items]
     key = current_idempotency_key()
     if key is None:
         return [None] * count

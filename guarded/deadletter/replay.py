@@ -11,6 +11,7 @@ from typing import Any
 
 from ..classify import ErrorClass, classify, error_type, safe_message
 from ..errors import GuardedError, InvalidPayloadError
+from ..idempotency import WRITE_KEY_ARGUMENT, item_keys
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 """A decoded store call: ``(args, kwargs)``."""
@@ -145,7 +146,9 @@ def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
         target = getattr(store, method, None)
         if not callable(target):
             raise ReplayRejected(f"the store has no method {method!r}")
-        await target(*args, **kwargs)
+        key = kwargs.pop(WRITE_KEY_ARGUMENT, None)
+        with item_keys(None if key is None else (str(key),)):
+            await target(*args, **kwargs)
         return ReplayResult.OK
 
     bulk = getattr(store, "save_events", None)

@@ -128,9 +128,10 @@ class StaleReadLayer:
                     raise
                 call.error, call.outcome = exc, Outcome.STALE
                 return value
-            found, value = await held_value(key)
-            if found:
-                result = value
+            if buffer is not None and not buffer.is_empty:
+                found, value = await held_value(key)
+                if found:
+                    result = value
             if cache is not None and cache_key is not None and result is not None:
                 cache.put(cache_key, result)
             return result
