@@ -77,7 +77,7 @@ class BatchConfig(_Frozen):
     queue_size: int = Field(20_000, ge=1)
     """Writes queued or being flushed, all methods together; a full queue makes callers wait
     (up to their deadline, then the write is dead-lettered)."""
-    max_concurrent_flushes: int = Field(2, ge=1)
+    max_concurrent_flushes: int = Field(4, ge=1)
     """Flushes of one method running at once."""
     single_write_concurrency: int = Field(16, ge=1)
     """Concurrent single writes per flush when the backend has no bulk method."""

@@ -135,7 +135,7 @@ class Events:
         """Insert ``rows``, skipping those already stored, ids in batch order.
 
         A large batch is first sent with ``COPY`` (binary, PostgreSQL's bulk-load path) in its
-        own transaction: fresh events -- the normal case -- go in at ``COPY`` speed. When some
+        own statement: fresh events -- the normal case -- go in at ``COPY`` speed. When some
         event is already stored (a retried batch) the ``COPY`` fails on the unique key, rolls
         back, and the batch is sent again as ``INSERT ... ON CONFLICT DO NOTHING``; the same
         fallback handles a deadlock with a concurrent writer of overlapping events.
@@ -154,11 +154,11 @@ class Events:
         if len(unique) >= COPY_THRESHOLD:
 
             async def copy(conn: Connection) -> bool:
+                # One COPY statement is atomic on its own: no BEGIN/COMMIT round trips around it.
                 try:
-                    async with conn.transaction():
-                        await conn.copy_records_to_table(
-                            "flow_events", schema_name=self._schema, columns=_COLUMNS, records=unique
-                        )
+                    await conn.copy_records_to_table(
+                        "flow_events", schema_name=self._schema, columns=_COLUMNS, records=unique
+                    )
                 except (asyncpg.UniqueViolationError, asyncpg.DeadlockDetectedError):
                     return False
                 return True
