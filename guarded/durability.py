@@ -25,7 +25,7 @@ from .classify import ErrorClass, classify, error_type, safe_message
 from .config import GuardConfig
 from .deadletter import DeadLetterBuffer, ReplayResult
 from .errors import InvalidPayloadError
-from .idempotency import WRITE_KEY_ARGUMENT, item_keys
+from .idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_item_key
 from .stale import StaleCache
 
 logger = logging.getLogger("guarded.durability")
@@ -138,6 +138,12 @@ class Durability:
     def _write_key(self, write: PendingWrite) -> str:
         return self._write_key_prefix + str(write.stamp)
 
+    def _item_keys(self, writes: Sequence[PendingWrite]) -> tuple[str, ...] | None:
+        """The per-item keys of a flush of ``writes`` (one method), ``None`` when it needs none."""
+        if not writes or writes[0].method not in KEYED_APPENDS:
+            return None
+        return tuple(map(self._write_key, writes))
+
     def _kept_kwargs(self, write: PendingWrite) -> Mapping[str, Any]:
         if write.method not in KEYED_APPENDS:
             return write.kwargs
@@ -177,9 +183,8 @@ class Durability:
         what fails is dead-lettered, what is bad data is parked."""
         bulk = bulk_method_for(self.target, method)
         if bulk is not None:
-            keys = tuple(map(self._write_key, writes)) if method in KEYED_APPENDS else None
             try:
-                with item_keys(keys):
+                with item_keys(self._item_keys(writes)):
                     await self._run(bulk, bulk_args(method, writes), {})
                 return
             except Exception as exc:
@@ -195,9 +200,8 @@ class Durability:
 
         async def write_one(write: PendingWrite) -> None:
             async with limit:
-                keys = (self._write_key(write),) if write.method in KEYED_APPENDS else None
                 try:
-                    with item_keys(keys):
+                    with item_keys(self._item_keys((write,))):
                         await self._run(write.method, write.args, write.kwargs)
                 except Exception as exc:
                     if classify(exc) is ErrorClass.REJECTED:
@@ -221,30 +225,21 @@ class Durability:
                 self._replay_loop(), name=f"guarded-replay-{self.store_name}"
             )
 
+    # Failures propagate: the buffer judges them (bad data parked with its reason, anything else
+    # retried later) and keeps the error as the reason the pass stopped.
+
     async def _send(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ReplayResult:
-        key = kwargs.pop(WRITE_KEY_ARGUMENT, None)
-        try:
-            with item_keys(None if key is None else (str(key),)):
-                await self._run(method, args, kwargs)
-        except Exception as exc:
-            if classify(exc) is ErrorClass.REJECTED:
-                raise  # the buffer parks it, with the exception as its reason
-            return ReplayResult.RETRY_LATER
+        with replayed_item_key(kwargs):
+            await self._run(method, args, kwargs)
         return ReplayResult.OK
 
     async def _send_bulk(
         self, method: str, calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]]
     ) -> ReplayResult:
-        writes = [PendingWrite(method, args, kwargs, None, 0, 0.0) for args, kwargs in calls]
         bulk = bulk_method_for(self.target, method)
-        if bulk is None:
-            return ReplayResult.RETRY_LATER
-        try:
-            await self._run(bulk, bulk_args(method, writes), {})
-        except Exception as exc:
-            if classify(exc) is ErrorClass.REJECTED:
-                return ReplayResult.REJECTED
-            return ReplayResult.RETRY_LATER
+        assert bulk is not None, "replay_once passes send_bulk only when the backend has the bulk form"
+        writes = [PendingWrite(method, args, kwargs, None, 0, 0.0) for args, kwargs in calls]
+        await self._run(bulk, bulk_args(method, writes), {})
         return ReplayResult.OK
 
     async def replay_once(self) -> bool:

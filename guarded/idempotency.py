@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
+from typing import Any
 
 IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "guarded_idempotency_key", default=None
@@ -55,6 +56,13 @@ def item_keys(keys: tuple[str, ...] | None) -> Iterator[tuple[str, ...] | None]:
         ITEM_KEYS.reset(token)
 
 
+def replayed_item_key(kwargs: dict[str, Any]) -> contextlib.AbstractContextManager[tuple[str, ...] | None]:
+    """For the replay of a kept write: remove its item key from ``kwargs`` (see
+    :data:`WRITE_KEY_ARGUMENT`) and set it as :data:`ITEM_KEYS` for the calls inside the block."""
+    key = kwargs.pop(WRITE_KEY_ARGUMENT, None)
+    return item_keys(None if key is None else (str(key),))
+
+
 def current_idempotency_key() -> str | None:
     """The idempotency key of the current logical call, or ``None``."""
     return IDEMPOTENCY_KEY.get()
@@ -78,4 +86,5 @@ __all__ = [
     "current_item_keys",
     "idempotency_key",
     "item_keys",
+    "replayed_item_key",
 ]

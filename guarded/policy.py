@@ -420,5 +420,13 @@ class PolicyTable:
                 table._policies[name] = replace(base, **patch, inferred=False)
         return table
 
+    def merges_from(self, write: str) -> frozenset[Merge]:
+        """How the reads of the table see the held writes of ``write`` (empty when none does)."""
+        return frozenset(
+            policy.merge
+            for policy in self._policies.values()
+            if policy.merge_from == write and policy.merge is not None
+        )
+
     def __contains__(self, name: object) -> bool:
         return name in self._policies or name in self._aliases

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..classify import ErrorClass, classify, error_type, safe_message
 from ..errors import GuardedError, InvalidPayloadError
-from ..idempotency import WRITE_KEY_ARGUMENT, item_keys
+from ..idempotency import replayed_item_key
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 """A decoded store call: ``(args, kwargs)``."""
@@ -146,8 +146,7 @@ def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
         target = getattr(store, method, None)
         if not callable(target):
             raise ReplayRejected(f"the store has no method {method!r}")
-        key = kwargs.pop(WRITE_KEY_ARGUMENT, None)
-        with item_keys(None if key is None else (str(key),)):
+        with replayed_item_key(kwargs):
             await target(*args, **kwargs)
         return ReplayResult.OK
 

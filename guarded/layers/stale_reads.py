@@ -55,6 +55,8 @@ class StaleReadLayer:
         key_of, value_of = policy.lww_key, policy.value
         if cache is None or key_of is None or value_of is None:
             return inner
+        if Merge.LATEST not in self._policies.merges_from(policy.name):
+            return inner  # no read answers this write's value from the cache
         name = policy.name
 
         async def remembered(call: Call) -> Any:
@@ -74,7 +76,7 @@ class StaleReadLayer:
             return inner
         buffer = durability.buffer
 
-        async def take_held(call: Call, key: Any) -> Any:
+        async def take_held(key: Any) -> Any:
             held = await buffer.take(write, key)
             return None if held is None else value_of(*held)
 
@@ -85,13 +87,13 @@ class StaleReadLayer:
             try:
                 result = await inner(call)
             except Exception as exc:
-                held = await take_held(call, key) if key is not None else None
+                held = await take_held(key) if key is not None else None
                 if held is None:
                     raise
                 call.error, call.outcome = exc, Outcome.STALE
                 return held
             if result is None and key is not None and not buffer.is_empty:
-                held = await take_held(call, key)
+                held = await take_held(key)
                 if held is not None:
                     call.outcome = Outcome.STALE
                     return held
