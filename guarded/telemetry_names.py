@@ -135,3 +135,69 @@ BATCH_SIZE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000
 # --- stale-if-error (issue 5) ---------------------------------------------------------------------
 STALE_ENTRIES = "guarded_stale_cache_entries"
 """Gauge: values held for stale-if-error reads, by store."""
+
+# --- memory health (issue 6) -----------------------------------------------------------------------
+MEMORY_HEALTH_KEYS = "guarded_memory_health_keys"
+"""Gauge: memory keys this process last saw in each ``health`` state (healthy / retry / degraded /
+recovering, spec 003), by store and ``health``. Never labelled with the key itself."""
+LABEL_HEALTH = "health"
+MEMORY_HEALTH_STATES: tuple[str, ...] = ("healthy", "retry", "degraded", "recovering")
+"""The memory health states of spec 003 (``MemoryHealth``); anything else is exported as ``unknown``."""
+
+# --- task telemetry sinks (issue 6) ----------------------------------------------------------------
+TASK_EVENTS = "guarded_task_events_total"
+"""Counter: task telemetry events, by event_type, outcome, task_type and mode."""
+TASK_DURATION = "guarded_task_duration_seconds"
+"""Histogram: task duration from terminal events carrying ``duration_ms``, by outcome, task_type, mode."""
+TASKS_IN_FLIGHT = "guarded_tasks_in_flight"
+"""Gauge: tasks spawned and not yet completed, failed or cancelled, by task_type and mode."""
+LABEL_EVENT_TYPE = "event_type"
+LABEL_TASK_TYPE = "task_type"
+LABEL_MODE = "mode"
+TASK_DURATION_BUCKETS: tuple[float, ...] = (
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
+"""Task durations span sub-second tool calls to multi-minute background jobs."""
+OTEL_METER_NAME = "guarded"
+"""The OpenTelemetry meter and tracer scope name the library uses."""
+OTEL_TASK_EVENTS = "guarded.task.events"
+"""OpenTelemetry counter mirroring :data:`TASK_EVENTS` (attributes event_type, outcome, task_type, mode)."""
+OTEL_TASK_DURATION = "guarded.task.duration"
+"""OpenTelemetry histogram (unit ``s``) mirroring :data:`TASK_DURATION`."""
+OTEL_TASKS_IN_FLIGHT = "guarded.task.in_flight"
+"""OpenTelemetry up-down counter mirroring :data:`TASKS_IN_FLIGHT`."""
+
+# --- alert names (issue 6) -------------------------------------------------------------------------
+# The rule file in grafana/ and the dashboards' alert annotations use these names.
+ALERT_PAUSE_SAVE_FAILED = "GuardedPlannerPauseSaveFailed"
+ALERT_PAUSE_LOAD_FAILED = "GuardedPlannerPauseLoadFailed"
+ALERT_CIRCUIT_OPEN = "GuardedCircuitOpen"
+ALERT_DEADLETTER_DROPS = "GuardedDeadLetterDrops"
+ALERT_DEADLETTER_OLD = "GuardedDeadLetterOldestEntryAge"
+ALERT_ERROR_BUDGET_BURN = "GuardedErrorBudgetBurn"
+ALERT_LATENCY_P99 = "GuardedStoreLatencyP99High"
+ALERT_MEMORY_DEGRADED = "GuardedMemoryDegraded"
+ALERT_TASK_FAILURE_RATIO = "GuardedTaskFailureRatioHigh"
+ALERT_NAMES: tuple[str, ...] = (
+    ALERT_PAUSE_SAVE_FAILED,
+    ALERT_PAUSE_LOAD_FAILED,
+    ALERT_CIRCUIT_OPEN,
+    ALERT_DEADLETTER_DROPS,
+    ALERT_DEADLETTER_OLD,
+    ALERT_ERROR_BUDGET_BURN,
+    ALERT_LATENCY_P99,
+    ALERT_MEMORY_DEGRADED,
+    ALERT_TASK_FAILURE_RATIO,
+)
