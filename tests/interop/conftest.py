@@ -1,0 +1,11 @@
+"""The real ``penguiflow`` package against ``guard(PostgresStateStore)`` on a real PostgreSQL.
+
+The embedded server and per-test schema fixtures are the PostgreSQL suite's own (one server for
+this directory, a fresh schema per test).
+"""
+
+from __future__ import annotations
+
+from tests.postgres.conftest import make_store, pg_dsn, pg_server, raw, schema_name, store
+
+__all__ = ["make_store", "pg_dsn", "pg_server", "raw", "schema_name", "store"]
