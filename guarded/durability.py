@@ -144,7 +144,8 @@ class Durability:
             return None
         return tuple(map(self._write_key, writes))
 
-    def _kept_kwargs(self, write: PendingWrite) -> Mapping[str, Any]:
+    def kept_kwargs(self, write: PendingWrite) -> Mapping[str, Any]:
+        """The arguments a write is kept with: a keyed append carries the item key of its flush."""
         if write.method not in KEYED_APPENDS:
             return write.kwargs
         return {**write.kwargs, WRITE_KEY_ARGUMENT: self._write_key(write)}
@@ -155,7 +156,7 @@ class Durability:
             (
                 write.method,
                 write.args,
-                self._kept_kwargs(write),
+                self.kept_kwargs(write),
                 None,
                 write.scope,
                 write.stamp,
@@ -170,7 +171,7 @@ class Durability:
                 await self.dead_letter(
                     write.method,
                     write.args,
-                    self._kept_kwargs(write),
+                    self.kept_kwargs(write),
                     key=None,
                     scope=write.scope,
                     stamp=write.stamp,

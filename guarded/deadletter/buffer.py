@@ -43,6 +43,7 @@ from .entries import (
     index_key,
     index_key_of_canonical,
 )
+from .gate import KeyGate, Slot
 from .replay import (
     BULK_FORMS,
     Call,
@@ -130,6 +131,8 @@ class DeadLetterBuffer:
         self._mutex: asyncio.Lock | None = None
         self._replaying: asyncio.Lock | None = None
         self._purges = 0
+        self.gate = KeyGate()
+        """Orders direct writes of a last-write-wins key against its replay (see :mod:`.gate`)."""
 
         self._memory: OrderedDict[int, DeadLetter] = OrderedDict()
         self._memory_bytes = 0
@@ -840,7 +843,10 @@ class DeadLetterBuffer:
                         return self._summary(replayed, parked, last_error, stopped=True)
                 for item, call in decoded:
                     await bucket.take(1)
-                    result, reason = await call_sender(send, item.method, call)
+                    sent = await self._send_one(send, item, call)
+                    if sent is None:
+                        continue
+                    result, reason = sent
                     if result is ReplayResult.OK:
                         replayed += await self._replayed([item])
                     elif result is ReplayResult.RETRY_LATER:
@@ -851,6 +857,33 @@ class DeadLetterBuffer:
                         await self._park_during_replay(item, last_error)
                         parked += 1
         return self._summary(replayed, parked, last_error, stopped=False)
+
+    def slot(self, method: str, key: Any) -> Slot | None:
+        """The :class:`~.gate.KeyGate` slot of ``(method, key)``; ``None`` for a key JSON cannot carry."""
+        try:
+            return (method, index_key(key))
+        except InvalidPayloadError:
+            return None
+
+    async def _send_one(
+        self, send: Send, entry: DeadLetter, call: Call
+    ) -> tuple[ReplayResult, str | None] | None:
+        """Send one held write; a keyed one only after newer direct writes of its key finished and
+        only if it still waits then (``None``: it no longer does, nothing was sent)."""
+        if entry.key is None:
+            return await call_sender(send, entry.method, call)
+        slot: Slot = (entry.method, index_key_of_canonical(entry.key))
+        position = self._keys.get(slot, {}).get(entry.seq)
+        if position is None:
+            return None
+        generation, stamp = position
+        await self.gate.enter_replay(slot, stamp, earlier_process=generation < self._generation)
+        try:
+            if not self._still_waiting(entry):
+                return None
+            return await call_sender(send, entry.method, call)
+        finally:
+            self.gate.leave_replay(slot)
 
     def _summary(self, replayed: int, parked: int, last_error: str | None, *, stopped: bool) -> ReplaySummary:
         return ReplaySummary(

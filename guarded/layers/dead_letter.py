@@ -3,8 +3,9 @@
 Retries exhausted, breaker open, timeout: the write goes to the dead-letter buffer (outcome
 ``dead_lettered``) and the caller returns normally. Bad data (the backend rejected it) is parked
 with its reason and never retried; the caller sees outcome ``rejected``. After a direct write
-succeeds, older held writes of the same last-write-wins key are discarded, so a replay can
-never overwrite newer data.
+succeeds, older held writes of the same last-write-wins key are discarded, and a replay of the key already
+in flight finishes first (:class:`~guarded.deadletter.gate.KeyGate`), so a replay can never
+overwrite newer data.
 """
 
 from __future__ import annotations
@@ -38,17 +39,32 @@ class DeadLetterLayer:
         next_stamp = durability.next_stamp
         log = self._log
 
-        async def dead_lettering(call: Call) -> Any:
+        gate = buffer.gate
+        slot_of = buffer.slot
+
+        async def keyed(call: Call) -> Any:
+            stamp = next_stamp()
+            assert key_of is not None
+            key = key_of(call.args, call.kwargs)
+            slot = slot_of(name, key) if key is not None else None
+            if slot is None:
+                return await write(call, stamp, key)
+            if not gate.try_enter_direct(slot, stamp):
+                await gate.enter_direct(slot, stamp)
+            try:
+                return await write(call, stamp, key)
+            finally:
+                gate.leave_direct(slot, stamp)
+
+        async def write(call: Call, stamp: int, key: Any) -> Any:
             if not durability.opened:
                 await durability.open()
-            stamp = next_stamp()
             try:
                 result = await inner(call)
             except Exception as exc:
                 if classify(exc) is ErrorClass.REJECTED:
                     await durability.park(name, call.args, call.kwargs, exc)
                     raise
-                key = key_of(call.args, call.kwargs) if key_of is not None else None
                 scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
                 kept = await durability.dead_letter(
                     name,
@@ -71,12 +87,12 @@ class DeadLetterLayer:
                     message=safe_message(exc),
                 )
                 return None
-            if key_of is not None:
+            if key is not None:
                 # Even with nothing held: the buffer remembers the newest successful write of the
                 # key, so an older write of it that fails later is discarded, not replayed.
-                key = key_of(call.args, call.kwargs)
-                if key is not None:
-                    await buffer.supersede(name, key, stamp)
+                await buffer.supersede(name, key, stamp)
             return result
 
-        return dead_lettering
+        if key_of is not None:
+            return keyed
+        return lambda call: write(call, next_stamp(), None)

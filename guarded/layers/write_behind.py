@@ -49,7 +49,7 @@ class WriteBehindLayer:
             kept = await durability.dead_letter(
                 name,
                 call.args,
-                call.kwargs,
+                durability.kept_kwargs(write),
                 key=None,
                 scope=write.scope,
                 stamp=write.stamp,

@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
-from guarded.config import BatchConfig, DeadLetterConfig, StaleConfig
+from guarded.config import BatchConfig, DeadLetterConfig, MethodConfig, StaleConfig
 from guarded.deadletter import decode_call
 from guarded.guard import controller, guard
-from guarded.models import TaskContextSnapshot, TaskState, TaskStatus, TaskType
+from guarded.idempotency import WRITE_KEY_ARGUMENT
+from guarded.models import PlannerEvent, TaskContextSnapshot, TaskState, TaskStatus, TaskType
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
 from .support import calls, event, fast_config
@@ -110,6 +111,59 @@ async def test_a_replay_never_overwrites_a_newer_direct_write() -> None:
     assert await controller(store).drain(timeout=5) == 0
     [stored] = await backend.list_tasks("s1")
     assert stored.status is TaskStatus.COMPLETE
+
+
+class SlowFirstWrite(FaultPlan):
+    """The next ``save_memory_state`` reaches the store only after ``seconds``; the rest go through."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.used = False
+
+    def choose(self, method: str, call_index: int, index: int) -> Fault:
+        if method == "save_memory_state" and not self.used:
+            self.used = True
+            return Fault.delay(self.seconds)
+        return Fault.ok()
+
+
+async def until_called(injector: Any, method: str, count: int) -> None:
+    async with asyncio.timeout(5):
+        while injector.calls(method) < count:  # noqa: ASYNC110 - the injector offers no event
+            await asyncio.sleep(0.001)
+
+
+@pytest.mark.asyncio
+async def test_a_newer_direct_write_lands_after_a_replay_of_its_key_already_in_flight() -> None:
+    store, backend, injector, _ = guarded_faulty(attempt=2.0, deadline=4.0)
+    injector.plan = OUTAGE
+    await store.save_memory_state("k1", {"turns": ["old"]})
+    before = injector.calls("save_memory_state")
+
+    injector.plan = SlowFirstWrite(0.3)  # the replay of "old" is slow to reach the store
+    drain = asyncio.ensure_future(controller(store).drain(timeout=5))
+    await until_called(injector, "save_memory_state", before + 1)
+    await store.save_memory_state("k1", {"turns": ["old", "new"]})
+    assert await drain == 0
+    assert await backend.load_memory_state("k1") == {"turns": ["old", "new"]}
+
+
+@pytest.mark.asyncio
+async def test_a_replay_waits_for_a_newer_direct_write_in_flight_and_then_skips_the_older_write() -> None:
+    store, backend, injector, _ = guarded_faulty(attempt=2.0, deadline=4.0)
+    injector.plan = OUTAGE
+    await store.save_memory_state("k1", {"turns": ["old"]})
+    # 3 attempts of the write, 3 of the first background replay, which then sleeps for 0.5 s
+    await until_called(injector, "save_memory_state", 6)
+    before = injector.calls("save_memory_state")
+
+    injector.plan = SlowFirstWrite(0.2)  # the direct write of "new" is slow to reach the store
+    direct = asyncio.ensure_future(store.save_memory_state("k1", {"turns": ["old", "new"]}))
+    await until_called(injector, "save_memory_state", before + 1)
+    assert await controller(store).drain(timeout=5) == 0
+    await direct
+    assert injector.calls("save_memory_state") == before + 1  # "old" was never sent again
+    assert await backend.load_memory_state("k1") == {"turns": ["old", "new"]}
 
 
 @pytest.mark.asyncio
@@ -265,3 +319,36 @@ def test_under_random_faults_every_acknowledged_write_lands_once(
     """Random faults plus an outage of a few call groups: no exception escapes, every call is
     counted, and after recovery and drain every acknowledged event is stored exactly once."""
     asyncio.run(run_durable_example(plan, writes, group, outage))
+
+
+class BulkPlannerEventsStore(InMemoryStateStore):
+    """The reference store plus the bulk form the batcher uses when a backend has it."""
+
+    async def save_planner_events(self, items: list[tuple[str, PlannerEvent]]) -> None:
+        for trace_id, planner_event in items:
+            await self.save_planner_event(trace_id, planner_event)
+
+
+@pytest.mark.asyncio
+async def test_a_planner_event_refused_by_a_full_queue_keeps_its_item_key() -> None:
+    """Its replay then uses the same key as any earlier attempt, so it is stored once."""
+    registry = CollectorRegistry()
+    slow_flush = FaultPlan.always(Fault.delay(0.3), methods=["save_planner_events"])
+    faulty = FaultyStore(BulkPlannerEventsStore(), slow_flush)
+    config = fast_config(
+        attempt=1.0,
+        deadline=1.0,
+        batching=BatchConfig(max_batch=1, max_delay=0.001, queue_size=1, max_concurrent_flushes=1),
+        dead_letter=DeadLetterConfig(path=None),
+        methods={"save_planner_event": MethodConfig(deadline=0.05)},
+    )
+    store = guard(faulty, registry=registry, config=config)
+    await store.save_planner_event("t1", PlannerEvent("step_complete", 1.0))  # flushing for 0.3 s
+    await store.save_planner_event("t1", PlannerEvent("step_complete", 2.0))  # queue full
+    assert calls(registry, "save_planner_event", "dead_lettered") == 1
+    [entry] = await controller(store).dead_letters.entries()
+    assert entry.error == "queue_full"
+    _, kwargs = decode_call(entry.method, entry.call)
+    assert isinstance(kwargs[WRITE_KEY_ARGUMENT], str)
+    fault_injector(faulty).plan = RECOVERED
+    assert await controller(store).drain(timeout=5) == 0
