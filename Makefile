@@ -12,11 +12,19 @@ REQUIREMENTS := requirements/penguiflow.txt requirements/penguiflow-support.txt
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := test
-.PHONY: test lint format install bench clean distclean
+.PHONY: test lint format install bench demo tools clean distclean
 
 ## test: install if needed, lint, type-check, run the test suite
-test: lint
+test: lint tools
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## demo: the guarded store under a PenguiFlow-shaped workload and injected faults, with a verdict
+demo: $(STAMP)
+	$(PY) -m guarded demo $(DEMO_ARGS)
+
+## tools: promtool and prometheus for the alert and dashboard tests (apt-get when missing, as root)
+tools:
+	@scripts/ensure-prometheus.sh
 
 ## lint: ruff check, ruff format --check, mypy --strict
 lint: $(STAMP)
