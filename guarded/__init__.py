@@ -10,6 +10,7 @@ from .call import Call, Layer, MethodSetup, Service
 from .config import BreakerConfig, GuardConfig, LoggingConfig, MethodConfig, RetryConfig, TimeoutConfig
 from .errors import CapabilityError, GuardedError, InvalidPayloadError, SteeringValidationError
 from .guard import GuardController, GuardedStore, controller, guard
+from .otlp import OtlpConfigError, OtlpExporterMissingError, OtlpSetup, configure_otlp_from_env
 from .outcome import Outcome
 from .policy import Fallback, Kind, MethodPolicy, PolicyTable
 from .protocol import StateStore, capabilities, missing_capabilities, require_capabilities
@@ -34,6 +35,9 @@ __all__ = [
     "MethodConfig",
     "MethodPolicy",
     "MethodSetup",
+    "OtlpConfigError",
+    "OtlpExporterMissingError",
+    "OtlpSetup",
     "Outcome",
     "PolicyTable",
     "RetryConfig",
@@ -43,6 +47,7 @@ __all__ = [
     "TimeoutConfig",
     "__version__",
     "capabilities",
+    "configure_otlp_from_env",
     "controller",
     "guard",
     "missing_capabilities",

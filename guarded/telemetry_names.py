@@ -176,7 +176,7 @@ OTEL_TASK_EVENTS = "guarded.task.events"
 """OpenTelemetry counter mirroring :data:`TASK_EVENTS` (attributes event_type, outcome, task_type, mode)."""
 OTEL_TASK_DURATION = "guarded.task.duration"
 """OpenTelemetry histogram (unit ``s``) mirroring :data:`TASK_DURATION`."""
-OTEL_TASKS_IN_FLIGHT = "guarded.task.in_flight"
+OTEL_TASKS_IN_FLIGHT = "guarded.tasks.in_flight"
 """OpenTelemetry up-down counter mirroring :data:`TASKS_IN_FLIGHT`."""
 
 # --- alert names (issue 6) -------------------------------------------------------------------------
