@@ -211,6 +211,11 @@ class InMemoryStateStore:
         return MappingProxyType(self._dropped)
 
     @property
+    def types(self) -> RecordTypes:
+        """The classes reads return (``record_types``)."""
+        return self._types
+
+    @property
     def artifact_store(self) -> InMemoryArtifactStore:
         """The artifact store (spec 000 "StateStore Integration")."""
         return self._artifact_store

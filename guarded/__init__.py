@@ -14,6 +14,15 @@ from .otlp import OtlpConfigError, OtlpExporterMissingError, OtlpSetup, configur
 from .outcome import Outcome
 from .policy import Fallback, Kind, MethodPolicy, PolicyTable
 from .protocol import StateStore, capabilities, missing_capabilities, require_capabilities
+from .telemetry import (
+    FanOutTaskTelemetrySink,
+    GuardedTaskTelemetrySink,
+    LoggingTaskTelemetrySink,
+    NoOpTaskTelemetrySink,
+    OTelTaskTelemetrySink,
+    PrometheusTaskTelemetrySink,
+    guard_sink,
+)
 
 __version__ = "0.1.0"
 
@@ -24,32 +33,39 @@ __all__ = [
     "CapabilityError",
     "CircuitBreaker",
     "Fallback",
+    "FanOutTaskTelemetrySink",
     "GuardConfig",
     "GuardController",
     "GuardedError",
     "GuardedStore",
+    "GuardedTaskTelemetrySink",
     "InvalidPayloadError",
     "Kind",
     "Layer",
     "LoggingConfig",
+    "LoggingTaskTelemetrySink",
     "MethodConfig",
     "MethodPolicy",
     "MethodSetup",
+    "NoOpTaskTelemetrySink",
+    "OTelTaskTelemetrySink",
     "OtlpConfigError",
     "OtlpExporterMissingError",
     "OtlpSetup",
     "Outcome",
     "PolicyTable",
+    "PrometheusTaskTelemetrySink",
     "RetryConfig",
     "Service",
     "StateStore",
     "SteeringValidationError",
     "TimeoutConfig",
-    "__version__",
     "capabilities",
     "configure_otlp_from_env",
     "controller",
     "guard",
+    "guard_sink",
     "missing_capabilities",
     "require_capabilities",
+    "__version__",
 ]

@@ -60,6 +60,11 @@ logger = logging.getLogger("guarded.batching")
 BATCHED_METHODS: tuple[str, ...] = ("save_event", "save_update", "save_planner_event")
 """The append-only methods a batcher takes."""
 
+ORDERED_METHODS = frozenset({"save_update", "save_planner_event"})
+"""Appends whose reads follow insertion order (``list_updates`` and its ``since_id`` cursor,
+``list_planner_events``): flushed one batch at a time so concurrent inserts cannot commit out of
+order. ``save_event`` reads order by timestamp and keeps ``max_concurrent_flushes``."""
+
 BULK_METHODS: Mapping[str, str] = {
     "save_event": "save_events",
     "save_update": "save_updates",
@@ -373,7 +378,8 @@ class Batcher:
         queue = mq.queue
         max_batch = self._max_batch
         started = False
-        while queue and mq.active < self._max_flushes:
+        limit = 1 if mq.method in ORDERED_METHODS else self._max_flushes
+        while queue and mq.active < limit:
             if not (len(queue) >= max_batch or mq.due or mq.taken < mq.urgent_through or self._closing):
                 break
             size = min(len(queue), max_batch)
@@ -611,6 +617,7 @@ def bulk_args(method: str, writes: Sequence[PendingWrite]) -> tuple[Any, ...]:
 __all__ = [
     "BATCHED_METHODS",
     "BULK_METHODS",
+    "ORDERED_METHODS",
     "Batcher",
     "PendingWrite",
     "Writer",

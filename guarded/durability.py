@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from .batching import Batcher, PendingWrite, bulk_args, bulk_method_for
 from .breaker import BreakerState, CircuitBreaker
 from .classify import ErrorClass, classify, error_type, safe_message
+from .codec import record_types_of
 from .config import GuardConfig
 from .deadletter import DeadLetterBuffer, ReplayResult
 from .errors import InvalidPayloadError
@@ -61,7 +62,9 @@ class Durability:
         self.breaker = breaker
         self._run = run
         self.buffer: DeadLetterBuffer | None = (
-            DeadLetterBuffer(config.dead_letter, store_name=store_name, registry=registry)
+            DeadLetterBuffer(
+                config.dead_letter, store_name=store_name, registry=registry, types=record_types_of(target)
+            )
             if config.dead_letter.enabled
             else None
         )

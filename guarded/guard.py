@@ -33,6 +33,7 @@ from .layers import (
 )
 from .layers.artifact_fallback import LocalArtifactFallbackLayer
 from .layers.dead_letter import DeadLetterLayer
+from .layers.memory_health import MemoryHealthLayer
 from .layers.metrics import GuardInstruments, guard_instruments, publish_breaker_state
 from .layers.stale_reads import StaleReadLayer
 from .layers.write_behind import WriteBehindLayer
@@ -129,6 +130,7 @@ class GuardCore:
             ),
             MetricsLayer(self.instruments),
             FallbackLayer(self.failure_log),
+            MemoryHealthLayer(registry),
             *degraded_layers,
             CircuitBreakerLayer(self.breaker),
             RetryLayer(config.retry),

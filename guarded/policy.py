@@ -323,10 +323,25 @@ def _policies() -> list[MethodPolicy]:
 
 
 LIFECYCLE_METHODS = frozenset(
-    {"close", "aclose", "connect", "open", "start", "stop", "shutdown", "migrate", "cleanup", "flush"}
+    {
+        "close",
+        "aclose",
+        "connect",
+        "from_pool",
+        "open",
+        "start",
+        "stop",
+        "shutdown",
+        "migrate",
+        "migration_status",
+        "sample_table_stats",
+        "cleanup",
+        "flush",
+    }
 )
-"""Async methods that manage the store rather than use it: passed through unguarded, so their
-errors and duration stay visible to the code that opens and closes the store."""
+"""Async methods that manage the store rather than use it (opening, migrating, operator and
+metrics tooling): passed through unguarded, so their errors and duration stay visible to the code
+that calls them."""
 
 ALIASES: dict[str, str] = {
     "save_task_update": "save_update",

@@ -201,3 +201,13 @@ ALERT_NAMES: tuple[str, ...] = (
     ALERT_MEMORY_DEGRADED,
     ALERT_TASK_FAILURE_RATIO,
 )
+MEMORY_HEALTH_UNKNOWN = "unknown"
+"""The ``health`` label value of a memory state whose ``health`` is none of :data:`MEMORY_HEALTH_STATES`."""
+TASK_SINK_ERRORS = "guarded_task_sink_errors_total"
+"""Counter: task telemetry events a guarded sink failed to take, by ``sink`` and ``reason``
+(``timeout`` / ``error``)."""
+LABEL_SINK = "sink"
+"""A task telemetry sink's name (``guard_sink(name=...)``, its class name by default); bounded."""
+LABEL_REASON = "reason"
+SPAN_EVENT_TASK = "penguiflow.task"
+"""The span event added for each task telemetry event (ids go on it as attributes, never labels)."""

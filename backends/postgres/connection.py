@@ -159,7 +159,9 @@ class Database:
                 raise
             if self.metrics is not None:
                 self.metrics.connection_error()
-            if not repeat_safe or self.pool.is_closing():
+            # A lazy pool that could not open has no connection to expire: the caller sees the
+            # connection error itself (retryable), not "the pool is not open yet".
+            if not repeat_safe or self._pool is None or self._pool.is_closing():
                 raise
         await self._expire()
         async with self.acquire() as conn:

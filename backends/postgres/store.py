@@ -14,8 +14,8 @@ path. Everything else a method raises comes from the database (connection loss, 
 is for the guard's retry / circuit-breaker / dead-letter layers to handle: this is a plain
 store that may throw, ``guard()`` makes it safe.
 
-Record types returned are guarded's models by default; pass ``types=guarded.codec.penguiflow_types()``
-to get PenguiFlow's own classes back.
+Record types returned are PenguiFlow's own classes when ``penguiflow`` is installed, else
+guarded's models (:func:`guarded.codec.installed_types`); pass ``types=`` to choose.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, Self, TypedDict, Unpack
 import asyncpg
 from prometheus_client import CollectorRegistry
 
-from guarded.codec import DEFAULT_TYPES, STATE_UPDATE, STEERING_EVENT, RecordTypes
+from guarded.codec import STATE_UPDATE, STEERING_EVENT, RecordTypes, installed_types
 from guarded.errors import InvalidPayloadError
 from guarded.models import ArtifactRetentionConfig
 from guarded.steering import sanitize_steering_event, validate_steering_event
@@ -69,7 +69,8 @@ class StoreOptions(TypedDict, total=False):
     name: str
     """Store name for metric labels (default ``"postgres"``)."""
     types: RecordTypes
-    """Classes returned by reads (default guarded's models)."""
+    """Classes returned by reads (default :func:`guarded.codec.installed_types`: PenguiFlow's own
+    classes when it is installed, else guarded's models)."""
     pause_ttl: float
     """Seconds a saved pause stays loadable (default 3600)."""
     consume_grace: float
@@ -97,7 +98,7 @@ class PostgresStateStore:
         """Use :meth:`connect`, :meth:`from_pool` or :meth:`lazy` rather than this constructor."""
         self.schema = validate_schema_name(schema)
         self.name = options.get("name", "postgres")
-        self.types = options.get("types", DEFAULT_TYPES)
+        self.types = options.get("types") or installed_types()
         self.pause_ttl = check_seconds("pause_ttl", options.get("pause_ttl", DEFAULT_PAUSE_TTL_SECONDS))
         self.consume_grace = check_seconds(
             "consume_grace", options.get("consume_grace", DEFAULT_CONSUME_GRACE_SECONDS), allow_zero=True

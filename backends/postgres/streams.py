@@ -12,10 +12,20 @@ Both streams share one set of rules (spec 000 §8/§9, PenguiFlow's reference st
 
 The cursor is resolved inside the query (a keyset on ``id``), so a listing is one statement
 using the ``(session_id, id)`` or ``(session_id, task_id, id)`` index.
+
+**Appends commit in call order.** PenguiFlow publishes a session's updates with
+``asyncio.create_task(store.save_update(update))`` and never awaits them, and ``guard()`` flushes
+batches of them concurrently; on a pool, concurrent inserts on different connections commit in any
+order, so the insertion order (the listing order and the ``since_id`` keyset) would not be the
+publish order, and a client resuming from its last update id would skip updates published after
+it. Each stream therefore runs its inserts one at a time per store (an ``asyncio.Lock``, which is
+FIFO): a store's appends get ids in the order they were called. Appends from several processes to
+one session are not ordered with each other.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +57,8 @@ class Stream:
         self._db = db
         self._types = types
         self._codec = codec
+        self._appending = asyncio.Lock()
+        """Held while an insert runs: appends commit in call order (see the module docstring)."""
         self.id_field = id_field
         self.type_field = type_field
         name = qualified(schema, table)
@@ -88,7 +100,8 @@ class Stream:
         return rows
 
     async def save(self, row: StreamRow) -> None:
-        await self._db.execute(self.insert_one, *row)
+        async with self._appending:
+            await self._db.execute(self.insert_one, *row)
 
     async def save_many(self, rows: Sequence[StreamRow]) -> None:
         if not rows:
@@ -96,7 +109,8 @@ class Stream:
         if len(rows) == 1:
             await self.save(rows[0])
             return
-        await self._db.execute(self.insert_many, *zip(*rows, strict=True))
+        async with self._appending:
+            await self._db.execute(self.insert_many, *zip(*rows, strict=True))
 
     async def list(
         self, session_id: Any, *, task_id: Any = None, since_id: Any = None, limit: Any = 500

@@ -25,7 +25,9 @@ from .records import (
     codec_for,
     decode,
     encode,
+    installed_types,
     penguiflow_types,
+    record_types_of,
 )
 from .trajectories import decode_trajectory, encode_trajectory, register_trajectory_type
 
@@ -53,7 +55,9 @@ __all__ = [
     "decode_trajectory",
     "encode",
     "encode_trajectory",
+    "installed_types",
     "penguiflow_types",
+    "record_types_of",
     "register_trajectory_type",
     "to_json_object",
     "to_json_value",

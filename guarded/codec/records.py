@@ -9,6 +9,7 @@ nested models nested objects, ``Any`` payloads strict JSON (see :mod:`.json_valu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -75,6 +76,23 @@ def penguiflow_types() -> RecordTypes:
         UpdateType=pf.UpdateType,
         SteeringEventType=pf.SteeringEventType,
     )
+
+
+@functools.cache
+def installed_types() -> RecordTypes:
+    """PenguiFlow's classes (:func:`penguiflow_types`) when ``penguiflow`` is installed, else
+    guarded's models (:data:`DEFAULT_TYPES`): what the backends return unless told otherwise, so
+    PenguiFlow gets its own types back wherever it revalidates them."""
+    try:
+        return penguiflow_types()
+    except ImportError:
+        return DEFAULT_TYPES
+
+
+def record_types_of(store: object) -> RecordTypes:
+    """The classes ``store`` returns from reads (its ``types`` attribute), else :func:`installed_types`."""
+    types = getattr(store, "types", None)
+    return types if isinstance(types, RecordTypes) else installed_types()
 
 
 # --- field kinds: each a pair (encode(value, path) -> JSON, decode(json, types) -> value) -------------

@@ -75,29 +75,36 @@ class StaleReadLayer:
         if durability.buffer is None or key_of is None:
             return inner
         buffer = durability.buffer
-
-        async def take_held(key: Any) -> Any:
-            held = await buffer.take(write, key)
-            return None if held is None else value_of(*held)
+        gate, next_stamp = buffer.gate, durability.next_stamp
 
         async def consume(call: Call) -> Any:
             if not durability.opened:
                 await durability.open()
             key = key_of(call.args, call.kwargs)
+            slot = buffer.slot(write, key) if key is not None else None
+            if slot is None:
+                return await inner(call)
+            # Registered as the newest write of the key: a replay of it already in flight finishes
+            # first (the write is then in the backend, not held), and none starts until this is done.
+            stamp = next_stamp()
+            if not gate.try_enter_direct(slot, stamp):
+                await gate.enter_direct(slot, stamp)
             try:
-                result = await inner(call)
-            except Exception as exc:
-                held = await take_held(key) if key is not None else None
-                if held is None:
-                    raise
-                call.error, call.outcome = exc, Outcome.STALE
-                return held
-            if result is None and key is not None and not buffer.is_empty:
-                held = await take_held(key)
-                if held is not None:
-                    call.outcome = Outcome.STALE
+                taken = await buffer.take(write, key)
+                held = None if taken is None else value_of(*taken)
+                try:
+                    result = await inner(call)  # also consumes a copy that reached the backend
+                except Exception as exc:
+                    if held is None:
+                        raise
+                    call.error, call.outcome = exc, Outcome.STALE
                     return held
-            return result
+                if held is not None:
+                    call.outcome = Outcome.STALE  # the held write is newer than any copy in the backend
+                    return held
+                return result
+            finally:
+                gate.leave_direct(slot, stamp)
 
         return consume
 

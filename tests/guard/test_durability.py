@@ -114,14 +114,15 @@ async def test_a_replay_never_overwrites_a_newer_direct_write() -> None:
 
 
 class SlowFirstWrite(FaultPlan):
-    """The next ``save_memory_state`` reaches the store only after ``seconds``; the rest go through."""
+    """The next call of ``method`` reaches the store only after ``seconds``; the rest go through."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, method: str = "save_memory_state") -> None:
         self.seconds = seconds
+        self.method = method
         self.used = False
 
     def choose(self, method: str, call_index: int, index: int) -> Fault:
-        if method == "save_memory_state" and not self.used:
+        if method == self.method and not self.used:
             self.used = True
             return Fault.delay(self.seconds)
         return Fault.ok()
@@ -164,6 +165,22 @@ async def test_a_replay_waits_for_a_newer_direct_write_in_flight_and_then_skips_
     await direct
     assert injector.calls("save_memory_state") == before + 1  # "old" was never sent again
     assert await backend.load_memory_state("k1") == {"turns": ["old", "new"]}
+
+
+@pytest.mark.asyncio
+async def test_a_pause_resumed_while_its_replay_is_in_flight_is_consumed_once() -> None:
+    store, backend, injector, _ = guarded_faulty(attempt=2.0, deadline=4.0)
+    injector.plan = OUTAGE
+    await store.save_planner_state("tok", {"step": 1})
+    before = injector.calls("save_planner_state")
+
+    injector.plan = SlowFirstWrite(0.3, "save_planner_state")  # the replay is slow to reach the store
+    drain = asyncio.ensure_future(controller(store).drain(timeout=5))
+    await until_called(injector, "save_planner_state", before + 1)
+    assert await store.load_planner_state("tok") == {"step": 1}
+    assert await drain == 0
+    assert await store.load_planner_state("tok") is None  # not a second time
+    assert await backend.load_planner_state("tok") is None
 
 
 @pytest.mark.asyncio

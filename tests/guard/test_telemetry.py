@@ -287,7 +287,7 @@ async def test_labels_are_bounded_and_never_ids(
         await store.save_event(event("trace-abc-123", index))
         await store.list_updates("session-def-456", task_id="task-ghi-789")
         await store.save_task(task_state("session-def-456", "task-ghi-789"))
-    allowed = {"store", "method", "outcome", "le", "state", "from_state", "to_state"}
+    allowed = {"store", "method", "outcome", "le", "state", "from_state", "to_state", "health"}
     seen_guard_samples = 0
     for family in registry.collect():
         if not family.name.startswith("guarded_"):

@@ -17,6 +17,7 @@ import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
+from guarded.codec import DEFAULT_TYPES
 from guarded.testing.postgres import EmbeddedPostgres, embedded_postgres
 
 StoreFactory = Callable[..., Awaitable[PostgresStateStore]]
@@ -54,6 +55,8 @@ async def make_store(pg_dsn: str, schema_name: str) -> AsyncIterator[StoreFactor
         options.setdefault("registry", CollectorRegistry())
         options.setdefault("stats_interval", None)
         options.setdefault("pool", SMALL_POOL)
+        # These tests build and compare guarded's models; tests/interop asks for PenguiFlow's.
+        options.setdefault("types", DEFAULT_TYPES)
         dsn = options.pop("dsn", pg_dsn)
         store = await PostgresStateStore.connect(dsn, **options)
         opened.append(store)

@@ -1,0 +1,103 @@
+"""Memory health layer: feeds ``guarded_memory_health_keys`` from the memory states the guard
+acknowledges or loads (spec 003, "Summarization Failure Handling").
+
+It sits just inside the fallback layer, so it sees a call only as it returns normally:
+
+* ``save_memory_state(key, state)``: the write was acknowledged: written, or held in the
+  dead-letter buffer for replay (outcome ``dead_lettered``; it will be written, and a read of the
+  key already answers it). A write that failed without being kept, or that the backend rejected
+  as bad data, changes nothing: that state is not what the key holds.
+* ``load_memory_state(key)``: hydration; the state answered (from the backend, a held write or
+  the stale-if-error cache) is what the planner now runs with. ``None`` (no state) stops counting
+  the key.
+
+Which methods are concerned is read from the policy table: the memory write (by name) and any
+read that answers from it (``merge_from``). Every other method gets ``inner`` back unchanged and
+pays nothing; for the two concerned, the cost is a few dictionary operations. A failure of the
+bookkeeping itself is logged once and never changes the call's result or outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from ..call import Call, MethodSetup, Service
+from ..classify import error_type
+from ..policy import ArgGetter
+from ..telemetry.memory_health import DEFAULT_MAX_KEYS, MemoryHealthTracker, memory_health_tracker
+from ..telemetry.rate_limited_log import RateLimitedLog
+
+MEMORY_WRITE = "save_memory_state"
+
+
+class MemoryHealthLayer:
+    """Tracks the ``health`` of memory states per key for the memory health gauge."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry = REGISTRY,
+        *,
+        write_method: str = MEMORY_WRITE,
+        max_keys: int = DEFAULT_MAX_KEYS,
+    ) -> None:
+        self._registry = registry
+        self._write = write_method
+        self._max_keys = max_keys
+
+    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+        policy = method.policy
+        if policy.name == self._write and policy.lww_key is not None and policy.value is not None:
+            key_of, state_of = policy.lww_key, policy.value
+            tracker = self._tracker(method)
+
+            async def saved(call: Call) -> Any:
+                result = await inner(call)
+                _record_write(tracker, key_of, state_of, call)
+                return result
+
+            return saved
+        if policy.merge_from == self._write and policy.read_key is not None:
+            read_key = policy.read_key
+            tracker = self._tracker(method)
+
+            async def loaded(call: Call) -> Any:
+                result = await inner(call)
+                _record_read(tracker, read_key, call, result)
+                return result
+
+            return loaded
+        return inner
+
+    def _tracker(self, method: MethodSetup) -> MemoryHealthTracker:
+        return memory_health_tracker(method.store_name, self._registry, max_keys=self._max_keys)
+
+
+_problems = RateLimitedLog(interval=300.0)
+
+
+def _record_write(tracker: MemoryHealthTracker, key_of: ArgGetter, state_of: ArgGetter, call: Call) -> None:
+    try:
+        tracker.observe(key_of(call.args, call.kwargs), state_of(call.args, call.kwargs))
+    except Exception as exc:  # the write succeeded; only the gauge is affected
+        _problem(tracker, exc)
+
+
+def _record_read(tracker: MemoryHealthTracker, key_of: ArgGetter, call: Call, state: Any) -> None:
+    try:
+        tracker.observe(key_of(call.args, call.kwargs), state)
+    except Exception as exc:  # the read succeeded; only the gauge is affected
+        _problem(tracker, exc)
+
+
+def _problem(tracker: MemoryHealthTracker, exc: Exception) -> None:
+    _problems.log(
+        (tracker.store, type(exc)),
+        logging.WARNING,
+        "memory health of store %r not updated: %s",
+        tracker.store,
+        error_type(exc),
+        extra={"event": "memory_health_failed", "store": tracker.store, "error_type": error_type(exc)},
+    )
