@@ -73,7 +73,11 @@ class Durability:
             if config.batching.enabled and self.buffer is not None
             else None
         )
-        self.cache: StaleCache | None = StaleCache(config.stale.max_entries) if config.stale.enabled else None
+        self.cache: StaleCache | None = (
+            StaleCache(config.stale.max_entries, store_name=store_name, registry=registry)
+            if config.stale.enabled
+            else None
+        )
         self.next_stamp: Callable[[], int] = itertools.count(1).__next__
         """Call-order stamps: a direct write supersedes held writes of its key with older stamps."""
         self._write_key_prefix = f"{uuid.uuid4().hex}:"

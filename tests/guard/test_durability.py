@@ -99,6 +99,16 @@ async def test_memory_keeps_its_turns_through_an_outage() -> None:
 
 
 @pytest.mark.asyncio
+async def test_the_stale_cache_size_is_exported_per_store() -> None:
+    store, _, _, registry = guarded_faulty()
+    assert registry.get_sample_value("guarded_stale_cache_entries", {"store": "default"}) == 0
+    await store.save_memory_state("k1", {"turns": [1]})
+    await store.save_memory_state("k2", {"turns": [2]})
+    await store.load_memory_state("k1")
+    assert registry.get_sample_value("guarded_stale_cache_entries", {"store": "default"}) == 2
+
+
+@pytest.mark.asyncio
 async def test_a_replay_never_overwrites_a_newer_direct_write() -> None:
     store, backend, injector, _ = guarded_faulty()
     injector.plan = OUTAGE
