@@ -118,6 +118,7 @@ class CircuitBreaker:
         "_window",
         "_window_is_timed",
         "config",
+        "__weakref__",
     )
 
     def __init__(self, config: BreakerConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
@@ -147,6 +148,14 @@ class CircuitBreaker:
         if self._state is _OPEN and self._clock() - self._opened_at >= self.config.open_duration:
             self._transition(BreakerState.HALF_OPEN)
         return self._state
+
+    def peek_state(self) -> BreakerState:
+        """The state :attr:`state` would report, without changing anything (for scrapes, which may
+        run on another thread)."""
+        state = self._state
+        if state is _OPEN and self._clock() - self._opened_at >= self.config.open_duration:
+            return BreakerState.HALF_OPEN
+        return state
 
     def add_listener(self, listener: TransitionListener) -> None:
         """Call ``listener(old, new)`` on every state change."""

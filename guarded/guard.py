@@ -147,10 +147,9 @@ class GuardCore:
 
         def on_transition(old: BreakerState, new: BreakerState) -> None:
             transitions.labels(self.name, old.value, new.value).inc()
-            publish_breaker_state(self.instruments, self.name, new)
 
         breaker.add_listener(on_transition)
-        publish_breaker_state(self.instruments, self.name, breaker.state)
+        publish_breaker_state(self.instruments, self.name, breaker)
         return breaker
 
     def _setup(self, method: str) -> MethodSetup:

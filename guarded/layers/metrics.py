@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from .. import telemetry_names as names
-from ..breaker import BreakerState
+from ..breaker import BreakerState, CircuitBreaker
 from ..call import Call, MethodSetup, Service
 from ..call_stats import CallStats, DurationSeries, call_stats
 from ..outcome import Outcome
@@ -53,10 +53,17 @@ def guard_instruments(registry: CollectorRegistry = REGISTRY) -> GuardInstrument
     return found
 
 
-def publish_breaker_state(instruments: GuardInstruments, store: str, state: BreakerState) -> None:
-    """Set the state gauge so exactly ``state`` reads 1 for ``store``."""
+def publish_breaker_state(instruments: GuardInstruments, store: str, breaker: CircuitBreaker) -> None:
+    """Make the state gauge read ``breaker`` at scrape time: exactly its current state reads 1 for
+    ``store`` — an open breaker whose wait is over reads ``half_open`` even if no call came since."""
+    found = weakref.ref(breaker)
     for candidate in BreakerState:
-        instruments.circuit_state.labels(store, candidate.value).set(1 if candidate is state else 0)
+
+        def is_current(candidate: BreakerState = candidate) -> float:
+            live = found()
+            return 1.0 if live is not None and live.peek_state() is candidate else 0.0
+
+        instruments.circuit_state.labels(store, candidate.value).set_function(is_current)
 
 
 class MetricsLayer:

@@ -314,6 +314,21 @@ async def test_failures_trip_the_breaker_then_calls_are_refused() -> None:
 
 
 @pytest.mark.asyncio
+async def test_the_state_gauge_shows_half_open_once_the_wait_is_over_even_without_calls() -> None:
+    """An idle process must not read "open" forever after an outage (the circuit-open alert)."""
+    registry = CollectorRegistry()
+    faulty = FaultyStore(InMemoryStateStore(), FaultPlan.always(Fault.error_before(ConnectionResetError)))
+    config = fast_config(breaker=tripping_breaker(open_duration=0.05), max_attempts=1)
+    store = guard(faulty, name="db", registry=registry, config=config)
+    for _ in range(4):
+        await store.load_history("t1")
+    assert registry.get_sample_value("guarded_circuit_state", {"store": "db", "state": "open"}) == 1
+    await asyncio.sleep(0.1)
+    assert registry.get_sample_value("guarded_circuit_state", {"store": "db", "state": "open"}) == 0
+    assert registry.get_sample_value("guarded_circuit_state", {"store": "db", "state": "half_open"}) == 1
+
+
+@pytest.mark.asyncio
 async def test_slow_calls_trip_the_breaker() -> None:
     registry = CollectorRegistry()
     faulty = FaultyStore(InMemoryStateStore(), FaultPlan.always(Fault.delay(0.02)))

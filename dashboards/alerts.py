@@ -1,0 +1,611 @@
+"""Prometheus alert and recording rules for guarded, as code.
+
+Every metric name comes from :mod:`guarded.telemetry_names`, every alert name from its
+``ALERT_*`` constants, and every label value the rules select on (outcomes, breaker states,
+memory health, task event types) from the enum or tuple that defines it, so a rename can never
+leave a rule silently matching nothing. ``python -m dashboards.alerts`` writes the rule file to
+``grafana/`` + :data:`RULE_FILE_PATH`; tests/alerts/ checks it with ``promtool check rules``,
+proves every alert with ``promtool test rules`` and fails when the committed file differs from
+:func:`rule_file`. The runbook of each alert is a section of docs/alerts.md.
+
+What counts as an error, a failed pause save or load and an ended task is decided once, in
+:mod:`dashboards.semantics`, so an alert and the panel showing the same thing agree (the
+reasoning is in docs/alerts.md):
+
+* A call fails when its outcome is in ``ERROR_OUTCOMES``; ``not_found`` is an answer ("pause
+  token expired"), not a failure, and ``cancelled`` is the caller's decision, counted neither way
+  (DESIGN.md "Failure vs not found").
+* A dead-lettered ``save_planner_state`` is a failed pause save: the write is acknowledged and
+  kept on this host, but the pause is not in the database, so a resume handled by another
+  worker does not find it (spec 002, "Planner pause/resume" across workers).
+* Counters appear on their first event (a failure series does not exist before the first
+  failure), so "any failure in the window" counts the whole value of a series born in the window
+  as well as the increase of older ones; otherwise the first failure of a process would never
+  alert.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from guarded import telemetry_names as names
+from guarded.breaker import BreakerState
+from guarded.deadletter.telemetry import LABEL_REASON
+from guarded.outcome import Outcome
+
+from .promql import bucket, counter, eq, one_of
+from .semantics import (
+    ERROR_OUTCOMES,
+    LOAD_PAUSE_METHOD,
+    NEUTRAL_OUTCOMES,
+    PAUSE_LOAD_FAILURE_OUTCOMES,
+    PAUSE_SAVE_FAILURE_OUTCOMES,
+    SAVE_PAUSE_METHOD,
+    TASK_FAILED,
+    TASK_TERMINAL_EVENTS,
+)
+
+RULE_FILE_PATH = "alerts/guarded-rules.yml"
+"""Where the rule file is written, relative to ``grafana/``."""
+RUNBOOK_DOC = "docs/alerts.md"
+"""The runbooks; an alert's ``runbook_url`` is this path and the anchor of its section."""
+
+CRITICAL = "critical"
+"""Severity that pages: data is being lost or users' flows are broken now."""
+WARNING = "warning"
+"""Severity for a ticket: degradation to look at within working hours."""
+
+# --- label names ---------------------------------------------------------------------------------
+
+LABEL_JOB = "job"
+LABEL_INSTANCE = "instance"
+LABEL_LE = "le"
+
+PROCESS_LABELS: tuple[str, ...] = (LABEL_JOB, LABEL_INSTANCE, names.LABEL_STORE)
+"""One guarded store in one process: breaker, dead-letter buffer and memory health are per process."""
+METHOD_LABELS: tuple[str, ...] = (LABEL_JOB, names.LABEL_STORE, names.LABEL_METHOD)
+"""One store method across the instances of a job: what the SLO is about."""
+
+# --- planner pause ------------------------------------------------------------------------------
+
+PAUSE_FAILURE_WINDOW = "5m"
+
+# --- circuit breaker -----------------------------------------------------------------------------
+
+NOT_CLOSED_STATES: tuple[BreakerState, ...] = (BreakerState.OPEN, BreakerState.HALF_OPEN)
+"""During an outage the breaker cycles open -> half_open (probe fails) -> open, never closing;
+counting only ``open`` would restart the alert's ``for`` at every probe."""
+CIRCUIT_OPEN_FOR = "2m"
+CIRCUIT_TRAFFIC_WINDOW = "5m"
+"""The alert needs calls in this window: an idle breaker has nothing to protect, and with no
+calls it can neither probe nor close, so its gauge may keep reading open."""
+CIRCUIT_FORCED_OPEN_FOR = "15m"
+"""``forced_open`` is an operator's choice: a reminder after this long, not a page."""
+
+# --- dead-letter buffer --------------------------------------------------------------------------
+
+DEADLETTER_DROP_WINDOW = "5m"
+DEADLETTER_AGE_WARNING_SECONDS = 15 * 60
+DEADLETTER_AGE_CRITICAL_SECONDS = 60 * 60
+"""A write held an hour: the backend has been unreachable that long, or replay is stuck, and the
+write exists only on this host."""
+
+# --- SLO and burn rates --------------------------------------------------------------------------
+
+SLO_TARGET = 0.999
+"""99.9% of the calls of each (store, method) succeed, over 30 days."""
+ERROR_BUDGET = 0.001
+"""``1 - SLO_TARGET``, written out so the rule file shows 0.001 rather than float noise."""
+SLO_PERIOD_DAYS = 30
+
+
+@dataclass(frozen=True, slots=True)
+class BurnRateTier:
+    """One multi-window burn-rate alert (Google SRE workbook, "Alerting on SLOs", table 5-8).
+
+    Fires while both windows burn the error budget ``factor`` times faster than the SLO allows;
+    the short window lets it resolve soon after the errors stop.
+    """
+
+    long_window: str
+    short_window: str
+    factor: float
+    severity: str
+    budget_spent: str
+    """The share of the 30-day budget one long window at this rate spends (for the description)."""
+
+
+BURN_RATE_TIERS: tuple[BurnRateTier, ...] = (
+    BurnRateTier("1h", "5m", 14.4, CRITICAL, "2%"),
+    BurnRateTier("6h", "30m", 6.0, WARNING, "5%"),
+)
+ERROR_RATIO_WINDOWS: tuple[str, ...] = ("5m", "30m", "1h", "6h")
+"""Windows of the recorded error ratios (every window a tier uses)."""
+
+# --- latency -------------------------------------------------------------------------------------
+
+LATENCY_QUANTILE = 0.99
+LATENCY_P99_THRESHOLD_SECONDS = 1.0
+"""A store call is milliseconds when healthy; default deadlines are 5 s (15 s for pause saves)."""
+LATENCY_WINDOW = "5m"
+LATENCY_FOR = "10m"
+
+# --- memory health -------------------------------------------------------------------------------
+
+MEMORY_DEGRADED = "degraded"
+"""Spec 003 ``MemoryHealth.DEGRADED``: summarization unavailable, memory truncated."""
+MEMORY_DEGRADED_FOR = "10m"
+"""The summarizer retries every 30 s while degraded; ten minutes is not a blip."""
+
+# --- task failures -------------------------------------------------------------------------------
+
+TASK_FAILURE_RATIO_THRESHOLD = 0.10
+TASK_MIN_ENDED = 10
+"""Fewer ended tasks than this in the window never alert: two failures out of five is noise."""
+TASK_WINDOW = "15m"
+TASK_FOR = "5m"
+TASK_LABELS: tuple[str, ...] = (LABEL_JOB, names.LABEL_TASK_TYPE)
+
+# --- series names --------------------------------------------------------------------------------
+
+CALLS_TOTAL = counter(names.CALLS)
+"""The calls counter as Prometheus exposes it (prometheus-client appends ``_total``)."""
+CALL_DURATION_BUCKET = bucket(names.CALL_DURATION)
+
+
+def error_ratio_record(window: str) -> str:
+    """Name of the recorded error ratio of each (job, store, method) over ``window``."""
+    return f"{'_'.join(METHOD_LABELS)}:{names.CALLS}:error_ratio_rate{window}"
+
+
+LATENCY_P99_RECORD = f"{'_'.join(METHOD_LABELS)}:{names.CALL_DURATION}:p99_rate{LATENCY_WINDOW}"
+"""Name of the recorded p99 call latency of each (job, store, method)."""
+
+
+def runbook_url(alert: str, base: str = RUNBOOK_DOC) -> str:
+    """The runbook of ``alert``: its section of docs/alerts.md (GitHub heading anchor)."""
+    return f"{base}#{alert.lower()}"
+
+
+# --- PromQL --------------------------------------------------------------------------------------
+
+
+def _selector(metric: str, *matchers: str) -> str:
+    return f"{metric}{{{', '.join(matchers)}}}" if matchers else metric
+
+
+def _by(labels: Sequence[str]) -> str:
+    return f"by ({', '.join(labels)})"
+
+
+def _indent(expr: str) -> str:
+    return "\n".join("  " + line for line in expr.splitlines())
+
+
+def _sum_by(labels: Sequence[str], expr: str) -> str:
+    if "\n" not in expr:
+        return f"sum {_by(labels)} ({expr})"
+    return f"sum {_by(labels)} (\n{_indent(expr)}\n)"
+
+
+def _values(outcomes: Iterable[Outcome]) -> list[str]:
+    return [outcome.value for outcome in outcomes]
+
+
+_UNITS = {"s": (1, "second"), "m": (60, "minute"), "h": (3600, "hour")}
+
+
+def in_words(duration: str | int) -> str:
+    """A PromQL duration (``"5m"``) or a number of seconds in words (``"5 minutes"``), for the
+    annotations, so they always say what the rule does."""
+    seconds = duration if isinstance(duration, int) else int(duration[:-1]) * _UNITS[duration[-1]][0]
+    for size, word in sorted(_UNITS.values(), reverse=True):
+        if seconds % size == 0:
+            count = seconds // size
+            return f"{count} {word}{'' if count == 1 else 's'}"
+    raise AssertionError("unreachable: every whole number of seconds is a number of seconds")
+
+
+ALIVE = names.CIRCUIT_STATE
+"""A series every guard exports from the moment it is built (one per breaker state, per store):
+its presence says the process was up and scraped at that time."""
+
+
+def events_in_window(selector: str, window: str, labels: Sequence[str]) -> str:
+    """Events counted by ``selector`` in the last ``window``, summed ``by labels``.
+
+    ``increase`` of the series that existed before the window, plus the whole value of series
+    born inside it: a counter series appears on its first event, and ``increase`` of a series
+    with a single distinct value is 0. A series is born when it was missing ``window`` ago while
+    its process was up and scraped (:data:`ALIVE` present): a failed scrape or a Prometheus outage
+    removes both, so it never makes an old failure series look new, while a restarted process
+    re-creating the series on its first failure does count.
+    """
+    born = (
+        f"(\n  (\n    {selector}\n    unless\n    {selector} offset {window}\n  )\n"
+        f"  and on ({', '.join(PROCESS_LABELS)})\n  {ALIVE} offset {window}\n)"
+    )
+    return _sum_by(labels, f"increase({selector}[{window}]) > 0\nor\n{born}")
+
+
+def error_ratio(window: str) -> str:
+    """Failed calls / calls that were not neutral (cancelled), per (job, store, method); 0 without
+    failures."""
+    failed = _sum_by(
+        METHOD_LABELS,
+        f"rate({_selector(CALLS_TOTAL, one_of(names.LABEL_OUTCOME, _values(ERROR_OUTCOMES)))}[{window}])",
+    )
+    neutral = "|".join(sorted(_values(NEUTRAL_OUTCOMES)))
+    counted = _selector(CALLS_TOTAL, f'{names.LABEL_OUTCOME}!~"{neutral}"')
+    total = _sum_by(METHOD_LABELS, f"rate({counted}[{window}])")
+    return f"(\n{_indent(failed)}\n  or\n  0 * {total}\n)\n/\n{total}"
+
+
+# --- rules ---------------------------------------------------------------------------------------
+
+
+def _alert(
+    name: str,
+    expr: str,
+    *,
+    severity: str,
+    summary: str,
+    description: str,
+    for_: str | None = None,
+    runbook_base: str = RUNBOOK_DOC,
+) -> dict[str, Any]:
+    rule: dict[str, Any] = {"alert": name, "expr": expr}
+    if for_ is not None:
+        rule["for"] = for_
+    rule["labels"] = {"severity": severity}
+    rule["annotations"] = {
+        "summary": summary,
+        "description": description,
+        "runbook_url": runbook_url(name, runbook_base),
+    }
+    return rule
+
+
+def recording_rules() -> list[dict[str, Any]]:
+    """Error ratios over every burn-rate window and the p99 latency, per (job, store, method)."""
+    rules: list[dict[str, Any]] = [
+        {"record": error_ratio_record(window), "expr": error_ratio(window)} for window in ERROR_RATIO_WINDOWS
+    ]
+    buckets = _sum_by([*METHOD_LABELS, LABEL_LE], f"rate({CALL_DURATION_BUCKET}[{LATENCY_WINDOW}])")
+    rules.append(
+        {
+            "record": LATENCY_P99_RECORD,
+            "expr": f"histogram_quantile(\n  {LATENCY_QUANTILE},\n{_indent(buckets)}\n)",
+        }
+    )
+    return rules
+
+
+def pause_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
+    """Planner pause saves and loads that failed (spec 002: they break HITL and OAuth flows)."""
+    labels = [*PROCESS_LABELS, names.LABEL_OUTCOME]
+    window = PAUSE_FAILURE_WINDOW
+
+    def failed(method: str, outcomes: Iterable[Outcome]) -> str:
+        selector = _selector(
+            CALLS_TOTAL, eq(names.LABEL_METHOD, method), one_of(names.LABEL_OUTCOME, _values(outcomes))
+        )
+        return f"{events_in_window(selector, window, labels)}\n> 0"
+
+    return [
+        _alert(
+            names.ALERT_PAUSE_SAVE_FAILED,
+            failed(SAVE_PAUSE_METHOD, PAUSE_SAVE_FAILURE_OUTCOMES),
+            severity=CRITICAL,
+            summary="A planner pause could not be saved to store {{ $labels.store }}",
+            description=(
+                "{{ $value | humanize }} save_planner_state call(s) on store {{ $labels.store }} "
+                "({{ $labels.instance }}) ended {{ $labels.outcome }} "
+                f"in the last {in_words(window)}. "
+                "The paused run is not in the database: a resume (human approval, OAuth callback) "
+                "handled by another worker will not find it."
+            ),
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            names.ALERT_PAUSE_LOAD_FAILED,
+            failed(LOAD_PAUSE_METHOD, PAUSE_LOAD_FAILURE_OUTCOMES),
+            severity=WARNING,
+            summary="Planner pauses could not be loaded from store {{ $labels.store }}",
+            description=(
+                "{{ $value | humanize }} load_planner_state call(s) on store {{ $labels.store }} "
+                "({{ $labels.instance }}) ended {{ $labels.outcome }} "
+                f"in the last {in_words(window)}: the "
+                "store failed, so those resumes were answered as if the pause did not exist."
+            ),
+            runbook_base=runbook_base,
+        ),
+    ]
+
+
+def circuit_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
+    """A breaker open (or probing) for minutes while calls arrive; a breaker forced open for long."""
+    state = names.CIRCUIT_STATE
+    not_closed = _selector(state, one_of(names.LABEL_STATE, [s.value for s in NOT_CLOSED_STATES]))
+    calls = _sum_by(PROCESS_LABELS, f"increase({CALLS_TOTAL}[{CIRCUIT_TRAFFIC_WINDOW}])")
+    forced = _selector(state, eq(names.LABEL_STATE, BreakerState.FORCED_OPEN.value))
+    return [
+        _alert(
+            names.ALERT_CIRCUIT_OPEN,
+            f"(max {_by(PROCESS_LABELS)} ({not_closed}) == 1)\n"
+            f"and on ({', '.join(PROCESS_LABELS)})\n({calls} > 0)",
+            for_=CIRCUIT_OPEN_FOR,
+            severity=CRITICAL,
+            summary=(
+                "The circuit breaker of store {{ $labels.store }} has been open for "
+                f"{in_words(CIRCUIT_OPEN_FOR)}"
+            ),
+            description=(
+                "The breaker of store {{ $labels.store }} on {{ $labels.instance }} has not closed for "
+                f"more than {in_words(CIRCUIT_OPEN_FOR)} while calls kept arriving: reads get their "
+                "fallback at once and "
+                "writes are held in the dead-letter buffer."
+            ),
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            names.ALERT_CIRCUIT_OPEN,
+            f"max {_by(PROCESS_LABELS)} ({forced}) == 1",
+            for_=CIRCUIT_FORCED_OPEN_FOR,
+            severity=WARNING,
+            summary=(
+                "The circuit breaker of store {{ $labels.store }} has been forced open for "
+                f"{in_words(CIRCUIT_FORCED_OPEN_FOR)}"
+            ),
+            description=(
+                "An operator forced the breaker of store {{ $labels.store }} on {{ $labels.instance }} "
+                f"open more than {in_words(CIRCUIT_FORCED_OPEN_FOR)} ago and it is still refusing every "
+                "call; reset it when the "
+                "maintenance is over."
+            ),
+            runbook_base=runbook_base,
+        ),
+    ]
+
+
+def deadletter_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
+    """Writes dropped for lack of space (data loss), and writes held too long."""
+    dropped = events_in_window(
+        names.DLQ_DROPPED, DEADLETTER_DROP_WINDOW, [*PROCESS_LABELS, names.LABEL_METHOD, LABEL_REASON]
+    )
+    oldest = f"max {_by(PROCESS_LABELS)} ({names.DLQ_OLDEST_AGE})"
+    age_description = (
+        "The oldest write held by the dead-letter buffer of store {{ $labels.store }} on "
+        "{{ $labels.instance }} has waited {{ $value | humanizeDuration }} for replay; until it is "
+        "replayed it exists only on that host."
+    )
+    return [
+        _alert(
+            names.ALERT_DEADLETTER_DROPS,
+            f"{dropped}\n> 0",
+            severity=CRITICAL,
+            summary="The dead-letter buffer of store {{ $labels.store }} dropped writes (data loss)",
+            description=(
+                "{{ $value | humanize }} {{ $labels.method }} write(s) of store {{ $labels.store }} on "
+                f"{{{{ $labels.instance }}}} were dropped in the last {in_words(DEADLETTER_DROP_WINDOW)} "
+                "({{ $labels.reason }}): they "
+                "were acknowledged to the caller and are lost."
+            ),
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            names.ALERT_DEADLETTER_OLD,
+            f"{oldest} > {DEADLETTER_AGE_WARNING_SECONDS}",
+            severity=WARNING,
+            summary=(
+                "Writes of store {{ $labels.store }} have waited over "
+                f"{in_words(DEADLETTER_AGE_WARNING_SECONDS)} for replay"
+            ),
+            description=age_description,
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            names.ALERT_DEADLETTER_OLD,
+            f"{oldest} > {DEADLETTER_AGE_CRITICAL_SECONDS}",
+            severity=CRITICAL,
+            summary=(
+                "Writes of store {{ $labels.store }} have waited over "
+                f"{in_words(DEADLETTER_AGE_CRITICAL_SECONDS)} for replay"
+            ),
+            description=age_description,
+            runbook_base=runbook_base,
+        ),
+    ]
+
+
+def _burn_rate_alert(tier: BurnRateTier, runbook_base: str) -> dict[str, Any]:
+    threshold = f"({tier.factor:g} * {ERROR_BUDGET:g})"
+    days = SLO_PERIOD_DAYS / tier.factor
+    return _alert(
+        names.ALERT_ERROR_BUDGET_BURN,
+        f"{error_ratio_record(tier.long_window)} > {threshold}\n"
+        f"and\n{error_ratio_record(tier.short_window)} > {threshold}",
+        severity=tier.severity,
+        summary=(
+            "Store {{ $labels.store }} is burning the error budget of {{ $labels.method }} "
+            f"{tier.factor:g}x too fast"
+        ),
+        description=(
+            "{{ $value | humanizePercentage }} of the {{ $labels.method }} calls on store "
+            f"{{{{ $labels.store }}}} failed over the last {tier.long_window} (and over the last "
+            f"{tier.short_window}), {tier.factor:g} times the {ERROR_BUDGET * 100:g}% error budget of "
+            f"the {SLO_TARGET * 100:g}% SLO: this spends {tier.budget_spent} of the {SLO_PERIOD_DAYS}-day "
+            f"budget per {tier.long_window}, all of it in {days:.1f} days."
+        ),
+        runbook_base=runbook_base,
+    )
+
+
+def store_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
+    """Error-budget burn and p99 latency per (job, store, method)."""
+    rules = [_burn_rate_alert(tier, runbook_base) for tier in BURN_RATE_TIERS]
+    rules.append(
+        _alert(
+            names.ALERT_LATENCY_P99,
+            f"{LATENCY_P99_RECORD} > {LATENCY_P99_THRESHOLD_SECONDS:g}",
+            for_=LATENCY_FOR,
+            severity=WARNING,
+            summary=(
+                "p99 latency of {{ $labels.method }} on store {{ $labels.store }} is above "
+                f"{LATENCY_P99_THRESHOLD_SECONDS:g}s"
+            ),
+            description=(
+                "The 99th percentile of {{ $labels.method }} calls on store {{ $labels.store }} "
+                "(all attempts and backoff included) has been above "
+                f"{LATENCY_P99_THRESHOLD_SECONDS:g}s for {LATENCY_FOR}; it is now "
+                "{{ $value | humanizeDuration }}."
+            ),
+            runbook_base=runbook_base,
+        )
+    )
+    return rules
+
+
+def memory_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
+    """Short-term memory keys stuck in the ``degraded`` health state (spec 003)."""
+    degraded = _selector(names.MEMORY_HEALTH_KEYS, eq(names.LABEL_HEALTH, MEMORY_DEGRADED))
+    return [
+        _alert(
+            names.ALERT_MEMORY_DEGRADED,
+            f"sum {_by(PROCESS_LABELS)} ({degraded}) > 0",
+            for_=MEMORY_DEGRADED_FOR,
+            severity=WARNING,
+            summary="Short-term memory of store {{ $labels.store }} is degraded",
+            description=(
+                "Memory keys of store {{ $labels.store }} on {{ $labels.instance }} have been degraded "
+                f"for {in_words(MEMORY_DEGRADED_FOR)} ({{{{ $value | humanize }}}} now): summarization is "
+                "unavailable and those "
+                "conversations keep only their most recent turns."
+            ),
+            runbook_base=runbook_base,
+        )
+    ]
+
+
+def task_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
+    """A high share of ended tasks failing, once enough tasks ended to judge."""
+    events = names.TASK_EVENTS
+    failed = _sum_by(
+        TASK_LABELS,
+        f"increase({_selector(events, eq(names.LABEL_EVENT_TYPE, TASK_FAILED))}[{TASK_WINDOW}])",
+    )
+    terminal = _selector(events, one_of(names.LABEL_EVENT_TYPE, TASK_TERMINAL_EVENTS))
+    ended = _sum_by(TASK_LABELS, f"increase({terminal}[{TASK_WINDOW}])")
+    return [
+        _alert(
+            names.ALERT_TASK_FAILURE_RATIO,
+            f"(\n{_indent(failed)}\n  /\n{_indent(ended)}\n) > {TASK_FAILURE_RATIO_THRESHOLD:g}\n"
+            f"and on ({', '.join(TASK_LABELS)})\n{ended} >= {TASK_MIN_ENDED}",
+            for_=TASK_FOR,
+            severity=WARNING,
+            summary="Many {{ $labels.task_type }} tasks are failing",
+            description=(
+                "{{ $value | humanizePercentage }} of the {{ $labels.task_type }} tasks that ended in "
+                f"the last {TASK_WINDOW} (job {{{{ $labels.job }}}}) failed, above "
+                f"{TASK_FAILURE_RATIO_THRESHOLD:.0%} for {TASK_FOR}."
+            ),
+            runbook_base=runbook_base,
+        )
+    ]
+
+
+RECORDING_GROUP = "guarded.recording"
+"""The group of the recording rules the burn-rate and latency alerts read."""
+
+
+def rule_file(runbook_base: str = RUNBOOK_DOC) -> dict[str, Any]:
+    """The Prometheus rule file (``groups: [...]``) of every guarded recording and alert rule.
+
+    ``runbook_base`` is what each ``runbook_url`` starts with: the repository-relative
+    docs/alerts.md by default; pass your published copy's URL to link it from notifications.
+    """
+    return {
+        "groups": [
+            {"name": RECORDING_GROUP, "rules": recording_rules()},
+            {"name": "guarded.pause", "rules": pause_rules(runbook_base)},
+            {"name": "guarded.store", "rules": [*circuit_rules(runbook_base), *store_rules(runbook_base)]},
+            {"name": "guarded.deadletter", "rules": deadletter_rules(runbook_base)},
+            {"name": "guarded.memory", "rules": memory_rules(runbook_base)},
+            {"name": "guarded.tasks", "rules": task_rules(runbook_base)},
+        ]
+    }
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+HEADER = (
+    "# Generated by `python -m dashboards` (or `python -m dashboards.alerts`) from dashboards/alerts.py: "
+    "do not edit.\n"
+    "# Runbooks: docs/alerts.md. Tests: grafana/alerts/tests/ (promtool test rules).\n"
+)
+
+
+class _RuleDumper(yaml.SafeDumper):
+    """SafeDumper that writes multi-line strings (PromQL) as literal blocks, and never anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_RuleDumper.add_representer(str, _represent_str)
+
+
+def render(document: dict[str, Any] | None = None) -> str:
+    """The rule file as YAML text, byte-for-byte the same on every run."""
+    body = yaml.dump(
+        rule_file() if document is None else document,
+        Dumper=_RuleDumper,
+        sort_keys=False,
+        width=1000,
+        allow_unicode=True,
+    )
+    return HEADER + body
+
+
+def default_path() -> Path:
+    """``grafana/alerts/guarded-rules.yml`` of this checkout."""
+    return Path(__file__).resolve().parent.parent / "grafana" / RULE_FILE_PATH
+
+
+def write(path: Path | str | None = None, runbook_base: str = RUNBOOK_DOC) -> Path:
+    """Write the rule file to ``path`` (default :func:`default_path`); returns the path."""
+    target = default_path() if path is None else Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render(rule_file(runbook_base)), encoding="utf-8")
+    return target
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dashboards.alerts [--runbook-base URL] [PATH]``: write the rule file."""
+    parser = argparse.ArgumentParser(
+        prog="python -m dashboards.alerts", description="Write the Prometheus rule file of guarded's alerts."
+    )
+    parser.add_argument("path", nargs="?", type=Path, help=f"output file (default: {default_path()})")
+    parser.add_argument(
+        "--runbook-base",
+        default=RUNBOOK_DOC,
+        metavar="URL",
+        help=f"where the runbooks are published; each runbook_url is URL#<alert> (default: {RUNBOOK_DOC})",
+    )
+    args = parser.parse_args(argv)
+    print(write(args.path, args.runbook_base))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

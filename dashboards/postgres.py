@@ -1,0 +1,214 @@
+"""The Postgres backend dashboard: the asyncpg pool, table growth, cleanup and schema version.
+
+Series come from ``guarded.backends.postgres`` (backends/postgres/metrics.py), labelled by store
+and schema (one schema per tenant); table series add the table.
+"""
+
+from __future__ import annotations
+
+from guarded import telemetry_names as names
+
+from . import promql as q
+from .model import AlertAnnotation, Dashboard, Panel, Query, QueryVariable, Row, SeriesStyle, Threshold
+from .provisioning import PROMETHEUS_NAME, PROMETHEUS_UID
+from .store_overview import PAUSE_ALERTS
+
+UID = "guarded-postgres"
+INSTANCE = "instance"
+SCOPE = q.Scope((INSTANCE, names.LABEL_STORE, names.LABEL_SCHEMA))
+STORE_SCHEMA = (names.LABEL_STORE, names.LABEL_SCHEMA)
+PER_PROCESS = (INSTANCE, *STORE_SCHEMA)
+PER_TABLE = (*STORE_SCHEMA, names.LABEL_TABLE)
+PROCESS_LEGEND = "{{store}}/{{schema}} @ {{instance}}"
+TABLE_LEGEND = "{{store}}/{{schema}} {{table}}"
+STATS_TIMESTAMP = names.GUARDED_PG_TABLE_STATS_TIMESTAMP
+CONNECTION_ERRORS = q.counter(names.GUARDED_PG_CONNECTION_ERRORS_TOTAL)
+BACKEND_ALERTS = (
+    *PAUSE_ALERTS,
+    names.ALERT_CIRCUIT_OPEN,
+    names.ALERT_ERROR_BUDGET_BURN,
+    names.ALERT_LATENCY_P99,
+)
+
+
+def _pool_panels() -> tuple[Panel, ...]:
+    def per_process(metric: str) -> str:
+        return q.sum_by(PER_PROCESS, SCOPE.selector(metric))
+
+    return (
+        Panel(
+            title="Pool connections",
+            description=(
+                "Connections of each process's asyncpg pool: open, checked out (in use) and the "
+                "configured maximum (dashed). In use at the maximum means calls wait for a connection "
+                "(see Acquire wait)."
+            ),
+            queries=(
+                Query(per_process(names.GUARDED_PG_POOL_SIZE), f"open {PROCESS_LEGEND}"),
+                Query(per_process(names.GUARDED_PG_POOL_IN_USE), f"in use {PROCESS_LEGEND}"),
+                Query(per_process(names.GUARDED_PG_POOL_MAX_SIZE), f"max {PROCESS_LEGEND}"),
+            ),
+            series=(SeriesStyle("^max ", dashed=True),),
+        ),
+        Panel(
+            title="Pool utilisation",
+            description=(
+                "Connections in use over the pool's maximum. Near 100% calls queue for a connection: "
+                "find slow queries first, then raise PoolSettings.max_size (GUARDED_PG_POOL_MAX_SIZE) "
+                "within the server's max_connections across all processes."
+            ),
+            queries=(
+                Query(
+                    q.ratio(
+                        per_process(names.GUARDED_PG_POOL_IN_USE), per_process(names.GUARDED_PG_POOL_MAX_SIZE)
+                    ),
+                    PROCESS_LEGEND,
+                ),
+            ),
+            unit="percentunit",
+            maximum=1,
+            thresholds=(Threshold("yellow", 0.8), Threshold("red", 0.95)),
+        ),
+        Panel(
+            title="Acquire wait (p50 / p95 / p99)",
+            description=(
+                "Time a call waited for a pool connection. It is normally below a millisecond; a tail "
+                "of hundreds of milliseconds means the pool is exhausted (see Pool utilisation) and "
+                "shows up as store latency and timeouts on the StateStore overview dashboard."
+            ),
+            queries=tuple(
+                Query(
+                    q.quantile(
+                        quantile,
+                        STORE_SCHEMA,
+                        SCOPE.selector(q.bucket(names.GUARDED_PG_POOL_ACQUIRE_SECONDS)),
+                    ),
+                    f"p{round(quantile * 100)} {{{{store}}}}/{{{{schema}}}}",
+                    exemplar=True,
+                )
+                for quantile in (0.5, 0.95, 0.99)
+            ),
+            unit="s",
+        ),
+        Panel(
+            title="Connection errors per second",
+            description=(
+                "Operations that lost their database connection (re-run on a fresh one or failed). "
+                "Any sustained rate means the network, PgBouncer or the server drops connections: "
+                "check the server's log and max_connections; the guard's retries hide short bursts."
+            ),
+            queries=(
+                Query(
+                    q.sum_by(STORE_SCHEMA, q.rate(SCOPE.selector(CONNECTION_ERRORS))), "{{store}}/{{schema}}"
+                ),
+            ),
+            unit="ops",
+            thresholds=(Threshold("red", 0.1),),
+        ),
+    )
+
+
+def _table_panels() -> tuple[Panel, ...]:
+    rows = q.max_by(PER_TABLE, SCOPE.selector(names.GUARDED_PG_TABLE_ROWS))
+    deleted = q.sum_by(
+        PER_TABLE, q.increase(SCOPE.selector(q.counter(names.GUARDED_PG_CLEANUP_DELETED_ROWS_TOTAL)))
+    )
+    return (
+        Panel(
+            title="Table rows (estimate)",
+            description=(
+                "Live rows per table from PostgreSQL's statistics (an estimate, sampled every "
+                "stats_interval). Unbounded growth of flow_events, task updates or planner events means "
+                "no retention: set RetentionPolicy and run `guarded pg cleanup`."
+            ),
+            queries=(Query(rows, TABLE_LEGEND),),
+        ),
+        Panel(
+            title="Table size",
+            description=(
+                "On-disk size per table including indexes and TOAST. Plan disk from its slope; a table "
+                "growing while its rows do not is bloat: check autovacuum."
+            ),
+            queries=(
+                Query(q.max_by(PER_TABLE, SCOPE.selector(names.GUARDED_PG_TABLE_SIZE_BYTES)), TABLE_LEGEND),
+            ),
+            unit="bytes",
+        ),
+        Panel(
+            title="Table statistics age",
+            description=(
+                "Time since the last successful table sample. It should stay below a few sampling "
+                "intervals (stats_interval, 60 s by default); a growing age means sampling fails, so "
+                "the row and size panels are stale: check the process's log and database access."
+            ),
+            queries=(
+                Query(
+                    f"time() - {q.max_by(PER_PROCESS, SCOPE.selector(STATS_TIMESTAMP))}",
+                    PROCESS_LEGEND,
+                ),
+            ),
+            unit="s",
+            thresholds=(Threshold("yellow", 180), Threshold("red", 600)),
+            width=8,
+        ),
+        Panel(
+            title="Rows deleted by cleanup",
+            description=(
+                "Rows removed by `cleanup()` per interval (expired pauses, over-age events and "
+                "updates). Zero while tables grow means cleanup is not scheduled or no retention is "
+                "configured."
+            ),
+            queries=(Query(q.or_zero(deleted, rows), TABLE_LEGEND),),
+            decimals=0,
+            width=8,
+        ),
+        Panel(
+            title="Schema version",
+            description=(
+                "Migration version each process runs against. All processes of a schema should agree; "
+                "a lower one is an old deployment still running. Migrations are forward-only: old code "
+                "refuses a newer schema (SchemaTooNewError). `guarded pg status` shows the database's."
+            ),
+            queries=(
+                Query(
+                    q.max_by(PER_PROCESS, SCOPE.selector(names.GUARDED_PG_MIGRATION_VERSION)), PROCESS_LEGEND
+                ),
+            ),
+            kind="stat",
+            unit="none",
+            decimals=0,
+            width=8,
+        ),
+    )
+
+
+def dashboard() -> Dashboard:
+    """The Postgres backend dashboard."""
+    source = q.histogram_count(names.GUARDED_PG_POOL_ACQUIRE_SECONDS)
+    return Dashboard(
+        uid=UID,
+        title="guarded / Postgres backend",
+        description=(
+            "asyncpg pool, acquire wait, connection errors, table rows and sizes, cleanup, schema version."
+        ),
+        tags=("guarded", "postgres"),
+        variables=(
+            QueryVariable(INSTANCE, "Instance", source),
+            QueryVariable(names.LABEL_STORE, "Store", f"{source}{{{q.variable_matcher(INSTANCE)}}}"),
+            QueryVariable(
+                names.LABEL_SCHEMA,
+                "Schema",
+                f"{source}{{{q.variable_matcher(INSTANCE)}, {q.variable_matcher(names.LABEL_STORE)}}}",
+            ),
+        ),
+        annotations=(
+            AlertAnnotation(
+                "Store alerts",
+                q.firing_alerts(BACKEND_ALERTS, q.variable_matcher(names.LABEL_STORE)),
+                color="orange",
+            ),
+        ),
+        rows=(Row("Connection pool", _pool_panels()), Row("Tables", _table_panels())),
+        default_datasource_uid=PROMETHEUS_UID,
+        default_datasource_name=PROMETHEUS_NAME,
+    )
