@@ -106,6 +106,7 @@ class CircuitBreaker:
     """
 
     __slots__ = (
+        "__weakref__",
         "_clock",
         "_generation",
         "_listeners",
@@ -118,7 +119,6 @@ class CircuitBreaker:
         "_window",
         "_window_is_timed",
         "config",
-        "__weakref__",
     )
 
     def __init__(self, config: BreakerConfig, *, clock: Callable[[], float] = time.monotonic) -> None:

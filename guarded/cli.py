@@ -18,7 +18,12 @@ from . import __version__
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
 
-COMMANDS: tuple[str, ...] = ("guarded.cli_check", "guarded.cli_dlq", "guarded.backends.postgres.cli")
+COMMANDS: tuple[str, ...] = (
+    "guarded.cli_check",
+    "guarded.cli_dlq",
+    "guarded.backends.postgres.cli",
+    "guarded.demo.cli",
+)
 """Modules that each register one subcommand, in the order ``--help`` lists them."""
 
 

@@ -1,0 +1,138 @@
+"""``guarded demo``: a PenguiFlow-shaped workload on a guarded PostgreSQL store under faults.
+
+Exit code 0 when the verdict passes (nothing acknowledged lost), 1 when it fails, 2 for a usage
+error (a fault schedule that does not parse or does not fit the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import TYPE_CHECKING
+
+from guarded.testing.postgres import EmbeddedPostgresError
+
+from .report import render_verdict
+from .runner import DEFAULT_METRICS_PORT, DemoOptions, run_demo
+from .schedule import NAMED_SCHEDULES, ScheduleError, parse_schedule
+
+if TYPE_CHECKING:
+    from guarded.cli import Subparsers
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def register(subparsers: Subparsers) -> None:
+    """Add the ``demo`` subcommand."""
+    names = ", ".join(NAMED_SCHEDULES)
+    parser = subparsers.add_parser(
+        "demo",
+        help="PenguiFlow-shaped workload on a guarded PostgreSQL under faults; verify nothing was lost",
+        description=(
+            "Start an embedded PostgreSQL, wrap PostgresStateStore with guard(), run concurrent agent "
+            "sessions (and a real PenguiFlow flow) while restarting the database, killing connections, "
+            "locking tables and sending bad payloads, serve /metrics, then read the database back and "
+            "report every acknowledged write that is missing. Exit code 0 only when none is."
+        ),
+        epilog=(
+            f"Fault schedules: {names}, or a spec such as 'restart@40%:3s,kill@2:1,slow@25%,bad@50%' "
+            "(KIND@START[:DURATION], seconds or % of the run; kinds restart, crash, kill, slow, "
+            "pause-fail, bad). See docs/demo.md."
+        ),
+    )
+    parser.add_argument(
+        "--duration", type=_positive, default=30.0, metavar="SECONDS", help="workload duration (default 30)"
+    )
+    parser.add_argument(
+        "--concurrency", type=_count, default=16, metavar="N", help="concurrent agent sessions (default 16)"
+    )
+    parser.add_argument(
+        "--faults", default="default", metavar="SCHEDULE", help=f"a named schedule ({names}) or a spec"
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_METRICS_PORT,
+        metavar="PORT",
+        help=f"serve /metrics on this port (default {DEFAULT_METRICS_PORT}; 0 picks a free one)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address /metrics listens on (default 127.0.0.1; 0.0.0.0 for a Prometheus in a container)",
+    )
+    parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    parser.add_argument(
+        "--no-live", action="store_true", help="plain status lines instead of the live view (CI, logs)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the verdict as JSON on stdout (progress goes to stderr)"
+    )
+    parser.add_argument(
+        "--spill-path",
+        default=None,
+        metavar="FILE",
+        help="dead-letter spill file ({name} is the store name; default: a temporary file)",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="seed of the workload's choices (default 1)")
+    parser.add_argument(
+        "--no-penguiflow", action="store_true", help="do not run the real PenguiFlow flow even when installed"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; print the verdict; 0 when it passes."""
+    options = DemoOptions(
+        duration=args.duration,
+        concurrency=args.concurrency,
+        faults=args.faults,
+        metrics_port=None if args.no_metrics else args.metrics_port,
+        metrics_host=args.metrics_host,
+        live=False if args.no_live else None,
+        json=args.json,
+        spill_path=args.spill_path,
+        seed=args.seed,
+        penguiflow=not args.no_penguiflow,
+    )
+    try:
+        parse_schedule(options.faults, options.duration)
+    except ScheduleError as exc:
+        print(f"guarded demo: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = asyncio.run(run_demo(options))
+    except EmbeddedPostgresError as exc:
+        print(f"guarded demo: PostgreSQL could not be started: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        hint = ""
+        if options.metrics_port and "in use" in str(exc):
+            hint = f" (metrics port {options.metrics_port}; --metrics-port 0 picks a free one)"
+        print(f"guarded demo: {exc}{hint}", file=sys.stderr)
+        return 1
+    verdict = result.verdict
+    if args.json:
+        print(json.dumps(verdict.to_dict(), indent=2))
+    else:
+        print()
+        print(render_verdict(verdict))
+    return 0 if verdict.passed else 1
+
+
+__all__ = ["register", "run"]
