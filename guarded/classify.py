@@ -3,7 +3,8 @@
 Retryable: connection loss, timeouts, PostgreSQL serialization failures and deadlocks, server
 shutdown, too many connections. Never retried: programming errors (``TypeError``,
 ``AttributeError`` ...), data errors (:class:`~guarded.errors.InvalidPayloadError`, SQLSTATE
-classes 22 data exception, 23 integrity violation, 42 syntax or access rule), anything unknown.
+classes 22 data exception, 23 integrity violation, 42 syntax or access rule, 54 program limit
+exceeded — a key too long for its index, say), anything unknown.
 asyncpg errors are classified by their ``sqlstate`` attribute, so asyncpg is not imported here.
 """
 
@@ -29,6 +30,9 @@ RETRYABLE_SQLSTATES = frozenset(
     }
 )
 RETRYABLE_SQLSTATE_CLASSES = frozenset({"08"})  # connection_exception
+REJECTED_SQLSTATE_CLASSES = frozenset({"22", "23", "42", "54"})
+"""Bad data: data exception, integrity violation, syntax or access rule, program limit exceeded
+(an index row or a statement too large for the server: the same write can never succeed)."""
 NOT_SENT_SQLSTATES = frozenset({"08001", "08004", "57P03", "53300"})
 """Connection could not be established: the request never reached the server."""
 
@@ -72,7 +76,7 @@ def classify(exc: BaseException) -> ErrorClass:
     if code is not None:
         if code in RETRYABLE_SQLSTATES or code[:2] in RETRYABLE_SQLSTATE_CLASSES:
             return ErrorClass.RETRYABLE
-        if code[:2] in {"22", "23", "42"}:
+        if code[:2] in REJECTED_SQLSTATE_CLASSES:
             return ErrorClass.REJECTED
         return ErrorClass.FATAL
     if isinstance(exc, TimeoutError | asyncio.TimeoutError | ConnectionError | EOFError):

@@ -57,6 +57,7 @@ CLASSIFICATION: list[tuple[BaseException, ErrorClass, bool]] = [
     (SqlError("23505"), REJECTED, True),  # unique_violation
     (SqlError("22P02"), REJECTED, True),  # invalid_text_representation
     (SqlError("42P01"), REJECTED, True),  # undefined_table
+    (SqlError("54000"), REJECTED, True),  # program_limit_exceeded (index row too large)
     (SqlError("XX000"), FATAL, True),  # internal_error
     (pg.SerializationError("could not serialize"), RETRYABLE, True),
     (pg.DeadlockDetectedError("deadlock"), RETRYABLE, True),

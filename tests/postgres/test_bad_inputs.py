@@ -6,14 +6,19 @@ Every call here runs against a store whose pool is already *closed*: an
 
 from __future__ import annotations
 
+import base64
+import random
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from guarded.backends.postgres import PostgresStateStore
+from guarded.config import DeadLetterConfig, GuardConfig
 from guarded.errors import InvalidPayloadError, SteeringValidationError
+from guarded.guard import controller, guard
 from guarded.models import (
     PlannerEvent,
     RemoteBinding,
@@ -259,3 +264,23 @@ async def test_naive_and_aware_datetimes_round_trip(store: PostgresStateStore) -
     assert by_id["naive"].updated_at.tzinfo is None
     assert by_id["aware"].updated_at == aware
     assert by_id["aware"].updated_at.tzinfo is not None
+
+
+@pytest.mark.asyncio
+async def test_a_key_too_long_for_its_index_is_parked_not_retried_forever(make_store: StoreFactory) -> None:
+    """PostgreSQL refuses an index row over ~2.7 kB with SQLSTATE 54000 (program limit exceeded):
+    the same write can never succeed, so the guard parks it with its reason instead of holding it
+    for replay."""
+    registry = CollectorRegistry()
+    backend = await make_store()
+    config = GuardConfig(dead_letter=DeadLetterConfig(path=None))
+    async with guard(backend, registry=registry, config=config) as store:
+        key = base64.b64encode(random.Random(7).randbytes(15_000)).decode()  # incompressible
+        await store.save_memory_state(key, {"turns": []})
+        labels = {"store": "default", "method": "save_memory_state", "outcome": "rejected"}
+        assert registry.get_sample_value("guarded_store_calls_total", labels) == 1
+        dead_letters = controller(store).dead_letters
+        assert dead_letters.depth == 0
+        [parked] = await dead_letters.parked()
+        assert parked.method == "save_memory_state"
+        assert "54000" in parked.reason
