@@ -7,7 +7,7 @@ import inspect
 import itertools
 import os
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from opentelemetry import trace
@@ -38,8 +38,10 @@ from .layers.metrics import GuardInstruments, guard_instruments, publish_breaker
 from .layers.stale_reads import StaleReadLayer
 from .layers.write_behind import WriteBehindLayer
 from .models import ArtifactRetentionConfig
-from .policy import LIFECYCLE_METHODS, MethodPolicy, PolicyTable
+from .outcome import Outcome
+from .policy import LIFECYCLE_METHODS, Kind, MethodPolicy, PolicyTable
 from .proxy import async_method_names, build_proxy_class
+from .unanswered import DEFAULT_GRACE, UnansweredConsumes
 
 S = TypeVar("S")
 
@@ -140,6 +142,8 @@ class GuardCore:
         self.setups: dict[str, MethodSetup] = {}
         self._key_prefix = f"{os.getpid():x}-{id(self):x}-"
         self._key_counter = itertools.count()
+        grace = getattr(target, "consume_grace", None)
+        self.unanswered = UnansweredConsumes(grace if isinstance(grace, int | float) else DEFAULT_GRACE)
 
     def _new_breaker(self) -> CircuitBreaker:
         breaker = CircuitBreaker(self.config.breaker)
@@ -178,7 +182,7 @@ class GuardCore:
         setup = self._setup(method)
         self.setups[method] = setup
         service = self._compose(method, setup, self.layers)
-        return _entry(service, setup, self._key_prefix, self._key_counter)
+        return _entry(service, setup, self._key_prefix, self._key_counter, self.unanswered)
 
     async def run_internal(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """``target.method(*args, **kwargs)`` through breaker, retry and timeout only: the guard's
@@ -200,12 +204,23 @@ class GuardCore:
         return await service(Call(setup, args, kwargs, loop, loop.time()))
 
 
+_ANSWERED = frozenset({Outcome.OK, Outcome.RETRIED, Outcome.NOT_FOUND, Outcome.STALE})
+"""A consume that ended so got a definite answer."""
+_MAYBE_COMMITTED = frozenset({Outcome.TIMEOUT, Outcome.FALLBACK, Outcome.CANCELLED})
+"""A consume that ended so may have been committed without its answer reaching us."""
+
+
 def _entry(
-    service: Service, setup: MethodSetup, key_prefix: str, counter: itertools.count[int]
+    service: Service,
+    setup: MethodSetup,
+    key_prefix: str,
+    counter: itertools.count[int],
+    unanswered: UnansweredConsumes,
 ) -> Callable[..., Any]:
     get_loop = asyncio.get_running_loop
     set_key = IDEMPOTENCY_KEY.set
     reset_key = IDEMPOTENCY_KEY.reset
+    item_of = setup.policy.read_key if setup.policy.kind is Kind.CONSUME else None
 
     async def guarded_method(*args: Any, **kwargs: Any) -> Any:
         loop = get_loop()
@@ -213,11 +228,21 @@ def _entry(
 
     async def keyed_method(*args: Any, **kwargs: Any) -> Any:
         loop = get_loop()
-        token = set_key(key_prefix + str(next(counter)))
+        item = item_of(args, kwargs) if item_of is not None else None
+        if not isinstance(item, Hashable):
+            item = None
+        key = (unanswered.key_for(item) if item is not None else None) or key_prefix + str(next(counter))
+        token = set_key(key)
+        call = Call(setup, args, kwargs, loop, loop.time())
         try:
-            return await service(Call(setup, args, kwargs, loop, loop.time()))
+            return await service(call)
         finally:
             reset_key(token)
+            if item is not None:
+                if call.outcome in _ANSWERED:
+                    unanswered.forget(item)
+                elif call.outcome in _MAYBE_COMMITTED:
+                    unanswered.remember(item, key)
 
     chosen = guarded_method if setup.policy.repeat_safe else keyed_method
     chosen.__name__ = chosen.__qualname__ = setup.label

@@ -6,9 +6,13 @@ import asyncio
 
 import asyncpg
 import pytest
+from prometheus_client import CollectorRegistry
 
 from guarded.backends.postgres import PostgresStateStore
+from guarded.config import GuardConfig, RetryConfig
+from guarded.guard import guard
 from guarded.idempotency import current_idempotency_key, idempotency_key
+from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
 from .conftest import StoreFactory
 
@@ -150,3 +154,22 @@ async def test_cleanup_removes_expired_and_spent_pauses(
     assert report.deleted["planner_pauses"] == 2
     tokens = await raw.fetch(f'SELECT token FROM "{short.schema}".planner_pauses')
     assert [row["token"] for row in tokens] == ["live"]
+
+
+@pytest.mark.asyncio
+async def test_a_resume_whose_answer_was_lost_is_answered_to_the_next_resume(
+    make_store: StoreFactory,
+) -> None:
+    """The database consumed the pause but every attempt's answer was lost: the next resume of the
+    token reuses the unanswered consume's key and gets the pause (within ``consume_grace``)."""
+    backend = await make_store()
+    faulty = FaultyStore(backend, FaultPlan.always(Fault.error_after(ConnectionResetError)))
+    config = GuardConfig(retry=RetryConfig(max_attempts=2, critical_max_attempts=2, initial_backoff=0.001))
+    store = guard(faulty, registry=CollectorRegistry(), config=config)
+    await backend.save_planner_state("tok", {"step": 1})
+    assert await store.load_planner_state("tok") is None  # consumed, answer lost twice
+    assert await backend.load_planner_state("tok") is None  # consumed for anyone else
+
+    fault_injector(faulty).plan = FaultPlan()
+    assert await store.load_planner_state("tok") == {"step": 1}
+    assert await store.load_planner_state("tok") is None  # answered once: not again
