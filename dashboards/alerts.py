@@ -223,14 +223,22 @@ def events_in_window(selector: str, window: str, labels: Sequence[str]) -> str:
     ``increase`` of the series that existed before the window, plus the whole value of series
     born inside it: a counter series appears on its first event, and ``increase`` of a series
     with a single distinct value is 0. A series is born when it was missing ``window`` ago while
-    its process was up and scraped (:data:`ALIVE` present): a failed scrape or a Prometheus outage
-    removes both, so it never makes an old failure series look new, while a restarted process
-    re-creating the series on its first failure does count.
+    its process was up and scraped (:data:`ALIVE` present), or, in a process scraped for less
+    than ``window``, when it has fewer samples in the window than its process's :data:`ALIVE`
+    series (it appeared after the process's first scrape). A failed scrape or a Prometheus outage
+    removes every series of the target alike, so it never makes an old failure series look new,
+    while a restarted or newly started process creating the series on its first failure counts.
     """
-    born = (
+    process = ", ".join(PROCESS_LABELS)
+    missing_window_ago = (
         f"(\n  (\n    {selector}\n    unless\n    {selector} offset {window}\n  )\n"
-        f"  and on ({', '.join(PROCESS_LABELS)})\n  {ALIVE} offset {window}\n)"
+        f"  and on ({process})\n  {ALIVE} offset {window}\n)"
     )
+    fewer_samples_than_process = (
+        f"(\n  {selector}\n  and\n  count_over_time({selector}[{window}])\n"
+        f"  < on ({process}) group_left\n  min by ({process}) (count_over_time({ALIVE}[{window}]))\n)"
+    )
+    born = f"(\n{_indent(missing_window_ago)}\n  or\n{_indent(fewer_samples_than_process)}\n)"
     return _sum_by(labels, f"increase({selector}[{window}]) > 0\nor\n{born}")
 
 

@@ -20,6 +20,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 
 from . import telemetry_names as names
+from .outcome import Outcome
+
+_OUTCOMES = tuple(outcome.value for outcome in Outcome)
 
 
 class DurationSeries:
@@ -84,6 +87,7 @@ class _CallStatsCollector(Collector):
         )
         calls = CounterMetricFamily(names.CALLS, "Guarded StateStore calls by outcome.", labels=labels)
         bounds = [*(_format_bound(bound) for bound in self._stats.bounds), "+Inf"]
+        methods: set[tuple[str, str]] = set()
         for key, series in list(self._stats.durations.items()):
             counts = list(series.counts)
             exemplars = list(series.exemplars)
@@ -94,13 +98,21 @@ class _CallStatsCollector(Collector):
                 buckets.append((bound, cumulative, exemplar) if exemplar else (bound, cumulative))
             durations.add_metric(list(key), buckets, series.total)
             calls.add_metric(list(key), cumulative)
+            methods.add(key[:2])
+        # Every outcome of a method in use reads 0 until it happens, so increase() and rate() see
+        # a first failure (a counter series that appears at N shows no increase).
+        for store, method in sorted(methods):
+            for outcome in _OUTCOMES:
+                if (store, method, outcome) not in self._stats.durations:
+                    calls.add_metric([store, method, outcome], 0)
         retries = CounterMetricFamily(
             names.RETRIES,
             "Retried attempts of guarded calls.",
             labels=[names.LABEL_STORE, names.LABEL_METHOD],
         )
-        for (store, method), count in list(self._stats.retries.items()):
-            retries.add_metric([store, method], count)
+        retry_counts = self._stats.retries
+        for store, method in sorted(methods | set(retry_counts)):
+            retries.add_metric([store, method], retry_counts.get((store, method), 0))
         yield durations
         yield calls
         yield retries

@@ -251,6 +251,20 @@ def pause_save() -> dict[str, Any]:
             ],
         ),
         case(
+            "the first failure of a process up for less than five minutes pages (a new pod's first burst)",
+            [
+                *breaker([None] * 10 + ["closed"] * 11),
+                calls(SAVE, "ok", joined(steps((10, None)), counter((10, 10)))),
+                calls(SAVE, "dead_lettered", steps((12, None), (9, 4))),
+            ],
+            [
+                *silent(alert, [11]),
+                at(13, alert, save_failed("dead_lettered", "4")),
+                at(16, alert, save_failed("dead_lettered", "4")),
+                *silent(alert, [17]),
+            ],
+        ),
+        case(
             "each failing outcome is its own alert with its count",
             [
                 *healthy,

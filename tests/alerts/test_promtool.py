@@ -97,6 +97,12 @@ def _born_without_alive_check(rule: Rule) -> None:
 
 MUTATIONS = [
     Mutation(
+        "pause-save-misses-new-series-of-a-young-process",
+        names.ALERT_PAUSE_SAVE_FAILED,
+        _replace(f"(count_over_time({alerts.ALIVE}[5m]))", f"(count_over_time({alerts.ALIVE}[5m]) * 0)"),
+        "pause-save-failed.yml",
+    ),
+    Mutation(
         "pause-save-ignores-dead-lettered",
         names.ALERT_PAUSE_SAVE_FAILED,
         _replace("circuit_open|dead_lettered|fallback", "circuit_open|fallback"),

@@ -53,7 +53,7 @@ def _outcomes(registry: CollectorRegistry, method: str) -> set[str]:
     return {
         sample.labels[names.LABEL_OUTCOME]
         for sample in _samples(registry)
-        if sample.name == alerts.CALLS_TOTAL and sample.labels[names.LABEL_METHOD] == method
+        if sample.name == alerts.CALLS_TOTAL and sample.labels[names.LABEL_METHOD] == method and sample.value
     }
 
 

@@ -74,11 +74,12 @@ def retries(registry: CollectorRegistry, method: str, store: str = "default") ->
 
 
 def outcome_counts(registry: CollectorRegistry, store: str = "default") -> dict[str, int]:
-    """Calls of ``store`` by outcome (every method), from the registry."""
+    """Calls of ``store`` by outcome (every method), from the registry; outcomes that never
+    happened (exported as 0) are left out."""
     counts: dict[str, int] = {}
     for family in registry.collect():
         for sample in family.samples:
-            if sample.name == CALLS and sample.labels.get("store") == store:
+            if sample.name == CALLS and sample.labels.get("store") == store and sample.value:
                 outcome = sample.labels["outcome"]
                 counts[outcome] = counts.get(outcome, 0) + int(sample.value)
     return counts

@@ -333,3 +333,27 @@ def test_a_global_tracer_provider_set_after_guard_creation_is_used() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.strip() == "['load_memory_state']"
+
+
+@pytest.mark.asyncio
+async def test_every_outcome_of_a_method_in_use_reads_zero_until_it_happens() -> None:
+    """So increase() and rate() see a method's first failure: a series born at N shows no increase."""
+    registry = CollectorRegistry()
+    store = guard(InMemoryStateStore(), registry=registry, config=fast_config())
+    await store.load_history("t1")
+    for outcome in ("fallback", "timeout", "circuit_open", "stale", "dead_lettered"):
+        labels = {"store": "default", "method": "load_history", "outcome": outcome}
+        assert registry.get_sample_value("guarded_store_calls_total", labels) == 0
+    assert calls(registry, "load_history", "ok") == 1
+    assert (
+        registry.get_sample_value(
+            "guarded_store_retries_total", {"store": "default", "method": "load_history"}
+        )
+        == 0
+    )
+    assert (
+        registry.get_sample_value(
+            "guarded_store_calls_total", {"store": "default", "method": "save_event", "outcome": "ok"}
+        )
+        is None
+    )  # methods never called export nothing
