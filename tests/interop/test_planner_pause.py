@@ -94,13 +94,14 @@ def explain(report: dict[str, Any]) -> str:
 
 
 def calls_by_outcome(metrics_text: str, method: str) -> dict[str, float]:
-    """``guarded_store_calls_total`` of ``method`` by outcome, read from Prometheus text format."""
+    """``guarded_store_calls_total`` of ``method`` by outcome, read from Prometheus text format
+    (outcomes that never happened, exported as 0, left out)."""
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics_text):
         if family.name != names.CALLS:
             continue
         for sample in family.samples:
-            if sample.name == f"{names.CALLS}_total" and sample.labels["method"] == method:
+            if sample.name == f"{names.CALLS}_total" and sample.labels["method"] == method and sample.value:
                 found[sample.labels["outcome"]] = sample.value
     return found
 

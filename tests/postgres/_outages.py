@@ -356,11 +356,12 @@ def differences(expected: Ledger, found: Ledger) -> dict[str, str]:
 
 
 def outcomes(registry: CollectorRegistry, store: str) -> Counter[str]:
-    """Calls of ``store`` by outcome, every method together (``guarded_store_calls_total``)."""
+    """Calls of ``store`` by outcome, every method together (``guarded_store_calls_total``); outcomes
+    that never happened (exported as 0) are left out."""
     counts: Counter[str] = Counter()
     for family in registry.collect():
         for sample in family.samples:
-            if sample.name == names.CALLS + "_total" and sample.labels.get("store") == store:
+            if sample.name == names.CALLS + "_total" and sample.labels.get("store") == store and sample.value:
                 counts[sample.labels["outcome"]] += int(sample.value)
     return counts
 
@@ -370,7 +371,7 @@ def method_outcomes(registry: CollectorRegistry, store: str) -> Counter[tuple[st
     counts: Counter[tuple[str, str]] = Counter()
     for family in registry.collect():
         for sample in family.samples:
-            if sample.name == names.CALLS + "_total" and sample.labels.get("store") == store:
+            if sample.name == names.CALLS + "_total" and sample.labels.get("store") == store and sample.value:
                 counts[(sample.labels["method"], sample.labels["outcome"])] += int(sample.value)
     return counts
 
