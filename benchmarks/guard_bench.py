@@ -324,7 +324,7 @@ def _calls_counted(registry: CollectorRegistry, sample_name: str) -> dict[str, f
     counted: dict[str, float] = {}
     for metric in registry.collect():
         for sample in metric.samples:
-            if sample.name == sample_name:
+            if sample.name == sample_name and sample.value:  # outcomes that never happened read 0
                 outcome = sample.labels["outcome"]
                 counted[outcome] = counted.get(outcome, 0.0) + sample.value
     return counted
