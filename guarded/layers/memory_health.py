@@ -27,8 +27,8 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from ..call import Call, MethodSetup, Service
 from ..classify import error_type
 from ..policy import ArgGetter
+from ..rate_limited_log import RateLimitedLog
 from ..telemetry.memory_health import DEFAULT_MAX_KEYS, MemoryHealthTracker, memory_health_tracker
-from ..telemetry.rate_limited_log import RateLimitedLog
 
 MEMORY_WRITE = "save_memory_state"
 
@@ -75,7 +75,7 @@ class MemoryHealthLayer:
         return memory_health_tracker(method.store_name, self._registry, max_keys=self._max_keys)
 
 
-_problems = RateLimitedLog(interval=300.0)
+_problems = RateLimitedLog(interval=300.0, log=logging.getLogger("guarded.telemetry"))
 
 
 def _record_write(tracker: MemoryHealthTracker, key_of: ArgGetter, state_of: ArgGetter, call: Call) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .rate_limited_log import RateLimitedLog
+from ..rate_limited_log import RateLimitedLog
 
 EVENT_TYPES: tuple[str, ...] = (
     "task_spawned",
@@ -44,7 +44,7 @@ _MAX_ID_CHARS = 256
 _MAX_REASON_CHARS = 200
 _MAX_SHOWN_CHARS = 64
 
-_problems = RateLimitedLog(interval=300.0)
+_problems = RateLimitedLog(interval=300.0, log=logging.getLogger("guarded.telemetry"))
 
 
 @dataclass(frozen=True, slots=True)

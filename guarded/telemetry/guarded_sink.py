@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from .. import telemetry_names as names
 from ..classify import error_type, safe_message
-from .rate_limited_log import RateLimitedLog
+from ..rate_limited_log import RateLimitedLog
 
 TASK_SINK_ERRORS = names.TASK_SINK_ERRORS
 LABEL_SINK = names.LABEL_SINK
@@ -79,7 +79,7 @@ class GuardedTaskTelemetrySink:
         self._errors = sink_errors_counter(registry)
         self._timeouts = self._errors.labels(self.name, REASON_TIMEOUT)
         self._failures = self._errors.labels(self.name, REASON_ERROR)
-        self._log = RateLimitedLog(log_interval)
+        self._log = RateLimitedLog(log_interval, log=logging.getLogger("guarded.telemetry"))
         self._running: set[asyncio.Future[Any]] = set()
 
     @property

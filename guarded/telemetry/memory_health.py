@@ -18,6 +18,7 @@ statistics): updates happen on the event loop and cost a few dictionary operatio
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Mapping
@@ -28,7 +29,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .. import telemetry_names as names
-from .rate_limited_log import logger
+
+logger = logging.getLogger("guarded.telemetry")
 
 UNKNOWN = names.MEMORY_HEALTH_UNKNOWN
 """The ``health`` label value of a state whose health is none of the known states."""

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+from guarded.rate_limited_log import RateLimitedLog
 from guarded.telemetry import events
-from guarded.telemetry.rate_limited_log import RateLimitedLog
 
 
 @pytest.fixture(autouse=True)
 def fresh_problem_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(events, "_problems", RateLimitedLog(interval=300.0))
+    monkeypatch.setattr(
+        events, "_problems", RateLimitedLog(interval=300.0, log=logging.getLogger("guarded.telemetry"))
+    )

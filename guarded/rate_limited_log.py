@@ -7,9 +7,6 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-logger = logging.getLogger("guarded.telemetry")
-"""The logger of the telemetry sinks and the memory health tracker."""
-
 _MAX_KINDS = 1024
 """Kinds remembered at most; beyond it the oldest are forgotten (and may log again)."""
 
@@ -25,7 +22,7 @@ class RateLimitedLog:
         self,
         interval: float = 60.0,
         *,
-        log: logging.Logger = logger,
+        log: logging.Logger,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._interval = interval
