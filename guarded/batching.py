@@ -43,17 +43,16 @@ import itertools
 import logging
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from . import telemetry_names as names
 from .config import BatchConfig
 from .protocol import StateStore, SupportsPlannerEvents, SupportsTasks
+from .store_gauge import StoreTotalGauge, store_total_gauge
 
 logger = logging.getLogger("guarded.batching")
 
@@ -101,34 +100,11 @@ writes in :attr:`Batcher.failed` and frees their space; they are not returned to
 # --- metrics ----------------------------------------------------------------------------------------
 
 
-class _PendingCollector(Collector):
-    """``guarded_batch_pending`` by store, summed over the live batchers of one registry."""
-
-    def __init__(self) -> None:
-        self.batchers: weakref.WeakSet[Batcher] = weakref.WeakSet()
-
-    def collect(self) -> Iterator[Metric]:
-        totals: dict[str, int] = {}
-        for batcher in list(self.batchers):
-            totals[batcher.store_name] = totals.get(batcher.store_name, 0) + batcher.pending
-        family = GaugeMetricFamily(
-            names.BATCH_PENDING,
-            "Acknowledged writes queued or being flushed (lost if the process dies now).",
-            labels=[names.LABEL_STORE],
-        )
-        for store, total in sorted(totals.items()):
-            family.add_metric([store], total)
-        yield family
-
-    def describe(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(names.BATCH_PENDING, "", labels=[names.LABEL_STORE])
-
-
 @dataclass(frozen=True, slots=True)
 class _Instruments:
     size: Histogram
     duration: Histogram
-    pending: _PendingCollector
+    pending: StoreTotalGauge
 
 
 _instruments: weakref.WeakKeyDictionary[CollectorRegistry, _Instruments] = weakref.WeakKeyDictionary()
@@ -138,7 +114,6 @@ def _instruments_for(registry: CollectorRegistry) -> _Instruments:
     found = _instruments.get(registry)
     if found is None:
         labels = [names.LABEL_STORE, names.LABEL_METHOD]
-        pending = _PendingCollector()
         found = _Instruments(
             size=Histogram(
                 names.BATCH_SIZE,
@@ -154,9 +129,13 @@ def _instruments_for(registry: CollectorRegistry) -> _Instruments:
                 buckets=names.CALL_DURATION_BUCKETS,
                 registry=registry,
             ),
-            pending=pending,
+            pending=store_total_gauge(
+                registry,
+                names.BATCH_PENDING,
+                "Acknowledged writes queued or being flushed (lost if the process dies now).",
+                lambda batcher: batcher.pending,
+            ),
         )
-        registry.register(pending)
         _instruments[registry] = found
     return found
 
@@ -260,7 +239,7 @@ class Batcher:
         instruments = _instruments_for(registry)
         self._size = instruments.size
         self._duration = instruments.duration
-        instruments.pending.batchers.add(self)
+        instruments.pending.add(self)
 
     # --- state --------------------------------------------------------------------------------------
 

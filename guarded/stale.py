@@ -7,16 +7,14 @@ over the real one (DESIGN.md "fallback").
 
 from __future__ import annotations
 
-import weakref
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from . import telemetry_names as names
+from .store_gauge import store_total_gauge
 
 _MISSING = object()
 
@@ -33,7 +31,12 @@ class StaleCache:
         self._max = max_entries
         self._values: OrderedDict[Hashable, Any] = OrderedDict()
         self.store_name = store_name
-        _collector_for(REGISTRY if registry is None else registry).caches.add(self)
+        store_total_gauge(
+            REGISTRY if registry is None else registry,
+            names.STALE_ENTRIES,
+            "Values held for stale-if-error reads.",
+            len,
+        ).add(self)
 
     def __len__(self) -> int:
         return len(self._values)
@@ -59,35 +62,3 @@ class StaleCache:
 
     def discard(self, key: Hashable) -> None:
         self._values.pop(key, None)
-
-
-class _EntriesCollector(Collector):
-    """``guarded_stale_cache_entries`` by store, summed over the live caches of one registry."""
-
-    def __init__(self) -> None:
-        self.caches: weakref.WeakSet[StaleCache] = weakref.WeakSet()
-
-    def collect(self) -> Iterator[Metric]:
-        totals: dict[str, int] = {}
-        for cache in list(self.caches):
-            totals[cache.store_name] = totals.get(cache.store_name, 0) + len(cache)
-        family = GaugeMetricFamily(
-            names.STALE_ENTRIES, "Values held for stale-if-error reads.", labels=[names.LABEL_STORE]
-        )
-        for store, total in sorted(totals.items()):
-            family.add_metric([store], total)
-        yield family
-
-    def describe(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(names.STALE_ENTRIES, "", labels=[names.LABEL_STORE])
-
-
-_collectors: weakref.WeakKeyDictionary[CollectorRegistry, _EntriesCollector] = weakref.WeakKeyDictionary()
-
-
-def _collector_for(registry: CollectorRegistry) -> _EntriesCollector:
-    found = _collectors.get(registry)
-    if found is None:
-        found = _collectors[registry] = _EntriesCollector()
-        registry.register(found)
-    return found
