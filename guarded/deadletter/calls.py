@@ -12,11 +12,14 @@ value.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..codec import (
+    ARTIFACT_SCOPE,
     DEFAULT_TYPES,
     PLANNER_EVENT,
     REMOTE_BINDING,
@@ -34,7 +37,7 @@ from ..codec import (
     to_json_object,
     to_json_value,
 )
-from ..codec.records import JSON, OPT_TEXT, TEXT, FieldKind
+from ..codec.records import JSON, OPT_TEXT, TEXT, FieldKind, nested, optional
 from ..errors import InvalidPayloadError
 from ..steering import sanitize_steering_event
 
@@ -111,7 +114,25 @@ def _encode_steering(value: Any, path: str) -> JSONValue:
         return STEERING_EVENT.encode(sanitized, path)
 
 
+def _encode_bytes(value: Any, path: str) -> JSONValue:
+    """Binary data as standard base64 with padding (JSON has no bytes)."""
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise InvalidPayloadError(f"expected bytes, got {type(value).__name__}", path=path)
+    return base64.b64encode(value).decode("ascii")
+
+
+def _decode_bytes(value: Any, types: RecordTypes, path: str) -> Any:
+    if not isinstance(value, str):
+        raise InvalidPayloadError("expected stored base64 text", path=path)
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidPayloadError("stored bytes are not valid base64", path=path) from None
+
+
 JSON_OBJECT_ARG = FieldKind(to_json_object, _decode_object)
+BYTES = FieldKind(_encode_bytes, _decode_bytes)
+"""``bytes`` (``bytearray`` and ``memoryview`` accepted), stored as base64; decodes to ``bytes``."""
 TRAJECTORY = FieldKind(_encode_trajectory, _decode_trajectory)
 STORED_EVENT_ARG = _record(STORED_EVENT)
 STATE_UPDATE_ARG = _record(STATE_UPDATE)
@@ -153,6 +174,18 @@ def _spec(*params: Param) -> CallSpec:
     return CallSpec(params)
 
 
+def _artifact_put(first: Param) -> CallSpec:
+    """``ArtifactStore.put_bytes`` / ``put_text``: the content, then keyword-only metadata."""
+    return _spec(
+        first,
+        Param("mime_type", OPT_TEXT, keyword_only=True),
+        Param("filename", OPT_TEXT, keyword_only=True),
+        Param("namespace", OPT_TEXT, keyword_only=True),
+        Param("scope", optional(nested(ARTIFACT_SCOPE)), keyword_only=True),
+        Param("meta", optional(JSON_OBJECT_ARG), keyword_only=True),
+    )
+
+
 CALL_SPECS: dict[str, CallSpec] = {
     "save_event": _spec(Param("event", STORED_EVENT_ARG)),
     "save_events": _spec(Param("events", _list_of(STORED_EVENT_ARG, "StoredEvent"))),
@@ -175,8 +208,12 @@ CALL_SPECS: dict[str, CallSpec] = {
         Param("context_id", OPT_TEXT, keyword_only=True),
         Param("task_id", TEXT, keyword_only=True),
     ),
+    # ArtifactStore writes (a guarded store's ``artifact_store``; held in a spill file of their own).
+    "put_bytes": _artifact_put(Param("data", BYTES)),
+    "put_text": _artifact_put(Param("text", TEXT)),
 }
-"""Argument specs of the known write methods (``guarded.protocol`` and the Postgres backend)."""
+"""Argument specs of the known write methods (``guarded.protocol``, the Postgres backend, and the
+``ArtifactStore`` puts)."""
 
 CALL_ALIASES: dict[str, str] = {"save_task_update": "save_update"}
 """Legacy write methods encoded like their targets."""

@@ -73,6 +73,9 @@ def write_calls(t: RecordTypes) -> Calls:
         ("mark_binding_terminal", (), {"trace_id": "trace-1", "context_id": None, "task_id": "task-1"}),
         ("mark_binding_terminal", (), {"trace_id": "trace-1", "context_id": "ctx", "task_id": "task-1"}),
         ("save_custom_thing", ("id-1", {"nested": NESTED}, [1, 2]), {"flag": True, "ratio": 0.5}),
+        # Artifact puts: more cases in tests/deadletter/test_artifact_calls.py.
+        ("put_bytes", (b"\x00\xff",), {"scope": t.ArtifactScope(session_id="s1"), "meta": {"n": NESTED}}),
+        ("put_text", (), {"text": "t\u00e9xt", "mime_type": "text/markdown", "namespace": "ns"}),
     ]
 
 
