@@ -10,6 +10,13 @@ Logs are bounded per trace or session (PenguiFlow's defaults; ``<= 0`` means unb
 bound is hit the oldest records are dropped and counted in :attr:`InMemoryStateStore.dropped`,
 and the first drop of each kind is logged: dropping is never silent.
 
+Bulk forms (``save_events`` and the upserts ``save_memory_states``, ``save_tasks``,
+``save_trajectories``, ``save_remote_bindings``, ``mark_bindings_terminal``,
+``save_planner_states``) take one list -- each item the single method's argument, or the tuple of
+its parameters in signature order -- and do exactly what the single method called once per item
+in list order does, except that every item is validated first: one bad item raises the single
+method's error (its path prefixed by ``items[3]``, ``states[3]``, ...) and nothing is stored.
+
 Safe for concurrent use on one event loop: encoding happens before the lock is taken, and no
 critical section awaits. Not thread-safe.
 """
@@ -22,8 +29,9 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -77,6 +85,24 @@ def _checked(method: str, argument: str, encode: Callable[[], JSONObject]) -> JS
         return encode()
     except InvalidPayloadError as exc:
         raise exc.at(argument).for_method(method) from None
+
+
+def _calls(
+    method: str, items: Sequence[Any], arity: int, shape: str
+) -> Iterator[tuple[int, tuple[Any, ...]]]:
+    """``(index, arguments)`` of each item of a bulk call, refusing an item of another shape."""
+    for index, item in enumerate(items):
+        if not isinstance(item, tuple | list) or len(item) != arity:
+            got = f"{len(item)} values" if isinstance(item, tuple | list) else f"a {type(item).__name__}"
+            raise InvalidPayloadError(
+                f"expected a {shape} tuple, got {got}", path=f"items[{index}]", method=method
+            )
+        yield index, tuple(item)
+
+
+def _object_text(method: str, argument: str, value: Any) -> str:
+    """The JSON text of the JSON object ``value``, refused as :func:`_checked` does."""
+    return _dumps(_checked(method, argument, partial(to_json_object, value)))
 
 
 def _text(data: JSONObject, key: str) -> str:
@@ -248,9 +274,22 @@ class InMemoryStateStore:
     async def save_remote_binding(self, binding: RemoteBinding) -> None:
         """Upsert by ``(trace_id, context_id, task_id)``."""
         data = _checked("save_remote_binding", "binding", lambda: REMOTE_BINDING.encode(binding))
-        key = (_text(data, "trace_id"), cast(str | None, data["context_id"]), _text(data, "task_id"))
         async with self._lock:
-            self._bindings[key] = _Binding.of(self._next_seq(), data)
+            self._put_binding(data)
+
+    async def save_remote_bindings(self, bindings: Sequence[RemoteBinding]) -> None:
+        """:meth:`save_remote_binding` for each binding in order; nothing is stored if one is invalid."""
+        encoded = [
+            _checked("save_remote_bindings", f"bindings[{index}]", partial(REMOTE_BINDING.encode, binding))
+            for index, binding in enumerate(bindings)
+        ]
+        async with self._lock:
+            for data in encoded:
+                self._put_binding(data)
+
+    def _put_binding(self, data: JSONObject) -> None:
+        key = (_text(data, "trace_id"), cast(str | None, data["context_id"]), _text(data, "task_id"))
+        self._bindings[key] = _Binding.of(self._next_seq(), data)
 
     async def find_binding(
         self,
@@ -283,13 +322,25 @@ class InMemoryStateStore:
 
     async def mark_binding_terminal(self, *, trace_id: str, context_id: str | None, task_id: str) -> None:
         """Mark the binding terminal so :meth:`find_binding` never returns it; unknown: no-op."""
-        key = (trace_id, context_id, task_id)
         async with self._lock:
-            binding = self._bindings.get(key)
-            if binding is not None:
-                data: JSONObject = json.loads(binding.text)
-                data["is_terminal"] = True
-                self._bindings[key] = _Binding.of(binding.seq, data)
+            self._mark_terminal((trace_id, context_id, task_id))
+
+    async def mark_bindings_terminal(self, items: Sequence[tuple[str, str | None, str]]) -> None:
+        """:meth:`mark_binding_terminal` for each ``(trace_id, context_id, task_id)`` in order."""
+        keys = [
+            cast(_BindingKey, key)
+            for _, key in _calls("mark_bindings_terminal", items, 3, "(trace_id, context_id, task_id)")
+        ]
+        async with self._lock:
+            for key in keys:
+                self._mark_terminal(key)
+
+    def _mark_terminal(self, key: _BindingKey) -> None:
+        binding = self._bindings.get(key)
+        if binding is not None:
+            data: JSONObject = json.loads(binding.text)
+            data["is_terminal"] = True
+            self._bindings[key] = _Binding.of(binding.seq, data)
 
     # --- planner pause / resume --------------------------------------------------------------------
 
@@ -297,16 +348,29 @@ class InMemoryStateStore:
         """Store the pause payload losslessly under ``token`` (upsert; restarts the TTL)."""
         text = _dumps(_checked("save_planner_state", "payload", lambda: to_json_object(payload)))
         async with self._lock:
-            now = self._clock()
-            ttl = self._planner_state_ttl
-            if ttl is not None:
-                expired = [
-                    key
-                    for key, (until, _) in self._planner_state.items()
-                    if until is not None and until <= now
-                ]
-                for key in expired:
-                    del self._planner_state[key]
+            self._put_planner_states([(token, text)])
+
+    async def save_planner_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """:meth:`save_planner_state` for each ``(token, payload)`` in order (the last of a token
+        wins); nothing is stored if one is invalid."""
+        encoded = [
+            (token, _object_text("save_planner_states", f"items[{index}].payload", payload))
+            for index, (token, payload) in _calls("save_planner_states", items, 2, "(token, payload)")
+        ]
+        async with self._lock:
+            self._put_planner_states(encoded)
+
+    def _put_planner_states(self, items: Sequence[tuple[str, str]]) -> None:
+        """Store ``(token, payload text)`` pairs, all saved now: expired pauses are dropped first."""
+        now = self._clock()
+        ttl = self._planner_state_ttl
+        if ttl is not None:
+            expired = [
+                key for key, (until, _) in self._planner_state.items() if until is not None and until <= now
+            ]
+            for key in expired:
+                del self._planner_state[key]
+        for token, text in items:
             self._planner_state[token] = (None if ttl is None else now + ttl, text)
 
     async def load_planner_state(self, token: str) -> dict[str, Any] | None:
@@ -326,6 +390,17 @@ class InMemoryStateStore:
         async with self._lock:
             self._memory_state[key] = text
 
+    async def save_memory_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """:meth:`save_memory_state` for each ``(key, state)`` in order (the last of a key wins);
+        nothing is stored if one is invalid."""
+        encoded = [
+            (key, _object_text("save_memory_states", f"items[{index}].state", state))
+            for index, (key, state) in _calls("save_memory_states", items, 2, "(key, state)")
+        ]
+        async with self._lock:
+            for key, text in encoded:
+                self._memory_state[key] = text
+
     async def load_memory_state(self, key: str) -> dict[str, Any] | None:
         """A fresh copy of the state saved for ``key``, or ``None``."""
         async with self._lock:
@@ -340,13 +415,26 @@ class InMemoryStateStore:
     async def save_task(self, state: TaskState) -> None:
         """Upsert by ``task_id``; a task saved under another session moves there."""
         data = _checked("save_task", "state", lambda: TASK_STATE.encode(state))
-        task_id, session_id = _text(data, "task_id"), _text(data, "session_id")
         async with self._lock:
-            previous = self._task_sessions.get(task_id)
-            if previous is not None and previous != session_id:
-                self._tasks[previous].pop(task_id, None)
-            self._task_sessions[task_id] = session_id
-            self._tasks.setdefault(session_id, {})[task_id] = _dumps(data)
+            self._put_task(data)
+
+    async def save_tasks(self, states: Sequence[TaskState]) -> None:
+        """:meth:`save_task` for each state in order; nothing is stored if one is invalid."""
+        encoded = [
+            _checked("save_tasks", f"states[{index}]", partial(TASK_STATE.encode, state))
+            for index, state in enumerate(states)
+        ]
+        async with self._lock:
+            for data in encoded:
+                self._put_task(data)
+
+    def _put_task(self, data: JSONObject) -> None:
+        task_id, session_id = _text(data, "task_id"), _text(data, "session_id")
+        previous = self._task_sessions.get(task_id)
+        if previous is not None and previous != session_id:
+            self._tasks[previous].pop(task_id, None)
+        self._task_sessions[task_id] = session_id
+        self._tasks.setdefault(session_id, {})[task_id] = _dumps(data)
 
     async def list_tasks(self, session_id: str) -> Sequence[TaskState]:
         """Every task of the session, in first-saved order; ``[]`` when none."""
@@ -427,11 +515,28 @@ class InMemoryStateStore:
         """Upsert; the trace becomes the session's most recent and leaves any session it was in."""
         text = _dumps(_checked("save_trajectory", "", lambda: encode_trajectory(trajectory)))
         async with self._lock:
-            previous = self._trajectories.get(trace_id)
-            if previous is not None:
-                self._session_traces.get(previous[0], {}).pop(trace_id, None)
-            self._trajectories[trace_id] = (session_id, text)
-            self._session_traces.setdefault(session_id, {})[trace_id] = None
+            self._put_trajectory(trace_id, session_id, text)
+
+    async def save_trajectories(self, items: Sequence[tuple[str, str, Trajectory]]) -> None:
+        """:meth:`save_trajectory` for each ``(trace_id, session_id, trajectory)`` in order;
+        nothing is stored if one is invalid."""
+        method = "save_trajectories"
+        encoded: list[tuple[str, str, str]] = []
+        for index, (trace_id, session_id, trajectory) in _calls(
+            method, items, 3, "(trace_id, session_id, trajectory)"
+        ):
+            data = _checked(method, f"items[{index}]", partial(encode_trajectory, trajectory))
+            encoded.append((trace_id, session_id, _dumps(data)))
+        async with self._lock:
+            for trace_id, session_id, text in encoded:
+                self._put_trajectory(trace_id, session_id, text)
+
+    def _put_trajectory(self, trace_id: str, session_id: str, text: str) -> None:
+        previous = self._trajectories.get(trace_id)
+        if previous is not None:
+            self._session_traces.get(previous[0], {}).pop(trace_id, None)
+        self._trajectories[trace_id] = (session_id, text)
+        self._session_traces.setdefault(session_id, {})[trace_id] = None
 
     async def get_trajectory(self, trace_id: str, session_id: str) -> Trajectory | None:
         """The trajectory, or ``None`` when missing or saved under another session."""

@@ -6,15 +6,22 @@ may be ``None``, so the key column ``context_key`` holds a value no real context
 it. ``find_binding`` returns the most recently *saved* non-terminal binding with the given
 router session, agent URL and skill whose tenant and user equal the ones asked for (``None``
 matching only ``None``); ``list_bindings`` lists a router session's bindings in first-saved order.
+
+The bulk forms are one statement each. ``save_remote_bindings`` keeps the last item of each key
+(:mod:`.bulk`) but needs both orders single saves would leave: rows are inserted in the order of
+each key's *first* item (the identity ``id``, ``list_bindings``' order, is taken on insert) and
+take their ``saved_seq`` in the order of each key's *last* item (``find_binding``'s "most
+recently saved"). ``mark_bindings_terminal`` is one ``UPDATE ... FROM unnest(...)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from guarded.codec import REMOTE_BINDING, RecordTypes
 
+from .bulk import last_per_key, last_per_key_at_first
 from .connection import Database
 from .json_codec import (
     check_text,
@@ -28,6 +35,11 @@ from .json_codec import (
 from .schema_names import next_seq, qualified
 
 BindingRow = tuple[str, str, str, str, str | None, str | None, str | None, str | None, bool, str]
+"""(trace_id, context_key, task_id, agent_url, router_session_id, remote_skill, tenant_id, user_id,
+is_terminal, doc)."""
+
+BindingKey = tuple[str, str, str]
+"""(trace_id, context_key, task_id) as stored."""
 
 
 def encode_binding(binding: Any) -> BindingRow:
@@ -47,6 +59,15 @@ def encode_binding(binding: Any) -> BindingRow:
     )
 
 
+def encode_binding_key(trace_id: Any, context_id: Any, task_id: Any) -> BindingKey:
+    """Validate the arguments of ``mark_binding_terminal`` and return the stored key."""
+    return (
+        to_db_text(check_text(trace_id, "trace_id")),
+        key_text(check_text_opt(context_id, "context_id")),
+        to_db_text(check_text(task_id, "task_id")),
+    )
+
+
 def _opt(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -58,16 +79,32 @@ class Bindings:
         self._db = db
         self._types = types
         table = qualified(schema, "remote_bindings")
-        self.upsert = (
-            f"INSERT INTO {table} (trace_id, context_key, task_id, agent_url, router_session_id, "
-            "remote_skill, tenant_id, user_id, is_terminal, doc, saved_seq) "
-            f"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, {next_seq(schema)}) "
+        columns = (
+            "trace_id, context_key, task_id, agent_url, router_session_id, "
+            "remote_skill, tenant_id, user_id, is_terminal, doc"
+        )
+        on_conflict = (
             "ON CONFLICT (trace_id, context_key, task_id) DO UPDATE SET "
             "agent_url = EXCLUDED.agent_url, router_session_id = EXCLUDED.router_session_id, "
             "remote_skill = EXCLUDED.remote_skill, tenant_id = EXCLUDED.tenant_id, "
             "user_id = EXCLUDED.user_id, "
             "is_terminal = EXCLUDED.is_terminal, doc = EXCLUDED.doc, saved_seq = EXCLUDED.saved_seq, "
             "updated_at = now()"
+        )
+        self.upsert = (
+            f"INSERT INTO {table} ({columns}, saved_seq) "
+            f"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, {next_seq(schema)}) {on_conflict}"
+        )
+        # The CTE takes the sequence values in the order of each key's last item (nextval, a
+        # volatile output expression, is evaluated after the ORDER BY sort; a CTE with a volatile
+        # function is materialised once); the INSERT then adds the rows in first-item order.
+        self.upsert_many = (
+            f"WITH batch AS (SELECT {columns}, ord, {next_seq(schema)} AS saved_seq "
+            "FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], "
+            "$7::text[], $8::text[], $9::bool[], $10::json[], $11::int8[]) WITH ORDINALITY "
+            f"AS item({columns}, last_pos, ord) ORDER BY last_pos) "
+            f"INSERT INTO {table} ({columns}, saved_seq) SELECT {columns}, saved_seq FROM batch "
+            f"ORDER BY ord {on_conflict}"
         )
         self.find = (
             f"SELECT doc, is_terminal FROM {table} WHERE router_session_id = $1 AND agent_url = $2 "
@@ -80,6 +117,12 @@ class Bindings:
             f"UPDATE {table} SET is_terminal = true, updated_at = now() "
             "WHERE trace_id = $1 AND context_key = $2 AND task_id = $3"
         )
+        self.mark_many = (
+            f"UPDATE {table} AS stored SET is_terminal = true, updated_at = now() "
+            "FROM unnest($1::text[], $2::text[], $3::text[]) AS batch(trace_id, context_key, task_id) "
+            "WHERE stored.trace_id = batch.trace_id AND stored.context_key = batch.context_key "
+            "AND stored.task_id = batch.task_id"
+        )
 
     def _decode(self, doc: str, is_terminal: bool) -> Any:
         data: Mapping[str, Any] = {**loads_json(doc), "is_terminal": is_terminal}
@@ -87,6 +130,18 @@ class Bindings:
 
     async def save(self, row: BindingRow) -> None:
         await self._db.execute(self.upsert, *row)
+
+    async def save_many(self, rows: Sequence[BindingRow]) -> None:
+        """Upsert encoded rows in one statement, leaving what single saves in order would leave."""
+        if not rows:
+            return
+        unique = last_per_key_at_first(rows, lambda row: row[:3])
+        if len(unique) == 1:
+            await self.save(unique[0][0])
+            return
+        await self._db.execute(
+            self.upsert_many, *zip(*(row for row, _ in unique), strict=True), [last for _, last in unique]
+        )
 
     async def find_binding(
         self,
@@ -113,12 +168,17 @@ class Bindings:
         return [self._decode(row["doc"], row["is_terminal"]) for row in rows]
 
     async def mark_terminal(self, *, trace_id: Any, context_id: Any, task_id: Any) -> None:
-        args = (
-            to_db_text(check_text(trace_id, "trace_id")),
-            key_text(check_text_opt(context_id, "context_id")),
-            to_db_text(check_text(task_id, "task_id")),
-        )
-        await self._db.execute(self.mark, *args)
+        await self._db.execute(self.mark, *encode_binding_key(trace_id, context_id, task_id))
+
+    async def mark_terminal_many(self, keys: Sequence[BindingKey]) -> None:
+        """Mark the bindings of the encoded keys terminal in one statement; unknown keys: no-op."""
+        if not keys:
+            return
+        unique = sorted(last_per_key(keys, lambda key: key))
+        if len(unique) == 1:
+            await self._db.execute(self.mark, *unique[0])
+            return
+        await self._db.execute(self.mark_many, *zip(*unique, strict=True))
 
 
-__all__ = ["BindingRow", "Bindings", "encode_binding"]
+__all__ = ["BindingKey", "BindingRow", "Bindings", "encode_binding", "encode_binding_key"]

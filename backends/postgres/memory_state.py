@@ -1,9 +1,16 @@
-"""Short-term memory state: an upsert per key, read back exactly (spec 000 §6, §7)."""
+"""Short-term memory state: an upsert per key, read back exactly (spec 000 §6, §7).
+
+:meth:`MemoryStates.save_many` upserts many keys in one ``INSERT ... SELECT FROM unnest(...)``
+statement, the last state of a key winning (:mod:`.bulk`). The rows go in key order, so two
+concurrent bulk writes of overlapping keys lock them in the same order and cannot deadlock.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from .bulk import last_per_key
 from .connection import Database
 from .json_codec import check_text, dump_json_object, loads_json, to_db_text
 from .schema_names import qualified
@@ -19,6 +26,11 @@ class MemoryStates:
             f"INSERT INTO {table} (key, state) VALUES ($1, $2) "
             "ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, updated_at = now()"
         )
+        self.upsert_many = (
+            f"INSERT INTO {table} (key, state) SELECT key, state "
+            "FROM unnest($1::text[], $2::json[]) AS batch(key, state) "
+            "ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, updated_at = now()"
+        )
         self.select = f"SELECT state FROM {table} WHERE key = $1"
 
     @staticmethod
@@ -28,6 +40,16 @@ class MemoryStates:
 
     async def save(self, key: str, state: str) -> None:
         await self._db.execute(self.upsert, key, state)
+
+    async def save_many(self, rows: Sequence[tuple[str, str]]) -> None:
+        """Upsert encoded ``(key, state)`` rows in one statement; the last row of a key wins."""
+        if not rows:
+            return
+        unique = sorted(last_per_key(rows, lambda row: row[0]))
+        if len(unique) == 1:
+            await self.save(*unique[0])
+            return
+        await self._db.execute(self.upsert_many, *zip(*unique, strict=True))
 
     async def load(self, key: Any) -> dict[str, Any] | None:
         text = await self._db.fetchval(self.select, to_db_text(check_text(key, "key")))

@@ -18,14 +18,20 @@ after the database ran the consume, a blind retry finds nothing and the pause is
   (``DELETE ... RETURNING``), the spec's implementation.
 
 Missing, expired and consumed tokens all read as ``None`` (never ``{}``).
+
+:meth:`Pauses.save_many` (``save_planner_states``) is the same upsert for many tokens in one
+``INSERT ... SELECT FROM unnest(...)`` statement: every token gets the TTL and becomes consumable
+again as with single saves, the last payload of a token winning (:mod:`.bulk`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from guarded.idempotency import current_idempotency_key
 
+from .bulk import last_per_key
 from .connection import Connection, Database
 from .json_codec import check_text, dump_json_object, loads_json, to_db_text
 from .schema_names import qualified
@@ -39,11 +45,18 @@ class Pauses:
         self.ttl = ttl
         self.grace = grace
         table = qualified(schema, "planner_pauses")
-        self.upsert = (
-            f"INSERT INTO {table} (token, payload, expires_at) "
-            "VALUES ($1, $2, now() + make_interval(secs => $3)) "
+        on_conflict = (
             "ON CONFLICT (token) DO UPDATE SET payload = EXCLUDED.payload, created_at = now(), "
             "expires_at = EXCLUDED.expires_at, consumed_at = NULL, consumer_key = NULL"
+        )
+        self.upsert = (
+            f"INSERT INTO {table} (token, payload, expires_at) "
+            f"VALUES ($1, $2, now() + make_interval(secs => $3)) {on_conflict}"
+        )
+        self.upsert_many = (
+            f"INSERT INTO {table} (token, payload, expires_at) "
+            "SELECT token, payload, now() + make_interval(secs => $3) "
+            f"FROM unnest($1::text[], $2::json[]) AS batch(token, payload) {on_conflict}"
         )
         self.take = (
             f"DELETE FROM {table} WHERE token = $1 AND consumed_at IS NULL AND expires_at > now() "
@@ -65,6 +78,17 @@ class Pauses:
 
     async def save(self, token: str, payload: str) -> None:
         await self._db.execute(self.upsert, token, payload, self.ttl)
+
+    async def save_many(self, rows: Sequence[tuple[str, str]]) -> None:
+        """Upsert encoded ``(token, payload)`` rows in one statement; the last row of a token wins."""
+        if not rows:
+            return
+        unique = sorted(last_per_key(rows, lambda row: row[0]))  # token order: no deadlocks
+        if len(unique) == 1:
+            await self.save(*unique[0])
+            return
+        tokens, payloads = zip(*unique, strict=True)
+        await self._db.execute(self.upsert_many, tokens, payloads, self.ttl)
 
     async def load(self, token: Any) -> dict[str, Any] | None:
         key = to_db_text(check_text(token, "token"))

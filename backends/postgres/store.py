@@ -10,9 +10,20 @@ Lifecycle::
 
 Every method validates its arguments before any I/O: values that can never be stored raise
 :class:`~guarded.errors.InvalidPayloadError` (non-retryable) naming the method and the field
-path. Everything else a method raises comes from the database (connection loss, timeouts) and
-is for the guard's retry / circuit-breaker / dead-letter layers to handle: this is a plain
-store that may throw, ``guard()`` makes it safe.
+path.
+
+Bulk forms write many calls of a method in one round trip: ``save_events``, ``save_updates``,
+``save_planner_events`` (appends) and ``save_memory_states``, ``save_tasks``,
+``save_trajectories``, ``save_remote_bindings``, ``mark_bindings_terminal``,
+``save_planner_states`` (upserts). Each takes one list -- for a single-parameter method each item
+is that argument, else the tuple of the single method's parameters in signature order -- and
+leaves what the single method called once per item in list order would leave (the last item of
+a key wins). One bad item raises the single method's error, with the item's index in the path,
+before anything is written.
+
+Everything else a method raises comes from the database (connection loss, timeouts) and is for
+the guard's retry / circuit-breaker / dead-letter layers to handle: this is a plain store that
+may throw, ``guard()`` makes it safe.
 
 Record types returned are PenguiFlow's own classes when ``penguiflow`` is installed, else
 guarded's models (:func:`guarded.codec.installed_types`); pass ``types=`` to choose.
@@ -38,7 +49,8 @@ from guarded.steering import sanitize_steering_event, validate_steering_event
 
 from . import migrations as migrations_module
 from .artifacts import PostgresArtifactStore
-from .bindings import Bindings, encode_binding
+from .bindings import Bindings, encode_binding, encode_binding_key
+from .bulk import encode_items
 from .connection import Database, PoolSettings, create_pool
 from .events import Events, encode_event, encode_events
 from .json_codec import check_text, refusing
@@ -359,6 +371,12 @@ class PostgresStateStore:
             row = encode_binding(binding)
         await self._bindings.save(row)
 
+    async def save_remote_bindings(self, bindings: Sequence[Any]) -> None:
+        """Upsert many bindings in one statement, as :meth:`save_remote_binding` for each in order."""
+        with refusing("save_remote_bindings"):
+            rows = encode_items(bindings, encode_binding, arity=1, shape="binding", name="bindings")
+        await self._bindings.save_many(rows)
+
     async def find_binding(
         self,
         *,
@@ -388,6 +406,13 @@ class PostgresStateStore:
         with refusing("mark_binding_terminal"):
             await self._bindings.mark_terminal(trace_id=trace_id, context_id=context_id, task_id=task_id)
 
+    async def mark_bindings_terminal(self, items: Sequence[tuple[str, str | None, str]]) -> None:
+        """Mark many ``(trace_id, context_id, task_id)`` bindings terminal in one statement, as
+        :meth:`mark_binding_terminal` for each; unknown bindings are skipped."""
+        with refusing("mark_bindings_terminal"):
+            keys = encode_items(items, encode_binding_key, arity=3, shape="(trace_id, context_id, task_id)")
+        await self._bindings.mark_terminal_many(keys)
+
     # ------------------------------------------------------------------------------------------------
     # Planner pause state and memory
     # ------------------------------------------------------------------------------------------------
@@ -397,6 +422,14 @@ class PostgresStateStore:
         with refusing("save_planner_state"):
             row = self._pauses.encode(token, payload)
         await self._pauses.save(*row)
+
+    async def save_planner_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """Upsert many ``(token, payload)`` pauses in one statement, as :meth:`save_planner_state`
+        for each: each is loadable for ``pause_ttl`` seconds, a consumed token becomes loadable
+        again, the last payload of a token wins."""
+        with refusing("save_planner_states"):
+            rows = encode_items(items, self._pauses.encode, arity=2, shape="(token, payload)")
+        await self._pauses.save_many(rows)
 
     async def load_planner_state(self, token: str) -> dict[str, Any] | None:
         """Consume the pause: its payload once, then ``None`` (a repeat with the same idempotency key
@@ -409,6 +442,12 @@ class PostgresStateStore:
         with refusing("save_memory_state"):
             row = self._memory.encode(key, state)
         await self._memory.save(*row)
+
+    async def save_memory_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """Upsert many ``(key, state)`` pairs in one statement; the last state of a key wins."""
+        with refusing("save_memory_states"):
+            rows = encode_items(items, self._memory.encode, arity=2, shape="(key, state)")
+        await self._memory.save_many(rows)
 
     async def load_memory_state(self, key: str) -> dict[str, Any] | None:
         """The exact state saved for ``key``, or ``None``."""
@@ -427,6 +466,19 @@ class PostgresStateStore:
             logger.debug(
                 "guarded_pg_stale_task_refused",
                 extra={"event": "guarded_pg_stale_task_refused", "schema": self.schema},
+            )
+
+    async def save_tasks(self, states: Sequence[Any]) -> None:
+        """Upsert many tasks in one round trip, as :meth:`save_task` for each in order: a task never
+        goes back to an older ``updated_at`` (within the list too: the newest wins, the later of
+        equal ones)."""
+        with refusing("save_tasks"):
+            rows = encode_items(states, encode_task, arity=1, shape="state", name="states")
+        refused = await self._tasks.save_many(rows)
+        if refused:
+            logger.debug(
+                "guarded_pg_stale_task_refused",
+                extra={"event": "guarded_pg_stale_task_refused", "schema": self.schema, "refused": refused},
             )
 
     async def list_tasks(self, session_id: str) -> list[Any]:
@@ -518,6 +570,15 @@ class PostgresStateStore:
         with refusing("save_trajectory"):
             row = self._trajectories.encode(trace_id, session_id, trajectory)
         await self._trajectories.save(row)
+
+    async def save_trajectories(self, items: Sequence[tuple[str, str, Any]]) -> None:
+        """Upsert many ``(trace_id, session_id, trajectory)`` items in one statement, as
+        :meth:`save_trajectory` for each in order (``list_traces`` order included)."""
+        with refusing("save_trajectories"):
+            rows = encode_items(
+                items, self._trajectories.encode, arity=3, shape="(trace_id, session_id, trajectory)"
+            )
+        await self._trajectories.save_many(rows)
 
     async def get_trajectory(self, trace_id: str, session_id: str) -> Any:
         """The trajectory, or ``None`` when missing or saved under another session."""

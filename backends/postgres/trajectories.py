@@ -8,15 +8,22 @@ A trajectory is stored in :func:`guarded.codec.encode_trajectory`'s lossless env
 or an object with ``serialise()`` (PenguiFlow's ``Trajectory``) tagged with its type so it comes
 back as that type. Every save takes the next value of the schema's sequence, so ``list_traces``
 orders by the last save (saving a trace again moves it to the front).
+
+:meth:`Trajectories.save_many` (``save_trajectories``) upserts many traces in one ``INSERT ...
+SELECT FROM unnest(...)`` statement. Each trace keeps its last item, placed at that item's
+position, and the sequence values are taken in that order, so ``list_traces`` orders the traces
+exactly as single saves in list order would.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from guarded.codec import decode_trajectory, encode_trajectory
 from guarded.errors import InvalidPayloadError
 
+from .bulk import last_per_key
 from .connection import Database
 from .json_codec import check_text, dump_json, from_db_text, loads_json, to_db_text
 from .schema_names import next_seq, qualified
@@ -28,11 +35,23 @@ class Trajectories:
     def __init__(self, db: Database, schema: str) -> None:
         self._db = db
         table = qualified(schema, "trajectories")
-        self.upsert = (
-            f"INSERT INTO {table} (trace_id, session_id, doc, saved_seq) "
-            f"VALUES ($1, $2, $3, {next_seq(schema)}) "
+        on_conflict = (
             "ON CONFLICT (trace_id) DO UPDATE SET session_id = EXCLUDED.session_id, doc = EXCLUDED.doc, "
             "saved_seq = EXCLUDED.saved_seq, updated_at = now()"
+        )
+        self.upsert = (
+            f"INSERT INTO {table} (trace_id, session_id, doc, saved_seq) "
+            f"VALUES ($1, $2, $3, {next_seq(schema)}) {on_conflict}"
+        )
+        # The CTE takes the sequence values in batch order (PostgreSQL evaluates nextval, a volatile
+        # output expression, after the ORDER BY sort, and materialises a CTE calling it once); the
+        # rows then go in trace order, so concurrent bulk writes lock shared rows in one order.
+        self.upsert_many = (
+            f"WITH batch AS (SELECT trace_id, session_id, doc, {next_seq(schema)} AS saved_seq "
+            "FROM unnest($1::text[], $2::text[], $3::json[]) WITH ORDINALITY "
+            "AS item(trace_id, session_id, doc, ord) ORDER BY ord) "
+            f"INSERT INTO {table} (trace_id, session_id, doc, saved_seq) "
+            f"SELECT trace_id, session_id, doc, saved_seq FROM batch ORDER BY trace_id {on_conflict}"
         )
         self.select = f"SELECT doc FROM {table} WHERE trace_id = $1 AND session_id = $2"
         self.recent = f"SELECT trace_id FROM {table} WHERE session_id = $1 ORDER BY saved_seq DESC LIMIT $2"
@@ -48,6 +67,16 @@ class Trajectories:
 
     async def save(self, row: tuple[str, str, str]) -> None:
         await self._db.execute(self.upsert, *row)
+
+    async def save_many(self, rows: Sequence[tuple[str, str, str]]) -> None:
+        """Upsert encoded rows in one statement, as single saves in order (the last of a trace wins)."""
+        if not rows:
+            return
+        unique = last_per_key(rows, lambda row: row[0])
+        if len(unique) == 1:
+            await self.save(unique[0])
+            return
+        await self._db.execute(self.upsert_many, *zip(*unique, strict=True))
 
     async def get(self, trace_id: Any, session_id: Any) -> Any:
         text = await self._db.fetchval(

@@ -1,0 +1,83 @@
+"""Shared pieces of the bulk upserts (``save_memory_states``, ``save_tasks``, ...).
+
+A bulk upsert takes one list: for a single-parameter method each item is that argument, for a
+multi-parameter method each item is the tuple of the single method's parameters in signature
+order. Its effect equals the single method called once per item, in list order.
+
+Every item is validated before anything is written: the first bad one raises the single
+method's :class:`~guarded.errors.InvalidPayloadError` with its path prefixed by the item
+(``items[3].state.x``), so a caller can fall back to single writes to find it.
+
+PostgreSQL's ``INSERT ... ON CONFLICT DO UPDATE`` refuses to touch one row twice in a statement,
+so rows are de-duplicated per key before the statement (:func:`last_per_key`): the last item of
+a key wins, as it would with single calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from guarded.errors import InvalidPayloadError
+
+Row = TypeVar("Row")
+
+
+def encode_items(
+    items: Iterable[Any],
+    encode: Callable[..., Row],
+    *,
+    arity: int,
+    shape: str,
+    name: str = "items",
+) -> list[Row]:
+    """``encode(*item)`` for each item (``encode(item)`` when ``arity`` is 1), in order.
+
+    An item that is not a tuple (or list) of ``arity`` values, or that ``encode`` refuses, raises
+    :class:`InvalidPayloadError` whose path starts with ``name[index]``; ``shape`` names the
+    expected tuple in the message (``"(key, state)"``).
+    """
+    rows: list[Row] = []
+    for index, item in enumerate(items):
+        try:
+            if arity == 1:
+                rows.append(encode(item))
+                continue
+            if not isinstance(item, tuple | list) or len(item) != arity:
+                got = f"{len(item)} values" if isinstance(item, tuple | list) else f"a {type(item).__name__}"
+                raise InvalidPayloadError(f"expected a {shape} tuple, got {got}")
+            rows.append(encode(*item))
+        except InvalidPayloadError as exc:
+            raise exc.at(f"{name}[{index}]") from None
+    return rows
+
+
+def last_per_key(rows: Sequence[Row], key: Callable[[Row], Hashable]) -> list[Row]:
+    """One row per key, the last one of the key, in the order of each key's last occurrence."""
+    latest: dict[Hashable, Row] = {}
+    for row in rows:
+        identity = key(row)
+        latest.pop(identity, None)  # re-inserting moves the key to the end
+        latest[identity] = row
+    return list(latest.values())
+
+
+def last_per_key_at_first(rows: Sequence[Row], key: Callable[[Row], Hashable]) -> list[tuple[Row, int]]:
+    """One row per key, the last one of the key, in the order of each key's *first* occurrence,
+    each with the position (0-based) of its last occurrence.
+
+    For tables with two orders: one fixed by a key's first save (an identity column) and one by
+    its latest save (a sequence value taken on every save).
+    """
+    latest: dict[Hashable, tuple[Row, int]] = {}
+    for position, row in enumerate(rows):
+        latest[key(row)] = (row, position)  # assigning an existing key keeps its place
+    return list(latest.values())
+
+
+def has_duplicates(rows: Sequence[Row], key: Callable[[Row], Hashable]) -> bool:
+    """Whether two rows share a key."""
+    return len({key(row) for row in rows}) != len(rows)
+
+
+__all__ = ["encode_items", "has_duplicates", "last_per_key", "last_per_key_at_first"]
