@@ -1,21 +1,26 @@
-"""Write-behind batching of append-only writes (``save_event``, ``save_update``, ``save_planner_event``).
+"""Batching of append-only writes (``save_event``, ``save_update``, ``save_planner_event``).
 
-A :class:`Batcher` acknowledges a write as soon as it is queued and writes it later, in bulk, through
-a *writer* its owner supplies. The owner also decides what a failed flush means (retry, dead-letter);
-the batcher only promises that every queued write is either handed to the writer or, when
-:meth:`Batcher.aclose` runs out of time, returned by :meth:`Batcher.drain_unwritten`.
+A :class:`Batcher` writes queued writes in bulk through a *writer* its owner supplies; the owner
+decides what a failed flush means (retry, dead-letter) and reports each write's outcome. Two ways
+of acknowledging a write, per write:
 
-Flush policy, per method queue:
+- **group commit** (the guard's default): the write carries a future (:attr:`PendingWrite.done`)
+  that the batcher settles with the write's outcome once its batch is written. A write goes out on
+  the next loop iteration when fewer than the method's flush limit are running; writes arriving
+  while the limit is reached form the next batch, started as soon as a flush ends. No timer: a lone
+  writer pays no batching delay.
+- **write-behind** (``done`` is ``None``): the caller is acknowledged once the write is queued. A
+  queue flushes as soon as it holds ``max_batch`` writes, or once its oldest write has waited
+  ``max_delay`` seconds (one timer per queue; ``max_delay=0`` flushes on the next iteration).
 
-- flush as soon as the queue holds ``max_batch`` writes, or once its oldest write has waited
-  ``max_delay`` seconds (one timer per queue, armed when the queue stops being empty;
-  ``max_delay=0`` flushes on the next loop iteration);
-- a flush takes up to ``max_batch`` writes in queue order; at most ``max_concurrent_flushes``
-  flushes of one method run at once, further batches wait for one of them to finish;
-- writes of one method are handed to the writer in submission order. With
-  ``max_concurrent_flushes > 1`` two batches of one method may be *written* concurrently and
-  complete out of order, which suits idempotent appends whose reads order by timestamp; set it to 1
-  when the backend must see strict submission order.
+Either way a flush takes up to ``max_batch`` writes in queue order, and at most
+``max_concurrent_flushes`` flushes of one method run at once (one for methods in
+:data:`ORDERED_METHODS`, whose reads follow insertion order). Writes of one method are handed to the
+writer in submission order.
+
+The batcher promises that every queued write is either handed to the writer or, when
+:meth:`Batcher.aclose` runs out of time, returned by :meth:`Batcher.drain_unwritten` (the owner keeps
+those and settles their futures).
 
 Backpressure: writes queued plus writes being flushed (all methods together) never exceed
 ``queue_size``. A submitter that finds no space waits, FIFO, up to its deadline.
@@ -51,7 +56,16 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
 from . import telemetry_names as names
 from .config import BatchConfig
-from .protocol import StateStore, SupportsPlannerEvents, SupportsTasks
+from .outcome import Outcome
+from .protocol import (
+    StateStore,
+    SupportsConversationBindings,
+    SupportsMemoryState,
+    SupportsPlannerEvents,
+    SupportsPlannerState,
+    SupportsTasks,
+    SupportsTrajectories,
+)
 from .store_gauge import StoreTotalGauge, store_total_gauge
 
 logger = logging.getLogger("guarded.batching")
@@ -68,8 +82,18 @@ BULK_METHODS: Mapping[str, str] = {
     "save_event": "save_events",
     "save_update": "save_updates",
     "save_planner_event": "save_planner_events",
+    "save_memory_state": "save_memory_states",
+    "save_task": "save_tasks",
+    "save_trajectory": "save_trajectories",
+    "save_remote_binding": "save_remote_bindings",
+    "mark_binding_terminal": "mark_bindings_terminal",
+    "save_planner_state": "save_planner_states",
 }
-"""The bulk backend method that writes many calls of each batched method at once."""
+"""The bulk backend method that writes many calls of a write method at once, when the backend has
+it: batched appends use it for flushes, and replays and drains for every method here. A bulk form
+takes one list: of the single call's argument for one-parameter methods, else of tuples of the
+single call's arguments in signature order. Items are applied in list order (a later write of a
+last-write-wins key wins)."""
 
 _CANCEL_GRACE = 1.0
 """Seconds :meth:`Batcher.aclose` waits for cancelled flushes to unwind after its timeout."""
@@ -89,12 +113,23 @@ class PendingWrite:
     """Call-order number assigned by the caller."""
     queued_at: float
     """Loop time at which the caller submitted the write."""
+    done: asyncio.Future[Outcome] | None = None
+    """Group commit: settled with the write's outcome once its batch is written (``OK``: in the
+    backend; ``DEAD_LETTERED``: held for replay; ``REJECTED``: parked as bad data). ``None`` for a
+    write-behind write, acknowledged when queued."""
+
+    def settle(self, outcome: Outcome) -> None:
+        """Tell the caller waiting for this write (if any, and if it still waits) its outcome."""
+        done = self.done
+        if done is not None and not done.done():
+            done.set_result(outcome)
 
 
-Writer: TypeAlias = Callable[[str, Sequence[PendingWrite]], Awaitable[None]]
-"""Writes one flush of one method. It must not raise: it handles failures itself (retry,
-dead-letter). If it raises anyway, the batcher logs the error type (never payloads), counts the
-writes in :attr:`Batcher.failed` and frees their space; they are not returned to the owner."""
+Writer: TypeAlias = Callable[[str, Sequence[PendingWrite]], Awaitable[Sequence[Outcome] | None]]
+"""Writes one flush of one method and returns each write's outcome (``None``: all ``OK``). It must
+not raise: it handles failures itself (retry, dead-letter). If it raises anyway, the batcher logs
+the error type (never payloads), counts the writes in :attr:`Batcher.failed`, settles them
+``FALLBACK`` (not kept) and frees their space; they are not returned to the owner."""
 
 
 # --- metrics ----------------------------------------------------------------------------------------
@@ -164,6 +199,7 @@ class _MethodQueue:
     __slots__ = (
         "active",
         "due",
+        "eager",
         "duration",
         "flush_waiters",
         "in_flight",
@@ -182,7 +218,7 @@ class _MethodQueue:
         self.taken = 0
         self.in_flight: dict[int, list[PendingWrite]] = {}
         self.active = 0
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.Handle | None = None
         self.due = False
         self.urgent_through = 0
         """Writes numbered below this are flushed without waiting for size or delay."""
@@ -191,6 +227,8 @@ class _MethodQueue:
         """Heap of (sequence number to reach, tie-breaker, future) of pending flush calls."""
         self.size = size
         self.duration = duration
+        self.eager = False
+        """Group commit: start a flush whenever fewer than the limit run (no size or delay)."""
 
     @property
     def submitted(self) -> int:
@@ -247,6 +285,18 @@ class Batcher:
     def pending(self) -> int:
         """Writes queued or being flushed, plus slots granted to submitters about to queue."""
         return self._pending
+
+    @property
+    def acknowledged_pending(self) -> int:
+        """Write-behind writes acknowledged but not yet written (lost if the process dies now);
+        group-commit writes are not acknowledged before they are written, so they do not count."""
+        return sum(
+            1
+            for mq in self._queues.values()
+            for batch in (mq.queue, *mq.in_flight.values())
+            for write in batch
+            if write.done is None
+        )
 
     @property
     def closed(self) -> bool:
@@ -330,6 +380,7 @@ class Batcher:
                 self._size.labels(self.store_name, method),
                 self._duration.labels(self.store_name, method),
             )
+            mq.eager = write.done is not None
         queue = mq.queue
         queue.append(write)
         scope = write.scope
@@ -340,12 +391,19 @@ class Batcher:
             else:
                 entry.count += 1
                 entry.last = mq.taken + len(queue) - 1
-        if len(queue) >= self._max_batch:
+        if mq.eager:
+            # Writes submitted in this loop iteration join one batch: pump on the next iteration.
+            if mq.timer is None and not mq.due and mq.active < self._limit(mq):
+                mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
+        elif len(queue) >= self._max_batch:
             self._pump(mq)
         elif len(queue) == 1 and mq.timer is None and not mq.due:
             mq.timer = asyncio.get_running_loop().call_later(self._max_delay, self._on_timer, mq)
 
     # --- flushing -----------------------------------------------------------------------------------
+
+    def _limit(self, mq: _MethodQueue) -> int:
+        return 1 if mq.method in ORDERED_METHODS else self._max_flushes
 
     def _on_timer(self, mq: _MethodQueue) -> None:
         mq.timer = None
@@ -357,9 +415,12 @@ class Batcher:
         queue = mq.queue
         max_batch = self._max_batch
         started = False
-        limit = 1 if mq.method in ORDERED_METHODS else self._max_flushes
+        limit = self._limit(mq)
+        eager = mq.eager
         while queue and mq.active < limit:
-            if not (len(queue) >= max_batch or mq.due or mq.taken < mq.urgent_through or self._closing):
+            if not (
+                eager or len(queue) >= max_batch or mq.due or mq.taken < mq.urgent_through or self._closing
+            ):
                 break
             size = min(len(queue), max_batch)
             batch = [queue.popleft() for _ in range(size)]
@@ -372,7 +433,8 @@ class Batcher:
             task = asyncio.get_running_loop().create_task(self._run_flush(mq, start, batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        if not queue:
+        if not queue or eager:
+            # A group-commit queue left non-empty is pumped when one of its flushes ends.
             mq.due = False
             if mq.timer is not None:
                 mq.timer.cancel()
@@ -390,8 +452,14 @@ class Batcher:
         began = loop.time()
         finished = cancelled = False
         try:
-            await self._writer(mq.method, batch)
+            outcomes = await self._writer(mq.method, batch)
             finished = True
+            if outcomes is None:
+                for write in batch:
+                    write.settle(Outcome.OK)
+            else:
+                for write, outcome in zip(batch, outcomes, strict=True):
+                    write.settle(outcome)
         except asyncio.CancelledError:
             if id(batch) not in self._abandoned:
                 self._unwritten.extend(batch)
@@ -413,6 +481,8 @@ class Batcher:
                     "writes": len(batch),
                 },
             )
+            for write in batch:
+                write.settle(Outcome.FALLBACK)
             finished = True
         finally:
             if id(batch) in self._abandoned:
@@ -557,6 +627,12 @@ _SINGLE_PARAMETERS: dict[str, tuple[str, ...]] = {
     "save_event": _parameters(StateStore.save_event),
     "save_update": _parameters(SupportsTasks.save_update),
     "save_planner_event": _parameters(SupportsPlannerEvents.save_planner_event),
+    "save_memory_state": _parameters(SupportsMemoryState.save_memory_state),
+    "save_task": _parameters(SupportsTasks.save_task),
+    "save_trajectory": _parameters(SupportsTrajectories.save_trajectory),
+    "save_remote_binding": _parameters(StateStore.save_remote_binding),
+    "mark_binding_terminal": _parameters(SupportsConversationBindings.mark_binding_terminal),
+    "save_planner_state": _parameters(SupportsPlannerState.save_planner_state),
 }
 
 
@@ -586,7 +662,7 @@ def bulk_args(method: str, writes: Sequence[PendingWrite]) -> tuple[Any, ...]:
     """
     parameters = _SINGLE_PARAMETERS.get(method)
     if parameters is None:
-        raise ValueError(f"{method!r} has no bulk form; batched methods are {BATCHED_METHODS}")
+        raise ValueError(f"{method!r} has no bulk form; methods with one are {tuple(BULK_METHODS)}")
     if len(parameters) == 1:
         name = parameters[0]
         return ([_argument(write, 0, name) for write in writes],)

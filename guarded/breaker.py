@@ -235,6 +235,21 @@ class CircuitBreaker:
         for listener in self._listeners:
             listener(old, new)
 
+    def remaining_open(self) -> float:
+        """Seconds until an OPEN breaker lets probes through (0 when it already would; infinite
+        when FORCED_OPEN)."""
+        if self._state is BreakerState.FORCED_OPEN:
+            return float("inf")
+        if self._state is not _OPEN:
+            return 0.0
+        return max(0.0, self.config.open_duration - (self._clock() - self._opened_at))
+
+    def probe_now(self) -> None:
+        """End an OPEN breaker's wait early: it goes HALF_OPEN and admits probes (used by a drain
+        at shutdown, whose budget may be shorter than ``open_duration``). Operator states stay."""
+        if self._state is _OPEN:
+            self._transition(BreakerState.HALF_OPEN)
+
     def force_open(self) -> None:
         """Operator control: refuse every call until :meth:`reset`."""
         self._transition(BreakerState.FORCED_OPEN)

@@ -58,22 +58,44 @@ class LoggingConfig(_Frozen):
 
 
 class ArtifactFallbackConfig(_Frozen):
-    """Artifacts the backend could not take are kept in this process, within these bounds."""
+    """Artifacts the backend could not take are kept in this process, within these bounds, and
+    dead-lettered: held in a spill file of their own (the dead-letter path with ``-artifacts``
+    added to the file name) and replayed into the backend's artifact store when it recovers."""
 
     local_max_bytes: int = Field(64 * 1024 * 1024, ge=0)
     """Per session and per trace; beyond it the oldest local artifacts are evicted (LRU)."""
+    spill_max_bytes: int = Field(256 * 1024 * 1024, ge=0)
+    """Held artifacts (their encoded size: base64 content plus metadata) in the artifact spill
+    file, at most. An artifact that would go beyond it is kept in this process only (outcome
+    ``fallback``, logged); ``0`` never dead-letters artifacts. Also their in-memory cap when
+    ``dead_letter.path`` is ``None``."""
+
+
+Ack = Literal["commit", "enqueue"]
+"""When a batched write is acknowledged: ``"commit"`` (group commit, the default) once the batch
+holding it is committed to the backend or to the spill file; ``"enqueue"`` (write-behind) as soon
+as it is queued, leaving a window of ``max_delay`` plus one flush in which it exists only in this
+process."""
 
 
 class BatchConfig(_Frozen):
-    """Write-behind batching of append-only writes (``save_event``, ``save_update``,
-    ``save_planner_event``): the caller is acknowledged once its write is queued."""
+    """Batching of append-only writes (``save_event``, ``save_update``, ``save_planner_event``).
+
+    By default (``ack="commit"``) this is group commit as databases do it: a write goes out at
+    once when no flush of its method is running, writes that arrive while one runs form the next
+    batch, and each caller returns once the batch holding its write is committed (to the backend,
+    or to the spill file when the backend cannot take it)."""
 
     enabled: bool = True
+    ack: Ack = "commit"
+    """``"commit"`` (group commit) or ``"enqueue"`` (write-behind, an explicit opt-in: acknowledged
+    when queued; see docs/durability.md for its window). Per method: ``methods[name].ack``."""
     max_batch: int = Field(500, ge=1)
     """A method's queue is flushed as soon as it holds this many writes."""
     max_delay: float = Field(0.002, ge=0)
-    """... or once its oldest write has waited this long (seconds): the window in which an
-    acknowledged write exists only in this process."""
+    """With ``ack="enqueue"``: a queue is flushed once its oldest write has waited this long
+    (seconds), the window in which an acknowledged write exists only in this process. Group
+    commit has no timer."""
     queue_size: int = Field(20_000, ge=1)
     """Writes queued or being flushed, all methods together; a full queue makes callers wait
     (up to their deadline, then the write is dead-lettered)."""
@@ -87,10 +109,14 @@ class DeadLetterConfig(_Frozen):
     """Writes that finally failed are acknowledged and kept here, then replayed in order."""
 
     enabled: bool = True
-    path: str | None = Field(default_factory=lambda: os.environ.get("GUARDED_DLQ_PATH") or None)
+    path: str | None = Field(default_factory=lambda: default_spill_path())
     """SQLite spill file (``{name}`` is replaced by the guard's name). Every dead-lettered write is
     committed to it before the caller is acknowledged, so it survives a crash of the process.
-    ``None`` (the default unless ``GUARDED_DLQ_PATH`` is set) keeps the buffer in memory only."""
+    Processes configured with the same path each claim a slot file of their own beside it, and
+    adopt the files of processes that are gone. Default: ``GUARDED_DLQ_PATH`` when set, else
+    ``$XDG_STATE_HOME/guarded/{name}.sqlite`` (``~/.local/state`` when ``XDG_STATE_HOME`` is unset).
+    ``None`` keeps the buffer in memory only, by explicit choice: held writes die with the process
+    (one WARNING says so when the guard starts)."""
     max_memory_entries: int = Field(10_000, ge=1)
     max_memory_bytes: int = Field(64 * 1024 * 1024, ge=1)
     """In-memory caps; beyond them entries live on disk only (or, without a spill file, the
@@ -109,6 +135,21 @@ class DeadLetterConfig(_Frozen):
     the spill file."""
 
 
+def state_directory() -> str:
+    """The user's state directory per the XDG base directory convention: ``$XDG_STATE_HOME``, else
+    ``~/.local/state``."""
+    configured = os.environ.get("XDG_STATE_HOME")
+    if configured and os.path.isabs(configured):
+        return configured
+    return os.path.join(os.path.expanduser("~"), ".local", "state")
+
+
+def default_spill_path() -> str:
+    """Where a guard spills held writes when not told: ``GUARDED_DLQ_PATH``, else
+    ``<state directory>/guarded/{name}.sqlite`` (read when the configuration is built)."""
+    return os.environ.get("GUARDED_DLQ_PATH") or os.path.join(state_directory(), "guarded", "{name}.sqlite")
+
+
 class StaleConfig(_Frozen):
     """Stale-if-error: the last value this process read or wrote per key serves failed reads."""
 
@@ -123,19 +164,22 @@ class MethodConfig(_Frozen):
     deadline: float | None = Field(None, gt=0)
     max_attempts: int | None = Field(None, ge=1)
     retry: bool | None = None
+    ack: Ack | None = None
+    """Of a batched write: ``"commit"`` or ``"enqueue"`` (see :attr:`BatchConfig.ack`)."""
 
 
 class GuardConfig(_Frozen):
     """Configuration of :func:`guarded.guard`. Defaults suit a database-backed store."""
 
-    timeout: TimeoutConfig = TimeoutConfig()
-    retry: RetryConfig = RetryConfig()
-    breaker: BreakerConfig = BreakerConfig()
-    logging: LoggingConfig = LoggingConfig()
-    artifacts: ArtifactFallbackConfig = ArtifactFallbackConfig()
-    batching: BatchConfig = BatchConfig()
-    dead_letter: DeadLetterConfig = DeadLetterConfig()
-    stale: StaleConfig = StaleConfig()
+    timeout: TimeoutConfig = Field(default_factory=TimeoutConfig)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    artifacts: ArtifactFallbackConfig = Field(default_factory=ArtifactFallbackConfig)
+    batching: BatchConfig = Field(default_factory=BatchConfig)
+    dead_letter: DeadLetterConfig = Field(default_factory=DeadLetterConfig)
+    """Built when the configuration is: ``GUARDED_DLQ_PATH`` and ``XDG_STATE_HOME`` are read then."""
+    stale: StaleConfig = Field(default_factory=StaleConfig)
     methods: dict[str, MethodConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -159,6 +203,7 @@ class GuardConfig(_Frozen):
             attempt_timeout=min(override.attempt_timeout or self.timeout.attempt, deadline),
             deadline=deadline,
             max_attempts=attempts if retry else 1,
+            ack=override.ack or self.batching.ack,
         )
 
 
@@ -168,3 +213,4 @@ class ResolvedMethodConfig(_Frozen):
     attempt_timeout: float
     deadline: float
     max_attempts: int
+    ack: Ack = "commit"

@@ -1,7 +1,7 @@
-"""What keeps acknowledged writes of one guard: the write-behind batcher, the dead-letter buffer,
+"""What keeps acknowledged writes of one guard: the batcher (group commit), the dead-letter buffer,
 the stale-if-error cache, and the background replay (DESIGN.md "What nothing lost means").
 
-The layers in :mod:`guarded.layers.dead_letter`, :mod:`guarded.layers.write_behind` and
+The layers in :mod:`guarded.layers.dead_letter`, :mod:`guarded.layers.batching` and
 :mod:`guarded.layers.stale_reads` call into one :class:`Durability` per guard. Its own backend
 calls (batch flushes, replays) go through the guard's breaker, retry and timeout layers but not
 through its metrics, fallback or dead-letter layers: a replay that fails stays in the buffer.
@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import uuid
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from .batching import Batcher, PendingWrite, bulk_args, bulk_method_for
+from .batching import BULK_METHODS, Batcher, PendingWrite, bulk_args, bulk_method_for
 from .breaker import BreakerState, CircuitBreaker
 from .classify import ErrorClass, classify, error_type, safe_message
 from .codec import record_types_of
@@ -27,6 +28,7 @@ from .config import GuardConfig
 from .deadletter import DeadLetterBuffer, ReplayResult
 from .errors import InvalidPayloadError
 from .idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_item_key
+from .outcome import Outcome
 from .stale import StaleCache
 
 logger = logging.getLogger("guarded.durability")
@@ -37,10 +39,27 @@ InternalCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any
 _WAITING_STATES = frozenset({BreakerState.OPEN, BreakerState.FORCED_OPEN})
 _REPLAY_PAUSE = 0.5
 _REPLAY_MAX_PAUSE = 5.0
+_ADOPT_EVERY = 30.0
+"""Seconds between looks for spill files whose owner is gone (also done at start)."""
+_DRAIN_PAUSE = 0.05
+_DRAIN_MAX_PAUSE = 1.0
+_DRAIN_BATCH = 1000
+"""Held writes a drain sends in one bulk call, at most."""
 KEYED_APPENDS = frozenset({"save_planner_event"})
 """Appends without a natural id: each write gets a key of its own, used by its flush, kept with it
 when it is dead-lettered and used again by its replay (:data:`guarded.idempotency.ITEM_KEYS`), so a
 backend that honours keys stores it once even when an acknowledgement was lost."""
+_OK, _DEAD_LETTERED, _REJECTED = Outcome.OK, Outcome.DEAD_LETTERED, Outcome.REJECTED
+
+
+def target_identity(target: object) -> str:
+    """What a spill file records as the backend its writes belong to: the store's own
+    ``target_identity`` (host, database, schema; never credentials) when it has one, else its class."""
+    found = getattr(target, "target_identity", None)
+    if isinstance(found, str) and found:
+        return found
+    kind = type(target)
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 class Durability:
@@ -63,7 +82,11 @@ class Durability:
         self._run = run
         self.buffer: DeadLetterBuffer | None = (
             DeadLetterBuffer(
-                config.dead_letter, store_name=store_name, registry=registry, types=record_types_of(target)
+                config.dead_letter,
+                store_name=store_name,
+                registry=registry,
+                types=record_types_of(target),
+                target=target_identity(target),
             )
             if config.dead_letter.enabled
             else None
@@ -82,14 +105,25 @@ class Durability:
         """Call-order stamps: a direct write supersedes held writes of its key with older stamps."""
         self._write_key_prefix = f"{uuid.uuid4().hex}:"
         self.opened = False
+        self.closed = False
         self._opening: asyncio.Future[None] | None = None
         self._replay_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
         self._closing = False
+        self._last_adoption = -math.inf
+        if self.buffer is not None and self.buffer.path is None:
+            logger.warning(
+                "dead-letter buffer of store %r is in memory only (dead_letter.path=None): writes held "
+                "during an outage die with the process",
+                store_name,
+                extra={"event": "deadletter_memory_only", "store": store_name},
+            )
 
     # --- start-up ----------------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Open the spill file (once); writes a previous process left there start replaying."""
+        """Open the spill file (once): claim a slot, adopt files whose owner is gone, and start
+        replaying what waits. Never raises for the spill file (the buffer falls back to memory)."""
         if self.opened:
             return
         if self._opening is not None:
@@ -98,15 +132,25 @@ class Durability:
         self._opening = asyncio.get_running_loop().create_future()
         try:
             waiting = await self.buffer.open() if self.buffer is not None else 0
+        except Exception:
+            # The buffer reports spill-file trouble itself and keeps writes in memory; anything
+            # else is a bug, and writes must still reach a healthy backend.
+            logger.exception("opening the dead-letter buffer failed", extra={"store": self.store_name})
+            waiting = self.buffer.depth if self.buffer is not None else 0
         except BaseException as exc:
             self._opening.set_exception(exc)
+            self._opening.exception()  # retrieved: waiters re-raise it, nobody else should log it
             self._opening = None
             raise
         self.opened = True
         self._opening.set_result(None)
+        self._last_adoption = asyncio.get_running_loop().time()
+        self._watch_task = asyncio.get_running_loop().create_task(
+            self._watch_loop_end(), name=f"guarded-watch-{self.store_name}"
+        )
         if waiting:
             logger.info(
-                "replaying %d dead-lettered writes left by a previous process",
+                "replaying %d held writes (left by a previous process or adopted)",
                 waiting,
                 extra={"store": self.store_name, "depth": waiting},
             )
@@ -157,7 +201,11 @@ class Durability:
             return write.kwargs
         return {**write.kwargs, WRITE_KEY_ARGUMENT: self._write_key(write)}
 
-    async def _dead_letter_writes(self, failed: Sequence[tuple[PendingWrite, BaseException]]) -> None:
+    async def _dead_letter_writes(
+        self, failed: Sequence[tuple[PendingWrite, BaseException]]
+    ) -> list[Outcome]:
+        """Keep batched writes that failed; each one's outcome (``DEAD_LETTERED``, or ``REJECTED``
+        when its call cannot be encoded and was parked)."""
         assert self.buffer is not None
         items = [
             (
@@ -173,9 +221,11 @@ class Durability:
         ]
         try:
             await self.buffer.put_many(items)
+            outcomes = [_DEAD_LETTERED] * len(failed)
         except InvalidPayloadError:
+            outcomes = []
             for write, exc in failed:
-                await self.dead_letter(
+                kept = await self.dead_letter(
                     write.method,
                     write.args,
                     self.kept_kwargs(write),
@@ -184,29 +234,31 @@ class Durability:
                     stamp=write.stamp,
                     error=error_type(exc),
                 )
+                outcomes.append(_DEAD_LETTERED if kept else _REJECTED)
         self.kick_replay()
+        return outcomes
 
-    async def _write_batch(self, method: str, writes: Sequence[PendingWrite]) -> None:
+    async def _write_batch(self, method: str, writes: Sequence[PendingWrite]) -> list[Outcome]:
         """The batcher's writer: one bulk call when the backend has one, else bounded singles;
-        what fails is dead-lettered, what is bad data is parked."""
+        what fails is dead-lettered, what is bad data is parked. Returns each write's outcome."""
         bulk = bulk_method_for(self.target, method)
-        if bulk is not None:
+        if bulk is not None and (len(writes) > 1 or not callable(getattr(self.target, method, None))):
             try:
                 with item_keys(self._item_keys(writes)):
                     await self._run(bulk, bulk_args(method, writes), {})
-                return
+                return [_OK] * len(writes)
             except Exception as exc:
                 if classify(exc) is not ErrorClass.REJECTED:
-                    await self._dead_letter_writes([(write, exc) for write in writes])
-                    return
+                    return await self._dead_letter_writes([(write, exc) for write in writes])
                 # One bad write rejects the whole bulk call: write one by one to find it.
-        await self._write_singles(writes)
+        return await self._write_singles(writes)
 
-    async def _write_singles(self, writes: Sequence[PendingWrite]) -> None:
+    async def _write_singles(self, writes: Sequence[PendingWrite]) -> list[Outcome]:
         limit = asyncio.Semaphore(self.config.batching.single_write_concurrency)
-        failed: list[tuple[PendingWrite, BaseException]] = []
+        outcomes = [_OK] * len(writes)
+        failed: list[tuple[int, PendingWrite, BaseException]] = []
 
-        async def write_one(write: PendingWrite) -> None:
+        async def write_one(index: int, write: PendingWrite) -> None:
             async with limit:
                 try:
                     with item_keys(self._item_keys((write,))):
@@ -214,12 +266,16 @@ class Durability:
                 except Exception as exc:
                     if classify(exc) is ErrorClass.REJECTED:
                         await self.park(write.method, write.args, write.kwargs, exc)
+                        outcomes[index] = _REJECTED
                     else:
-                        failed.append((write, exc))
+                        failed.append((index, write, exc))
 
-        await asyncio.gather(*(write_one(write) for write in writes))
+        await asyncio.gather(*(write_one(index, write) for index, write in enumerate(writes)))
         if failed:
-            await self._dead_letter_writes(failed)
+            kept = await self._dead_letter_writes([(write, exc) for _, write, exc in failed])
+            for (index, _, _), outcome in zip(failed, kept, strict=True):
+                outcomes[index] = outcome
+        return outcomes
 
     # --- replay -----------------------------------------------------------------------------------
 
@@ -245,23 +301,52 @@ class Durability:
         self, method: str, calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]]
     ) -> ReplayResult:
         bulk = bulk_method_for(self.target, method)
-        assert bulk is not None, "replay_once passes send_bulk only when the backend has the bulk form"
-        writes = [PendingWrite(method, args, kwargs, None, 0, 0.0) for args, kwargs in calls]
-        await self._run(bulk, bulk_args(method, writes), {})
+        assert bulk is not None, "replay passes send_bulk only for methods whose bulk form the backend has"
+        keys: list[str] = []
+        writes = []
+        for args, kwargs in calls:
+            if WRITE_KEY_ARGUMENT in kwargs:
+                kwargs = dict(kwargs)
+                keys.append(str(kwargs.pop(WRITE_KEY_ARGUMENT)))
+            writes.append(PendingWrite(method, args, kwargs, None, 0, 0.0))
+        with item_keys(tuple(keys) if keys and len(keys) == len(writes) else None):
+            await self._run(bulk, bulk_args(method, writes), {})
         return ReplayResult.OK
 
-    async def replay_once(self) -> bool:
-        """One replay pass; ``True`` when the buffer is empty afterwards."""
+    def _bulk_methods(self) -> frozenset[str]:
+        return frozenset(
+            method for method in BULK_METHODS if bulk_method_for(self.target, method) is not None
+        )
+
+    async def replay_once(self, *, unlimited: bool = False) -> bool:
+        """One replay pass; ``True`` when the buffer is empty afterwards. ``unlimited``: at the
+        backend's pace in large bulk writes (a drain), not the background replay's rate."""
         if self.buffer is None:
             return True
-        has_bulk = bulk_method_for(self.target, "save_event") is not None
+        bulk_methods = self._bulk_methods()
+        options = self.config.dead_letter
         summary = await self.buffer.replay(
             self._send,
-            send_bulk=self._send_bulk if has_bulk else None,
-            rate=self.config.dead_letter.replay_rate,
-            batch=self.config.dead_letter.replay_batch,
+            send_bulk=self._send_bulk if bulk_methods else None,
+            bulk_methods=bulk_methods,
+            rate=math.inf if unlimited else options.replay_rate,
+            batch=max(options.replay_batch, _DRAIN_BATCH) if unlimited else options.replay_batch,
         )
         return not summary.stopped_early and self.buffer.is_empty
+
+    async def adopt_orphans(self) -> int:
+        """Take over the spill files of processes that are gone (same path, same target)."""
+        if self.buffer is None or self._closing:
+            return 0
+        self._last_adoption = asyncio.get_running_loop().time()
+        try:
+            adopted = await self.buffer.adopt_orphans()
+        except Exception:
+            logger.exception("adopting orphaned spill files failed", extra={"store": self.store_name})
+            return 0
+        if adopted:
+            self.kick_replay()
+        return adopted
 
     async def _replay_loop(self) -> None:
         pause = _REPLAY_PAUSE
@@ -282,7 +367,51 @@ class Durability:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _REPLAY_MAX_PAUSE)
 
+    async def _watch_loop_end(self) -> None:
+        """Adopt orphaned spill files now and then, and report undelivered writes when the event
+        loop shuts down (``asyncio.run`` cancels this task) without the guard being closed."""
+        try:
+            while True:
+                await asyncio.sleep(_ADOPT_EVERY)
+                await self.adopt_orphans()
+        except asyncio.CancelledError:
+            if not self._closing:
+                self.report_unclosed("its event loop is shutting down")
+            raise
+
     # --- shutdown ---------------------------------------------------------------------------------
+
+    def undelivered(self) -> tuple[int, bool, str]:
+        """Acknowledged writes not yet in the backend, whether some of them are in memory only
+        (lost with the process), and where they are."""
+        queued = self.batcher.acknowledged_pending if self.batcher is not None else 0
+        held = self.buffer.depth if self.buffer is not None else 0
+        spill = self.buffer.spill_path if self.buffer is not None else None
+        where = []
+        if held:
+            where.append(f"{held} in spill file {spill}" if spill else f"{held} in memory only")
+        if queued:
+            where.append(f"{queued} queued in memory (write-behind)")
+        return queued + held, bool(queued or (held and spill is None)), ", ".join(where)
+
+    def report_unclosed(self, why: str) -> None:
+        """One ERROR record when the guard goes away (``why``) with acknowledged writes not yet in
+        the backend; nothing when it was closed or has none."""
+        if self.closed or self._closing:
+            return
+        count, at_risk, where = self.undelivered()
+        if not count:
+            return
+        logger.error(
+            "guard of store %r was not closed and %s with %d acknowledged writes not yet in the backend "
+            "(%s)%s; close it with 'async with' or 'await controller(store).aclose()'",
+            self.store_name,
+            why,
+            count,
+            where,
+            ": those in memory are lost" if at_risk else "; the next guard on this spill path replays them",
+            extra={"event": "guard_not_closed", "store": self.store_name, "undelivered": count},
+        )
 
     async def flush(self) -> None:
         """Hand every queued write to the backend (or to the buffer when that fails)."""
@@ -290,49 +419,110 @@ class Durability:
             await self.batcher.flush()
 
     async def drain(self, timeout: float) -> int:  # noqa: ASYNC109 - a budget, not a cancellation
-        """Flush, then replay the buffer until it is empty or ``timeout`` passes; returns how many
-        writes remain (in the spill file when there is one)."""
+        """Flush, then deliver held writes until none is left or ``timeout`` seconds pass; returns
+        how many remain (in the spill file when there is one).
+
+        Uses the whole budget: an open breaker is waited out (probed early, with backoff, when its
+        wait is longer than what is left), a failed pass is retried after a backoff, and writes go
+        in large bulk writes at the backend's pace, not the background replay's rate.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         await self.open()
         if self.batcher is not None:
-            await self.batcher.flush()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                    await self.batcher.flush()
         buffer = self.buffer
         if buffer is None:
             return 0
-        while not buffer.is_empty and loop.time() < deadline:
-            if self.breaker.state in _WAITING_STATES:
+        await self.adopt_orphans()
+        pause = _DRAIN_PAUSE
+        breaker = self.breaker
+        while not buffer.is_empty:
+            left = deadline - loop.time()
+            if left <= 0:
                 break
+            wait = breaker.remaining_open()
+            if wait > 0:
+                if math.isinf(wait):
+                    break  # forced open by an operator: deliver nothing
+                await asyncio.sleep(min(wait, pause, left))
+                pause = min(pause * 2, _DRAIN_MAX_PAUSE)
+                breaker.probe_now()
+                continue
             try:
-                done = await asyncio.wait_for(self.replay_once(), max(0.0, deadline - loop.time()))
+                async with asyncio.timeout(left):
+                    done = await self.replay_once(unlimited=True)
             except TimeoutError:
                 break
-            if not done:
-                break
+            except Exception:
+                logger.exception("dead-letter drain pass failed", extra={"store": self.store_name})
+                done = False
+            if not done and not buffer.is_empty:
+                await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+                pause = min(pause * 2, _DRAIN_MAX_PAUSE)
+            else:
+                pause = _DRAIN_PAUSE
         return buffer.depth
 
     async def aclose(self, timeout: float) -> int:  # noqa: ASYNC109 - a budget, not a cancellation
-        """Stop batching, drain within ``timeout``, stop the replay; returns writes left over."""
+        """Stop batching, drain within ``timeout``, stop the replay; returns writes left over.
+
+        Logs one record: how many writes were not delivered and where they are (the spill file, for
+        the next guard on its path; or, memory-only, lost). Never raises for the spill file.
+        """
+        if self.closed:
+            return 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         if self.batcher is not None:
             await self.batcher.aclose(timeout)
             unwritten = self.batcher.drain_unwritten()
             if unwritten and self.buffer is not None:
-                await self._dead_letter_writes([(write, TimeoutError("shutdown")) for write in unwritten])
+                outcomes = await self._dead_letter_writes(
+                    [(write, TimeoutError("shutdown")) for write in unwritten]
+                )
+                for write, outcome in zip(unwritten, outcomes, strict=True):
+                    write.settle(outcome)
         remaining = await self.drain(max(0.0, deadline - loop.time()))
         self._closing = True
-        task = self._replay_task
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._replay_task, self._watch_task):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        spill = None
+        parked = 0
         if self.buffer is not None:
-            await self.buffer.aclose()
-        if remaining:
+            remaining = self.buffer.depth
+            spill = self.buffer.spill_path
+            parked = (await self.buffer.stats()).parked
+            try:
+                await self.buffer.aclose()
+            except Exception:
+                logger.exception("closing the dead-letter buffer failed", extra={"store": self.store_name})
+        self.closed = True
+        if remaining and spill is not None:
             logger.warning(
-                "closing with %d dead-lettered writes kept for the next process",
+                "closing store %r with %d undelivered writes kept in %s; the next guard on this spill "
+                "path delivers them",
+                self.store_name,
                 remaining,
-                extra={"store": self.store_name, "depth": remaining},
+                spill,
+                extra={"event": "guard_closed_undelivered", "store": self.store_name, "depth": remaining},
+            )
+        elif remaining or (parked and spill is None):
+            logger.error(
+                "closing store %r with %d undelivered and %d parked writes in memory only: they are lost",
+                self.store_name,
+                remaining,
+                parked,
+                extra={
+                    "event": "guard_closed_lost",
+                    "store": self.store_name,
+                    "depth": remaining,
+                    "parked": parked,
+                },
             )
         return remaining

@@ -69,6 +69,7 @@ from .retention import CleanupReport, cleanup
 from .schema_names import validate_schema_name
 from .streams import Stream
 from .table_stats import table_stats
+from .target import target_identity
 from .tasks import Tasks, encode_task
 from .trajectories import Trajectories
 
@@ -162,6 +163,10 @@ class PostgresStateStore:
         self._sampler: asyncio.Task[None] | None = None
         self._closed = False
         self.schema_version: int | None = None
+        self.target_identity = f"postgresql://(application pool)/?schema={self.schema}"
+        """Which database and schema this store writes to, without credentials (recorded by the
+        guard's spill file so held writes are replayed only here); set from the DSN by
+        :meth:`connect` and :meth:`lazy`, from the server by :meth:`from_pool`."""
 
     # ------------------------------------------------------------------------------------------------
     # Lifecycle
@@ -190,6 +195,7 @@ class PostgresStateStore:
         except BaseException:
             await created.close()
             raise
+        store.target_identity = target_identity(dsn, store.schema)
         try:
             await store._opened()
         except BaseException:
@@ -205,6 +211,15 @@ class PostgresStateStore:
         store = cls(Database(pool), schema=schema, owns_pool=False, **options)
         try:
             await store._opened()
+            async with pool.acquire() as conn:
+                where = await conn.fetchrow(
+                    "SELECT coalesce(host(inet_server_addr()), 'local') AS host, "
+                    "coalesce(inet_server_port(), 0) AS port, current_database() AS db"
+                )
+            if where is not None:
+                store.target_identity = (
+                    f"postgresql://{where['host']}:{where['port']}/{where['db']}?schema={store.schema}"
+                )
         except BaseException:
             await store.close()
             raise
@@ -234,6 +249,7 @@ class PostgresStateStore:
             return created
 
         store = cls(Database(opener=opener), schema=validate_schema_name(schema), owns_pool=True, **options)
+        store.target_identity = target_identity(dsn, store.schema)
         holder.append(store)
         return store
 

@@ -69,9 +69,20 @@ def test_bulk_args_take_the_argument_positionally_or_by_name() -> None:
     assert bulk_args("save_event", []) == ([],)
 
 
+def test_bulk_args_of_upserts_follow_the_single_signature() -> None:
+    assert bulk_args(
+        "save_memory_state",
+        [write("save_memory_state", "k1", {"a": 1}), write("save_memory_state", key="k2", state={})],
+    ) == ([("k1", {"a": 1}), ("k2", {})],)
+    assert bulk_args(
+        "mark_binding_terminal",
+        [write("mark_binding_terminal", trace_id="t", context_id=None, task_id="x")],
+    ) == ([("t", None, "x")],)
+
+
 def test_bulk_args_reject_unknown_methods_and_missing_arguments() -> None:
-    with pytest.raises(ValueError, match="save_task"):
-        bulk_args("save_task", [])
+    with pytest.raises(ValueError, match="save_steering"):
+        bulk_args("save_steering", [])
     with pytest.raises(TypeError, match="'event'"):
         bulk_args("save_planner_event", [write("save_planner_event", "t")])
 

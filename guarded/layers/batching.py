@@ -1,8 +1,14 @@
-"""Write-behind layer: append-only writes (policy ``batch``) are queued and acknowledged at once;
-the batcher writes them in bulk and dead-letters what fails.
+"""Batching layer: append-only writes (policy ``batch``) go through the guard's
+:class:`~guarded.batching.Batcher`, coalesced with concurrent writes of their method into bulk writes.
 
-A full queue makes the caller wait, up to its deadline; then the write is dead-lettered
-(outcome ``dead_lettered``) — memory stays bounded and nothing is dropped.
+Group commit (``ack="commit"``, the default): the caller returns once the batch holding its write
+is committed, to the backend (outcome ``ok``) or to the dead-letter buffer when the backend cannot
+take it (``dead_lettered``); bad data is parked (``rejected``). Write-behind (``ack="enqueue"``, an
+explicit opt-in): the caller returns once the write is queued.
+
+Legacy aliases share their target's queue (``save_task_update`` is written as ``save_update``), so
+reads of the target and of its alias see them (read-your-writes). A full queue makes the caller
+wait, up to its deadline; then the write is dead-lettered: memory stays bounded, nothing is dropped.
 """
 
 from __future__ import annotations
@@ -15,8 +21,8 @@ from ..durability import Durability
 from ..outcome import Outcome
 
 
-class WriteBehindLayer:
-    """Hands batch-eligible writes to the guard's :class:`~guarded.batching.Batcher`."""
+class BatchingLayer:
+    """Hands batch-eligible writes to the guard's batcher (group commit or write-behind)."""
 
     def __init__(self, durability: Durability) -> None:
         self._durability = durability
@@ -27,24 +33,32 @@ class WriteBehindLayer:
         policy = method.policy
         if batcher is None or not policy.batch:
             return inner
-        name = policy.name
+        name = policy.alias_of or policy.name
         scope_of = policy.scope_key
         next_stamp = durability.next_stamp
         submit = batcher.submit
+        commit = method.settings.ack == "commit"
+        ok = Outcome.OK
 
-        async def write_behind(call: Call) -> Any:
+        async def batched(call: Call) -> Any:
             if not durability.opened:
                 await durability.open()
             scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
+            loop = call.loop
             write = PendingWrite(
                 name,
                 call.args,
                 call.kwargs,
                 scope if isinstance(scope, str) else None,
                 next_stamp(),
-                call.loop.time(),
+                loop.time(),
+                loop.create_future() if commit else None,
             )
             if await submit(write, deadline=call.deadline):
+                if write.done is not None:
+                    outcome = await write.done
+                    if outcome is not ok:
+                        call.outcome = outcome
                 return None
             kept = await durability.dead_letter(
                 name,
@@ -58,4 +72,4 @@ class WriteBehindLayer:
             call.outcome = Outcome.DEAD_LETTERED if kept else Outcome.REJECTED
             return None
 
-        return write_behind
+        return batched
