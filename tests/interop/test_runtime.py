@@ -112,7 +112,8 @@ async def test_every_runtime_event_is_the_stored_history_in_order(
 async def test_a_history_read_right_after_the_run_sees_every_batched_event(
     make_store: StoreFactory, raw: asyncpg.Connection, schema_name: str
 ) -> None:
-    held = GuardConfig(batching=BatchConfig(max_delay=60.0))  # nothing is flushed on a timer here
+    # Write-behind (the opt-in) with no timer flush: the events are acknowledged and still queued.
+    held = GuardConfig(batching=BatchConfig(ack="enqueue", max_delay=60.0))
     async with guarded_postgres(make_store, config=held) as store:
         audited = audited_flow(store)
         ((message, result),) = await run_messages(audited.flow, ["hello"])

@@ -411,7 +411,9 @@ async def _crash_main(mode: str, dsn: str, schema: str, spill: str, workers: int
         ledger = Ledger()
         await run_workers(store, ledger, workers=workers, per_worker=per_worker)
     else:
-        config = outage_config(spill, batching=BatchConfig(max_delay=3600.0, max_batch=10_000))
+        # Write-behind (the opt-in) with no timer flush: the documented window of queued appends.
+        batching = BatchConfig(ack="enqueue", max_delay=3600.0, max_batch=10_000)
+        config = outage_config(spill, batching=batching)
         store = guard(backend, name="crash", registry=registry, config=config)
         ledger = Ledger()
         for index in range(workers):

@@ -217,8 +217,8 @@ async def test_writes_acknowledged_by_a_killed_process_are_replayed_by_the_next(
 async def test_a_kill_loses_at_most_the_writes_pending_in_the_batch_window(
     server: EmbeddedPostgres, tmp_path: Path
 ) -> None:
-    """The one documented exception: appends acknowledged on queueing and killed before their
-    flush. The process reports them (``guarded_batch_pending``) and nothing else is lost."""
+    """Write-behind's documented window (the ``ack="enqueue"`` opt-in): appends acknowledged on
+    queueing and killed before their flush. The process reports them (``guarded_batch_pending``) and nothing else is lost."""
     spill = tmp_path / "dlq.sqlite"
     flushed, queued = 150, 120
     await asyncio.to_thread(server.stop)
