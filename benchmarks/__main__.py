@@ -2,8 +2,9 @@
 
 Sections run in order: ``guard`` (the guard's per-call cost against a bare store and a naive
 composition of tenacity + purgatory + OpenTelemetry + prometheus-client, on the in-memory
-store), ``postgres`` (the Postgres backend against raw asyncpg) and ``durability`` (write-behind
-batching against unbatched writes and ``COPY``, caller latency, dead-letter drain after an
+store), ``postgres`` (the Postgres backend against raw asyncpg) and ``durability`` (group commit
+at 1 to 1,000 writers against unbatched writes and ``COPY``, caller latency from call to commit,
+the dead-letter spill rate of held upserts, and the drain of held upserts and events after an
 outage). Without ``--dsn`` an embedded PostgreSQL server (``guarded.testing.postgres``) is
 started for the PostgreSQL sections and removed afterwards; the durability section stops and
 restarts it (with ``--dsn`` it starts one of its own for that). Exit status 1 when a target is
