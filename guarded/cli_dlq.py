@@ -1,20 +1,27 @@
-"""``guarded dlq list|stats|replay|purge``: inspect and operate a dead-letter spill file.
+"""``guarded dlq list|stats|replay|purge``: inspect and operate the dead-letter spill files of a path.
 
-``list`` and ``stats`` open the file read-only and work beside the live process that owns it.
-``replay`` and ``purge`` need the file's lock: they refuse (exit 1) while a live process holds
-it. Payload contents are never printed unless ``list --show-payload`` asks for them.
+``--path`` is the configured spill path (``{name}`` replaced): the commands work on every slot
+file of it (the path itself, and ``<path>.<k>`` of the other processes configured with it; see
+:mod:`guarded.deadletter.slots`) and say which file each write is in. ``list`` and ``stats``
+open the files read-only and work beside the live processes that own them. ``replay`` and
+``purge`` need a file's lock: a file held by a live process is skipped (exit 1). A file that
+cannot be read (damaged, foreign, of a newer layout) gets one error line, the others are still
+served, and the exit status is 2. Payload contents are never printed unless ``list
+--show-payload`` asks for them.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import glob
 import json
 import os
 import sys
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -30,33 +37,40 @@ from .deadletter import (
     SpillFileLockedError,
     store_sender,
 )
-from .deadletter.spill import SpillTotals
+from .deadletter.slots import slot_files
+from .deadletter.spill import SpillTotals, holder_pid, is_locked
 
 if TYPE_CHECKING:
     from .cli import Subparsers
 
 PROG = "guarded dlq"
 
+T = TypeVar("T")
+
 
 def register(subparsers: Subparsers) -> None:
     """Add the ``dlq`` subcommand and its own subcommands."""
     parser = subparsers.add_parser(
         "dlq",
-        help="inspect, replay or purge a dead-letter spill file",
+        help="inspect, replay or purge the dead-letter spill files of a path",
         description=(
-            "Inspect and operate the dead-letter spill file of a guarded store. list and stats read the "
-            "file while its process runs; replay and purge need the process stopped."
+            "Inspect and operate the dead-letter spill files of a guarded store: the configured path "
+            "and the slot files of the other processes configured with it (PATH.1, PATH.2, ...). list "
+            "and stats read the files while their processes run; replay and purge skip files held by "
+            "a live process."
         ),
     )
     commands = parser.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--path", required=True, metavar="FILE", help="the SQLite spill file")
+        sub.add_argument(
+            "--path", required=True, metavar="PATH", help="the configured spill path (its slot files too)"
+        )
         sub.add_argument("--json", action="store_true", help="print one JSON document instead of text")
         return sub
 
-    listing = add("list", "list waiting (or parked) writes, oldest first, without payloads")
+    listing = add("list", "list waiting (or parked) writes, oldest first per file, without payloads")
     listing.add_argument("--parked", action="store_true", help="list parked writes instead")
     listing.add_argument("--limit", type=int, default=50, metavar="N", help="at most N rows (default 50)")
     listing.add_argument(
@@ -64,7 +78,9 @@ def register(subparsers: Subparsers) -> None:
     )
     listing.set_defaults(handler=run_list)
 
-    add("stats", "counts, sizes and the age of the oldest waiting write").set_defaults(handler=run_stats)
+    add("stats", "counts, sizes and the age of the oldest waiting write, per file").set_defaults(
+        handler=run_stats
+    )
 
     replay = add("replay", "replay waiting writes into the store a factory builds")
     replay.add_argument(
@@ -76,6 +92,13 @@ def register(subparsers: Subparsers) -> None:
     replay.add_argument("--rate", type=float, default=None, metavar="R", help="writes per second at most")
     replay.add_argument(
         "--include-parked", action="store_true", help="first move parked writes back to the waiting ones"
+    )
+    replay.add_argument(
+        "--target",
+        default=None,
+        metavar="TARGET",
+        help="only files recorded for this backend target (and files with none); needed when the "
+        "files record more than one",
     )
     replay.add_argument(
         "--app-dir",
@@ -133,15 +156,86 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], widths: Seq
     return "\n".join(lines)
 
 
-def _open_read_only(path: str) -> SpillFile:
+# --- the files of a path ---------------------------------------------------------------------------
+
+
+@dataclass
+class _File:
+    """One slot file of the path, as a command sees it."""
+
+    slot: int
+    path: str
+    error: str | None = None
+    target: str | None = None
+    in_use: bool = False
+    pid: int | None = None
+
+
+class _Failures:
+    """Files a command could not serve: one error line each, exit status 2 at the end."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def report(self, file: _File, message: str) -> None:
+        self.count += 1
+        file.error = message
+        _error(message)
+
+
+def _slot_files(base: str) -> list[_File]:
+    found = [_File(slot, path) for slot, path in slot_files(base)]
+    if not found:
+        if os.path.isdir(base):
+            raise UsageError(f"{base!r} is a directory; give the spill path (a file name)")
+        raise UsageError(f"no dead-letter spill file at {base!r}")
+    for file in found:
+        file.in_use = is_locked(file.path)
+        file.pid = holder_pid(file.path) if file.in_use else None
+    return found
+
+
+def _read(file: _File, failures: _Failures, read: Callable[[SpillFile], T]) -> T | None:
+    """``read`` of ``file`` opened read-only; ``None`` (and one error line) when it cannot be."""
     try:
-        return SpillFile.open_read_only(path)
+        spill = SpillFile.open_read_only(file.path)
     except SpillFileError as exc:
-        raise UsageError(str(exc)) from exc
+        failures.report(file, str(exc))
+        return None
+    try:
+        file.target = spill.target
+        return read(spill)
+    except Exception as exc:  # a damaged page shows only when it is read
+        failures.report(file, f"cannot read dead-letter spill file {file.path!r}: {exc}")
+        return None
+    finally:
+        spill.close()
 
 
-def _pending_dict(entry: DeadLetter, now: float, show_payload: bool) -> dict[str, Any]:
+def _file_dict(file: _File) -> dict[str, Any]:
+    return {
+        "slot": file.slot,
+        "path": file.path,
+        "target": file.target,
+        "in_use": file.in_use,
+        "pid": file.pid,
+        "error": file.error,
+    }
+
+
+def _set_aside(base: str) -> list[str]:
+    """Damaged files of ``base``'s slots that were renamed aside for inspection."""
+    names = glob.glob(glob.escape(base) + "*.corrupt-*")
+    return sorted(name for name in names if not name.endswith(("-wal", "-shm")))
+
+
+# --- list -----------------------------------------------------------------------------------------
+
+
+def _pending_dict(entry: DeadLetter, file: _File, now: float, show_payload: bool) -> dict[str, Any]:
     found: dict[str, Any] = {
+        "slot": file.slot,
+        "file": file.path,
         "seq": entry.seq,
         "method": entry.method,
         "key": entry.key,
@@ -156,8 +250,10 @@ def _pending_dict(entry: DeadLetter, now: float, show_payload: bool) -> dict[str
     return found
 
 
-def _parked_dict(write: ParkedWrite, now: float, show_payload: bool) -> dict[str, Any]:
+def _parked_dict(write: ParkedWrite, file: _File, now: float, show_payload: bool) -> dict[str, Any]:
     found: dict[str, Any] = {
+        "slot": file.slot,
+        "file": file.path,
         "seq": write.seq,
         "method": write.method,
         "parked_at": write.parked_at,
@@ -174,34 +270,52 @@ def _parked_dict(write: ParkedWrite, now: float, show_payload: bool) -> dict[str
 def _list(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise UsageError("--limit must not be negative")
-    spill = _open_read_only(args.path)
-    try:
-        now = time.time()
-        totals = spill.totals()
-        if args.parked:
-            parked = spill.parked(args.limit)
-            rows = [_parked_dict(write, now, args.show_payload) for write in parked]
-            total = totals.parked
-        else:
-            pending = spill.page(0, args.limit)
-            rows = [_pending_dict(entry, now, args.show_payload) for entry in pending]
-            total = totals.pending
-    finally:
-        spill.close()
+    files = _slot_files(args.path)
+    failures = _Failures()
+    now = time.time()
+    rows: list[dict[str, Any]] = []
+    total = 0
+    for file in files:
+        left = max(0, args.limit - len(rows))
+
+        def read(spill: SpillFile, left: int = left) -> tuple[int, list[DeadLetter] | list[ParkedWrite]]:
+            totals = spill.totals()
+            if args.parked:
+                return totals.parked, spill.parked(left)
+            return totals.pending, spill.page(0, left)
+
+        found = _read(file, failures, read)
+        if found is None:
+            continue
+        count, items = found
+        total += count
+        for item in items:
+            if isinstance(item, ParkedWrite):
+                rows.append(_parked_dict(item, file, now, args.show_payload))
+            else:
+                rows.append(_pending_dict(item, file, now, args.show_payload))
     kind = "parked" if args.parked else "pending"
+    status = 2 if failures.count else 0
     if args.json:
-        print(
-            json.dumps({"path": args.path, "kind": kind, "total": total, "entries": rows}, ensure_ascii=False)
-        )
-        return 0
+        document = {
+            "path": args.path,
+            "kind": kind,
+            "total": total,
+            "files": [_file_dict(file) for file in files],
+            "entries": rows,
+        }
+        print(json.dumps(document, ensure_ascii=False))
+        return status
+    where = f"{args.path}" + (f" ({len(files)} files)" if len(files) > 1 else "")
     if not rows:
-        print(f"no {kind} writes in {args.path}")
-        return 0
+        print(f"no {kind} writes in {where}")
+        return status
     if args.parked:
         table = _table(
-            ("SEQ", "METHOD", "AGE", "SIZE", "CALL", "REASON"),
+            ("SLOT", "SEQ", "METHOD", "AGE", "SIZE", "CALL", "REASON"),
             [
                 (
+                    row["slot"],
                     row["seq"],
                     row["method"],
                     _age(row["age_seconds"]),
@@ -211,13 +325,14 @@ def _list(args: argparse.Namespace) -> int:
                 )
                 for row in rows
             ],
-            (8, 22, 8, 8, 5, 70),
+            (4, 8, 22, 8, 8, 5, 70),
         )
     else:
         table = _table(
-            ("SEQ", "METHOD", "KEY", "SCOPE", "AGE", "SIZE", "ERROR"),
+            ("SLOT", "SEQ", "METHOD", "KEY", "SCOPE", "AGE", "SIZE", "ERROR"),
             [
                 (
+                    row["slot"],
                     row["seq"],
                     row["method"],
                     row["key"],
@@ -228,16 +343,24 @@ def _list(args: argparse.Namespace) -> int:
                 )
                 for row in rows
             ],
-            (8, 22, 30, 24, 8, 8, 40),
+            (4, 8, 22, 30, 24, 8, 8, 40),
         )
     print(table)
     if args.show_payload:
         print()
         for row in rows:
-            print(f"{row['seq']}: {json.dumps(row['call'], ensure_ascii=False)}")
+            print(f"{row['slot']}/{row['seq']}: {json.dumps(row['call'], ensure_ascii=False)}")
     shown = len(rows)
-    print(f"\n{shown} of {total} {kind} write(s)" + (" (use --limit to see more)" if shown < total else ""))
-    return 0
+    print(
+        f"\n{shown} of {total} {kind} write(s) in {where}"
+        + (" (use --limit to see more)" if shown < total else "")
+    )
+    if len(files) > 1:
+        print("slots: " + ", ".join(f"{file.slot} = {file.path}" for file in files))
+    return status
+
+
+# --- stats ----------------------------------------------------------------------------------------
 
 
 def _stats_dict(path: str, totals: SpillTotals, now: float) -> dict[str, Any]:
@@ -253,86 +376,232 @@ def _stats_dict(path: str, totals: SpillTotals, now: float) -> dict[str, Any]:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    spill = _open_read_only(args.path)
-    try:
-        totals = spill.totals()
-        methods = spill.by_method()
-    finally:
-        spill.close()
-    document = _stats_dict(args.path, totals, time.time())
-    document["by_method"] = {method: {"pending": count, "bytes": size} for method, count, size in methods}
+    files = _slot_files(args.path)
+    failures = _Failures()
+    now = time.time()
+    per_file: list[dict[str, Any]] = []
+    by_method: dict[str, dict[str, int]] = {}
+    totals = {"pending": 0, "pending_bytes": 0, "parked": 0, "parked_bytes": 0, "file_bytes": 0}
+    oldest = 0.0
+    for file in files:
+        found = _read(file, failures, lambda spill: (spill.totals(), spill.by_method()))
+        if found is None:
+            per_file.append(_file_dict(file))
+            continue
+        file_totals, methods = found
+        document = {**_file_dict(file), **_stats_dict(file.path, file_totals, now)}
+        per_file.append(document)
+        for name in totals:
+            totals[name] += document[name]
+        if file_totals.pending:
+            oldest = max(oldest, document["oldest_age_seconds"])
+        for method, count, size in methods:
+            counts = by_method.setdefault(method, {"pending": 0, "bytes": 0})
+            counts["pending"] += count
+            counts["bytes"] += size
+    aside = _set_aside(args.path)
+    summary: dict[str, Any] = {
+        "path": args.path,
+        **totals,
+        "oldest_age_seconds": oldest,
+        "by_method": dict(sorted(by_method.items())),
+        "files": per_file,
+        "set_aside": aside,
+    }
+    status = 2 if failures.count else 0
     if args.json:
-        print(json.dumps(document, ensure_ascii=False))
-        return 0
-    print(f"dead-letter spill file {args.path}")
-    print(f"  pending:     {document['pending']} ({_size(document['pending_bytes'])})")
-    print(f"  parked:      {document['parked']} ({_size(document['parked_bytes'])})")
-    print(f"  oldest:      {_age(document['oldest_age_seconds']) if document['pending'] else '-'}")
-    print(f"  file size:   {_size(document['file_bytes'])}")
-    if methods:
+        print(json.dumps(summary, ensure_ascii=False))
+        return status
+    print(f"dead-letter spill files of {args.path}")
+    print(f"  pending:     {summary['pending']} ({_size(summary['pending_bytes'])})")
+    print(f"  parked:      {summary['parked']} ({_size(summary['parked_bytes'])})")
+    print(f"  oldest:      {_age(oldest) if summary['pending'] else '-'}")
+    print(f"  file size:   {_size(summary['file_bytes'])}")
+    print()
+    print(
+        _table(
+            ("SLOT", "FILE", "IN USE", "PENDING", "PARKED", "TARGET"),
+            [
+                (
+                    row["slot"],
+                    row["path"],
+                    f"pid {row['pid']}"
+                    if row["in_use"] and row["pid"]
+                    else ("yes" if row["in_use"] else "no"),
+                    "error" if row["error"] else row["pending"],
+                    "-" if row["error"] else row["parked"],
+                    row["target"] or "(not recorded)",
+                )
+                for row in per_file
+            ],
+            (4, 48, 10, 8, 8, 40),
+        )
+    )
+    if by_method:
         print()
         print(
             _table(
                 ("METHOD", "PENDING", "BYTES"),
-                [(method, count, size) for method, count, size in methods],
+                [
+                    (method, counts["pending"], counts["bytes"])
+                    for method, counts in summary["by_method"].items()
+                ],
                 (24, 8, 12),
             )
         )
-    return 0
+    if aside:
+        print()
+        print(f"damaged files set aside for inspection: {', '.join(aside)}")
+    return status
 
 
-async def _replay(args: argparse.Namespace) -> tuple[ReplaySummary, int, int]:
-    factory = load_factory(args.store)
-    buffer = DeadLetterBuffer(
-        DeadLetterConfig(path=args.path), store_name="cli", registry=CollectorRegistry(auto_describe=True)
-    )
+# --- replay and purge ----------------------------------------------------------------------------
+
+
+def _writable(
+    args: argparse.Namespace, failures: _Failures, *, target: str | None, check_targets: bool
+) -> tuple[list[_File], int]:
+    """The files a writer may take (readable, not held by a live process, of ``target`` when
+    ``check_targets``) and how many are held by live processes (one error line each)."""
+    free: list[_File] = []
+    busy = 0
+    for file in _slot_files(args.path):
+        if _read(file, failures, lambda spill: True) is None:
+            continue
+        if file.in_use:
+            busy += 1
+            who = f" (pid {file.pid})" if file.pid else ""
+            _error(
+                f"dead-letter spill file {file.path!r} is in use by another process{who}; "
+                "stop that process first (list and stats work while it runs)"
+            )
+            continue
+        free.append(file)
+    if check_targets:
+        recorded = sorted({file.target for file in free if file.target is not None})
+        if target is not None:
+            free = [file for file in free if file.target in (None, target)]
+        elif len(recorded) > 1:
+            raise UsageError(
+                "the files record more than one backend target ("
+                + ", ".join(recorded)
+                + "); choose one with --target"
+            )
+    return free, busy
+
+
+async def _replay_file(
+    file: _File, args: argparse.Namespace, store: Any
+) -> tuple[ReplaySummary | None, int, int, str | None]:
+    buffer = _pinned(file.path)
     try:
         waiting = await buffer.open()
+        if buffer.spill_path is None:
+            return None, 0, 0, buffer.spill_error or f"cannot open {file.path!r}"
         unparked = await buffer.unpark() if args.include_parked else 0
-        store = await build_store(factory, args.store)
-        try:
-            send, send_bulk = store_sender(store)
-            summary = await buffer.replay(send, send_bulk=send_bulk, rate=args.rate)
-        finally:
-            await close_store(store)
-        return summary, waiting, unparked
+        send, send_bulk = store_sender(store)
+        summary = await buffer.replay(send, send_bulk=send_bulk, rate=args.rate)
+        return summary, waiting, unparked, None
     finally:
         await buffer.aclose()
+
+
+def _pinned(path: str) -> DeadLetterBuffer:
+    return DeadLetterBuffer(
+        DeadLetterConfig(path=path),
+        store_name="cli",
+        registry=CollectorRegistry(auto_describe=True),
+        slots=False,
+    )
+
+
+async def _replay(
+    args: argparse.Namespace, files: Sequence[_File], failures: _Failures
+) -> list[tuple[_File, ReplaySummary, int, int]]:
+    factory = load_factory(args.store)
+    store = await build_store(factory, args.store)
+    done: list[tuple[_File, ReplaySummary, int, int]] = []
+    try:
+        for file in files:
+            summary, waiting, unparked, error = await _replay_file(file, args, store)
+            if summary is None:
+                failures.report(file, error or f"cannot open {file.path!r}")
+                continue
+            done.append((file, summary, waiting, unparked))
+    finally:
+        await close_store(store)
+    return done
 
 
 def _replay_command(args: argparse.Namespace) -> int:
     if args.rate is not None and args.rate <= 0:
         raise UsageError("--rate must be positive")
-    if not os.path.isfile(args.path):
-        raise UsageError(f"no dead-letter spill file at {args.path!r}")
-    _open_read_only(args.path).close()
+    failures = _Failures()
+    files, busy = _writable(args, failures, target=args.target, check_targets=True)
     sys.path.insert(0, os.path.abspath(args.app_dir))
-    summary, waiting, unparked = asyncio.run(_replay(args))
-    document = {"path": args.path, "waiting": waiting, "unparked": unparked, **summary.to_dict()}
+    done = asyncio.run(_replay(args, files, failures)) if files else []
+    replayed = sum(summary.replayed for _, summary, _, _ in done)
+    parked = sum(summary.parked for _, summary, _, _ in done)
+    remaining = sum(summary.remaining for _, summary, _, _ in done)
+    waiting = sum(count for _, _, count, _ in done)
+    unparked = sum(count for _, _, _, count in done)
+    stopped = any(summary.stopped_early for _, summary, _, _ in done)
+    errors = [summary.last_error for _, summary, _, _ in done if summary.last_error]
+    document = {
+        "path": args.path,
+        "waiting": waiting,
+        "unparked": unparked,
+        "replayed": replayed,
+        "parked": parked,
+        "remaining": remaining,
+        "stopped_early": stopped,
+        "last_error": errors[-1] if errors else None,
+        "skipped_in_use": busy,
+        "files": [
+            {
+                "slot": file.slot,
+                "path": file.path,
+                "target": file.target,
+                "waiting": count,
+                **summary.to_dict(),
+            }
+            for file, summary, count, _ in done
+        ],
+    }
     if args.json:
         print(json.dumps(document, ensure_ascii=False))
     else:
-        print(f"replayed {summary.replayed} of {waiting + unparked} write(s) from {args.path}")
+        print(f"replayed {replayed} of {waiting + unparked} write(s) from {len(done)} file(s) of {args.path}")
+        for file, summary, count, _ in done:
+            print(f"  slot {file.slot} ({file.path}): {summary.replayed} of {count} replayed")
         if unparked:
             print(f"  {unparked} parked write(s) were moved back for this replay")
-        print(f"  parked now:  {summary.parked}")
-        print(f"  remaining:   {summary.remaining}")
-        if summary.stopped_early:
+        print(f"  parked now:  {parked}")
+        print(f"  remaining:   {remaining}")
+        if busy:
+            print(f"  skipped:     {busy} file(s) in use by live processes")
+        if stopped:
             print("  stopped early: the store still fails; run replay again later")
-        if summary.last_error:
-            print(f"  last error:  {summary.last_error}")
-    return 1 if summary.remaining or summary.parked else 0
+        if errors:
+            print(f"  last error:  {errors[-1]}")
+    if failures.count:
+        return 2
+    return 1 if remaining or parked or busy else 0
 
 
-async def _purge(path: str, *, pending: bool, parked: bool) -> int:
-    buffer = DeadLetterBuffer(
-        DeadLetterConfig(path=path), store_name="cli", registry=CollectorRegistry(auto_describe=True)
-    )
-    try:
-        await buffer.open()
-        return await buffer.purge(pending=pending, parked=parked)
-    finally:
-        await buffer.aclose()
+async def _purge(files: Sequence[_File], failures: _Failures, *, pending: bool, parked: bool) -> int:
+    removed = 0
+    for file in files:
+        buffer = _pinned(file.path)
+        try:
+            await buffer.open()
+            if buffer.spill_path is None:
+                failures.report(file, buffer.spill_error or f"cannot open {file.path!r}")
+                continue
+            removed += await buffer.purge(pending=pending, parked=parked)
+        finally:
+            await buffer.aclose()
+    return removed
 
 
 def _purge_command(args: argparse.Namespace) -> int:
@@ -340,20 +609,29 @@ def _purge_command(args: argparse.Namespace) -> int:
         raise UsageError("choose what to delete: --pending and/or --parked")
     if not args.yes:
         raise UsageError("purging deletes writes for good; add --yes to confirm")
-    if not os.path.isfile(args.path):
-        raise UsageError(f"no dead-letter spill file at {args.path!r}")
-    _open_read_only(args.path).close()
-    removed = asyncio.run(_purge(args.path, pending=args.pending, parked=args.parked))
+    failures = _Failures()
+    files, busy = _writable(args, failures, target=None, check_targets=False)
+    removed = asyncio.run(_purge(files, failures, pending=args.pending, parked=args.parked)) if files else 0
     if args.json:
         print(
-            json.dumps({"path": args.path, "purged": removed, "pending": args.pending, "parked": args.parked})
+            json.dumps(
+                {
+                    "path": args.path,
+                    "purged": removed,
+                    "pending": args.pending,
+                    "parked": args.parked,
+                    "skipped_in_use": busy,
+                }
+            )
         )
     else:
         what = " and ".join(
             name for name, chosen in (("pending", args.pending), ("parked", args.parked)) if chosen
         )
-        print(f"purged {removed} {what} write(s) from {args.path}")
-    return 0
+        print(f"purged {removed} {what} write(s) from {len(files)} file(s) of {args.path}")
+    if failures.count:
+        return 2
+    return 1 if busy else 0
 
 
 def _handle(command: Any, args: argparse.Namespace) -> int:

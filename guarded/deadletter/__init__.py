@@ -3,6 +3,7 @@
 * :mod:`.calls` encodes a store write call to JSON and back, losslessly;
 * :mod:`.entries` defines what the buffer holds (:class:`DeadLetter`, :class:`ParkedWrite`);
 * :mod:`.spill` is the durable SQLite spill file (single writer, ``flock``-ed);
+* :mod:`.slots` gives each process a slot file of its own beside the configured path;
 * :mod:`.buffer` is the :class:`DeadLetterBuffer` the guard uses;
 * :mod:`.replay` the replay vocabulary (:class:`ReplayResult`, :class:`ReplaySummary`, pacing);
 * :mod:`.telemetry` the ``guarded_deadletter_*`` metrics and the log of dropped writes.
@@ -21,10 +22,20 @@ from .replay import (
     TokenBucket,
     store_sender,
 )
-from .spill import SpillFile, SpillFileError, SpillFileLockedError
+from .slots import MAX_SLOTS, slot_files, slot_path
+from .spill import (
+    SpillFile,
+    SpillFileCorruptError,
+    SpillFileError,
+    SpillFileForeignError,
+    SpillFileLockedError,
+    SpillFileTargetError,
+    SpillFileVersionError,
+)
 
 __all__ = [
     "CALL_SPECS",
+    "MAX_SLOTS",
     "Call",
     "DeadLetter",
     "DeadLetterBuffer",
@@ -37,11 +48,17 @@ __all__ = [
     "Send",
     "SendBulk",
     "SpillFile",
+    "SpillFileCorruptError",
     "SpillFileError",
+    "SpillFileForeignError",
     "SpillFileLockedError",
+    "SpillFileTargetError",
+    "SpillFileVersionError",
     "TokenBucket",
     "canonical_key",
     "decode_call",
     "encode_call",
+    "slot_files",
+    "slot_path",
     "store_sender",
 ]

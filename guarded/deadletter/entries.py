@@ -53,6 +53,9 @@ class DeadLetterStats:
     ``memory_bytes`` those also held in memory, ``disk_bytes`` the encoded size of those in the
     spill file, ``oldest_age`` the age in seconds of the oldest waiting write (0 when empty),
     ``parked`` the parked writes. The ``*_total`` fields count since the buffer was created.
+    ``spill_path`` is the slot file in use (``None`` when memory only or while it is unavailable),
+    ``spill_available`` whether it takes writes (``None`` without a configured path), and
+    ``memory_only`` how many waiting writes are held in memory only (lost if the process dies).
     """
 
     depth: int
@@ -66,6 +69,10 @@ class DeadLetterStats:
     dropped_total: int
     parked_total: int
     superseded_total: int
+    adopted_total: int = 0
+    spill_path: str | None = None
+    spill_available: bool | None = None
+    memory_only: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The snapshot as a JSON-ready mapping."""

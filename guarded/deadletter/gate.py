@@ -89,13 +89,18 @@ class KeyGate:
         """Wait until no other replay of the key and no newer direct write of it is in flight, then
         mark the replay in flight. ``stamp`` is the held write's call stamp; ``earlier_process``
         says it was stamped by a previous process (every direct write now is newer)."""
-        while True:
-            state = self._state(slot)
-            newer = state.direct if earlier_process else [other for other in state.direct if other > stamp]
-            if not state.replaying and not newer:
-                state.replaying = True
-                return
-            await self._wait(state)
+        while not self.try_enter_replay(slot, stamp, earlier_process=earlier_process):
+            await self._wait(self._keys[slot])
+
+    def try_enter_replay(self, slot: Slot, stamp: int, *, earlier_process: bool) -> bool:
+        """:meth:`enter_replay` without waiting: ``False`` (nothing marked) when it would wait. A
+        replay that already holds other keys uses this, so it never waits while holding them."""
+        state = self._state(slot)
+        newer = state.direct if earlier_process else [other for other in state.direct if other > stamp]
+        if state.replaying or newer:
+            return False
+        state.replaying = True
+        return True
 
     def leave_replay(self, slot: Slot) -> None:
         """The replay of the key ended."""

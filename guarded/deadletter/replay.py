@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -33,9 +34,10 @@ Send = Callable[[str, tuple[Any, ...], dict[str, Any]], Awaitable[ReplayResult]]
 as bad data (:func:`guarded.classify.classify`, e.g. :class:`InvalidPayloadError`) or a
 :class:`ReplayRejected` parks the entry with the exception as reason; any other retries later."""
 SendBulk = Callable[[str, list[Call]], Awaitable[ReplayResult]]
-"""``send_bulk(method, calls)``: replay a run of consecutive writes of ``method`` as one bulk
-write (``save_event`` runs become one ``save_events``). ``REJECTED`` makes the pass send the
-run's writes one by one, so only the bad ones are parked."""
+"""``send_bulk(method, calls)``: replay a run of consecutive writes of ``method`` (one of the
+pass's ``bulk_methods``) as one bulk write, applied in list order (``save_event`` runs become one
+``save_events``, ``save_memory_state`` runs one ``save_memory_states``). ``REJECTED`` makes the
+pass send the run's writes one by one, so only the bad ones are parked."""
 
 
 class ReplayRejected(GuardedError):
@@ -66,7 +68,8 @@ class ReplaySummary:
 
 
 class TokenBucket:
-    """Paces writes to ``rate`` per second with a burst of ``burst``.
+    """Paces writes to ``rate`` per second with a burst of ``burst``; ``rate=math.inf`` does not
+    pace at all (a drain sends at the backend's pace).
 
     :meth:`take` of ``n`` tokens may overdraw the bucket (a bulk write of 100 events at 500/s
     goes out at once) and the next take waits until the debt is paid.
@@ -80,7 +83,7 @@ class TokenBucket:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        if rate <= 0:
+        if not rate > 0:
             raise ValueError("rate must be positive")
         self.rate = rate
         self.burst = burst
@@ -88,6 +91,18 @@ class TokenBucket:
         self._sleep = sleep
         self._tokens = burst
         self._updated = clock()
+
+    @property
+    def unlimited(self) -> bool:
+        """Whether the bucket does not pace (``rate`` is infinite)."""
+        return math.isinf(self.rate)
+
+    def debit(self, tokens: float) -> None:
+        """Take ``tokens`` without waiting: the debt makes the next :meth:`take` wait longer."""
+        if self.unlimited:
+            return
+        self._refill()
+        self._tokens -= tokens
 
     def _refill(self) -> None:
         now = self._clock()
@@ -97,6 +112,8 @@ class TokenBucket:
     async def take(self, tokens: float = 1.0) -> None:
         """Wait until the bucket holds ``tokens`` (at most a burst), then take them; a shortfall
         left by an early wake-up is carried as debt into the next take."""
+        if self.unlimited:
+            return
         self._refill()
         deficit = min(tokens, self.burst) - self._tokens
         if deficit > 1e-9:
@@ -124,7 +141,8 @@ def judge(exc: BaseException) -> ReplayResult:
 
 
 BULK_FORMS: dict[str, str] = {"save_event": "save_events"}
-"""Methods whose consecutive replayed writes are grouped, and the bulk method of the backend."""
+"""Methods :func:`store_sender` groups into a bulk write, and the bulk method of the store; the
+default ``bulk_methods`` of :meth:`~guarded.deadletter.DeadLetterBuffer.replay`."""
 
 
 def _single_argument(call: Call, name: str) -> Any:

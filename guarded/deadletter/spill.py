@@ -5,16 +5,22 @@ lifetime, so two live processes never write the same file; the kernel releases t
 the process dies, however it dies. Read-only opens (``guarded dlq list``/``stats``) take no lock
 and work beside a live writer. Every method is synchronous and commits before it returns; the
 buffer runs them on one dedicated worker thread.
+
+Layout versions: 1 had no notion of the backend a file's writes belong to; 2 records it in
+``meta.target`` (absent for a file of unknown target). A version 1 file is migrated forward when
+it is opened for writing; a file of a newer version is refused without being touched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import quote
@@ -22,7 +28,7 @@ from urllib.parse import quote
 from ..errors import GuardedError
 from .entries import DeadLetter, ParkedWrite
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Version of the file layout this code writes; files of a newer version are refused."""
 APPLICATION_ID = 0x67444C51
 """SQLite ``application_id`` of a guarded dead-letter file ("gDLQ")."""
@@ -56,7 +62,13 @@ _SCHEMA = (
 )
 
 _PENDING_COLUMNS = "seq, method, call, key, scope, stamp, generation, enqueued_at, size, error"
+_PARKED_COLUMNS = "seq, method, call, reason, parked_at, size, key, scope"
 _CHUNK = 500
+_LOCK_ATTEMPTS = 20
+
+_CORRUPT_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+_FULL_CODES = frozenset({sqlite3.SQLITE_FULL})
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class SpillFileError(GuardedError):
@@ -65,6 +77,49 @@ class SpillFileError(GuardedError):
 
 class SpillFileLockedError(SpillFileError):
     """Another live process has the spill file open for writing."""
+
+
+class SpillFileCorruptError(SpillFileError):
+    """The file is not an SQLite database, or its database is damaged (malformed)."""
+
+
+class SpillFileVersionError(SpillFileError):
+    """The file was written by a newer guarded (a newer layout); it is left untouched."""
+
+
+class SpillFileForeignError(SpillFileError):
+    """The file is an SQLite database of something else, not a dead-letter spill file."""
+
+
+class SpillFileTargetError(SpillFileError):
+    """The file holds writes for another backend target; it is never claimed nor replayed here."""
+
+
+def _sqlite_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+def is_corruption(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) says the database file is damaged or not a database."""
+    for found in (exc, exc.__cause__):
+        if found is None:
+            continue
+        if isinstance(found, SpillFileCorruptError) or _sqlite_code(found) in _CORRUPT_CODES:
+            return True
+    return False
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) is ``SQLITE_FULL`` or an ``ENOSPC``/``EDQUOT`` OS error."""
+    for found in (exc, exc.__cause__):
+        if found is None:
+            continue
+        if _sqlite_code(found) in _FULL_CODES:
+            return True
+        if isinstance(found, OSError) and found.errno in _FULL_ERRNOS:
+            return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +134,7 @@ class RowInfo:
     generation: int
     size: int
     parked: bool = False
+    enqueued_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +149,9 @@ class SpillTotals:
     """``(seq, enqueued_at)`` of the oldest waiting entry."""
 
 
+EMPTY_TOTALS = SpillTotals(0, 0, 0, 0, None)
+
+
 @dataclass(frozen=True, slots=True)
 class WriteResult:
     """What one write transaction removed, and the file's totals after it."""
@@ -104,31 +163,123 @@ class WriteResult:
     totals: SpillTotals
 
 
+class SourceReadError(SpillFileError):
+    """Reading the other file of :meth:`SpillFile.take_over` failed (that file's fault, not ours)."""
+
+
 def dumps(value: object) -> str:
     """Compact JSON text of an encoded call, as stored."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def _lock(path: str) -> int:
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+# --- the lock ---------------------------------------------------------------------------------------
+
+
+def lock_path(path: str) -> str:
+    """The lock file of the spill file ``path``."""
+    return path + ".lock"
+
+
+def acquire_lock(path: str) -> int:
+    """Take the exclusive ``flock`` of ``path``'s lock file without waiting; returns its descriptor.
+
+    After the lock is taken, the lock file's path must still name the locked inode: a process
+    that removes a spill file (adoption) unlinks the lock file while holding it, and a lock taken
+    on the unlinked inode protects nothing, so it is dropped and the open retried.
+
+    Raises :class:`SpillFileLockedError` when a live process holds it, :class:`OSError` when the
+    lock file cannot be created.
+    """
+    name = lock_path(path)
+    for _ in range(_LOCK_ATTEMPTS):
+        fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.read(fd, 32).decode("ascii", "replace").strip()
+            finally:
+                os.close(fd)
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise SpillFileLockedError(
+                f"dead-letter spill file {path!r} is in use by another process{who}"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            held, named = os.fstat(fd), os.stat(name)
+        except FileNotFoundError:
+            os.close(fd)
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
+            os.close(fd)
+            continue
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode("ascii"))
+        except OSError:
+            pass  # the pid is for messages only; a full disk must not cost the lock
+        return fd
+    raise SpillFileLockedError(f"the lock file of {path!r} keeps being replaced; try again")
+
+
+def is_locked(path: str) -> bool:
+    """Whether a live process holds ``path``'s lock (``False`` when there is no lock file)."""
+    try:
+        fd = os.open(lock_path(path), os.O_RDWR)
+    except OSError:
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        try:
-            holder = os.read(fd, 32).decode("ascii", "replace").strip()
-        finally:
-            os.close(fd)
-        who = f" (pid {holder})" if holder.isdigit() else ""
-        raise SpillFileLockedError(
-            f"dead-letter spill file {path!r} is in use by another process{who}; "
-            "each process needs its own spill file (use '{name}' in the path)"
-        ) from None
-    except BaseException:
+        return True
+    finally:
         os.close(fd)
-        raise
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode("ascii"))
-    return fd
+    return False
+
+
+def holder_pid(path: str) -> int | None:
+    """The pid written into ``path``'s lock file by its last holder, if any."""
+    try:
+        with open(lock_path(path), "rb") as handle:
+            text = handle.read(32).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _unlink(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name)
+
+
+def set_aside(path: str, *, now: Callable[[], float] = time.time) -> str:
+    """Rename a damaged spill file (and its WAL) to ``<path>.corrupt-<UTC timestamp>`` for
+    inspection and drop its shared-memory file; returns the new name. Call with its lock held."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now()))
+    target = f"{path}.corrupt-{stamp}Z"
+    counter = 1
+    while os.path.exists(target):
+        counter += 1
+        target = f"{path}.corrupt-{stamp}Z-{counter}"
+    if os.path.exists(path + "-wal"):
+        os.rename(path + "-wal", target + "-wal")
+    _unlink(path + "-shm")
+    os.rename(path, target)
+    return target
+
+
+def remove_files(path: str) -> None:
+    """Delete a spill file with its WAL and shared memory (the WAL first, so a crash midway never
+    leaves a WAL beside a newer file of the same name). Call with its lock held; the lock file
+    itself is removed by :meth:`SpillFile.remove`."""
+    _unlink(path + "-wal")
+    _unlink(path + "-shm")
+    _unlink(path)
 
 
 def _pending(row: Sequence[object]) -> DeadLetter:
@@ -146,11 +297,24 @@ def _pending(row: Sequence[object]) -> DeadLetter:
     )
 
 
+def _wrap(exc: sqlite3.Error, path: str, doing: str) -> SpillFileError:
+    """``exc`` of opening ``path`` as the matching :class:`SpillFileError` (chained by the caller)."""
+    if _sqlite_code(exc) in _CORRUPT_CODES:
+        return SpillFileCorruptError(f"dead-letter spill file {path!r} is damaged ({doing}): {exc}")
+    return SpillFileError(f"cannot open dead-letter spill file {path!r} ({doing}): {exc}")
+
+
 class SpillFile:
     """One dead-letter spill file. Use :meth:`open` (writer, locked) or :meth:`open_read_only`."""
 
     def __init__(
-        self, connection: sqlite3.Connection, path: str, *, lock_fd: int | None, generation: int
+        self,
+        connection: sqlite3.Connection,
+        path: str,
+        *,
+        lock_fd: int | None,
+        generation: int,
+        target: str | None = None,
     ) -> None:
         self._db = connection
         self.path = path
@@ -158,41 +322,146 @@ class SpillFile:
         self.generation = generation
         """Incremented at every writable open: stamps of earlier generations are older than any
         stamp of this one (call-order counters restart with the process)."""
+        self.target = target
+        """The backend target this file's writes belong to (``None``: unknown, e.g. written by a
+        guarded that did not record targets)."""
         self.read_only = lock_fd is None
+        self.commits = 0
+        """Write transactions committed through this instance (group commit shares them)."""
+        self.previous_pid: int | None = None
+        """The pid the lock file named before this process took it (set for adopted files)."""
+        self.legacy_entries = 0
+        """Waiting and parked writes the file held when it was opened with no recorded target and
+        was then recorded as ``target`` (see :meth:`open`)."""
         self._pending = self._pending_bytes = self._parked = self._parked_bytes = 0
         self._recount()
 
     # --- opening ----------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str, *, synchronous: Literal["NORMAL", "FULL"] = "NORMAL") -> SpillFile:
+    def open(
+        cls,
+        path: str,
+        *,
+        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        lock_fd: int | None = None,
+        target: str | None = None,
+        check_target: bool = False,
+        min_generation: int = 0,
+    ) -> SpillFile:
         """Open ``path`` for writing, creating it (mode 0600) and its schema when missing.
 
-        Raises :class:`SpillFileLockedError` when another live process has it open for writing and
-        :class:`SpillFileError` when it is not a dead-letter file or has a newer layout.
+        ``lock_fd`` is the lock already taken with :func:`acquire_lock`: kept by the file and
+        released by :meth:`close`, still the caller's when this raises. Without it the lock is
+        taken here. With ``check_target``, a file recording another target than ``target`` is refused
+        (:class:`SpillFileTargetError`, nothing written) while it holds writes, and re-targeted when
+        it holds none; a file with no recorded target gets ``target`` recorded
+        (:attr:`legacy_entries` says how many writes it held). The generation becomes at least
+        ``min_generation``.
+
+        Raises :class:`SpillFileLockedError` when another live process holds the file,
+        :class:`SpillFileCorruptError`, :class:`SpillFileVersionError` (nothing written),
+        :class:`SpillFileForeignError` (nothing written), :class:`SpillFileError` or
+        :class:`OSError` otherwise.
         """
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        lock_fd = _lock(path)
+        own_lock = lock_fd is None
+        if lock_fd is None:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            lock_fd = acquire_lock(path)
         try:
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+            if not os.path.exists(path):
+                remove_files(path)  # a WAL without its database must never meet a new one
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
             db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             try:
-                db.execute("PRAGMA busy_timeout = 5000")
-                cls._check_or_create(db, path)
-                db.execute("PRAGMA journal_mode = WAL")
-                db.execute(f"PRAGMA synchronous = {synchronous}")
-                generation = cls._next_generation(db)
-            except sqlite3.DatabaseError as exc:
+                spill = cls._prepare(
+                    db,
+                    path,
+                    lock_fd,
+                    synchronous=synchronous,
+                    target=target,
+                    check_target=check_target,
+                    min_generation=min_generation,
+                )
+            except sqlite3.Error as exc:
                 db.close()
-                raise SpillFileError(f"cannot open dead-letter spill file {path!r}: {exc}") from exc
+                raise _wrap(exc, path, "opening") from exc
             except BaseException:
                 db.close()
                 raise
         except BaseException:
-            os.close(lock_fd)
+            if own_lock:
+                os.close(lock_fd)
             raise
-        return cls(db, path, lock_fd=lock_fd, generation=generation)
+        return spill
+
+    @classmethod
+    def _prepare(
+        cls,
+        db: sqlite3.Connection,
+        path: str,
+        lock_fd: int,
+        *,
+        synchronous: str,
+        target: str | None,
+        check_target: bool,
+        min_generation: int,
+    ) -> SpillFile:
+        db.execute("PRAGMA busy_timeout = 5000")
+        created = not cls._is_ours(db, path)
+        recorded = None if created else cls._meta(db, "target")
+        retarget = legacy = False
+        if check_target and not created and recorded != target:
+            held = cls._count(db)
+            if recorded is not None and held:
+                raise SpillFileTargetError(
+                    f"dead-letter spill file {path!r} holds {held} write(s) for another target "
+                    f"({recorded}); it is never replayed into {target or 'an unknown target'}"
+                )
+            retarget = target is not None
+            legacy = recorded is None and held > 0
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute(f"PRAGMA synchronous = {synchronous}")
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if created:
+                for statement in _SCHEMA:
+                    db.execute(statement)
+                db.execute(
+                    "INSERT INTO meta (name, value) VALUES ('schema_version', ?), ('generation', '0')",
+                    (str(SCHEMA_VERSION),),
+                )
+                db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                retarget = target is not None
+            else:
+                cls._migrate(db)
+            if retarget:
+                db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('target', ?)", (target,))
+                recorded = target
+            generation = max(int(cls._meta(db, "generation") or 0) + 1, min_generation)
+            db.execute("UPDATE meta SET value = ? WHERE name = 'generation'", (str(generation),))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        spill = cls(db, path, lock_fd=lock_fd, generation=generation, target=recorded)
+        if legacy:
+            spill.legacy_entries = spill._pending + spill._parked
+        return spill
+
+    @staticmethod
+    def _count(db: sqlite3.Connection) -> int:
+        row = db.execute("SELECT (SELECT count(*) FROM pending) + (SELECT count(*) FROM parked)").fetchone()
+        return int(row[0])
+
+    @classmethod
+    def _migrate(cls, db: sqlite3.Connection) -> None:
+        """Bring an older layout forward (in the caller's transaction)."""
+        version = int(cls._meta(db, "schema_version") or 0)
+        if version < 2:
+            # 1 -> 2: a file may record its target in meta; none recorded means unknown.
+            db.execute("UPDATE meta SET value = '2' WHERE name = 'schema_version'")
 
     @classmethod
     def open_read_only(cls, path: str) -> SpillFile:
@@ -207,19 +476,20 @@ class SpillFile:
                 check_same_thread=False,
             )
         except sqlite3.Error as exc:
-            raise SpillFileError(f"cannot open dead-letter spill file {path!r}: {exc}") from exc
+            raise _wrap(exc, path, "reading") from exc
         try:
             db.execute("PRAGMA busy_timeout = 5000")
             if not cls._is_ours(db, path):
-                raise SpillFileError(f"{path!r} is an empty database, not a dead-letter spill file")
+                raise SpillFileForeignError(f"{path!r} is an empty database, not a dead-letter spill file")
             generation = int(cls._meta(db, "generation") or 0)
-        except sqlite3.DatabaseError as exc:
+            target = cls._meta(db, "target")
+            return cls(db, path, lock_fd=None, generation=generation, target=target)
+        except sqlite3.Error as exc:
             db.close()
-            raise SpillFileError(f"cannot read dead-letter spill file {path!r}: {exc}") from exc
+            raise _wrap(exc, path, "reading") from exc
         except BaseException:
             db.close()
             raise
-        return cls(db, path, lock_fd=None, generation=generation)
 
     @staticmethod
     def _meta(db: sqlite3.Connection, name: str) -> str | None:
@@ -234,43 +504,40 @@ class SpillFile:
             tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
             if application_id == 0 and tables == 0:
                 return False
-            raise SpillFileError(f"{path!r} is not a guarded dead-letter spill file")
+            raise SpillFileForeignError(f"{path!r} is not a guarded dead-letter spill file")
         version = int(cls._meta(db, "schema_version") or 0)
         if version > SCHEMA_VERSION:
-            raise SpillFileError(
+            raise SpillFileVersionError(
                 f"{path!r} was written by a newer guarded (spill file schema {version}, "
                 f"this version reads up to {SCHEMA_VERSION})"
             )
         return True
 
-    @classmethod
-    def _check_or_create(cls, db: sqlite3.Connection, path: str) -> None:
-        if cls._is_ours(db, path):
-            return
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in _SCHEMA:
-                db.execute(statement)
-            db.execute(
-                "INSERT INTO meta (name, value) VALUES ('schema_version', ?), ('generation', '0')",
-                (str(SCHEMA_VERSION),),
-            )
-            db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-
-    @classmethod
-    def _next_generation(cls, db: sqlite3.Connection) -> int:
-        generation = int(cls._meta(db, "generation") or 0) + 1
-        db.execute("UPDATE meta SET value = ? WHERE name = 'generation'", (str(generation),))
-        return generation
-
     def close(self) -> None:
         """Close the database and release the lock."""
         try:
             self._db.close()
+        finally:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    def close_keeping_lock(self) -> int | None:
+        """Close the database but keep the lock; returns its descriptor (now the caller's)."""
+        fd, self._lock_fd = self._lock_fd, None
+        with contextlib.suppress(sqlite3.Error):
+            self._db.close()
+        return fd
+
+    def remove(self) -> None:
+        """Close and delete the file, its WAL and shared memory, then its lock file, releasing the
+        lock last (see :func:`acquire_lock` for why the unlinked lock cannot be reused)."""
+        with contextlib.suppress(sqlite3.Error):
+            self._db.close()
+        try:
+            remove_files(self.path)
+            if self._lock_fd is not None:
+                _unlink(lock_path(self.path))
         finally:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
@@ -285,6 +552,11 @@ class SpillFile:
         self._parked, self._parked_bytes = self._db.execute(
             "SELECT count(*), coalesce(sum(size), 0) FROM parked"
         ).fetchone()
+
+    @property
+    def is_empty(self) -> bool:
+        """Whether the file holds no waiting and no parked write (as last counted)."""
+        return self._pending == 0 and self._parked == 0
 
     def totals(self) -> SpillTotals:
         """Counts, encoded bytes and the oldest waiting entry (kept up to date by the writer; a
@@ -318,10 +590,14 @@ class SpillFile:
     def index_rows(self) -> Iterator[RowInfo]:
         """Metadata of every waiting entry, in sequence order (to rebuild the in-memory index)."""
         cursor = self._db.execute(
-            "SELECT seq, method, key, scope, stamp, generation, size FROM pending ORDER BY seq"
+            "SELECT seq, method, key, scope, stamp, generation, size, enqueued_at FROM pending ORDER BY seq"
         )
-        for row in cursor:
-            yield RowInfo(*row)
+        for seq, method, key, scope, stamp, generation, size, enqueued_at in cursor:
+            yield RowInfo(seq, method, key, scope, stamp, generation, size, enqueued_at=enqueued_at)
+
+    def parked_seqs(self) -> list[int]:
+        """Sequence numbers of the parked writes, in order."""
+        return [int(row[0]) for row in self._db.execute("SELECT seq FROM parked ORDER BY seq")]
 
     def page(self, after: int, limit: int | None) -> list[DeadLetter]:
         """Waiting entries with ``seq > after`` in sequence order, at most ``limit``."""
@@ -372,6 +648,17 @@ class SpillFile:
             for seq, method, call, reason, parked_at, size in rows
         ]
 
+    def _raw(self, table: str, columns: str) -> Iterator[list[tuple[object, ...]]]:
+        last = -1
+        while True:
+            rows = self._db.execute(
+                f"SELECT {columns} FROM {table} WHERE seq > ? ORDER BY seq LIMIT ?", (last, _CHUNK)
+            ).fetchall()
+            if not rows:
+                return
+            last = _int(rows[-1][0])
+            yield rows
+
     # --- writing ----------------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -382,10 +669,14 @@ class SpillFile:
         try:
             yield self._db
             self._db.execute("COMMIT")
+            self.commits += 1
         except BaseException:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            self._recount()
+            try:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                self._recount()
+            except sqlite3.Error:
+                pass  # the original error says more; a rollback that failed leaves the file as it was
             raise
 
     def _delete_pending(self, db: sqlite3.Connection, seqs: Sequence[int]) -> list[RowInfo]:
@@ -435,6 +726,25 @@ class SpillFile:
                 break
         return dropped
 
+    def _insert_parked(self, db: sqlite3.Connection, writes: Sequence[ParkedWrite]) -> None:
+        db.executemany(
+            "INSERT OR REPLACE INTO parked (seq, method, call, reason, parked_at, size) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    write.seq,
+                    write.method,
+                    None if write.call is None else dumps(write.call),
+                    write.reason,
+                    write.parked_at,
+                    write.size,
+                )
+                for write in writes
+            ],
+        )
+        self._parked += len(writes)
+        self._parked_bytes += sum(write.size for write in writes)
+
     def write(
         self,
         entries: Sequence[DeadLetter],
@@ -442,23 +752,33 @@ class SpillFile:
         generation: int,
         delete: Sequence[int] = (),
         max_bytes: int | None = None,
+        generations: Mapping[int, int] | None = None,
+        texts: Mapping[int, str] | None = None,
+        parked: Sequence[ParkedWrite] = (),
     ) -> WriteResult:
-        """In one transaction: delete the waiting entries ``delete``, insert ``entries``, then drop
-        the oldest entries while the file's encoded bytes exceed ``max_bytes``."""
+        """In one transaction: delete the waiting entries ``delete``, insert ``entries`` (and the
+        parked writes ``parked``), then drop the oldest entries while the file's encoded bytes
+        exceed ``max_bytes``.
+
+        Entries are stored with ``generation`` unless ``generations`` (by seq) says otherwise;
+        ``texts`` (by seq) are their calls already encoded with :func:`dumps`.
+        """
         with self._transaction() as db:
             deleted = self._delete_pending(db, delete) if delete else []
             if entries:
+                found_generation = generations.get if generations else None
+                found_text = texts.get if texts else None
                 db.executemany(
                     f"INSERT INTO pending ({_PENDING_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [
                         (
                             entry.seq,
                             entry.method,
-                            dumps(entry.call),
+                            (found_text(entry.seq) if found_text else None) or dumps(entry.call),
                             entry.key,
                             entry.scope,
                             entry.stamp,
-                            generation,
+                            found_generation(entry.seq, generation) if found_generation else generation,
                             entry.enqueued_at,
                             entry.size,
                             entry.error,
@@ -468,6 +788,44 @@ class SpillFile:
                 )
                 self._pending += len(entries)
                 self._pending_bytes += sum(entry.size for entry in entries)
+            if parked:
+                self._insert_parked(db, parked)
+            dropped = self._enforce(db, max_bytes) if max_bytes is not None else []
+        return WriteResult(deleted, dropped, self.totals())
+
+    def take_over(
+        self,
+        source: SpillFile,
+        pending: Mapping[int, int],
+        parked: Mapping[int, int],
+        *,
+        delete: Sequence[int] = (),
+        max_bytes: int | None = None,
+    ) -> WriteResult:
+        """In one transaction: delete our waiting entries ``delete`` and copy the waiting entries
+        of ``source`` named in ``pending`` and its parked writes named in ``parked`` (old seq ->
+        new seq), as entries of generation 0 (older than any write of the adopting process).
+
+        A failure reading ``source`` raises :class:`SourceReadError` (nothing written here).
+        """
+        with self._transaction() as db:
+            deleted = self._delete_pending(db, delete) if delete else []
+            for rows in _read_source(source, "pending", _PENDING_COLUMNS):
+                chosen = [
+                    (pending[_int(row[0])], *row[1:6], 0, *row[7:]) for row in rows if _int(row[0]) in pending
+                ]
+                db.executemany(
+                    f"INSERT INTO pending ({_PENDING_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", chosen
+                )
+                self._pending += len(chosen)
+                self._pending_bytes += sum(_int(row[8]) for row in chosen)
+            for rows in _read_source(source, "parked", _PARKED_COLUMNS):
+                moved = [(parked[_int(row[0])], *row[1:]) for row in rows if _int(row[0]) in parked]
+                db.executemany(
+                    f"INSERT INTO parked ({_PARKED_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", moved
+                )
+                self._parked += len(moved)
+                self._parked_bytes += sum(_int(row[5]) for row in moved)
             dropped = self._enforce(db, max_bytes) if max_bytes is not None else []
         return WriteResult(deleted, dropped, self.totals())
 
@@ -487,23 +845,7 @@ class SpillFile:
         """In one transaction: delete the waiting entries ``delete`` and store ``writes`` as parked."""
         with self._transaction() as db:
             deleted = self._delete_pending(db, delete) if delete else []
-            db.executemany(
-                "INSERT OR REPLACE INTO parked (seq, method, call, reason, parked_at, size) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        write.seq,
-                        write.method,
-                        None if write.call is None else dumps(write.call),
-                        write.reason,
-                        write.parked_at,
-                        write.size,
-                    )
-                    for write in writes
-                ],
-            )
-            self._parked += len(writes)
-            self._parked_bytes += sum(write.size for write in writes)
+            self._insert_parked(db, writes)
             dropped = self._enforce(db, max_bytes) if max_bytes is not None else []
         return WriteResult(deleted, dropped, self.totals())
 
@@ -547,14 +889,46 @@ class SpillFile:
         return removed
 
 
+def _int(value: object) -> int:
+    assert isinstance(value, int)
+    return value
+
+
+def _read_source(source: SpillFile, table: str, columns: str) -> Iterator[list[tuple[object, ...]]]:
+    """Chunks of ``source``'s raw rows; its failures become :class:`SourceReadError`."""
+    chunks = source._raw(table, columns)
+    while True:
+        try:
+            rows = next(chunks)
+        except StopIteration:
+            return
+        except sqlite3.Error as exc:
+            raise SourceReadError(f"reading {source.path!r} failed: {exc}") from exc
+        yield rows
+
+
 __all__ = [
     "APPLICATION_ID",
+    "EMPTY_TOTALS",
     "SCHEMA_VERSION",
     "RowInfo",
+    "SourceReadError",
     "SpillFile",
+    "SpillFileCorruptError",
     "SpillFileError",
+    "SpillFileForeignError",
     "SpillFileLockedError",
+    "SpillFileTargetError",
+    "SpillFileVersionError",
     "SpillTotals",
     "WriteResult",
+    "acquire_lock",
     "dumps",
+    "holder_pid",
+    "is_corruption",
+    "is_disk_full",
+    "is_locked",
+    "lock_path",
+    "remove_files",
+    "set_aside",
 ]

@@ -30,6 +30,9 @@ DROP_MEMORY_FULL = "memory_full"
 """``reason`` of writes dropped because the in-memory buffer (no spill file) was full."""
 DROP_DISK_FULL = "disk_full"
 """``reason`` of writes dropped because the spill file reached ``max_disk_bytes``."""
+DROP_SPILL_CORRUPT = "spill_corrupt"
+"""``reason`` of waiting writes that only a damaged spill file held: the file is renamed aside
+(kept for inspection) and they are no longer replayed. ``method`` is ``unknown`` for them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,8 @@ class Gauges:
     disk_bytes: int
     oldest_age: float
     parked: int
+    spill_available: bool | None = None
+    """Whether the spill file takes writes; ``None`` for a buffer without a spill file."""
 
 
 class GaugeSource(Protocol):
@@ -124,6 +129,7 @@ class _Collector(Collector):
 
     def _gauges(self) -> Iterator[Metric]:
         totals: dict[str, list[float]] = {}
+        available: dict[str, bool] = {}
         buffers: list[GaugeSource] = []
         for _ in range(3):
             try:
@@ -139,6 +145,9 @@ class _Collector(Collector):
             found[2] += gauges.disk_bytes
             found[3] = max(found[3], gauges.oldest_age)
             found[4] += gauges.parked
+            if gauges.spill_available is not None:
+                store = buffer.store_name
+                available[store] = available.get(store, True) and gauges.spill_available
         depth = GaugeMetricFamily(
             names.DLQ_DEPTH, "Writes waiting in the dead-letter buffer.", labels=[names.LABEL_STORE]
         )
@@ -161,10 +170,18 @@ class _Collector(Collector):
             size.add_metric([store, "disk"], disk)
             oldest.add_metric([store], age)
             parked.add_metric([store], parked_value)
+        spill = GaugeMetricFamily(
+            names.DLQ_SPILL_AVAILABLE,
+            "1 while the spill file takes writes, 0 while held writes are in memory only.",
+            labels=[names.LABEL_STORE],
+        )
+        for store, value in available.items():
+            spill.add_metric([store], 1.0 if value else 0.0)
         yield depth
         yield size
         yield oldest
         yield parked
+        yield spill
 
     def describe(self) -> Iterator[Metric]:
         store = [names.LABEL_STORE]
@@ -178,6 +195,7 @@ class _Collector(Collector):
         yield GaugeMetricFamily(names.DLQ_BYTES, "", labels=[*store, LABEL_LOCATION])
         yield GaugeMetricFamily(names.DLQ_OLDEST_AGE, "", labels=store)
         yield GaugeMetricFamily(names.DLQ_PARKED_DEPTH, "", labels=store)
+        yield GaugeMetricFamily(names.DLQ_SPILL_AVAILABLE, "", labels=store)
 
 
 _by_registry: weakref.WeakKeyDictionary[CollectorRegistry, DeadLetterTelemetry] = weakref.WeakKeyDictionary()
@@ -239,6 +257,7 @@ class DropLog:
 __all__ = [
     "DROP_DISK_FULL",
     "DROP_MEMORY_FULL",
+    "DROP_SPILL_CORRUPT",
     "LABEL_LOCATION",
     "LABEL_REASON",
     "DeadLetterTelemetry",

@@ -63,7 +63,7 @@ def test_list_shows_metadata_but_no_payload(tmp_path: Path, capsys: pytest.Captu
     code, out, _ = run(capsys, "dlq", "list", "--path", str(path))
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["SEQ", "METHOD", "KEY", "SCOPE", "AGE", "SIZE", "ERROR"]
+    assert lines[0].split() == ["SLOT", "SEQ", "METHOD", "KEY", "SCOPE", "AGE", "SIZE", "ERROR"]
     assert "save_event" in lines[1]
     assert "trace-1" in lines[1]
     assert "ConnectionResetError" in lines[1]
@@ -86,7 +86,19 @@ def test_list_json_and_parked(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert document["kind"] == "pending"
     assert document["total"] == 4
     first = document["entries"][0]
-    assert set(first) == {"seq", "method", "key", "scope", "enqueued_at", "age_seconds", "size", "error"}
+    assert set(first) == {
+        "slot",
+        "file",
+        "seq",
+        "method",
+        "key",
+        "scope",
+        "enqueued_at",
+        "age_seconds",
+        "size",
+        "error",
+    }
+    assert (first["slot"], first["file"]) == (0, str(path))
     assert [entry["method"] for entry in document["entries"]] == ["save_event"] * 3 + ["save_memory_state"]
     assert SECRET not in out
 
