@@ -432,14 +432,9 @@ class DeadLetterBuffer:
         """Claim a slot file; returns how many writes (waiting and parked) it held."""
         files = self._files
         assert files is not None
-        # With writes held in memory, only an empty file may become ours: their sequence numbers
-        # must not meet the file's. Files with writes are adopted instead (new numbers).
-        allow_entries = not self._volatile and not self._parked_memory
         minimum = self._generation
         try:
-            spill = await self._job(
-                lambda: files.claim(create=create, allow_entries=allow_entries, min_generation=minimum)
-            )
+            spill = await self._job(lambda: files.claim(create=create, min_generation=minimum))
         except _SPILL_ERRORS as exc:
             self._fail(exc, "cannot claim a spill file")
             return 0
@@ -451,7 +446,15 @@ class DeadLetterBuffer:
     async def _attach(self, spill: SpillFile) -> int:
         """Make ``spill`` the buffer's file: index what it holds, move memory-held writes into it."""
 
+        held = [*self._volatile, *self._parked_memory]
+        floor = min(held) if held else None
+        next_seq = self._next_seq
+
         def load() -> tuple[list[RowInfo], SpillTotals, int]:
+            # Writes held in memory keep their numbers: the file's move above them (its writes then
+            # come after them in the replay order; every one is still replayed).
+            if floor is not None and spill.max_seq() >= floor:
+                spill.shift(max(spill.max_seq() + 1, next_seq))
             return list(spill.index_rows()), spill.totals(), spill.max_seq()
 
         try:

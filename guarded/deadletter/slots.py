@@ -116,15 +116,15 @@ class SlotFiles:
 
     # --- claiming ---------------------------------------------------------------------------------
 
-    def claim(self, *, create: bool, allow_entries: bool, min_generation: int) -> SpillFile | None:
+    def claim(self, *, create: bool, min_generation: int) -> SpillFile | None:
         """Lock and open the lowest usable slot file.
 
         ``create``: a missing file may be created (else only existing files are considered and
-        ``None`` is returned when none is usable). ``allow_entries``: a file that holds writes may
-        be claimed (else it is left for adoption).
+        ``None`` is returned when none is usable). A slot whose file cannot be opened for another
+        reason (``OSError``, an unreadable file) is passed over like a locked one.
 
-        Raises :class:`SpillFileLockedError` when ``create`` and no slot is usable, or what
-        opening a file raised (``OSError``, :class:`SpillFileError`) for any other failure.
+        Raises :class:`SpillFileLockedError` when ``create`` and no slot is usable (or the first
+        error that made a slot unusable, when every slot failed that way).
         """
         if create:
             os.makedirs(os.path.dirname(os.path.abspath(self.base)), exist_ok=True)
@@ -135,6 +135,7 @@ class SlotFiles:
         else:
             candidates = slot_files(self.base)
         busy = unusable = 0
+        first_error: BaseException | None = None
         for _, path in candidates:
             if not create and not os.path.isfile(path):
                 continue
@@ -143,19 +144,24 @@ class SlotFiles:
                 continue
             try:
                 fd = acquire_lock(path)
+                spill = self._open(
+                    path, fd, create=create, min_generation=min_generation, fresh_if_corrupt=True
+                )
             except SpillFileLockedError:
                 busy += 1
                 continue
-            spill = self._open(path, fd, create=create, min_generation=min_generation, fresh_if_corrupt=True)
-            if spill is None:
+            except (OSError, SpillFileError) as exc:
+                first_error = first_error or exc
                 unusable += 1
                 continue
-            if not allow_entries and not spill.is_empty:
-                spill.close()
+            if spill is None:
+                unusable += 1
                 continue
             return spill
         if not create:
             return None
+        if first_error is not None and not busy:
+            raise first_error
         if self.pinned:
             pid = holder_pid(self.base)
             who = f" (pid {pid})" if pid is not None and busy else ""

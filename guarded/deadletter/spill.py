@@ -829,6 +829,15 @@ class SpillFile:
             dropped = self._enforce(db, max_bytes) if max_bytes is not None else []
         return WriteResult(deleted, dropped, self.totals())
 
+    def shift(self, offset: int) -> None:
+        """Add ``offset`` (larger than any sequence number stored) to every sequence number, in one
+        transaction: makes room below for entries numbered elsewhere."""
+        if offset <= self.max_seq():
+            raise ValueError("the offset must exceed every stored sequence number")
+        with self._transaction() as db:
+            db.execute("UPDATE pending SET seq = seq + ?", (offset,))
+            db.execute("UPDATE parked SET seq = seq + ?", (offset,))
+
     def delete(self, seqs: Sequence[int]) -> WriteResult:
         """Delete the waiting entries ``seqs``; the result lists those that were still there."""
         with self._transaction() as db:
