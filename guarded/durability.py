@@ -52,14 +52,12 @@ backend that honours keys stores it once even when an acknowledgement was lost."
 _OK, _DEAD_LETTERED, _REJECTED = Outcome.OK, Outcome.DEAD_LETTERED, Outcome.REJECTED
 
 
-def target_identity(target: object) -> str:
+def target_identity(target: object) -> str | None:
     """What a spill file records as the backend its writes belong to: the store's own
-    ``target_identity`` (host, database, schema; never credentials) when it has one, else its class."""
+    ``target_identity`` (host, database, schema; never credentials), or ``None`` for a store that
+    does not say (its files are then taken to belong to any such store on the same path)."""
     found = getattr(target, "target_identity", None)
-    if isinstance(found, str) and found:
-        return found
-    kind = type(target)
-    return f"{kind.__module__}.{kind.__qualname__}"
+    return found if isinstance(found, str) and found else None
 
 
 class Durability:
@@ -242,7 +240,7 @@ class Durability:
         """The batcher's writer: one bulk call when the backend has one, else bounded singles;
         what fails is dead-lettered, what is bad data is parked. Returns each write's outcome."""
         bulk = bulk_method_for(self.target, method)
-        if bulk is not None and (len(writes) > 1 or not callable(getattr(self.target, method, None))):
+        if bulk is not None:
             try:
                 with item_keys(self._item_keys(writes)):
                     await self._run(bulk, bulk_args(method, writes), {})

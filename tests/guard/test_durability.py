@@ -365,7 +365,9 @@ async def test_a_planner_event_refused_by_a_full_queue_keeps_its_item_key() -> N
     config = fast_config(
         attempt=1.0,
         deadline=1.0,
-        batching=BatchConfig(max_batch=1, max_delay=0.001, queue_size=1, max_concurrent_flushes=1),
+        batching=BatchConfig(
+            ack="enqueue", max_batch=1, max_delay=0.001, queue_size=1, max_concurrent_flushes=1
+        ),
         dead_letter=DeadLetterConfig(path=None),
         methods={"save_planner_event": MethodConfig(deadline=0.05)},
     )
