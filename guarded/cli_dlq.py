@@ -412,7 +412,7 @@ def _stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, ensure_ascii=False))
         return status
-    print(f"dead-letter spill files of {args.path}")
+    print(f"dead-letter spill files of {args.path} (in {os.path.dirname(os.path.abspath(args.path))})")
     print(f"  pending:     {summary['pending']} ({_size(summary['pending_bytes'])})")
     print(f"  parked:      {summary['parked']} ({_size(summary['parked_bytes'])})")
     print(f"  oldest:      {_age(oldest) if summary['pending'] else '-'}")
@@ -424,17 +424,15 @@ def _stats(args: argparse.Namespace) -> int:
             [
                 (
                     row["slot"],
-                    row["path"],
-                    f"pid {row['pid']}"
-                    if row["in_use"] and row["pid"]
-                    else ("yes" if row["in_use"] else "no"),
+                    os.path.basename(row["path"]),
+                    _in_use(row),
                     "error" if row["error"] else row["pending"],
                     "-" if row["error"] else row["parked"],
                     row["target"] or "(not recorded)",
                 )
                 for row in per_file
             ],
-            (4, 48, 10, 8, 8, 40),
+            (4, 32, 10, 8, 8, 40),
         )
     )
     if by_method:
@@ -456,6 +454,12 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 # --- replay and purge ----------------------------------------------------------------------------
+
+
+def _in_use(row: dict[str, Any]) -> str:
+    if not row["in_use"]:
+        return "no"
+    return f"pid {row['pid']}" if row["pid"] else "yes"
 
 
 def _writable(

@@ -7,9 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from guarded.cli import main
-from guarded.deadletter import SpillFile
+from guarded.config import DeadLetterConfig
+from guarded.deadletter import DeadLetterBuffer, SpillFile
 from tests.deadletter import factories
 from tests.deadletter.support import buffer, event
 
@@ -282,3 +284,107 @@ def test_dlq_needs_an_action(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "dlq")
     assert code == 2
     assert "ACTION" in err
+
+
+def prepare_slots(path: Path, targets: tuple[str | None, ...] = (None, None)) -> None:
+    """One live buffer per target at once, so each takes a slot of its own; each holds 2 events."""
+
+    async def setup() -> None:
+        buffers = [
+            DeadLetterBuffer(
+                DeadLetterConfig(path=str(path)),
+                store_name="cli",
+                registry=CollectorRegistry(),
+                target=target,
+            )
+            for target in targets
+        ]
+        for index, target_buffer in enumerate(buffers):
+            for number in range(2):
+                await target_buffer.put(
+                    "save_event",
+                    (event(f"trace-{index}", number),),
+                    {},
+                    scope=f"trace-{index}",
+                    stamp=number,
+                    error="x",
+                )
+        for target_buffer in buffers:
+            await target_buffer.aclose()
+
+    asyncio.run(setup())
+
+
+def test_list_and_stats_see_every_slot_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "dlq.db"
+    prepare_slots(path)
+    code, out, _ = run(capsys, "dlq", "list", "--path", str(path), "--json")
+    document = json.loads(out)
+    assert code == 0
+    assert document["total"] == 4
+    assert [(entry["slot"], entry["file"], entry["scope"]) for entry in document["entries"]] == [
+        (0, str(path), "trace-0"),
+        (0, str(path), "trace-0"),
+        (1, f"{path}.1", "trace-1"),
+        (1, f"{path}.1", "trace-1"),
+    ]
+    assert [file["path"] for file in document["files"]] == [str(path), f"{path}.1"]
+    code, out, _ = run(capsys, "dlq", "list", "--path", str(path))
+    assert code == 0
+    assert "4 of 4 pending write(s)" in out
+    assert f"1 = {path}.1" in out
+    code, out, _ = run(capsys, "dlq", "stats", "--path", str(path), "--json")
+    document = json.loads(out)
+    assert (code, document["pending"]) == (0, 4)
+    assert [(file["slot"], file["pending"], file["in_use"]) for file in document["files"]] == [
+        (0, 2, False),
+        (1, 2, False),
+    ]
+    code, out, _ = run(capsys, "dlq", "stats", "--path", str(path))
+    assert code == 0
+    assert "dlq.db.1 " in out
+
+
+def test_a_damaged_slot_file_gets_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "dlq.db"
+    prepare_slots(path)
+    damaged = tmp_path / "dlq.db.1"
+    for name in ("dlq.db.1-wal", "dlq.db.1-shm"):
+        (tmp_path / name).unlink(missing_ok=True)
+    damaged.write_bytes(b"not a database at all " * 100)
+    before = damaged.read_bytes()
+    for command in ("list", "stats"):
+        code, out, err = run(capsys, "dlq", command, "--path", str(path))
+        assert code == 2
+        assert len(err.strip().splitlines()) == 1
+        assert "dlq.db.1" in err
+        assert "Traceback" not in out + err
+    code, out, _ = run(capsys, "dlq", "list", "--path", str(path), "--json")
+    assert code == 2
+    assert [entry["slot"] for entry in json.loads(out)["entries"]] == [0, 0]
+    code, out, err = run(
+        capsys, "dlq", "replay", "--path", str(path), "--store", "tests.deadletter.factories:memory_store"
+    )
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert "replayed 2 of 2" in out
+    assert pending(path) == 0
+    assert damaged.read_bytes() == before  # left for inspection, untouched
+
+
+def test_replay_chooses_a_target_when_the_files_record_several(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "dlq.db"
+    prepare_slots(path, ("db-a", "db-b"))
+    argv = ("dlq", "replay", "--path", str(path), "--store", "tests.deadletter.factories:memory_store")
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert "db-a, db-b" in err
+    assert "--target" in err
+    code, out, _ = run(capsys, *argv, "--target", "db-b", "--json")
+    document = json.loads(out)
+    assert (code, document["replayed"]) == (0, 2)
+    assert [file["path"] for file in document["files"]] == [f"{path}.1"]
+    assert pending(path) == 2
+    assert pending(Path(f"{path}.1")) == 0
