@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import logging
 import os
 import weakref
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
@@ -18,6 +19,7 @@ from . import telemetry_names as names
 from .backends.memory_artifacts import InMemoryArtifactStore
 from .breaker import BreakerState, CircuitBreaker
 from .call import Call, Layer, MethodSetup, Service
+from .codec import RecordTypes, record_types_of
 from .config import GuardConfig
 from .deadletter import DeadLetterBuffer
 from .durability import Durability
@@ -45,6 +47,8 @@ from .unanswered import DEFAULT_GRACE, UnansweredConsumes
 
 S = TypeVar("S")
 
+logger = logging.getLogger("guarded")
+
 HONOURS_IDEMPOTENCY_KEY = "honours_idempotency_key"
 """A backend sets this class attribute to ``True`` when it honours
 :data:`guarded.idempotency.IDEMPOTENCY_KEY` for consumes; the guard then retries them."""
@@ -57,6 +61,9 @@ class GuardedStore:
         durability = _cores[self].durability
         if durability is not None:
             await durability.open()
+        artifacts = _artifact_durability(_cores[self], create=True)
+        if artifacts is not None:
+            await artifacts.open()  # artifacts a previous process held start replaying
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -317,25 +324,87 @@ def _make_proxy(core: GuardCore, base: type[GuardedStore]) -> GuardedStore:
 
 
 def _guarded_artifact_property(core: GuardCore) -> property:
-    cache: dict[int, tuple[object, GuardedStore]] = {}
-    local_artifacts = InMemoryArtifactStore(
-        ArtifactRetentionConfig(
-            max_session_bytes=core.config.artifacts.local_max_bytes,
-            max_trace_bytes=core.config.artifacts.local_max_bytes,
-        )
-    )
+    side = _ArtifactSide(core)
+    _artifact_sides[core] = side
+    return property(lambda self: side.proxy())
 
-    def get(self: object) -> Any:
+
+def artifact_spill_path(path: str | None) -> str | None:
+    """The spill file of held artifact puts beside the dead-letter file ``path``: ``-artifacts``
+    added to its name (``dlq-{name}.sqlite`` → ``dlq-{name}-artifacts.sqlite``)."""
+    if path is None:
+        return None
+    root, ext = os.path.splitext(path)
+    if not ext or os.sep in ext:
+        root, ext = path, ""
+    return f"{root}-artifacts{ext}"
+
+
+_ARTIFACT_SPILL_SLACK = 1024 * 1024
+"""Room above ``artifacts.spill_max_bytes`` in the artifact buffer's own caps, so the estimate
+the admission check uses can never make the buffer drop an artifact it admitted."""
+
+
+class _ArtifactTarget:
+    """The backend's artifact store as the artifact durability sees it: the same methods, the
+    record types of the store, and a target identity of its own (its spill file is adopted only by
+    a guard over the same artifact store, never mixed with the store's other writes)."""
+
+    def __init__(self, inner: object, identity: str, types: RecordTypes) -> None:
+        self._inner = inner
+        self.target_identity = identity
+        self.types = types
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _ArtifactSide:
+    """What a guard keeps for its backend's ``artifact_store``: the in-process copies, the
+    durability of held puts (one per guard, created with the first guarded artifact store) and the
+    guarded proxy (rebuilt when the backend hands out another artifact store object)."""
+
+    def __init__(self, core: GuardCore) -> None:
+        self._core = weakref.ref(core)  # the side is found by its core: no reference back
+        config = core.config
+        self.local = InMemoryArtifactStore(
+            ArtifactRetentionConfig(
+                max_session_bytes=config.artifacts.local_max_bytes,
+                max_trace_bytes=config.artifacts.local_max_bytes,
+            )
+        )
+        self.durability: Durability | None = None
+        self._durable = config.dead_letter.enabled and config.artifacts.spill_max_bytes > 0
+        self._inner: object | None = None
+        self._proxy: GuardedStore | None = None
+        self._artifact_core: GuardCore | None = None
+
+    def proxy(self) -> GuardedStore | None:
+        """The guarded artifact store (``None`` when the backend has none)."""
+        core = self._core()
+        if core is None:
+            return None
         inner = core.target.artifact_store  # type: ignore[attr-defined]
         if inner is None:
             return None
-        cached = cache.get(id(inner))
-        if cached is not None and cached[0] is inner:
-            return cached[1]
+        if self._proxy is not None and self._inner is inner:
+            return self._proxy
+        config = core.config
+        if self.durability is None and self._durable:
+            self.durability = Durability(
+                _ArtifactTarget(
+                    inner, f"{_identity_of(core.target)} artifact_store", record_types_of(core.target)
+                ),
+                _artifact_durability_config(config),
+                store_name=core.name,
+                registry=core.registry,
+                breaker=core.breaker,
+                run=self._run,
+            )
         artifact_core = GuardCore(
             inner,
             name=core.name,
-            config=core.config,
+            config=config,
             policies=PolicyTable.for_artifact_store(),
             registry=core.registry,
             tracer_provider=core.tracer_provider,
@@ -343,14 +412,70 @@ def _guarded_artifact_property(core: GuardCore) -> property:
             label_prefix="artifact_store.",
             breaker=core.breaker,
             failure_log=core.failure_log,
-            degraded_layers=[LocalArtifactFallbackLayer(local_artifacts, core.failure_log)],
+            degraded_layers=[
+                LocalArtifactFallbackLayer(
+                    self.local,
+                    core.failure_log,
+                    self.durability,
+                    spill_max_bytes=config.artifacts.spill_max_bytes,
+                )
+            ],
         )
         proxy = _make_proxy(artifact_core, GuardedArtifactStore)
-        cache.clear()
-        cache[id(inner)] = (inner, proxy)
+        self._inner, self._proxy, self._artifact_core = inner, proxy, artifact_core
         return proxy
 
-    return property(get)
+    async def _run(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """Replays of held puts go to the current artifact store through breaker, retry, timeout."""
+        if self._artifact_core is None:
+            raise RuntimeError("no guarded artifact store to replay into")
+        return await self._artifact_core.run_internal(method, args, kwargs)
+
+
+_artifact_sides: weakref.WeakKeyDictionary[GuardCore, _ArtifactSide] = weakref.WeakKeyDictionary()
+
+
+def _identity_of(target: object) -> str:
+    found = getattr(target, "target_identity", None)
+    if isinstance(found, str) and found:
+        return found
+    kind = type(target)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _artifact_durability_config(config: GuardConfig) -> GuardConfig:
+    """The configuration of the artifact durability: its own spill file, the artifact caps, no
+    batching and no stale cache (the in-process copies answer reads)."""
+    cap = config.artifacts.spill_max_bytes + _ARTIFACT_SPILL_SLACK
+    dead_letter = config.dead_letter
+    path = artifact_spill_path(dead_letter.path)
+    return config.model_copy(
+        update={
+            "dead_letter": dead_letter.model_copy(
+                update={
+                    "path": path,
+                    "max_disk_bytes": max(dead_letter.max_disk_bytes, cap),
+                    "max_memory_bytes": cap if path is None else min(dead_letter.max_memory_bytes, cap),
+                }
+            ),
+            "batching": config.batching.model_copy(update={"enabled": False}),
+            "stale": config.stale.model_copy(update={"enabled": False}),
+        }
+    )
+
+
+def _artifact_durability(core: GuardCore, *, create: bool = False) -> Durability | None:
+    """The durability of ``core``'s artifact puts; with ``create``, built when the backend has an
+    artifact store and none was built yet."""
+    side = _artifact_sides.get(core)
+    if side is None:
+        return None
+    if create and side.durability is None:
+        try:
+            side.proxy()
+        except Exception:  # the backend's artifact_store property failed: nothing to open then
+            logger.exception("guarding the artifact store failed", extra={"store": core.name})
+    return side.durability
 
 
 def controller(proxy: object) -> GuardController:
@@ -409,23 +534,37 @@ class GuardController:
         if self._core.durability is not None:
             await self._core.durability.flush()
 
+    @property
+    def artifact_dead_letters(self) -> DeadLetterBuffer | None:
+        """The dead-letter buffer of artifact puts (its own spill file), ``None`` until the guarded
+        ``artifact_store`` was first used, or when artifacts are not dead-lettered."""
+        durability = _artifact_durability(self._core)
+        return durability.buffer if durability is not None else None
+
     async def drain(self, timeout: float | None = None) -> int:  # noqa: ASYNC109 - a budget
-        """Flush, then replay dead-lettered writes until none is left or ``timeout`` seconds
-        (default ``dead_letter.drain_timeout``) pass; returns how many remain."""
-        durability = self._core.durability
-        if durability is None:
-            return 0
-        return await durability.drain(
-            self._core.config.dead_letter.drain_timeout if timeout is None else timeout
-        )
+        """Flush, then replay dead-lettered writes (artifact puts too) until none is left or
+        ``timeout`` seconds (default ``dead_letter.drain_timeout``) pass; returns how many remain."""
+        budget = self._core.config.dead_letter.drain_timeout if timeout is None else timeout
+        durabilities = [
+            durability
+            for durability in (self._core.durability, _artifact_durability(self._core))
+            if durability is not None
+        ]
+        remaining = await asyncio.gather(*(durability.drain(budget) for durability in durabilities))
+        return sum(remaining)
 
     async def aclose(self) -> None:
         """Flush batches and drain the dead-letter buffer within ``dead_letter.drain_timeout``
         (what is left stays in the spill file for the next process), then close the wrapped store
         when it has ``aclose()`` or ``close()``."""
-        durability = self._core.durability
-        if durability is not None:
-            await durability.aclose(self._core.config.dead_letter.drain_timeout)
+        budget = self._core.config.dead_letter.drain_timeout
+        durabilities = [
+            durability
+            for durability in (self._core.durability, _artifact_durability(self._core))
+            if durability is not None
+        ]
+        # Artifact puts drain beside the other writes, within the same budget.
+        await asyncio.gather(*(durability.aclose(budget) for durability in durabilities))
         for closer_name in ("aclose", "close"):
             closer = getattr(self._core.target, closer_name, None)
             if callable(closer):

@@ -405,8 +405,13 @@ class PolicyTable:
 
     @classmethod
     def for_artifact_store(cls) -> PolicyTable:
-        """The table of the ArtifactStore methods."""
-        return cls({policy.name: policy for policy in _artifact_policies()})
+        """The table of the ArtifactStore methods of a guarded store's ``artifact_store``: a put the
+        backend cannot take is dead-lettered (kept in process and held for replay, see
+        :mod:`guarded.layers.artifact_fallback`)."""
+        policies = {policy.name: policy for policy in _artifact_policies()}
+        for put in ("put_bytes", "put_text"):
+            policies[put] = replace(policies[put], dead_letter=True)
+        return cls(policies)
 
     def get(self, name: str) -> MethodPolicy:
         """The policy of ``name``: explicit entry, else its alias target's, else inferred."""

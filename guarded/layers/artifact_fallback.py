@@ -1,58 +1,107 @@
-"""Degraded artifact storage: when the backend cannot take an artifact, keep it in this process.
+"""Degraded artifact storage: an artifact the backend cannot take is kept in this process and
+dead-lettered, so it reaches the backend once it recovers.
 
-A ``put_bytes`` / ``put_text`` that fails for a reason other than bad data stores the artifact in
-a bounded in-process store and returns its (valid, content-addressed) reference with outcome
-``fallback``, so PenguiFlow never receives ``None`` where it expects an ``ArtifactRef``. Reads of
-such an artifact (``get``, ``get_ref``, ``exists``) are answered from that store in this process;
-``delete`` removes it from both; ``list`` adds the local ones to what the backend returns.
+A ``put_bytes`` / ``put_text`` that fails for a reason other than bad data:
+
+* stores the artifact in a bounded in-process store and returns its (valid, content-addressed)
+  reference, so PenguiFlow never receives ``None`` where it expects an ``ArtifactRef``, and reads
+  of it in this process (``get``, ``get_ref``, ``exists``, ``list``) are answered from there;
+* when the guard has an artifact :class:`~guarded.durability.Durability` and the policy marks
+  the put ``dead_letter``, is also held by its dead-letter buffer (committed to the artifact
+  spill file before the caller returns), keyed by the artifact id, and replayed into the
+  backend's artifact store when it recovers; the id is content-addressed, so the replayed put
+  yields the reference the caller already has. Outcome ``dead_lettered``;
+* else (no durability, or the held artifacts would exceed ``artifacts.spill_max_bytes``, or the
+  buffer cannot take it) stays in this process only: outcome ``fallback``, logged.
+
+``delete`` removes an artifact from the process, from the buffer (a held put of it is never
+replayed afterwards: it waits for a replay of it in flight and then takes it out) and from the
+backend.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import json
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 from guarded.backends.memory_artifacts import InMemoryArtifactStore
 
 from ..call import Call, MethodSetup, Service
 from ..classify import ErrorClass, classify, error_type, safe_message
+from ..deadletter import DeadLetterBuffer
+from ..durability import Durability
 from ..failure_log import FailureLog
 from ..outcome import Outcome
+from .fallback import failure_outcome
+
+logger = logging.getLogger("guarded.artifacts")
+
+ARTIFACT_PUTS = ("put_bytes", "put_text")
+"""The artifact writes: kept in process and dead-lettered when the backend cannot take them."""
+
+_CONTENT = {"put_bytes": "data", "put_text": "text"}
+_OVERHEAD = 1024
+"""Bytes added to the estimate of a held put for its JSON envelope and short arguments."""
+
+
+def held_size(method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """An upper estimate of what a held put takes in the spill file (its encoded call): the
+    content as base64 (``put_bytes``) or JSON text (``put_text``), plus the other arguments."""
+    name = _CONTENT.get(method, "data")
+    content = args[0] if args else kwargs.get(name)
+    others = {key: value for key, value in kwargs.items() if key != name}
+    try:
+        size = _OVERHEAD + len(json.dumps(others, default=str, ensure_ascii=False).encode("utf-8", "replace"))
+    except (TypeError, ValueError, RecursionError):  # the buffer refuses such arguments anyway
+        size = _OVERHEAD
+    if isinstance(content, bytes | bytearray | memoryview):
+        return size + 4 * ((len(content) + 2) // 3)
+    if isinstance(content, str):
+        return size + len(json.dumps(content, ensure_ascii=False).encode("utf-8", "replace"))
+    return size
+
+
+def _artifact_id(ref: Any) -> str | None:
+    found = getattr(ref, "id", None)
+    return found if isinstance(found, str) else None
 
 
 class LocalArtifactFallbackLayer:
     """Runs between the fallback layer and the breaker of a guarded artifact store."""
 
-    def __init__(self, local: InMemoryArtifactStore, failure_log: FailureLog) -> None:
+    def __init__(
+        self,
+        local: InMemoryArtifactStore,
+        failure_log: FailureLog,
+        durability: Durability | None = None,
+        *,
+        spill_max_bytes: int = 0,
+    ) -> None:
         self.local = local
         self._log = failure_log
+        self.durability = durability if durability is not None and spill_max_bytes > 0 else None
+        self.spill_max_bytes = spill_max_bytes
+        self.kept_in_process_only = 0
+        """Puts the backend could not take that were kept in this process only (not held durably)."""
+        self._next_stamp = itertools.count(1).__next__
+        """Call-order stamps of the artifact writes (the artifact buffer's only writer)."""
+        self._admission = asyncio.Lock()
+
+    @property
+    def buffer(self) -> DeadLetterBuffer | None:
+        """The dead-letter buffer holding artifact puts, ``None`` without one."""
+        return self.durability.buffer if self.durability is not None else None
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         name = method.policy.name
         local = self.local
-        log = self._log
 
-        if name in ("put_bytes", "put_text"):
-            put_locally = getattr(local, name)
-
-            async def put(call: Call) -> Any:
-                try:
-                    return await inner(call)
-                except Exception as exc:
-                    if classify(exc) is ErrorClass.REJECTED:
-                        raise
-                    ref = await put_locally(*call.args, **call.kwargs)
-                    call.error = exc
-                    call.outcome = Outcome.FALLBACK
-                    log.failure(
-                        store=method.store_name,
-                        method=method.label,
-                        error_type=error_type(exc),
-                        outcome="kept in process",
-                        message=safe_message(exc),
-                    )
-                    return ref
-
-            return put
+        if name in ARTIFACT_PUTS:
+            return self._wrap_put(inner, method)
 
         if name in ("get", "get_ref", "exists"):
             read_locally = getattr(local, name)
@@ -67,12 +116,7 @@ class LocalArtifactFallbackLayer:
             return read
 
         if name == "delete":
-
-            async def delete(call: Call) -> Any:
-                deleted_locally = bool(local.count) and await local.delete(*call.args, **call.kwargs)
-                return await inner(call) or deleted_locally
-
-            return delete
+            return self._wrap_delete(inner)
 
         if name == "list":
 
@@ -87,3 +131,124 @@ class LocalArtifactFallbackLayer:
             return listing
 
         return inner
+
+    def _wrap_put(self, inner: Service, method: MethodSetup) -> Service:
+        name = method.policy.name
+        put_locally = getattr(self.local, name)
+        durability = self.durability if method.policy.dead_letter else None
+        buffer = durability.buffer if durability is not None else None
+        next_stamp = self._next_stamp
+        log = self._log
+
+        async def put(call: Call) -> Any:
+            if durability is not None:
+                await durability.open()  # once: what a previous process left starts replaying
+            stamp = next_stamp()
+            try:
+                result = await inner(call)
+            except Exception as exc:
+                if classify(exc) is ErrorClass.REJECTED:
+                    raise
+                ref = await put_locally(*call.args, **call.kwargs)
+                call.error = exc
+                held = await self._hold(name, call, ref, stamp, exc)
+                call.outcome = Outcome.DEAD_LETTERED if held else Outcome.FALLBACK
+                log.failure(
+                    store=method.store_name,
+                    method=method.label,
+                    error_type=error_type(exc),
+                    outcome=Outcome.DEAD_LETTERED.value if held else "kept in process only",
+                    message=safe_message(exc),
+                )
+                return ref
+            artifact_id = _artifact_id(result)
+            if buffer is not None and artifact_id is not None:
+                # The backend has it now: a held put of the same content need not be replayed.
+                await buffer.supersede(name, artifact_id, stamp)
+            return result
+
+        return put
+
+    async def _hold(self, name: str, call: Call, ref: Any, stamp: int, exc: BaseException) -> bool:
+        """Dead-letter a put kept locally, within ``spill_max_bytes``; whether it is held."""
+        durability = self.durability
+        buffer = self.buffer
+        artifact_id = _artifact_id(ref)
+        if durability is None or buffer is None or artifact_id is None:
+            return False
+        size = held_size(name, call.args, call.kwargs)
+        async with self._admission:  # one admission at a time: the cap is never overshot
+            stats = await buffer.stats()
+            held = max(stats.disk_bytes, stats.memory_bytes)
+            if held + size > self.spill_max_bytes:
+                self._kept_in_process_only(name, size, held)
+                return False
+            try:
+                kept = await durability.dead_letter(
+                    name,
+                    call.args,
+                    call.kwargs,
+                    key=artifact_id,
+                    scope=None,
+                    stamp=stamp,
+                    error=failure_outcome(exc).value,
+                )
+            except Exception:
+                logger.exception(
+                    "an artifact put could not be dead-lettered; it is kept in this process only",
+                    extra={"event": "artifact_not_held", "store": durability.store_name, "method": name},
+                )
+                kept = False
+        if not kept:
+            self.kept_in_process_only += 1
+        return kept
+
+    def _kept_in_process_only(self, name: str, size: int, held: int) -> None:
+        self.kept_in_process_only += 1
+        logger.warning(
+            "artifact spill cap reached (%d bytes held, %d more needed, artifacts.spill_max_bytes=%d): "
+            "an artifact the backend could not take is kept in this process only",
+            held,
+            size,
+            self.spill_max_bytes,
+            extra={
+                "event": "artifact_spill_full",
+                "method": name,
+                "held_bytes": held,
+                "size": size,
+                "kept_in_process_only": self.kept_in_process_only,
+            },
+        )
+
+    def _wrap_delete(self, inner: Service) -> Service:
+        local = self.local
+        durability = self.durability
+        buffer = self.buffer
+        next_stamp = self._next_stamp
+
+        async def delete(call: Call) -> Any:
+            if durability is not None:
+                await durability.open()  # held puts of a previous process are known before a delete
+            deleted_locally = bool(local.count) and await local.delete(*call.args, **call.kwargs)
+            artifact_id = call.args[0] if call.args else call.kwargs.get("artifact_id")
+            if buffer is None or buffer.is_empty or not isinstance(artifact_id, str):
+                return await inner(call) or deleted_locally
+            # Take held puts of the artifact out of the buffer so no replay brings it back: first
+            # wait for a replay of it in flight, and hold replays of it off until the delete ends.
+            stamp = next_stamp()
+            slots = [slot for slot in (buffer.slot(put, artifact_id) for put in ARTIFACT_PUTS) if slot]
+            entered = []
+            try:
+                for slot in slots:
+                    if not buffer.gate.try_enter_direct(slot, stamp):
+                        await buffer.gate.enter_direct(slot, stamp)
+                    entered.append(slot)
+                taken = False
+                for put in ARTIFACT_PUTS:
+                    taken = await buffer.take(put, artifact_id) is not None or taken
+                return await inner(call) or deleted_locally or taken
+            finally:
+                for slot in entered:
+                    buffer.gate.leave_direct(slot, stamp)
+
+        return delete
