@@ -282,6 +282,13 @@ class DeadLetterBuffer:
         return spill.path if spill is not None and not self._failed else None
 
     @property
+    def claimed_path(self) -> str | None:
+        """The slot file this buffer holds locked, even while it fails (``None``: it holds none).
+        Of the :attr:`depth` waiting writes, all but :attr:`memory_only` are in it."""
+        spill = self._spill
+        return spill.path if spill is not None else None
+
+    @property
     def spill_error(self) -> str | None:
         """Why the spill file is unavailable (``None`` while it is fine)."""
         return self._spill_error if self._failed else None

@@ -79,8 +79,11 @@ class DeadLetterStats:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def canonical_key(key: Any) -> str | None:

@@ -22,7 +22,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import quote
 
 from ..errors import GuardedError
@@ -167,9 +167,12 @@ class SourceReadError(SpillFileError):
     """Reading the other file of :meth:`SpillFile.take_over` failed (that file's fault, not ours)."""
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def dumps(value: object) -> str:
     """Compact JSON text of an encoded call, as stored."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 # --- the lock ---------------------------------------------------------------------------------------
@@ -282,12 +285,21 @@ def remove_files(path: str) -> None:
     _unlink(path)
 
 
+def _loads(text: object) -> Any:
+    """A stored call's JSON, or ``None`` when the text is damaged (its replay parks it then)."""
+    try:
+        return json.loads(str(text))
+    except ValueError:
+        return None
+
+
 def _pending(row: Sequence[object]) -> DeadLetter:
     seq, method, call, key, scope, stamp, _generation, enqueued_at, size, error = row
+    loaded = _loads(call)
     return DeadLetter(
         seq=int(seq),  # type: ignore[call-overload]
         method=str(method),
-        call=json.loads(str(call)),
+        call=loaded if isinstance(loaded, dict) else {"damaged": True},
         key=None if key is None else str(key),
         scope=None if scope is None else str(scope),
         stamp=int(stamp),  # type: ignore[call-overload]
@@ -640,7 +652,7 @@ class SpillFile:
             ParkedWrite(
                 seq=seq,
                 method=method,
-                call=None if call is None else json.loads(call),
+                call=None if call is None or not isinstance(loaded := _loads(call), dict) else loaded,
                 reason=reason,
                 parked_at=parked_at,
                 size=size,

@@ -472,3 +472,31 @@ async def test_closing_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     await target.aclose()
     with pytest.raises(RuntimeError, match="closed"):
         await put_events(target, "t", 1)
+
+
+async def test_a_damaged_call_in_the_file_is_parked_not_raised(tmp_path: Path) -> None:
+    path = tmp_path / "dlq.sqlite"
+    target = make(path)
+    sent: list[int] = []
+
+    async def send(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        sent.append(args[0].payload["i"])
+        from guarded.deadletter import ReplayResult
+
+        return ReplayResult.OK
+
+    try:
+        await put_events(target, "t", 3)
+        spill = target._spill
+        assert spill is not None
+        spill._db.execute("UPDATE pending SET call = '{\"args\": [trunc' WHERE seq = 2")
+        target._memory.clear()
+        summary = await target.replay(send)
+        assert sent == [0, 2]
+        assert (summary.replayed, summary.parked) == (2, 1)
+        (parked,) = await target.parked()
+        assert parked.call is None
+        assert "cannot be decoded" in parked.reason
+        assert target.claimed_path == str(path)
+    finally:
+        await target.aclose()
