@@ -155,11 +155,17 @@ def build_planner(store: object, llm: ScriptedLLM) -> ReactPlanner:
 
 def guard_config(spill: str | None) -> GuardConfig:
     """Production layers with short budgets: a database that is down is found out in about a second,
-    not the default 15 s of a critical write, and closing gives up draining after a second."""
+    not the default 15 s of a critical write, and closing gives up draining after a second.
+    ``spill`` ``None``: the default spill file (in the test's own state directory)."""
+    dead_letter = (
+        DeadLetterConfig(drain_timeout=1.0)
+        if spill is None
+        else DeadLetterConfig(path=spill, drain_timeout=1.0)
+    )
     return GuardConfig(
         timeout=TimeoutConfig(attempt=1.0, deadline=2.0, critical_deadline=2.0),
         retry=RetryConfig(max_attempts=2, critical_max_attempts=2, initial_backoff=0.02, max_backoff=0.1),
-        dead_letter=DeadLetterConfig(path=spill, drain_timeout=1.0),
+        dead_letter=dead_letter,
     )
 
 

@@ -37,7 +37,7 @@ from guarded.config import BatchConfig, BreakerConfig, DeadLetterConfig
 from guarded.deadletter import DeadLetterBuffer
 from guarded.guard import controller, guard
 from guarded.models import StoredEvent, TaskContextSnapshot, TaskState, TaskStatus, TaskType
-from guarded.testing import Fault, FaultPlan, FaultyStore
+from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from guarded.testing.postgres import EmbeddedPostgres, embedded_postgres
 
 from ._outages import (
@@ -466,7 +466,7 @@ async def test_a_full_spill_file_drops_the_oldest_writes_and_counts_them(
     assert stats.dropped_total == dropped
     assert stats.depth + dropped == writes
     assert stats.disk_bytes <= 1024 * 1024
-    assert outcomes(registry, "full") == {"ok": writes}  # acknowledged on queueing
+    assert outcomes(registry, "full") == {"dead_lettered": writes}  # committed to the spill file
 
     await asyncio.to_thread(server.start)
     controller(store).breaker.reset()
@@ -557,9 +557,8 @@ async def test_a_slow_server_bounds_every_call_and_keeps_the_writes(
         for method, slowest in ledger.slowest.items():
             deadline = CRITICAL_DEADLINE if method == "save_planner_state" else DEADLINE
             assert slowest <= deadline + MARGIN, (method, slowest)
-        assert method_outcomes(registry, "slow") == {
-            (method, "ok" if method in BATCHED else "dead_lettered"): workers for method in KINDS
-        }
+        # Group commit: batched writes too return only once their flush gave up and held them.
+        assert method_outcomes(registry, "slow") == {(method, "dead_lettered"): workers for method in KINDS}
         await controller(store).flush()  # the waiting flushes time out: dead-lettered as well
         assert dead_letters(store).depth == workers * len(KINDS)
 
@@ -634,8 +633,9 @@ async def test_a_lost_acknowledgement_does_not_duplicate_planner_events(
     once. (Every attempt of the bulk flush commits, then its connection "breaks".)"""
     registry = CollectorRegistry()
     lost_answers = FaultPlan.always(Fault.error_after(ConnectionResetError), methods=["save_planner_events"])
+    faulty = FaultyStore(await open_store(pg_dsn, schema_name), lost_answers)
     store = guard(
-        FaultyStore(await open_store(pg_dsn, schema_name), lost_answers),
+        faulty,
         name="lost",
         registry=registry,
         config=outage_config(tmp_path / "dlq.sqlite", breaker=BreakerConfig(enabled=False)),
@@ -643,8 +643,10 @@ async def test_a_lost_acknowledgement_does_not_duplicate_planner_events(
     ledger = Ledger()
     await asyncio.gather(*(perform(store, ledger, 0, index) for index in range(2, 400, len(KINDS))))
     await controller(store).flush()
-    assert dead_letters(store).depth == 50  # every flush "failed"
-    assert await drain_all(store) == 0  # replayed one by one (save_planner_event): answered
+    assert total(registry, names.DLQ_ENQUEUED, "lost") == 50  # every flush "failed"
+    assert outcomes(registry, "lost") == {"dead_lettered": 50}  # group commit: each caller was told
+    fault_injector(faulty).plan = FaultPlan()  # answers arrive again: the replay (bulk) is answered
+    assert await drain_all(store) == 0
     await controller(store).aclose()
     assert ledger.errors == []
     assert sum(ledger.planner_events.values()) == 50
