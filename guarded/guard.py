@@ -348,9 +348,10 @@ the admission check uses can never make the buffer drop an artifact it admitted.
 class _ArtifactTarget:
     """The backend's artifact store as the artifact durability sees it: the same methods, the
     record types of the store, and a target identity of its own (its spill file is adopted only by
-    a guard over the same artifact store, never mixed with the store's other writes)."""
+    a guard over the same artifact store, never mixed with the store's other writes; ``None`` when
+    the store has no identity, as for its other writes)."""
 
-    def __init__(self, inner: object, identity: str, types: RecordTypes) -> None:
+    def __init__(self, inner: object, identity: str | None, types: RecordTypes) -> None:
         self._inner = inner
         self.target_identity = identity
         self.types = types
@@ -392,9 +393,7 @@ class _ArtifactSide:
         config = core.config
         if self.durability is None and self._durable:
             self.durability = Durability(
-                _ArtifactTarget(
-                    inner, f"{_identity_of(core.target)} artifact_store", record_types_of(core.target)
-                ),
+                _ArtifactTarget(inner, _artifact_identity(core.target), record_types_of(core.target)),
                 _artifact_durability_config(config),
                 store_name=core.name,
                 registry=core.registry,
@@ -435,12 +434,11 @@ class _ArtifactSide:
 _artifact_sides: weakref.WeakKeyDictionary[GuardCore, _ArtifactSide] = weakref.WeakKeyDictionary()
 
 
-def _identity_of(target: object) -> str:
+def _artifact_identity(target: object) -> str | None:
+    """The target identity of the artifact spill file: the store's own with `` artifact_store``
+    added, or ``None`` for a store that has none (as its other spill files record none)."""
     found = getattr(target, "target_identity", None)
-    if isinstance(found, str) and found:
-        return found
-    kind = type(target)
-    return f"{kind.__module__}.{kind.__qualname__}"
+    return f"{found} artifact_store" if isinstance(found, str) and found else None
 
 
 def _artifact_durability_config(config: GuardConfig) -> GuardConfig:

@@ -170,6 +170,37 @@ async def test_what_a_closed_guard_could_not_deliver_a_new_guard_on_the_same_pat
         assert await backend.artifact_store.get(ref.id) == f"artifact {number}".encode()
 
 
+class NamedStore(InMemoryStateStore):
+    """An in-memory store that says which database it is, as PostgresStateStore does."""
+
+    def __init__(self, identity: str) -> None:
+        super().__init__()
+        self.target_identity = identity
+
+
+@pytest.mark.asyncio
+async def test_held_artifacts_are_only_ever_replayed_into_their_own_target(tmp_path: Path) -> None:
+    spill = tmp_path / "dlq-{name}.sqlite"
+    first_db = NamedStore("memory://a")
+    faulty = FaultyStore(first_db, DOWN)
+    first = guard(faulty, registry=CollectorRegistry(), config=config(spill, drain_timeout=0.1))
+    ref = await first.artifact_store.put_bytes(b"belongs to a")
+    assert held(first).target == "memory://a artifact_store"
+    await controller(first).aclose()
+
+    other_db = NamedStore("memory://b")
+    other: Any = guard(other_db, registry=CollectorRegistry(), config=config(spill))
+    async with other:
+        assert held(other).target == "memory://b artifact_store"
+        assert held(other).depth == 0  # the file of "a" is left alone
+    assert await other_db.artifact_store.exists(ref.id) is False
+
+    again: Any = guard(first_db, registry=CollectorRegistry(), config=config(spill))
+    async with again:
+        pass
+    assert await first_db.artifact_store.get(ref.id) == b"belongs to a"
+
+
 @pytest.mark.asyncio
 async def test_an_artifact_beyond_the_spill_cap_stays_in_process_only(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
