@@ -1,0 +1,193 @@
+"""The guard's lifecycle at the edges a user meets first: the default configuration, a guard never
+closed, a close right after an outage while the breaker is still open, a memory-only buffer, and
+legacy aliases sharing their target's pending writes (issue 12)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from guarded import controller, guard
+from guarded.backends.memory import InMemoryStateStore
+from guarded.config import BatchConfig, BreakerConfig, DeadLetterConfig, GuardConfig
+from guarded.models import StateUpdate, UpdateType
+from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+
+from .support import event, fast_config
+
+OUTAGE = FaultPlan.always(Fault.error_before(ConnectionRefusedError))
+
+
+def update(update_id: str, index: int) -> StateUpdate:
+    return StateUpdate(
+        session_id="s1",
+        task_id="t1",
+        update_id=update_id,
+        update_type=UpdateType.PROGRESS,
+        content={"i": index},
+    )
+
+
+@pytest.mark.asyncio
+async def test_the_default_configuration_spills_to_the_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    faulty = FaultyStore(InMemoryStateStore(), OUTAGE)
+    store = guard(faulty, name="agents", registry=CollectorRegistry())
+    async with store:
+        await store.save_memory_state("k", {"v": 1})
+        buffer = controller(store).dead_letters
+        assert buffer is not None
+        assert buffer.depth == 1
+        assert buffer.spill_path is not None
+        assert Path(buffer.spill_path).parent == tmp_path / "state" / "guarded"
+        assert Path(buffer.spill_path).name.startswith("agents")
+        fault_injector(faulty).plan = FaultPlan()
+
+
+@pytest.mark.asyncio
+async def test_the_spill_path_default_is_read_when_the_configuration_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GUARDED_DLQ_PATH", str(tmp_path / "set-late-{name}.sqlite"))
+    assert GuardConfig().dead_letter.path == str(tmp_path / "set-late-{name}.sqlite")
+    monkeypatch.delenv("GUARDED_DLQ_PATH")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert GuardConfig().dead_letter.path == str(tmp_path / "xdg" / "guarded" / "{name}.sqlite")
+
+
+@pytest.mark.asyncio
+async def test_a_group_committed_write_is_in_the_backend_when_the_call_returns() -> None:
+    backend = InMemoryStateStore()
+    store = guard(
+        backend, registry=CollectorRegistry(), config=GuardConfig(batching=BatchConfig(max_delay=3600))
+    )
+    async with store:
+        await store.save_event(event("t1", 0))
+        assert await backend.load_history("t1") == [event("t1", 0)]  # no flush, no timer
+
+
+@pytest.mark.asyncio
+async def test_aliases_share_their_targets_pending_writes() -> None:
+    """``save_update`` and ``save_task_update`` queue together (write-behind, never flushed by a
+    timer here), and ``list_updates`` / ``list_task_updates`` both see both."""
+    backend = InMemoryStateStore()
+    config = GuardConfig(batching=BatchConfig(ack="enqueue", max_delay=3600))
+    store = guard(backend, registry=CollectorRegistry(), config=config)
+    async with store:
+        await store.save_update(update("u1", 1))
+        await store.save_task_update(update("u2", 2))
+        assert await backend.list_updates("s1") == []  # both still queued
+        assert [u.update_id for u in await store.list_updates("s1")] == ["u1", "u2"]
+        await store.save_task_update(update("u3", 3))
+        assert [u.update_id for u in await store.list_task_updates("s1")] == ["u1", "u2", "u3"]
+
+
+@pytest.mark.asyncio
+async def test_a_close_right_after_an_outage_waits_out_the_open_breaker(tmp_path: Path) -> None:
+    """The breaker opened during the outage and stays open for 30 s; the close's 5 s budget is
+    used to probe it (with backoff) and deliver every held write once the backend is back."""
+    faulty = FaultyStore(InMemoryStateStore(), OUTAGE)
+    config = fast_config(
+        breaker=BreakerConfig(minimum_calls=2, window_size=4, open_duration=30.0),
+        batching=BatchConfig(),
+        dead_letter=DeadLetterConfig(path=str(tmp_path / "dlq.sqlite"), drain_timeout=5.0),
+    )
+    store = guard(faulty, registry=CollectorRegistry(), config=config)
+    for index in range(20):
+        await store.save_memory_state(f"k{index}", {"v": index})
+        await store.save_event(event("t1", index))
+    assert controller(store).breaker.remaining_open() > 20
+    assert controller(store).dead_letters is not None
+    assert controller(store).dead_letters.depth == 40
+    fault_injector(faulty).plan = FaultPlan()  # the backend is back; the breaker is still open
+    await controller(store).aclose()
+    backend = controller(store).store
+    assert len(await backend.load_history("t1")) == 20
+    assert [await backend.load_memory_state(f"k{index}") for index in range(20)] == [
+        {"v": index} for index in range(20)
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_memory_only_buffer_warns_once_at_start_and_counts_its_loss_once_at_close(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="guarded")
+    faulty = FaultyStore(InMemoryStateStore(), OUTAGE)
+    config = GuardConfig(dead_letter=DeadLetterConfig(path=None, drain_timeout=0.2))
+    store = guard(faulty, registry=CollectorRegistry(), config=config)
+    started = [r for r in caplog.records if r.name.startswith("guarded") and r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in started] == [
+        "dead-letter buffer of store 'default' is in memory only (dead_letter.path=None): writes held "
+        "during an outage die with the process"
+    ]
+    for index in range(3):
+        await store.save_memory_state(f"k{index}", {"v": index})
+    caplog.clear()
+    await controller(store).aclose()
+    about_closing = [r for r in caplog.records if r.name == "guarded.durability"]
+    assert [r.levelno for r in about_closing] == [logging.ERROR]
+    assert "3 undelivered" in about_closing[0].getMessage()
+    assert "lost" in about_closing[0].getMessage()
+    assert not [r for r in caplog.records if "kept" in r.getMessage() and "next" in r.getMessage()]
+
+
+@pytest.mark.asyncio
+async def test_a_guard_collected_unclosed_with_held_writes_says_how_many_and_where(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="guarded")
+    faulty = FaultyStore(InMemoryStateStore(), OUTAGE)
+    config = fast_config(dead_letter=DeadLetterConfig(path=str(tmp_path / "dlq.sqlite")))
+    store = guard(faulty, registry=CollectorRegistry(), config=config)
+    await store.save_memory_state("k", {"v": 1})
+    await store.save_memory_state("j", {"v": 2})
+    del store
+    gc.collect()
+    [record] = [r for r in caplog.records if getattr(r, "event", None) == "guard_not_closed"]
+    message = record.getMessage()
+    assert "was garbage-collected" in message
+    assert "2 acknowledged writes" in message
+    assert str(tmp_path) in message
+
+
+@pytest.mark.asyncio
+async def test_a_guard_closed_properly_reports_nothing_when_collected(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="guarded")
+    faulty = FaultyStore(InMemoryStateStore(), OUTAGE)
+    store = guard(faulty, registry=CollectorRegistry(), config=fast_config(dead_letter=DeadLetterConfig()))
+    await store.save_memory_state("k", {"v": 1})
+    fault_injector(faulty).plan = FaultPlan()
+    await controller(store).aclose()
+    del store
+    gc.collect()
+    assert [r for r in caplog.records if getattr(r, "event", None) == "guard_not_closed"] == []
+
+
+@pytest.mark.filterwarnings(
+    "ignore::pytest.PytestWarning"
+)  # the module's asyncio mark; this one runs its own loop
+def test_an_event_loop_shut_down_under_an_unclosed_guard_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="guarded")
+    faulty = FaultyStore(InMemoryStateStore(), OUTAGE)
+    config = fast_config(dead_letter=DeadLetterConfig(path=str(tmp_path / "dlq.sqlite")))
+    store = guard(faulty, registry=CollectorRegistry(), config=config)
+
+    async def main() -> None:
+        await store.save_memory_state("k", {"v": 1})
+
+    asyncio.run(main())
+    [record] = [r for r in caplog.records if getattr(r, "event", None) == "guard_not_closed"]
+    assert "event loop is shutting down" in record.getMessage()
+    assert "1 in spill file" in record.getMessage()
