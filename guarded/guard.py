@@ -34,11 +34,11 @@ from .layers import (
     TracingLayer,
 )
 from .layers.artifact_fallback import LocalArtifactFallbackLayer
+from .layers.batching import BatchingLayer
 from .layers.dead_letter import DeadLetterLayer
 from .layers.memory_health import MemoryHealthLayer
 from .layers.metrics import GuardInstruments, guard_instruments, publish_breaker_state
 from .layers.stale_reads import StaleReadLayer
-from .layers.write_behind import WriteBehindLayer
 from .models import ArtifactRetentionConfig
 from .outcome import Outcome
 from .policy import LIFECYCLE_METHODS, Kind, MethodPolicy, PolicyTable
@@ -128,7 +128,7 @@ class GuardCore:
             degraded_layers = [
                 StaleReadLayer(self.durability, policies),
                 DeadLetterLayer(self.durability, self.failure_log),
-                WriteBehindLayer(self.durability),
+                BatchingLayer(self.durability),
                 *degraded_layers,
             ]
         self.layers: list[Layer] = [
@@ -300,7 +300,12 @@ def guard(
         extra_layers=extra_layers,
         durable=True,
     )
-    return _make_proxy(core, GuardedStore)  # type: ignore[return-value]
+    proxy = _make_proxy(core, GuardedStore)
+    if core.durability is not None:
+        # A guard never closed says so, with what it had not delivered, when it is collected or
+        # the interpreter exits (its event loop's shutdown is watched by the durability itself).
+        weakref.finalize(proxy, core.durability.report_unclosed, "was garbage-collected")
+    return proxy  # type: ignore[return-value]
 
 
 def _make_proxy(core: GuardCore, base: type[GuardedStore]) -> GuardedStore:
