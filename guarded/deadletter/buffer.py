@@ -467,6 +467,21 @@ class DeadLetterBuffer:
         try:
             rows, totals, max_seq = await self._job(load)
         except _SPILL_ERRORS as exc:
+            files = self._files
+            if files is not None and is_corruption(exc) and not self._detaching:
+                # Damaged past its header: set it aside like one found damaged at once.
+                self._detaching = True
+                try:
+                    minimum, damage = self._generation, exc
+                    _aside, fresh, error = await self._job(
+                        lambda: files.replace_corrupt(spill, damage, held=None, min_generation=minimum)
+                    )
+                    if fresh is not None:
+                        return await self._attach(fresh)
+                    self._fail(error or exc, f"cannot start a fresh spill file at {spill.path!r}", quiet=True)
+                    return 0
+                finally:
+                    self._detaching = False
             with contextlib.suppress(*_SPILL_ERRORS):
                 await self._job(spill.close)
             self._fail(exc, f"cannot read spill file {spill.path!r}")

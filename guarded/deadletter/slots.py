@@ -256,7 +256,7 @@ class SlotFiles:
         return aside
 
     def replace_corrupt(
-        self, spill: SpillFile, exc: BaseException, *, held: int, min_generation: int
+        self, spill: SpillFile, exc: BaseException, *, held: int | None, min_generation: int
     ) -> tuple[str | None, SpillFile | None, BaseException | None]:
         """Close the damaged ``spill`` keeping its lock, rename it aside and start a fresh file in
         its place; returns the new name, the fresh file (``None`` when it could not be started)

@@ -500,3 +500,33 @@ async def test_a_damaged_call_in_the_file_is_parked_not_raised(tmp_path: Path) -
         assert target.claimed_path == str(path)
     finally:
         await target.aclose()
+
+
+async def test_a_file_damaged_past_its_header_is_set_aside_when_claimed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog_errors: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "dlq.sqlite"
+    first = make(path)
+    await put_events(first, "t", 3)
+    await first.aclose()
+    real_rows = SpillFile.index_rows
+    damage = [corrupt_error()]
+
+    def index_rows(self: SpillFile) -> Any:
+        if damage:
+            raise damage.pop()
+        return real_rows(self)
+
+    monkeypatch.setattr(SpillFile, "index_rows", index_rows)
+    registry = CollectorRegistry()
+    target = make(path, registry)
+    try:
+        assert await target.open() == 0
+        await put_events(target, "u", 1)
+        assert (target.spill_path, target.depth) == (str(path), 1)
+        assert gauge(registry) == 1
+    finally:
+        await target.aclose()
+    (aside,) = glob.glob(f"{path}.corrupt-*")
+    assert on_disk(aside) == (3, 0)  # kept for inspection
+    assert len(events(caplog_errors, "deadletter_spill_corrupt")) == 1
