@@ -11,8 +11,9 @@ Computed from the :class:`~guarded.demo.ledger.Ledger` (what callers were acknow
   database (still waiting, or consumed); *lost* when it is missing. Two resume problems are
   reported as warnings, not losses: a row consumed while its resume got nothing (the answer
   was lost), and a row still loadable after a resume got it (it could be resumed twice);
-* artifacts: *persisted* when stored; the guard keeps an artifact the database cannot take in
-  process (outcome ``fallback``, not durable), counted apart;
+* artifacts: *persisted* when stored; an artifact the database could not take is held in the
+  artifact spill file (outcome ``dead_lettered``) and expected in the database after the drain;
+  one kept in process only (outcome ``fallback``: over the spill cap, not durable) is counted apart;
 * bad payloads: each must be parked with its reason (or rejected, for artifacts).
 
 The run passes when nothing is lost or mismatched, no exception escaped the guard and every bad
