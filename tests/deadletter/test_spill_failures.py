@@ -530,3 +530,36 @@ async def test_a_file_damaged_past_its_header_is_set_aside_when_claimed(
     (aside,) = glob.glob(f"{path}.corrupt-*")
     assert on_disk(aside) == (3, 0)  # kept for inspection
     assert len(events(caplog_errors, "deadletter_spill_corrupt")) == 1
+
+
+async def test_a_memory_only_buffer_exports_no_spill_gauge() -> None:
+    registry = CollectorRegistry()
+    target = make_memory_only(registry)
+    try:
+        await put_events(target, "t", 2)
+        assert gauge(registry) is None
+        stats = await target.stats()
+        assert (stats.spill_available, stats.spill_path, stats.memory_only) == (None, None, 2)
+    finally:
+        await target.aclose()
+
+
+def make_memory_only(registry: CollectorRegistry) -> DeadLetterBuffer:
+    return DeadLetterBuffer(config(None), store_name=STORE, registry=registry)
+
+
+async def test_the_gauge_of_a_store_is_0_when_any_of_its_buffers_cannot_spill(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    healthy = make(tmp_path / "dlq.sqlite", registry)
+    broken = make(blocker / "dlq.sqlite", registry)
+    try:
+        await put_events(healthy, "t", 1)
+        assert gauge(registry) == 1
+        await put_events(broken, "t", 1)
+        assert gauge(registry) == 0
+    finally:
+        await broken.aclose()
+        assert gauge(registry) == 1
+        await healthy.aclose()
