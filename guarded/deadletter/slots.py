@@ -83,8 +83,9 @@ def slot_of(base: str, path: str) -> int | None:
     if path == base:
         return 0
     prefix = base + "."
-    if path.startswith(prefix) and path[len(prefix) :].isdigit() and not path[len(prefix)].startswith("0"):
-        return int(path[len(prefix) :])
+    suffix = path[len(prefix) :]
+    if path.startswith(prefix) and suffix.isdigit() and not suffix.startswith("0"):
+        return int(suffix)
     return None
 
 
