@@ -199,8 +199,8 @@ class _MethodQueue:
     __slots__ = (
         "active",
         "due",
-        "eager",
         "duration",
+        "eager",
         "flush_waiters",
         "in_flight",
         "method",

@@ -108,6 +108,7 @@ class Durability:
         self._replay_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._closing = False
+        self._reported = False
         self._last_adoption = -math.inf
         if self.buffer is not None and self.buffer.path is None:
             logger.warning(
@@ -383,23 +384,27 @@ class Durability:
         """Acknowledged writes not yet in the backend, whether some of them are in memory only
         (lost with the process), and where they are."""
         queued = self.batcher.acknowledged_pending if self.batcher is not None else 0
-        held = self.buffer.depth if self.buffer is not None else 0
-        spill = self.buffer.spill_path if self.buffer is not None else None
+        buffer = self.buffer
+        held = buffer.depth if buffer is not None else 0
+        in_memory = buffer.memory_only if buffer is not None else 0
         where = []
-        if held:
-            where.append(f"{held} in spill file {spill}" if spill else f"{held} in memory only")
+        if held > in_memory and buffer is not None:
+            where.append(f"{held - in_memory} in spill file {buffer.claimed_path}")
+        if in_memory:
+            where.append(f"{in_memory} in memory only")
         if queued:
             where.append(f"{queued} queued in memory (write-behind)")
-        return queued + held, bool(queued or (held and spill is None)), ", ".join(where)
+        return queued + held, bool(queued or in_memory), ", ".join(where)
 
     def report_unclosed(self, why: str) -> None:
         """One ERROR record when the guard goes away (``why``) with acknowledged writes not yet in
         the backend; nothing when it was closed or has none."""
-        if self.closed or self._closing:
+        if self.closed or self._closing or self._reported:
             return
         count, at_risk, where = self.undelivered()
         if not count:
             return
+        self._reported = True
         logger.error(
             "guard of store %r was not closed and %s with %d acknowledged writes not yet in the backend "
             "(%s)%s; close it with 'async with' or 'await controller(store).aclose()'",
@@ -490,37 +495,37 @@ class Durability:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        spill = None
-        parked = 0
+        kept = lost = parked_lost = 0
+        path = None
         if self.buffer is not None:
-            remaining = self.buffer.depth
-            spill = self.buffer.spill_path
-            parked = (await self.buffer.stats()).parked
-            try:
-                await self.buffer.aclose()
-            except Exception:
-                logger.exception("closing the dead-letter buffer failed", extra={"store": self.store_name})
+            buffer = self.buffer
+            path = buffer.claimed_path
+            parked_lost = (await buffer.stats()).parked if path is None else 0
+            await buffer.aclose()  # never raises; a last attempt to move memory-held writes to the file
+            remaining = buffer.depth
+            lost = buffer.memory_only
+            kept = remaining - lost
         self.closed = True
-        if remaining and spill is not None:
+        if kept:
             logger.warning(
                 "closing store %r with %d undelivered writes kept in %s; the next guard on this spill "
                 "path delivers them",
                 self.store_name,
-                remaining,
-                spill,
-                extra={"event": "guard_closed_undelivered", "store": self.store_name, "depth": remaining},
+                kept,
+                path,
+                extra={"event": "guard_closed_undelivered", "store": self.store_name, "depth": kept},
             )
-        elif remaining or (parked and spill is None):
+        if lost or parked_lost:
             logger.error(
                 "closing store %r with %d undelivered and %d parked writes in memory only: they are lost",
                 self.store_name,
-                remaining,
-                parked,
+                lost,
+                parked_lost,
                 extra={
                     "event": "guard_closed_lost",
                     "store": self.store_name,
-                    "depth": remaining,
-                    "parked": parked,
+                    "depth": lost,
+                    "parked": parked_lost,
                 },
             )
         return remaining

@@ -865,6 +865,7 @@ class DeadLetterBuffer:
         self._depth += 1
         self._volatile[entry.seq] = entry
         self._memory_bytes += entry.size
+        self._make_room()
         if slot is not None:
             self._keys.setdefault(slot, {})[entry.seq] = (self._generation, entry.stamp)
             if entry.scope is not None:
@@ -961,6 +962,15 @@ class DeadLetterBuffer:
                 self._memory[entry.seq] = entry
             else:
                 self._drop_payload(entry)
+
+    def _make_room(self) -> None:
+        """Keep the memory caps with the writes waiting for their commit counted: the copies of
+        writes already in the file go first, oldest first."""
+        cap_entries, cap_bytes = self.config.max_memory_entries, self.config.max_memory_bytes
+        memory = self._memory
+        while memory and (self._memory_bytes > cap_bytes or len(memory) + len(self._volatile) > cap_entries):
+            _, entry = memory.popitem(last=False)
+            self._drop_payload(entry)
 
     def _drop_payload(self, entry: DeadLetter) -> None:
         self._memory_bytes -= entry.size

@@ -60,7 +60,8 @@ async def test_the_caller_is_answered_only_after_its_batch_is_written() -> None:
     await batcher.submit(write, deadline=deadline())
     await settle()
     assert writer.batches == [[write]]
-    assert write.done is not None and not write.done.done()
+    assert write.done is not None
+    assert not write.done.done()
     writer.release.set()
     assert await asyncio.wait_for(write.done, 5.0) is Outcome.OK
 

@@ -41,7 +41,6 @@ from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from guarded.testing.postgres import EmbeddedPostgres, embedded_postgres
 
 from ._outages import (
-    BATCHED,
     CRITICAL_DEADLINE,
     DEADLINE,
     KINDS,
@@ -218,7 +217,8 @@ async def test_a_kill_loses_at_most_the_writes_pending_in_the_batch_window(
     server: EmbeddedPostgres, tmp_path: Path
 ) -> None:
     """Write-behind's documented window (the ``ack="enqueue"`` opt-in): appends acknowledged on
-    queueing and killed before their flush. The process reports them (``guarded_batch_pending``) and nothing else is lost."""
+    queueing and killed before their flush. The process reports them (``guarded_batch_pending``)
+    and nothing else is lost."""
     spill = tmp_path / "dlq.sqlite"
     flushed, queued = 150, 120
     await asyncio.to_thread(server.stop)
