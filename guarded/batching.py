@@ -56,6 +56,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
 from . import telemetry_names as names
 from .config import BatchConfig
+from .idempotency import WRITE_KEY_ARGUMENT
 from .outcome import Outcome
 from .protocol import (
     StateStore,
@@ -654,6 +655,27 @@ def _argument(write: PendingWrite, index: int, name: str) -> Any:
         raise TypeError(f"{write.method}() call without its {name!r} argument") from None
 
 
+def bulk_methods_of(store: object) -> frozenset[str]:
+    """The write methods whose bulk form ``store`` offers (what a replay may group)."""
+    return frozenset(method for method in BULK_METHODS if bulk_method_for(store, method) is not None)
+
+
+def bulk_call(
+    method: str, calls: Sequence[tuple[tuple[Any, ...], Mapping[str, Any]]]
+) -> tuple[tuple[Any, ...], tuple[str, ...] | None]:
+    """The positional arguments of the bulk call that replays ``calls`` (kept single calls of
+    ``method``), and the item keys they carry (:data:`~guarded.idempotency.WRITE_KEY_ARGUMENT`;
+    ``None`` unless every call has one)."""
+    keys: list[str] = []
+    writes = []
+    for args, kwargs in calls:
+        if WRITE_KEY_ARGUMENT in kwargs:
+            keys.append(str(kwargs[WRITE_KEY_ARGUMENT]))
+            kwargs = {name: value for name, value in kwargs.items() if name != WRITE_KEY_ARGUMENT}
+        writes.append(PendingWrite(method, args, kwargs, None, 0, 0.0))
+    return bulk_args(method, writes), (tuple(keys) if keys and len(keys) == len(writes) else None)
+
+
 def bulk_args(method: str, writes: Sequence[PendingWrite]) -> tuple[Any, ...]:
     """Positional arguments of the bulk call that writes ``writes`` (single calls of ``method``).
 
@@ -677,5 +699,7 @@ __all__ = [
     "PendingWrite",
     "Writer",
     "bulk_args",
+    "bulk_call",
     "bulk_method_for",
+    "bulk_methods_of",
 ]

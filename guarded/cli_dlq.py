@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from .batching import bulk_methods_of
 from .cli_check import UsageError, build_store, close_store, load_factory
 from .config import DeadLetterConfig
 from .deadletter import (
@@ -504,7 +505,9 @@ async def _replay_file(
             return None, 0, 0, buffer.spill_error or f"cannot open {file.path!r}"
         unparked = await buffer.unpark() if args.include_parked else 0
         send, send_bulk = store_sender(store)
-        summary = await buffer.replay(send, send_bulk=send_bulk, rate=args.rate)
+        summary = await buffer.replay(
+            send, send_bulk=send_bulk, bulk_methods=bulk_methods_of(store), rate=args.rate
+        )
         return summary, waiting, unparked, None
     finally:
         await buffer.aclose()

@@ -20,7 +20,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from .batching import BULK_METHODS, Batcher, PendingWrite, bulk_args, bulk_method_for
+from .batching import Batcher, PendingWrite, bulk_args, bulk_call, bulk_method_for, bulk_methods_of
 from .breaker import BreakerState, CircuitBreaker
 from .classify import ErrorClass, classify, error_type, safe_message
 from .codec import record_types_of
@@ -301,28 +301,17 @@ class Durability:
     ) -> ReplayResult:
         bulk = bulk_method_for(self.target, method)
         assert bulk is not None, "replay passes send_bulk only for methods whose bulk form the backend has"
-        keys: list[str] = []
-        writes = []
-        for args, kwargs in calls:
-            if WRITE_KEY_ARGUMENT in kwargs:
-                kwargs = dict(kwargs)
-                keys.append(str(kwargs.pop(WRITE_KEY_ARGUMENT)))
-            writes.append(PendingWrite(method, args, kwargs, None, 0, 0.0))
-        with item_keys(tuple(keys) if keys and len(keys) == len(writes) else None):
-            await self._run(bulk, bulk_args(method, writes), {})
+        args, keys = bulk_call(method, calls)
+        with item_keys(keys):
+            await self._run(bulk, args, {})
         return ReplayResult.OK
-
-    def _bulk_methods(self) -> frozenset[str]:
-        return frozenset(
-            method for method in BULK_METHODS if bulk_method_for(self.target, method) is not None
-        )
 
     async def replay_once(self, *, unlimited: bool = False) -> bool:
         """One replay pass; ``True`` when the buffer is empty afterwards. ``unlimited``: at the
         backend's pace in large bulk writes (a drain), not the background replay's rate."""
         if self.buffer is None:
             return True
-        bulk_methods = self._bulk_methods()
+        bulk_methods = bulk_methods_of(self.target)
         options = self.config.dead_letter
         summary = await self.buffer.replay(
             self._send,

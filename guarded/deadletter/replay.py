@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from ..batching import bulk_call, bulk_method_for, bulk_methods_of
 from ..classify import ErrorClass, classify, error_type, safe_message
 from ..errors import GuardedError, InvalidPayloadError
-from ..idempotency import replayed_item_key
+from ..idempotency import item_keys, replayed_item_key
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 """A decoded store call: ``(args, kwargs)``."""
@@ -145,17 +146,9 @@ BULK_FORMS: dict[str, str] = {"save_event": "save_events"}
 default ``bulk_methods`` of :meth:`~guarded.deadletter.DeadLetterBuffer.replay`."""
 
 
-def _single_argument(call: Call, name: str) -> Any:
-    args, kwargs = call
-    if len(args) == 1 and not kwargs:
-        return args[0]
-    if not args and set(kwargs) == {name}:
-        return kwargs[name]
-    raise ReplayRejected(f"cannot group a call of this shape into a bulk write ({len(args)} args)")
-
-
 def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
-    """A sender (and a bulk sender when the store has ``save_events``) that replays into a plain store.
+    """A sender (and a bulk sender when the store has bulk forms, see
+    :func:`guarded.batching.bulk_methods_of`) that replays into a plain store.
 
     A method the store lacks is rejected (parked), exceptions are judged by :func:`judge`.
     """
@@ -168,14 +161,19 @@ def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
             await target(*args, **kwargs)
         return ReplayResult.OK
 
-    bulk = getattr(store, "save_events", None)
-    if not callable(bulk):
+    if not bulk_methods_of(store):
         return send, None
 
     async def send_bulk(method: str, calls: list[Call]) -> ReplayResult:
-        if method != "save_event":
+        bulk = bulk_method_for(store, method)
+        if bulk is None:
             raise ReplayRejected(f"no bulk form of {method!r}")
-        await bulk([_single_argument(call, "event") for call in calls])
+        try:
+            args, keys = bulk_call(method, calls)
+        except TypeError as exc:
+            raise ReplayRejected(f"cannot group these calls into a bulk write: {exc}") from None
+        with item_keys(keys):
+            await getattr(store, bulk)(*args)
         return ReplayResult.OK
 
     return send, send_bulk
