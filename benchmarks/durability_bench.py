@@ -33,7 +33,9 @@ every side of a ratio alike.
 3. **Drain of held upserts after recovery**: :data:`DRAIN_UPSERTS` upserts (memory states, tasks
    and trajectories in turn, distinct keys) are held while the breaker is forced open, the breaker
    is reset and ``controller(store).drain(timeout=120)`` is timed until the buffer is empty; the
-   rows are then counted in PostgreSQL.
+   rows are then counted in PostgreSQL. The target is judged on the kinds interleaved as callers
+   write them; for reference the same upserts are also held kind by kind (all memory states,
+   then all tasks, then all trajectories), which gives the replay long runs of one method.
 
 4. **Drain of held events after a real outage**: the server is stopped, the writers save
    :data:`DRAIN_EVENTS` events (each flush fails and is dead-lettered to the spill file), the server
@@ -522,18 +524,25 @@ async def measure_spills(dsn: str, repeats: int, warmup: int = 1) -> list[Spill]
 # --- 3. and 4. drains -----------------------------------------------------------------------------
 
 
-async def _drain_upserts_once(dsn: str, drain: Drain, rep: int) -> None:
-    name = f"drain-upserts-{rep}"
+async def _drain_upserts_once(dsn: str, drain: Drain, rep: int, *, blocked: bool) -> None:
+    """Hold ``drain.held`` upserts with the breaker forced open, reset it, time the drain, count rows.
+
+    ``blocked=False``: the kinds in turn as the callers write them (the held order interleaves
+    them); ``True``: all memory states first, then the tasks, then the trajectories (long runs of
+    one method in the held order).
+    """
+    name = f"drain-upserts-{'blocked' if blocked else 'mixed'}-{rep}"
     calls = mixed_upserts(drain.held, name)
+    phases = [calls[kind::3] for kind in range(3)] if blocked else [calls]
     async with _outage_guard(dsn, name) as proxy:
         ctl = controller(proxy)
         buffer = ctl.dead_letters
         assert buffer is not None
         store: PostgresStateStore = ctl.store  # type: ignore[assignment]
         await _truncate(store, "memory_states", "task_states", "trajectories")
-        groups = split([lambda call=call: call(proxy) for call in calls], DRAIN_CALLERS)
         started = time.perf_counter()
-        await drive(groups)
+        for phase in phases:
+            await drive(split([lambda call=call: call(proxy) for call in phase], DRAIN_CALLERS))
         drain.fill_seconds.append(time.perf_counter() - started)
         if buffer.depth != drain.held:
             raise RuntimeError(f"{name}: {buffer.depth} upserts held, {drain.held} written")
@@ -589,13 +598,20 @@ async def _drain_events_once(server: EmbeddedPostgres, drain: Drain, rep: int) -
         await store.close()
 
 
+UPSERTS_MIXED = "upserts, kinds interleaved (as written)"
+UPSERTS_BLOCKED = "upserts, kinds in blocks (reference)"
+EVENTS_OUTAGE = "events, server stopped and restarted"
+
+
 async def measure_drains(dsn: str, server: EmbeddedPostgres) -> list[Drain]:
-    upserts = Drain("upserts (memory states, tasks, trajectories)", DRAIN_UPSERTS)
-    events = Drain("events (save_event, server stopped and restarted)", DRAIN_EVENTS)
+    mixed = Drain(UPSERTS_MIXED, DRAIN_UPSERTS)
+    blocked = Drain(UPSERTS_BLOCKED, DRAIN_UPSERTS)
+    events = Drain(EVENTS_OUTAGE, DRAIN_EVENTS)
     for rep in range(DRAIN_REPEATS):
-        await _drain_upserts_once(dsn, upserts, rep)
+        await _drain_upserts_once(dsn, mixed, rep, blocked=False)
+        await _drain_upserts_once(dsn, blocked, rep, blocked=True)
         await _drain_events_once(server, events, rep)
-    return [upserts, events]
+    return [mixed, blocked, events]
 
 
 # --- verdicts and report --------------------------------------------------------------------------
@@ -642,7 +658,7 @@ def verdicts(levels: Sequence[Level], spills: Sequence[Spill], drains: Sequence[
             )
         )
     for drain in drains:
-        if drain.name.startswith("upserts"):
+        if drain.name == UPSERTS_MIXED:
             found.append(
                 Verdict(
                     target=f"drain of {drain.held:,} held upserts >= {UPSERT_DRAIN_TARGET:,.0f}/s",
@@ -783,7 +799,7 @@ def format_report(report: Report) -> str:
                 f"{drain.rate:,.0f} ({drain.held / max(drain.drain_seconds):,.0f}.."
                 f"{drain.held / min(drain.drain_seconds):,.0f})",
                 f">= {UPSERT_DRAIN_TARGET:,.0f}/s: {_met(drain.rate >= UPSERT_DRAIN_TARGET)}"
-                if drain.name.startswith("upserts")
+                if drain.name == UPSERTS_MIXED
                 else "",
             )
             for drain in report.drains
@@ -894,7 +910,8 @@ async def run(dsn: str, *, repeats: int = 7, server: EmbeddedPostgres | None = N
         "buffer's depth is checked (and that nothing is held in memory only), then it is purged.",
         f"drains: {DRAIN_REPEATS} repetitions each, interleaved; {DRAIN_CALLERS} callers fill the buffer. "
         f"Upserts: {DRAIN_UPSERTS:,} held with the breaker forced open (memory states, tasks, "
-        "trajectories in turn), breaker reset, drain timed, rows counted per table. Events: "
+        "trajectories in turn as written, or for reference kind by kind), breaker reset, drain timed, "
+        "rows counted per table. Events: "
         f"{DRAIN_EVENTS:,} save_event with the server stopped, breaker forced open while it restarts, "
         "reset, drain timed, rows counted; on "
         + ("an embedded server of its own (--dsn)." if own else "the same embedded server."),

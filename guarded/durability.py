@@ -109,7 +109,6 @@ class Durability:
         self._watch_task: asyncio.Task[None] | None = None
         self._closing = False
         self._reported = False
-        self._last_adoption = -math.inf
         if self.buffer is not None and self.buffer.path is None:
             logger.warning(
                 "dead-letter buffer of store %r is in memory only (dead_letter.path=None): writes held "
@@ -143,7 +142,6 @@ class Durability:
             raise
         self.opened = True
         self._opening.set_result(None)
-        self._last_adoption = asyncio.get_running_loop().time()
         self._watch_task = asyncio.get_running_loop().create_task(
             self._watch_loop_end(), name=f"guarded-watch-{self.store_name}"
         )
@@ -326,7 +324,6 @@ class Durability:
         """Take over the spill files of processes that are gone (same path, same target)."""
         if self.buffer is None or self._closing:
             return 0
-        self._last_adoption = asyncio.get_running_loop().time()
         try:
             adopted = await self.buffer.adopt_orphans()
         except Exception:
