@@ -27,6 +27,7 @@ from .codec import record_types_of
 from .config import GuardConfig
 from .deadletter import DeadLetterBuffer, ReplayResult
 from .errors import InvalidPayloadError
+from .failure_log import operational_errors
 from .idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_item_key
 from .outcome import Outcome
 from .stale import StaleCache
@@ -78,6 +79,7 @@ class Durability:
         self.store_name = store_name
         self.breaker = breaker
         self._run = run
+        self._operational = operational_errors(registry)
         self.buffer: DeadLetterBuffer | None = (
             DeadLetterBuffer(
                 config.dead_letter,
@@ -204,6 +206,8 @@ class Durability:
         """Keep batched writes that failed; each one's outcome (``DEAD_LETTERED``, or ``REJECTED``
         when its call cannot be encoded and was parked)."""
         assert self.buffer is not None
+        for write, exc in failed:
+            self._operational.count(self.store_name, write.method, exc)
         items = [
             (
                 write.method,
@@ -290,8 +294,12 @@ class Durability:
     # retried later) and keeps the error as the reason the pass stopped.
 
     async def _send(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ReplayResult:
-        with replayed_item_key(kwargs):
-            await self._run(method, args, kwargs)
+        try:
+            with replayed_item_key(kwargs):
+                await self._run(method, args, kwargs)
+        except Exception as exc:
+            self._operational.count(self.store_name, method, exc)
+            raise
         return ReplayResult.OK
 
     async def _send_bulk(
@@ -300,8 +308,12 @@ class Durability:
         bulk = bulk_method_for(self.target, method)
         assert bulk is not None, "replay passes send_bulk only for methods whose bulk form the backend has"
         args, keys = bulk_call(method, calls)
-        with item_keys(keys):
-            await self._run(bulk, args, {})
+        try:
+            with item_keys(keys):
+                await self._run(bulk, args, {})
+        except Exception as exc:
+            self._operational.count(self.store_name, method, exc, len(calls))
+            raise
         return ReplayResult.OK
 
     async def replay_once(self, *, unlimited: bool = False) -> bool:
@@ -426,6 +438,24 @@ class Durability:
         if buffer is None:
             return 0
         await self.adopt_orphans()
+        # A background pass paced at replay_rate would hold the buffer's replay lock for as long
+        # as it runs: stop it, deliver at the backend's pace, and start it again afterwards.
+        await self._stop_background_replay()
+        try:
+            return await self._drain_held(buffer, deadline)
+        finally:
+            self.kick_replay()
+
+    async def _stop_background_replay(self) -> None:
+        task = self._replay_task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._replay_task = None
+
+    async def _drain_held(self, buffer: DeadLetterBuffer, deadline: float) -> int:
+        loop = asyncio.get_running_loop()
         pause = _DRAIN_PAUSE
         breaker = self.breaker
         while not buffer.is_empty:
