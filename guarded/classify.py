@@ -1,10 +1,24 @@
-"""Which failures are worth another attempt, and which provably never reached the backend.
+"""Classify a failure by what will happen if we wait.
 
-Retryable: connection loss, timeouts, PostgreSQL serialization failures and deadlocks, server
-shutdown, too many connections. Never retried: programming errors (``TypeError``,
-``AttributeError`` ...), data errors (:class:`~guarded.errors.InvalidPayloadError`, SQLSTATE
-classes 22 data exception, 23 integrity violation, 42 syntax or access rule, 54 program limit
-exceeded — a key too long for its index, say), anything unknown.
+- **Retry now** (:attr:`ErrorClass.RETRYABLE`): connection loss, timeouts, serialization failures
+  and deadlocks, lock and statement timeouts, server shutdown and start-up, too many connections.
+  The retry layer repeats the call within its deadline; a write that still fails is held in the
+  dead-letter buffer and replayed.
+- **Hold and replay** (:attr:`ErrorClass.OPERATIONAL`): the data is fine but the database cannot
+  take it now: a table, column or schema missing (a rename, a migration), a missing grant, a
+  read-only transaction (a failover to a standby), a full disk, a statement the schema does not
+  match. Not retried within the call, counted as a backend failure, held and replayed once the
+  condition is fixed — never parked.
+- **Park** (:attr:`ErrorClass.REJECTED`): errors about the data itself, which no wait can fix —
+  :class:`~guarded.errors.InvalidPayloadError`, SQLSTATE classes 22 data exception and 23
+  integrity constraint violation, 54 program limit exceeded (a key too long for its index).
+- Anything else (:attr:`ErrorClass.FATAL`): programming or unknown errors, not retried, held.
+
+Operational and retry-now conditions that need an operator's attention are also named by
+:func:`operational_condition`, a small fixed set counted in
+``guarded_store_operational_errors_total{store, method, condition}``. The table of SQLSTATE
+classes is in docs/durability.md ("What a failure means").
+
 asyncpg errors are classified by their ``sqlstate`` attribute, so asyncpg is not imported here.
 """
 
@@ -14,37 +28,91 @@ import asyncio
 import socket
 from enum import Enum
 
-from .errors import GuardedError, InvalidPayloadError
+from . import telemetry_names as names
+from .errors import GuardedError, InvalidPayloadError, SteeringValidationError
 
-RETRYABLE_SQLSTATES = frozenset(
-    {
-        "40001",  # serialization_failure
-        "40P01",  # deadlock_detected
-        "55P03",  # lock_not_available
-        "57014",  # query_canceled (statement_timeout)
-        "57P01",  # admin_shutdown
-        "57P02",  # crash_shutdown
-        "57P03",  # cannot_connect_now
-        "53300",  # too_many_connections
-        "53400",  # configuration_limit_exceeded
-    }
-)
-RETRYABLE_SQLSTATE_CLASSES = frozenset({"08"})  # connection_exception
-REJECTED_SQLSTATE_CLASSES = frozenset({"22", "23", "42", "54"})
-"""Bad data: data exception, integrity violation, syntax or access rule, program limit exceeded
-(an index row or a statement too large for the server: the same write can never succeed)."""
+
+class ErrorClass(str, Enum):
+    """How the guard treats a failure (see the module docs)."""
+
+    RETRYABLE = "retryable"
+    """Retry now: the retry layer repeats the call; a write that still fails is held and replayed."""
+    OPERATIONAL = "operational"
+    """Hold and replay: the database cannot take the call until an operator or a migration fixes
+    it. Not retried now, counts as a backend failure, never parked."""
+    REJECTED = "rejected"
+    """Bad data: never retried, parked, never counted against the backend's health."""
+    FATAL = "fatal"
+    """Programming or unknown error: not retried, counts as a backend failure."""
+
+
+# --- operational conditions: the ``condition`` label of guarded_store_operational_errors_total ----
+
+UNDEFINED_OBJECT = "undefined_object"
+INSUFFICIENT_PRIVILEGE = "insufficient_privilege"
+READ_ONLY = "read_only"
+SERVER_UNAVAILABLE = "server_unavailable"
+TOO_MANY_CONNECTIONS = "too_many_connections"
+INSUFFICIENT_RESOURCES = "insufficient_resources"
+SCHEMA_MISMATCH = "schema_mismatch"
+SYSTEM_ERROR = "system_error"
+OPERATIONAL_CONDITIONS = names.OPERATIONAL_CONDITIONS
+"""Every value of the ``condition`` label, defined once in :mod:`guarded.telemetry_names`."""
+
+Handling = tuple[ErrorClass, str | None]
+"""How a SQLSTATE is handled, and the operational condition it is counted as (``None``: not counted)."""
+
+_RETRY, _HOLD, _PARK = ErrorClass.RETRYABLE, ErrorClass.OPERATIONAL, ErrorClass.REJECTED
+
+SQLSTATE_HANDLING: dict[str, Handling] = {
+    # retry now
+    "40001": (_RETRY, None),  # serialization_failure
+    "40P01": (_RETRY, None),  # deadlock_detected
+    "55P03": (_RETRY, None),  # lock_not_available (lock_timeout)
+    "57014": (_RETRY, None),  # query_canceled (statement_timeout)
+    "57P01": (_RETRY, SERVER_UNAVAILABLE),  # admin_shutdown
+    "57P02": (_RETRY, SERVER_UNAVAILABLE),  # crash_shutdown
+    "57P03": (_RETRY, SERVER_UNAVAILABLE),  # cannot_connect_now (starting up, in recovery)
+    "53300": (_RETRY, TOO_MANY_CONNECTIONS),  # too_many_connections
+    "53400": (_RETRY, INSUFFICIENT_RESOURCES),  # configuration_limit_exceeded
+    # hold and replay
+    "42P01": (_HOLD, UNDEFINED_OBJECT),  # undefined_table
+    "42703": (_HOLD, UNDEFINED_OBJECT),  # undefined_column
+    "42704": (_HOLD, UNDEFINED_OBJECT),  # undefined_object (a type, an index, a constraint)
+    "42883": (_HOLD, UNDEFINED_OBJECT),  # undefined_function
+    "3F000": (_HOLD, UNDEFINED_OBJECT),  # invalid_schema_name (no such schema)
+    "3D000": (_HOLD, UNDEFINED_OBJECT),  # invalid_catalog_name (no such database)
+    "57P04": (_HOLD, UNDEFINED_OBJECT),  # database_dropped
+    "42501": (_HOLD, INSUFFICIENT_PRIVILEGE),  # insufficient_privilege (a missing grant)
+    "25006": (_HOLD, READ_ONLY),  # read_only_sql_transaction (a standby, default_transaction_read_only)
+}
+"""SQLSTATEs handled apart from the rest of their class."""
+
+SQLSTATE_CLASS_HANDLING: dict[str, Handling] = {
+    "08": (_RETRY, None),  # connection_exception
+    "57": (_RETRY, SERVER_UNAVAILABLE),  # operator_intervention (the rest of it)
+    "28": (_HOLD, INSUFFICIENT_PRIVILEGE),  # invalid_authorization_specification (wrong password)
+    "42": (_HOLD, SCHEMA_MISMATCH),  # syntax_error_or_access_rule_violation (the rest of it)
+    "53": (_HOLD, INSUFFICIENT_RESOURCES),  # insufficient_resources (disk full, out of memory)
+    "58": (_HOLD, SYSTEM_ERROR),  # system_error (an I/O error)
+    "22": (_PARK, None),  # data_exception
+    "23": (_PARK, None),  # integrity_constraint_violation
+    "54": (_PARK, None),  # program_limit_exceeded (an index row too large)
+}
+"""SQLSTATE classes (the code's first two characters); any other class is :attr:`ErrorClass.FATAL`.
+
+Class 42 is about the statement and the schema, never the values bound to it (asyncpg sends
+values as parameters): a statement that does not match the schema is fixed by a migration or a
+deploy, so its writes are held. Classes 22, 23 and 54 are about the values: parked."""
+
 NOT_SENT_SQLSTATES = frozenset({"08001", "08004", "57P03", "53300"})
 """Connection could not be established: the request never reached the server."""
 
 
-class ErrorClass(str, Enum):
-    """How the guard treats a failure."""
-
-    RETRYABLE = "retryable"
-    REJECTED = "rejected"
-    """Bad data: never retried, never counted against the backend's health."""
-    FATAL = "fatal"
-    """Programming or unknown error: not retried, counts as a backend failure."""
+def sqlstate_handling(code: str) -> Handling:
+    """How the guard handles SQLSTATE ``code``, and the operational condition it counts it as."""
+    found = SQLSTATE_HANDLING.get(code) or SQLSTATE_CLASS_HANDLING.get(code[:2])
+    return found if found is not None else (ErrorClass.FATAL, None)
 
 
 class CircuitOpenError(GuardedError):
@@ -74,11 +142,7 @@ def classify(exc: BaseException) -> ErrorClass:
         return ErrorClass.REJECTED
     code = sqlstate(exc)
     if code is not None:
-        if code in RETRYABLE_SQLSTATES or code[:2] in RETRYABLE_SQLSTATE_CLASSES:
-            return ErrorClass.RETRYABLE
-        if code[:2] in REJECTED_SQLSTATE_CLASSES:
-            return ErrorClass.REJECTED
-        return ErrorClass.FATAL
+        return sqlstate_handling(code)[0]
     if isinstance(exc, TimeoutError | asyncio.TimeoutError | ConnectionError | EOFError):
         return ErrorClass.RETRYABLE
     if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError | PermissionError):
@@ -88,6 +152,15 @@ def classify(exc: BaseException) -> ErrorClass:
     if isinstance(exc, ValueError | TypeError | KeyError | UnicodeError):
         return ErrorClass.REJECTED if isinstance(exc, ValueError | UnicodeError) else ErrorClass.FATAL
     return ErrorClass.FATAL
+
+
+def operational_condition(exc: BaseException) -> str | None:
+    """The operational condition ``exc`` reports (one of :data:`OPERATIONAL_CONDITIONS`), or
+    ``None`` for anything else: a condition an operator should hear about, whether the call is
+    retried now (a server shutting down, too many connections) or held and replayed (a missing
+    table, a missing grant, a read-only database)."""
+    code = sqlstate(exc)
+    return sqlstate_handling(code)[1] if code is not None else None
 
 
 def reached_backend(exc: BaseException) -> bool:
@@ -105,18 +178,19 @@ def reached_backend(exc: BaseException) -> bool:
 
 
 def safe_message(exc: BaseException) -> str:
-    """A description of ``exc`` fit for logs and spans: never free text that may quote a payload.
+    """A description of ``exc`` fit for logs, spans and parked reasons: never text that may quote
+    a payload.
 
-    Our own errors and OS/timeout errors carry controlled text (for a rejected payload, the reason
-    without the path, whose keys come from the payload); a database error is described by its
-    SQLSTATE; anything else only by its type.
+    Our own errors and OS/timeout errors carry controlled text: a rejected payload's reason and
+    path never copy a value or a mapping key (see :class:`~guarded.errors.InvalidPayloadError`),
+    a steering validation error names only the fields of the spec. A database error is described
+    by its SQLSTATE (its message may quote a row), anything else only by its type.
     """
     code = sqlstate(exc)
     if code is not None:
         return f"SQLSTATE {code}"
-    if isinstance(exc, InvalidPayloadError):
-        # Its path names the keys of the payload (``state['<key>']``): keep only the reason.
-        return exc.reason[:200]
+    if isinstance(exc, InvalidPayloadError | SteeringValidationError):
+        return str(exc)[:300]
     if isinstance(exc, GuardedError | OSError | TimeoutError | asyncio.TimeoutError):
         return str(exc)[:200]
     return ""

@@ -10,8 +10,17 @@ class GuardedError(Exception):
 class InvalidPayloadError(GuardedError, ValueError):
     """A value that can never be stored: not JSON, a lone surrogate, NaN, a missing id, too large.
 
-    Never retryable. ``path`` locates the offending value inside the argument
-    (``payload["rows"][3]``); ``method`` names the store method once known.
+    Never retryable. ``path`` locates the offending value inside the argument; ``method`` names
+    the store method once known. ``str(error)`` is ``"<method>: <path>: <reason>"``.
+
+    Neither ``path`` nor ``reason`` ever copies payload contents, so both are safe to log, to
+    export and to keep as a parked write's reason: a path names record fields and arguments by
+    their name (``event.payload``), list items by their index (``[3]``) and mapping entries by
+    their position and their key's type, never by the key (``[key #0 (str)]``, the first entry;
+    see :func:`guarded.codec.key_path`) — ``state[key #2 (str)][key #0 (str)][3]`` is the fourth
+    item of the list under the first key of the mapping under the third key of ``state``. A
+    reason says what kind of value was refused (its type, NaN, a lone surrogate and its index, an
+    integer over the digit limit), never the value.
     """
 
     def __init__(self, reason: str, *, path: str = "", method: str | None = None) -> None:
@@ -41,7 +50,8 @@ class InvalidPayloadError(GuardedError, ValueError):
 class SteeringValidationError(ValueError):
     """A steering payload does not satisfy its event type's required fields (spec 000).
 
-    ``errors`` lists every problem found; each message names the offending field.
+    ``errors`` lists every problem found; each message names the offending field of the spec's
+    table, never a value of the payload (safe to log and to keep as a parked reason).
     """
 
     def __init__(self, errors: list[str]) -> None:

@@ -1,11 +1,17 @@
-"""Structured failure records, rate-limited per (method, error type)."""
+"""Structured failure records, rate-limited per (method, error type), and the count of failures on
+an operational condition (``guarded_store_operational_errors_total``)."""
 
 from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
 
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
+
+from . import telemetry_names as names
+from .classify import operational_condition
 from .rate_limited_log import RateLimitedLog
 
 logger = logging.getLogger("guarded")
@@ -40,3 +46,37 @@ class FailureLog:
                 "outcome": outcome,
             },
         )
+
+
+class OperationalErrors:
+    """``guarded_store_operational_errors_total{store, method, condition}`` of one registry: failures
+    on an operational condition (see :func:`guarded.classify.operational_condition`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.counter = Counter(
+            names.OPERATIONAL_ERRORS,
+            "Calls that failed on an operational condition (missing table, missing grant, read-only "
+            "database, server shutting down, too many connections ...): held and replayed, never "
+            "parked; an operator must act.",
+            [names.LABEL_STORE, names.LABEL_METHOD, names.LABEL_CONDITION],
+            registry=registry,
+        )
+
+    def count(self, store: str, method: str, error: BaseException | None, times: int = 1) -> str | None:
+        """Count ``error`` when it reports an operational condition (``times`` writes failed on
+        it); returns the condition, ``None`` (and counts nothing) for any other error."""
+        condition = operational_condition(error) if error is not None else None
+        if condition is not None and times > 0:
+            self.counter.labels(store, method, condition).inc(times)
+        return condition
+
+
+_operational: weakref.WeakKeyDictionary[CollectorRegistry, OperationalErrors] = weakref.WeakKeyDictionary()
+
+
+def operational_errors(registry: CollectorRegistry = REGISTRY) -> OperationalErrors:
+    """The operational-error counter of ``registry``, created on first use and shared by every guard."""
+    found = _operational.get(registry)
+    if found is None:
+        found = _operational[registry] = OperationalErrors(registry)
+    return found

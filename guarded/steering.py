@@ -8,7 +8,8 @@ string. **Sanitization is lossy by design**: what it drops or rewrites cannot be
 stores persist the sanitized form, never the raw input.
 
 :func:`validate_steering_event` checks the event-specific required fields of the spec's table
-and raises :class:`~guarded.errors.SteeringValidationError` whose messages name the field.
+and raises :class:`~guarded.errors.SteeringValidationError` whose messages name the field, never
+a value.
 PenguiFlow sanitizes first and validates the sanitized event; callers should do the same.
 """
 
@@ -241,7 +242,10 @@ def validate_steering_event(event: Any) -> None:
     kind = str(getattr(event_type, "value", event_type))
     validator = _VALIDATORS.get(kind)
     if validator is None:
-        raise SteeringValidationError([f"unknown steering event_type {kind!r}"])
+        # The unknown value is not repeated: messages never copy payload contents.
+        raise SteeringValidationError(
+            [f"unknown steering event_type (a {type(event_type).__name__}; known: {', '.join(_VALIDATORS)})"]
+        )
     errors = validator(kind, payload)
     if errors:
         raise SteeringValidationError(errors)

@@ -215,3 +215,33 @@ DLQ_SPILL_AVAILABLE = "guarded_deadletter_spill_available"
 """Gauge: 1 while the dead-letter buffer's spill file takes writes, 0 while held writes are kept
 in memory only because it cannot (locked on every slot, damaged, disk full, unwritable), by
 store. No series for a buffer configured without a spill file."""
+
+# --- operational errors (issue 13) -----------------------------------------------------------------
+OPERATIONAL_ERRORS = "guarded_store_operational_errors_total"
+"""Counter: calls of the guard that failed on an operational condition the database reported — a
+table or column missing, a missing grant, a read-only database, a server shutting down, too many
+connections — by store, method and ``condition`` (:data:`OPERATIONAL_CONDITIONS`). Writes that
+failed so are held and replayed, never parked; the condition needs an operator: alert on any
+increase. Batched writes count once each."""
+LABEL_CONDITION = "condition"
+OPERATIONAL_CONDITIONS: tuple[str, ...] = (
+    "undefined_object",
+    "insufficient_privilege",
+    "read_only",
+    "server_unavailable",
+    "too_many_connections",
+    "insufficient_resources",
+    "schema_mismatch",
+    "system_error",
+)
+"""Every value of the ``condition`` label (see :mod:`guarded.classify` and docs/durability.md,
+"What a failure means"): a missing table, column, function, schema or database; a missing grant or
+a refused login; a read-only transaction; a server shutting down or starting up; too many
+connections; a full disk or out of memory; a statement the schema does not match; an I/O error."""
+
+# --- quarantined spill rows (issue 13) -------------------------------------------------------------
+DLQ_QUARANTINED = "guarded_deadletter_quarantined_total"
+"""Counter: rows of a dead-letter spill file that could not be read (a column of the wrong type,
+text that is not UTF-8, a key or call that is not JSON) and were moved to the file's quarantine
+table with their raw bytes and a reason, by store. They are not replayed; ``guarded dlq list
+--quarantined`` shows them. Any increase means a damaged file: alert on it."""

@@ -468,13 +468,13 @@ def _event(**changes: Any) -> m.StoredEvent:
 
 
 def test_nan_is_refused() -> None:
-    refused("payload['a'][1]", lambda: encode(_event(payload={"a": [1, math.nan]})))
+    refused("payload[key #0 (str)][1]", lambda: encode(_event(payload={"a": [1, math.nan]})))
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
 def test_non_finite_numbers_are_refused(value: float) -> None:
     refused("ts", lambda: encode(_event(ts=value)))
-    refused("payload['x']['y']", lambda: encode(_event(payload={"x": {"y": value}})))
+    refused("payload[key #0 (str)][key #0 (str)]", lambda: encode(_event(payload={"x": {"y": value}})))
     update = sample_state_update(DEFAULT_TYPES).model_copy(update={"content": [value]})
     refused("content[0]", lambda: encode(update))
     planner = dataclasses.replace(sample_planner_event(DEFAULT_TYPES), latency_ms=value)
@@ -482,7 +482,7 @@ def test_non_finite_numbers_are_refused(value: float) -> None:
 
 
 def test_lone_surrogate_in_value_is_refused() -> None:
-    error = refused("payload['text']", lambda: encode(_event(payload={"text": "ok \ud800 not ok"})))
+    error = refused("payload[key #0 (str)]", lambda: encode(_event(payload={"text": "ok \ud800 not ok"})))
     assert "surrogate" in error.reason
     refused("kind", lambda: encode(_event(kind="\udfff")))
     binding = dataclasses.replace(sample_remote_binding(DEFAULT_TYPES), agent_url="http://\ud83d")
@@ -491,16 +491,22 @@ def test_lone_surrogate_in_value_is_refused() -> None:
 
 def test_lone_surrogate_in_key_is_refused() -> None:
     error = refused(
-        "payload['a'][" + repr("\ud800") + "]", lambda: encode(_event(payload={"a": {"\ud800": 1}}))
+        "payload[key #0 (str)][key #0 (str)]", lambda: encode(_event(payload={"a": {"\ud800": 1}}))
     )
     assert "surrogate" in error.reason
+    # The key is named by its position, never by its contents.
+    error = refused(
+        "payload[key #0 (str)][key #2 (str)]",
+        lambda: encode(_event(payload={"a": {"x": 1, "y": 2, "ssn=078-05-1120 \ud800": 3}})),
+    )
+    assert "078-05-1120" not in str(error)
 
 
 def test_non_string_key_is_refused() -> None:
-    error = refused("payload['a']", lambda: encode(_event(payload={"a": {1: "x"}})))
+    error = refused("payload[key #0 (str)][key #0 (int)]", lambda: encode(_event(payload={"a": {1: "x"}})))
     assert "int" in error.reason
-    refused("payload", lambda: encode(_event(payload={None: "x"})))
-    refused("payload", lambda: encode(_event(payload={(1, 2): "x"})))
+    refused("payload[key #0 (NoneType)]", lambda: encode(_event(payload={None: "x"})))
+    refused("payload[key #1 (tuple)]", lambda: encode(_event(payload={"ok": 1, (1, 2): "x"})))
 
 
 @pytest.mark.parametrize(
@@ -509,11 +515,11 @@ def test_non_string_key_is_refused() -> None:
     ids=lambda value: type(value).__name__,
 )
 def test_non_json_values_inside_payloads_are_refused(bad: Any) -> None:
-    error = refused("payload['k'][0]", lambda: encode(_event(payload={"k": [bad]})))
+    error = refused("payload[key #0 (str)][0]", lambda: encode(_event(payload={"k": [bad]})))
     assert type(bad).__name__ in error.reason
     snapshot = sample_snapshot(DEFAULT_TYPES).model_copy(update={"llm_context": {"k": bad}})
     state = dataclasses.replace(sample_task_state(DEFAULT_TYPES), context_snapshot=snapshot)
-    refused("context_snapshot.llm_context['k']", lambda: encode(state))
+    refused("context_snapshot.llm_context[key #0 (str)]", lambda: encode(state))
 
 
 def test_payload_must_be_a_mapping() -> None:
@@ -593,11 +599,11 @@ def test_wrong_scalar_types_are_refused() -> None:
 def test_cyclic_payloads_are_refused() -> None:
     loop: dict[str, Any] = {}
     loop["self"] = loop
-    error = refused_prefix("payload['self']['self']", lambda: encode(_event(payload=loop)))
+    error = refused_prefix("payload[key #0 (str)][key #0 (str)]", lambda: encode(_event(payload=loop)))
     assert "cycle" in error.reason
     chain: list[Any] = []
     chain.append(chain)
-    refused_prefix("payload['l'][0][0]", lambda: encode(_event(payload={"l": chain})))
+    refused_prefix("payload[key #0 (str)][0][0]", lambda: encode(_event(payload={"l": chain})))
 
 
 def refused_prefix(prefix: str, func: Callable[[], Any]) -> InvalidPayloadError:
@@ -710,9 +716,9 @@ def test_unregistered_trajectory_comes_back_as_its_mapping() -> None:
 
 def test_trajectory_refusals() -> None:
     refused("trajectory", lambda: encode_trajectory(["not", "a", "trajectory"]))  # type: ignore[arg-type]
-    refused("trajectory['steps'][0]", lambda: encode_trajectory({"steps": [math.nan]}))
+    refused("trajectory[key #0 (str)][0]", lambda: encode_trajectory({"steps": [math.nan]}))
     bad = NotebookTrajectory(query="\ud800", steps=[])
-    refused("trajectory.serialise()['query']", lambda: encode_trajectory(bad))
+    refused("trajectory.serialise()[key #0 (str)]", lambda: encode_trajectory(bad))
     refused("trajectory", lambda: decode_trajectory({"format": "mapping"}))
 
 

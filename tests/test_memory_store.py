@@ -191,7 +191,7 @@ class TestAuditLog:
         with pytest.raises(InvalidPayloadError) as caught:
             await store.save_events([stored(1.0), stored(2.0, bad=float("nan"))])
         assert caught.value.method == "save_events"
-        assert caught.value.path == "events[1].payload['bad']"
+        assert caught.value.path == "events[1].payload[key #0 (str)]"
         assert await store.load_history("t1") == []
 
 
@@ -199,13 +199,13 @@ class TestStrictStorage:
     @pytest.mark.parametrize(
         ("payload", "path"),
         [
-            ({"x": float("nan")}, "event.payload['x']"),
-            ({"x": float("inf")}, "event.payload['x']"),
-            ({"x": ["ok", "lone \ud800"]}, "event.payload['x'][1]"),
-            ({"k\udc00": 1}, "event.payload['k\\udc00']"),
-            ({"x": object()}, "event.payload['x']"),
-            ({"x": {1, 2}}, "event.payload['x']"),
-            ({1: "non-string key"}, "event.payload"),
+            ({"x": float("nan")}, "event.payload[key #0 (str)]"),
+            ({"x": float("inf")}, "event.payload[key #0 (str)]"),
+            ({"x": ["ok", "lone \ud800"]}, "event.payload[key #0 (str)][1]"),
+            ({"ok": 0, "k\udc00": 1}, "event.payload[key #1 (str)]"),
+            ({"x": object()}, "event.payload[key #0 (str)]"),
+            ({"x": {1, 2}}, "event.payload[key #0 (str)]"),
+            ({1: "non-string key"}, "event.payload[key #0 (int)]"),
         ],
     )
     @pytest.mark.asyncio
@@ -261,9 +261,9 @@ class TestStrictStorage:
             await store.save_planner_state("tok", {"trajectory": {"when": datetime.now(UTC)}})
         assert (caught.value.method, caught.value.path) == (
             "save_planner_state",
-            "payload['trajectory']['when']",
+            "payload[key #0 (str)][key #0 (str)]",
         )
-        with pytest.raises(InvalidPayloadError, match="save_memory_state: state\\['s'\\]"):
+        with pytest.raises(InvalidPayloadError, match=r"save_memory_state: state\[key #0 \(str\)\]"):
             await store.save_memory_state("k", {"s": "\ud800"})
         assert await store.load_planner_state("tok") is None
         assert await store.load_memory_state("k") is None

@@ -2,10 +2,11 @@
 
 ``encode(record)`` turns any record of the protocol, ours or PenguiFlow's, into a plain JSON
 object; ``decode(name, data)`` rebuilds it. Values JSON cannot carry are refused with
-:class:`~guarded.errors.InvalidPayloadError` naming the path of the offending value.
+:class:`~guarded.errors.InvalidPayloadError` naming the path of the offending value by position,
+never by content (``payload[key #0 (str)][3]``).
 """
 
-from .json_values import JSONObject, JSONValue, check_text, to_json_object, to_json_value
+from .json_values import JSONObject, JSONValue, check_text, key_path, to_json_object, to_json_value
 from .records import (
     ARTIFACT_REF,
     ARTIFACT_RETENTION_CONFIG,
@@ -56,6 +57,7 @@ __all__ = [
     "encode",
     "encode_trajectory",
     "installed_types",
+    "key_path",
     "penguiflow_types",
     "record_types_of",
     "register_trajectory_type",

@@ -4,12 +4,19 @@ Accepted: ``None``, ``bool``, ``int``, finite ``float``, ``str`` without lone su
 mappings with ``str`` keys, lists and tuples (tuples come back as lists, JSON has no tuple).
 Everything else is refused with :class:`~guarded.errors.InvalidPayloadError` naming the path
 of the offending value, before any I/O. Strings containing NUL are valid JSON and accepted here;
-backends whose storage rejects them (PostgreSQL JSONB) must escape them.
+backends whose storage rejects them (PostgreSQL JSONB) must escape them. Integers are accepted up
+to the interpreter's limit for integer text (``sys.get_int_max_str_digits()``, 4,300 digits by
+default); a longer one cannot be written as JSON and is refused.
+
+Paths never copy payload contents: a list item is named by its index (``steps[3]``), a mapping
+entry by its position and its key's type (``state[key #0 (str)]``, see :func:`key_path`), never
+by the key itself, and reasons name the kind of problem, never the value.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
@@ -21,6 +28,29 @@ JSONObject = dict[str, JSONValue]
 
 MAX_DEPTH = 256
 """Deeper nesting is refused (it is almost always a reference cycle)."""
+_SAFE_INT_BITS = 2_000
+"""Integers of at most this many bits have at most 603 digits, below any digit limit the
+interpreter accepts (640 at least): only longer ones are checked against it."""
+
+
+def key_path(path: str, position: int, key: object) -> str:
+    """The path of the entry at ``position`` (0-based, in iteration order) of the mapping at
+    ``path``: ``path[key #<position> (<type of the key>)]``. The key itself is never named: keys
+    are payload (``{"ssn=078-05-1120": ...}``)."""
+    return f"{path}[key #{position} ({type(key).__name__})]"
+
+
+def _check_int(value: int, path: str) -> int:
+    """Refuse an integer too long to be written as JSON text (the interpreter's digit limit)."""
+    if value.bit_length() > _SAFE_INT_BITS:
+        limit = sys.get_int_max_str_digits()
+        if limit and abs(value) >= 10**limit:
+            raise InvalidPayloadError(
+                f"an integer of more than {limit} digits cannot be written as JSON "
+                "(sys.get_int_max_str_digits())",
+                path=path,
+            )
+    return value
 
 
 def check_text(value: str, path: str) -> str:
@@ -30,7 +60,7 @@ def check_text(value: str, path: str) -> str:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise InvalidPayloadError(
-                f"string contains a lone surrogate (U+{ord(value[exc.start]):04X} at index {exc.start}), "
+                f"string contains a lone surrogate (at index {exc.start}), "
                 "which is not valid Unicode and cannot be stored",
                 path=path,
             ) from None
@@ -42,8 +72,10 @@ def to_json_value(value: Any, path: str = "", depth: int = 0) -> JSONValue:
     kind = type(value)
     if kind is str:
         return check_text(value, path)
-    if value is None or kind is bool or kind is int:
+    if value is None or kind is bool:
         return value  # type: ignore[no-any-return]
+    if kind is int:
+        return _check_int(value, path)
     if kind is float:
         if math.isfinite(value):
             return value  # type: ignore[no-any-return]
@@ -52,13 +84,14 @@ def to_json_value(value: Any, path: str = "", depth: int = 0) -> JSONValue:
         raise InvalidPayloadError(f"nested deeper than {MAX_DEPTH} levels (a reference cycle?)", path=path)
     if isinstance(value, Mapping):
         result: dict[str, JSONValue] = {}
-        for key, item in value.items():
+        for position, (key, item) in enumerate(value.items()):
+            where = f"{path}[key #{position} ({type(key).__name__})]"  # key_path, inlined
             if not isinstance(key, str):
                 raise InvalidPayloadError(
                     f"a mapping key is a {type(key).__name__}; JSON object keys must be strings",
-                    path=path,
+                    path=where,
                 )
-            result[check_text(key, f"{path}[{key!r}]")] = to_json_value(item, f"{path}[{key!r}]", depth + 1)
+            result[check_text(key, where)] = to_json_value(item, where, depth + 1)
         return result
     if isinstance(value, list | tuple):
         return [to_json_value(item, f"{path}[{index}]", depth + 1) for index, item in enumerate(value)]
@@ -67,7 +100,7 @@ def to_json_value(value: Any, path: str = "", depth: int = 0) -> JSONValue:
     if isinstance(value, str):
         return check_text(value, path)
     if isinstance(value, int):
-        return int(value)
+        return _check_int(int(value), path)
     if isinstance(value, float):
         return to_json_value(float(value), path, depth)
     raise InvalidPayloadError(f"a {kind.__module__}.{kind.__qualname__} is not JSON-serialisable", path=path)

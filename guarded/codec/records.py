@@ -117,13 +117,19 @@ def _encode_text(value: Any, path: str) -> JSONValue:
 def _encode_int(value: Any, path: str) -> JSONValue:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _fail(path, "an integer", value)
-    return int(value)
+    return to_json_value(int(value), path)  # refuses one beyond the digit limit
 
 
 def _encode_number(value: Any, path: str) -> JSONValue:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _fail(path, "a number", value)
-    return to_json_value(float(value) if isinstance(value, float) else int(value), path)
+    if isinstance(value, float):
+        return to_json_value(float(value), path)
+    try:
+        float(value)  # a number field is a float: an integer must fit one
+    except OverflowError:
+        raise InvalidPayloadError("an integer too large for a floating-point number", path=path) from None
+    return to_json_value(int(value), path)
 
 
 def _encode_bool(value: Any, path: str) -> JSONValue:
@@ -282,16 +288,28 @@ class RecordCodec(Generic[T]):
 
 
 def _describe(exc: Exception) -> str:
-    """What a constructor refused, without the refused values (they may be payload contents)."""
+    """What a constructor refused, without the refused values or mapping keys (they may be payload
+    contents): pydantic's error locations keep the field name and list indexes, and name any
+    deeper mapping key or field by its position in the location only."""
     errors = getattr(exc, "errors", None)  # pydantic's ValidationError
     if callable(errors):
         try:
-            return "; ".join(
-                f"{'.'.join(str(part) for part in error['loc'])}: {error['type']}" for error in errors()
-            )
+            return "; ".join(f"{_location(error['loc'])}: {error['type']}" for error in errors())
         except (TypeError, KeyError):
             pass
     return type(exc).__name__
+
+
+def _location(loc: Any) -> str:
+    """``field[3][key (str)]`` for pydantic's ``("field", 3, "<a key>")``."""
+    parts = list(loc) if isinstance(loc, tuple | list) else [loc]
+    if not parts:
+        return "(record)"
+    head, rest = parts[0], parts[1:]
+    text = head if isinstance(head, str) and head.isidentifier() else f"({type(head).__name__})"
+    for part in rest:
+        text += f"[{part}]" if type(part) is int else f"[key ({type(part).__name__})]"
+    return text
 
 
 def _f(name: str, kind: FieldKind, *, default: bool = False) -> Field:

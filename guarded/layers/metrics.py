@@ -17,6 +17,7 @@ from .. import telemetry_names as names
 from ..breaker import BreakerState, CircuitBreaker
 from ..call import Call, MethodSetup, Service
 from ..call_stats import CallStats, DurationSeries, call_stats
+from ..failure_log import OperationalErrors, operational_errors
 from ..outcome import Outcome
 
 
@@ -25,6 +26,7 @@ class GuardInstruments:
     stats: CallStats
     circuit_state: Gauge
     circuit_transitions: Counter
+    operational: OperationalErrors
 
 
 _instruments: weakref.WeakKeyDictionary[CollectorRegistry, GuardInstruments] = weakref.WeakKeyDictionary()
@@ -48,6 +50,7 @@ def guard_instruments(registry: CollectorRegistry = REGISTRY) -> GuardInstrument
                 [names.LABEL_STORE, "from_state", "to_state"],
                 registry=registry,
             ),
+            operational=operational_errors(registry),
         )
         _instruments[registry] = found
     return found
@@ -67,13 +70,16 @@ def publish_breaker_state(instruments: GuardInstruments, store: str, breaker: Ci
 
 
 class MetricsLayer:
-    """Observes latency and counts each call by its final outcome (cancellations included)."""
+    """Observes latency and counts each call by its final outcome (cancellations included), and
+    each call that failed on an operational condition (``guarded_store_operational_errors_total``)."""
 
     def __init__(self, instruments: GuardInstruments) -> None:
         self._stats = instruments.stats
+        self._operational = instruments.operational
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         stats = self._stats
+        operational = self._operational
         store, label = method.store_name, method.label
         series: dict[Outcome, DurationSeries] = {}
 
@@ -89,6 +95,8 @@ class MetricsLayer:
                 found.observe(elapsed, format(span.get_span_context().trace_id, "032x"))
             if call.attempts > 1:
                 stats.add_retries(store, label, call.attempts - 1)
+            if call.error is not None:
+                operational.count(store, label, call.error)
 
         ok = Outcome.OK
 

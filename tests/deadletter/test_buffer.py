@@ -344,7 +344,7 @@ async def test_parked_writes_keep_their_reason_and_are_not_replayed(tmp_path: Pa
         lost = await target.park(MEMORY, ("k", {"v": float("nan")}), {}, reason="")
         assert lost.call is None
         assert lost.size == 0
-        assert "state['v']" in lost.reason
+        assert "state[key #0 (str)]" in lost.reason
         assert "nan" in lost.reason
         assert [write.seq for write in await target.parked()] == [kept.seq, lost.seq]
         assert target.depth == 0

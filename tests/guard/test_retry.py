@@ -22,6 +22,7 @@ from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from .support import DEADLINE, MARGIN, Stopwatch, calls, event, fast_config, retries
 
 RETRYABLE, REJECTED, FATAL = ErrorClass.RETRYABLE, ErrorClass.REJECTED, ErrorClass.FATAL
+OPERATIONAL = ErrorClass.OPERATIONAL
 
 
 class SqlError(Exception):
@@ -56,7 +57,7 @@ CLASSIFICATION: list[tuple[BaseException, ErrorClass, bool]] = [
     (SqlError("53300"), RETRYABLE, False),  # too_many_connections
     (SqlError("23505"), REJECTED, True),  # unique_violation
     (SqlError("22P02"), REJECTED, True),  # invalid_text_representation
-    (SqlError("42P01"), REJECTED, True),  # undefined_table
+    (SqlError("42P01"), OPERATIONAL, True),  # undefined_table: held and replayed (issue 13)
     (SqlError("54000"), REJECTED, True),  # program_limit_exceeded (index row too large)
     (SqlError("XX000"), FATAL, True),  # internal_error
     (pg.SerializationError("could not serialize"), RETRYABLE, True),

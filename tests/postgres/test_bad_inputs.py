@@ -78,7 +78,12 @@ def untyped(store: PostgresStateStore) -> Any:
 
 
 CASES: list[tuple[str, Call, str, str]] = [
-    ("nan payload", lambda s: s.save_event(event(payload={"x": NAN})), "save_event", "event.payload['x']"),
+    (
+        "nan payload",
+        lambda s: s.save_event(event(payload={"x": NAN})),
+        "save_event",
+        "event.payload[key #0 (str)]",
+    ),
     ("inf ts", lambda s: s.save_event(event(ts=float("inf"))), "save_event", "event.ts"),
     ("huge int ts", lambda s: s.save_event(event(ts=10**400)), "save_event", "event.ts"),
     ("str ts", lambda s: s.save_event(event(ts="1.0")), "save_event", "event.ts"),
@@ -87,28 +92,33 @@ CASES: list[tuple[str, Call, str, str]] = [
         "object in payload",
         lambda s: s.save_event(event(payload={"a": [1, Opaque()]})),
         "save_event",
-        "event.payload['a'][1]",
+        "event.payload[key #0 (str)][1]",
     ),
-    ("int key", lambda s: s.save_event(event(payload={"a": {1: "x"}})), "save_event", "event.payload['a']"),
+    (
+        "int key",
+        lambda s: s.save_event(event(payload={"a": {1: "x"}})),
+        "save_event",
+        "event.payload[key #0 (str)][key #0 (int)]",
+    ),
     ("payload not a mapping", lambda s: s.save_event(event(payload=[1])), "save_event", "event.payload"),
     ("int trace id", lambda s: s.save_event(event(trace_id=7)), "save_event", "event.trace_id"),
     (
         "bulk: second event bad",
         lambda s: s.save_events([event(), event(payload={"x": {"y": NAN}})]),
         "save_events",
-        "events[1].payload['x']['y']",
+        "events[1].payload[key #0 (str)][key #0 (str)]",
     ),
     (
         "binding metadata",
         lambda s: s.save_remote_binding(RemoteBinding("t", None, "k", "u", metadata={"m": Opaque()})),
         "save_remote_binding",
-        "binding.metadata['m']",
+        "binding.metadata[key #0 (str)]",
     ),
     (
         "pause payload set",
         lambda s: s.save_planner_state("tok", {"s": {1, 2}}),
         "save_planner_state",
-        "payload['s']",
+        "payload[key #0 (str)]",
     ),
     ("pause token not str", lambda s: untyped(s).save_planner_state(5, {}), "save_planner_state", "token"),
     ("pause token surrogate", lambda s: s.load_planner_state(SURROGATE), "load_planner_state", "token"),
@@ -116,9 +126,14 @@ CASES: list[tuple[str, Call, str, str]] = [
         "memory key surrogate",
         lambda s: s.save_memory_state("k", {SURROGATE: 1}),
         "save_memory_state",
-        f"state[{SURROGATE!r}]",
+        "state[key #0 (str)]",
     ),
-    ("task result nan", lambda s: s.save_task(task(result={"r": NAN})), "save_task", "state.result['r']"),
+    (
+        "task result nan",
+        lambda s: s.save_task(task(result={"r": NAN})),
+        "save_task",
+        "state.result[key #0 (str)]",
+    ),
     (
         "task snapshot object",
         lambda s: s.save_task(
@@ -129,7 +144,7 @@ CASES: list[tuple[str, Call, str, str]] = [
             )
         ),
         "save_task",
-        "state.context_snapshot.llm_context['o']",
+        "state.context_snapshot.llm_context[key #0 (str)]",
     ),
     (
         "update content nan",
@@ -167,7 +182,7 @@ CASES: list[tuple[str, Call, str, str]] = [
         "trajectory nan",
         lambda s: s.save_trajectory("t", "s", {"steps": [NAN]}),
         "save_trajectory",
-        "trajectory['steps'][0]",
+        "trajectory[key #0 (str)][0]",
     ),
     (
         "trajectory object",
@@ -179,7 +194,7 @@ CASES: list[tuple[str, Call, str, str]] = [
         "planner event extra",
         lambda s: s.save_planner_event("t", PlannerEvent("x", 1.0, 1, extra={"e": NAN})),
         "save_planner_event",
-        "event.extra['e']",
+        "event.extra[key #0 (str)]",
     ),
     (
         "bulk planner events",
@@ -241,7 +256,7 @@ async def test_artifact_bad_inputs(store: PostgresStateStore) -> None:
     assert caught.value.path == "text"
     with pytest.raises(InvalidPayloadError) as caught:
         await artifacts.put_bytes(b"x", meta={"m": NAN})
-    assert caught.value.path == "meta['m']"
+    assert caught.value.path == "meta[key #0 (str)]"
 
 
 @pytest.mark.asyncio
