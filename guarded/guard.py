@@ -8,7 +8,7 @@ import itertools
 import logging
 import os
 import weakref
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from opentelemetry import trace
@@ -24,7 +24,7 @@ from .config import GuardConfig
 from .deadletter import DeadLetterBuffer
 from .durability import Durability
 from .failure_log import FailureLog
-from .idempotency import IDEMPOTENCY_KEY
+from .idempotency import IDEMPOTENCY_KEY, UNANSWERED_KEYS
 from .layers import (
     CircuitBreakerLayer,
     FallbackLayer,
@@ -52,6 +52,11 @@ logger = logging.getLogger("guarded")
 HONOURS_IDEMPOTENCY_KEY = "honours_idempotency_key"
 """A backend sets this class attribute to ``True`` when it honours
 :data:`guarded.idempotency.IDEMPOTENCY_KEY` for consumes; the guard then retries them."""
+
+RECOVERS_UNANSWERED_CONSUMES = "recovers_unanswered_consumes"
+"""A backend that honours idempotency keys sets this class attribute to ``True`` when it also
+honours :data:`guarded.idempotency.UNANSWERED_KEYS`; the guard then keeps the keys of consumes that
+got no answer and has the next consume of the token recover them (:mod:`guarded.unanswered`)."""
 
 
 class GuardedStore:
@@ -150,7 +155,9 @@ class GuardCore:
         self._key_prefix = f"{os.getpid():x}-{id(self):x}-"
         self._key_counter = itertools.count()
         grace = getattr(target, "consume_grace", None)
-        self.unanswered = UnansweredConsumes(grace if isinstance(grace, int | float) else DEFAULT_GRACE)
+        self.unanswered: UnansweredConsumes | None = None
+        if self.honours_idempotency_key and bool(getattr(target, RECOVERS_UNANSWERED_CONSUMES, False)):
+            self.unanswered = UnansweredConsumes(grace if isinstance(grace, int | float) else DEFAULT_GRACE)
 
     def _new_breaker(self) -> CircuitBreaker:
         breaker = CircuitBreaker(self.config.breaker)
@@ -222,38 +229,62 @@ def _entry(
     setup: MethodSetup,
     key_prefix: str,
     counter: itertools.count[int],
-    unanswered: UnansweredConsumes,
+    unanswered: UnansweredConsumes | None,
 ) -> Callable[..., Any]:
     get_loop = asyncio.get_running_loop
-    set_key = IDEMPOTENCY_KEY.set
-    reset_key = IDEMPOTENCY_KEY.reset
-    item_of = setup.policy.read_key if setup.policy.kind is Kind.CONSUME else None
+    get_key, set_key, reset_key = IDEMPOTENCY_KEY.get, IDEMPOTENCY_KEY.set, IDEMPOTENCY_KEY.reset
+    set_unanswered, reset_unanswered = UNANSWERED_KEYS.set, UNANSWERED_KEYS.reset
+    consume = setup.policy.kind is Kind.CONSUME
+    item_of = setup.policy.read_key if consume and unanswered is not None else None
 
     async def guarded_method(*args: Any, **kwargs: Any) -> Any:
         loop = get_loop()
         return await service(Call(setup, args, kwargs, loop, loop.time()))
 
     async def keyed_method(*args: Any, **kwargs: Any) -> Any:
+        # Not safe to repeat blindly: one drawn key for every attempt of this call.
         loop = get_loop()
+        token = set_key(key_prefix + str(next(counter)))
+        try:
+            return await service(Call(setup, args, kwargs, loop, loop.time()))
+        finally:
+            reset_key(token)
+
+    async def consume_method(*args: Any, **kwargs: Any) -> Any:
+        # The key of this logical call: the caller's own when it set one (its retry of the call),
+        # else a drawn one that nobody else ever gets. Keys of earlier consumes of the token that
+        # got no answer are claimed (one consume at a time) for the backend to recover from.
+        loop = get_loop()
+        own = get_key()
+        key = own if own is not None else key_prefix + str(next(counter))
         item = item_of(args, kwargs) if item_of is not None else None
-        if not isinstance(item, Hashable):
+        if item is not None and not _hashable(item):
             item = None
-        key = (unanswered.key_for(item) if item is not None else None) or key_prefix + str(next(counter))
+        claimed = unanswered.claim(item) if item is not None and unanswered is not None else ()
         token = set_key(key)
+        keys_token = set_unanswered(tuple(claimed_key for claimed_key, _ in claimed) or None)
         call = Call(setup, args, kwargs, loop, loop.time())
         try:
             return await service(call)
         finally:
+            reset_unanswered(keys_token)
             reset_key(token)
-            if item is not None:
-                if call.outcome in _ANSWERED:
-                    unanswered.forget(item)
-                elif call.outcome in _MAYBE_COMMITTED:
+            if item is not None and unanswered is not None and call.outcome not in _ANSWERED:
+                unanswered.restore(item, claimed)  # not recovered: for the next consume
+                if own is None and call.outcome in _MAYBE_COMMITTED:
                     unanswered.remember(item, key)
 
-    chosen = guarded_method if setup.policy.repeat_safe else keyed_method
+    chosen = consume_method if consume else guarded_method if setup.policy.repeat_safe else keyed_method
     chosen.__name__ = chosen.__qualname__ = setup.label
     return chosen
+
+
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def guard(

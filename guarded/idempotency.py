@@ -13,6 +13,17 @@ The guard sets the key; backends only read it::
         payload = await store.load_planner_state(token)   # retried attempts reuse the key
 
     current_idempotency_key()  # -> "call-7f3a" inside the block, None outside
+
+A key belongs to one logical resume and the caller that made it. A caller may name its own
+logical call: a key it set around a guarded ``load_planner_state`` is used instead of a drawn one,
+and a retry of that call with the same key (within the backend's grace period) is answered again
+-- the way to ask again for an answer the caller lost. Nobody else ever gets that key.
+
+A resume that got no answer (timed out, cancelled, failed after reaching the backend) may still
+have been consumed by the backend. The guard keeps the keys it drew for such resumes
+(:mod:`guarded.unanswered`) and hands them, once, to the next resume of the same token in
+:data:`UNANSWERED_KEYS`; a backend that recovers them gives the payload consumed under one of
+them to that resume (under its own key), so it is delivered to exactly one caller.
 """
 
 from __future__ import annotations
@@ -39,6 +50,33 @@ the later replay of one of its writes store that write once."""
 WRITE_KEY_ARGUMENT = "_guarded_write_key"
 """Keyword argument under which a dead-lettered append keeps its item key; a replay removes it and
 sets :data:`ITEM_KEYS` instead."""
+
+
+UNANSWERED_KEYS: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
+    "guarded_unanswered_keys", default=None
+)
+"""Keys of earlier consumes of the same item whose answers never reached their callers, set by the
+guard around the consume that recovers them (one consume at a time: see
+:class:`guarded.unanswered.UnansweredConsumes`). A backend that honours them (it declares
+``recovers_unanswered_consumes = True``) treats an item consumed under one of these keys, within its
+grace period, as not consumed yet: the current key consumes it -- atomically, so it now belongs to
+the current key, and neither the old keys nor any other caller get it again."""
+
+
+def current_unanswered_keys() -> tuple[str, ...]:
+    """The keys of unanswered consumes the current consume may recover (see
+    :data:`UNANSWERED_KEYS`); empty when there are none."""
+    return UNANSWERED_KEYS.get() or ()
+
+
+@contextlib.contextmanager
+def unanswered_keys(keys: tuple[str, ...] | None) -> Iterator[tuple[str, ...] | None]:
+    """Set :data:`UNANSWERED_KEYS` for the calls made inside the block (``None`` clears it)."""
+    token = UNANSWERED_KEYS.set(keys or None)
+    try:
+        yield keys
+    finally:
+        UNANSWERED_KEYS.reset(token)
 
 
 def current_item_keys() -> tuple[str, ...] | None:
@@ -81,10 +119,13 @@ def idempotency_key(key: str | None) -> Iterator[str | None]:
 __all__ = [
     "IDEMPOTENCY_KEY",
     "ITEM_KEYS",
+    "UNANSWERED_KEYS",
     "WRITE_KEY_ARGUMENT",
     "current_idempotency_key",
     "current_item_keys",
+    "current_unanswered_keys",
     "idempotency_key",
     "item_keys",
     "replayed_item_key",
+    "unanswered_keys",
 ]

@@ -14,6 +14,14 @@ after the database ran the consume, a blind retry finds nothing and the pause is
   consume that just committed) returns the payload again if the row was consumed *by the same
   key* less than ``consume_grace`` seconds ago. Any other caller gets ``None``. Consumed rows
   are deleted by ``cleanup()`` once the grace period is over.
+* **Recovering unanswered consumes.** A consume whose answer never reached its caller (it timed
+  out, was cancelled, lost its connection) may have been committed: the row is then consumed by a
+  key nobody will use again. The guard keeps such keys and gives them, once, to the next consume
+  of the token (:func:`guarded.idempotency.current_unanswered_keys`). With them the mark also
+  takes a row consumed by one of those keys less than ``consume_grace`` seconds ago, and moves it
+  to the current key (``consumed_at = now(), consumer_key = key``) in the same statement: a
+  concurrent consume waits on the row lock and then sees the row consumed by another key, so the
+  payload goes to exactly one caller, and the old key no longer gets it either.
 * **Without a key** nobody can ask again, so the row is deleted and returned in one statement
   (``DELETE ... RETURNING``), the spec's implementation.
 
@@ -29,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from guarded.idempotency import current_idempotency_key
+from guarded.idempotency import current_idempotency_key, current_unanswered_keys
 
 from .bulk import last_per_key
 from .connection import Connection, Database
@@ -66,6 +74,11 @@ class Pauses:
             f"UPDATE {table} SET consumed_at = now(), consumer_key = $2 "
             "WHERE token = $1 AND consumed_at IS NULL AND expires_at > now() RETURNING payload"
         )
+        self.recover = (
+            f"UPDATE {table} SET consumed_at = now(), consumer_key = $2 WHERE token = $1 AND "
+            "((consumed_at IS NULL AND expires_at > now()) OR (consumer_key = ANY($3::text[]) "
+            "AND consumed_at > now() - make_interval(secs => $4))) RETURNING payload"
+        )
         self.repeat = (
             f"SELECT payload FROM {table} WHERE token = $1 AND consumer_key = $2 "
             "AND consumed_at > now() - make_interval(secs => $3)"
@@ -97,9 +110,13 @@ class Pauses:
             text = await self._db.fetchval_once(self.take, key)
         else:
             consumer_key = to_db_text(check_text(consumer, "idempotency_key"))
+            unanswered = [to_db_text(check_text(old, "unanswered key")) for old in current_unanswered_keys()]
 
             async def consume(conn: Connection) -> Any:
-                found = await conn.fetchval(self.mark, key, consumer_key)
+                if unanswered:
+                    found = await conn.fetchval(self.recover, key, consumer_key, unanswered, self.grace)
+                else:
+                    found = await conn.fetchval(self.mark, key, consumer_key)
                 if found is None:
                     found = await conn.fetchval(self.repeat, key, consumer_key, self.grace)
                 return found

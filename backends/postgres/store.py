@@ -447,9 +447,16 @@ class PostgresStateStore:
             rows = encode_items(items, self._pauses.encode, arity=2, shape="(token, payload)")
         await self._pauses.save_many(rows)
 
+    honours_idempotency_key = True
+    """A consume is safe to retry under one idempotency key: the guard retries it."""
+    recovers_unanswered_consumes = True
+    """A consume recovers a pause consumed by a key whose answer was lost (see :mod:`.pauses`)."""
+
     async def load_planner_state(self, token: str) -> dict[str, Any] | None:
         """Consume the pause: its payload once, then ``None`` (a repeat with the same idempotency key
-        within ``consume_grace`` seconds gets the payload again)."""
+        within ``consume_grace`` seconds gets the payload again; a pause consumed within
+        ``consume_grace`` seconds by one of the guard's unanswered keys is consumed again, once, by
+        the current key)."""
         with refusing("load_planner_state"):
             return await self._pauses.load(token)
 

@@ -5,7 +5,8 @@ Driven by the policy table (``merge_from``, ``merge``, ``read_key``, ``value``):
 * a read of a trace or session first flushes the batched writes of that scope, then adds the
   writes still held (queued or dead-lettered) to the backend's answer (read-your-writes);
 * a single-value read (memory state, trajectory) answers the newest held write for its key;
-* ``load_planner_state`` takes a pause token still held in the dead-letter buffer (consume);
+* ``load_planner_state`` takes a pause token still held in the dead-letter buffer (consume): it
+  leaves the buffer once a resume returned it, never with a resume that was cancelled;
 * when the backend fails, the last value this process read or wrote for the key, plus what is
   held, is served with outcome ``stale``; with nothing to serve the failure goes on to the
   fallback layer.
@@ -16,6 +17,8 @@ directly is in the backend, and answering it from memory would let it be consume
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +26,8 @@ from ..call import Call, MethodSetup, Service
 from ..durability import Durability
 from ..outcome import Outcome
 from ..policy import ArgGetter, Kind, Merge, PolicyTable
+
+logger = logging.getLogger("guarded")
 
 
 class StaleReadLayer:
@@ -76,6 +81,30 @@ class StaleReadLayer:
             return inner
         buffer = durability.buffer
         gate, next_stamp = buffer.gate, durability.next_stamp
+        # One consume of a held token at a time: per slot, a lock and how many consumes use it.
+        turns: dict[Hashable, tuple[asyncio.Lock, list[int]]] = {}
+        removals: set[asyncio.Task[None]] = set()
+
+        def leave(slot: Any, stamp: int, turn: tuple[asyncio.Lock, list[int]] | None, holding: bool) -> None:
+            if turn is not None:
+                lock, users = turn
+                if holding:
+                    lock.release()
+                users[0] -= 1
+                if users[0] == 0 and turns.get(slot) is turn:
+                    del turns[slot]
+            gate.leave_direct(slot, stamp)
+
+        async def remove(key: Any, slot: Any, stamp: int, turn: tuple[asyncio.Lock, list[int]]) -> None:
+            try:
+                await buffer.take(write, key)
+            except Exception:  # the entry stays: it may be replayed, and so resumed again
+                logger.exception(
+                    "a resumed pause could not be removed from the dead-letter buffer",
+                    extra={"event": "deadletter_take_failed", "store": buffer.store_name, "method": write},
+                )
+            finally:
+                leave(slot, stamp, turn, True)
 
         async def consume(call: Call) -> Any:
             if not durability.opened:
@@ -89,22 +118,38 @@ class StaleReadLayer:
             stamp = next_stamp()
             if not gate.try_enter_direct(slot, stamp):
                 await gate.enter_direct(slot, stamp)
+            turn: tuple[asyncio.Lock, list[int]] | None = None
+            holding = handed_over = False
             try:
-                taken = await buffer.take(write, key)
-                held = None if taken is None else value_of(*taken)
+                if await buffer.latest_for_key(write, key) is None:
+                    return await inner(call)  # nothing held: the backend's answer
+                # A held pause leaves the buffer only once a consume returns it: one consume of it
+                # at a time; a consume cancelled or failing meanwhile leaves it for the next.
+                turn = turns.get(slot)
+                if turn is None:
+                    turn = turns[slot] = (asyncio.Lock(), [0])
+                turn[1][0] += 1
+                await turn[0].acquire()
+                holding = True
+                taken = await buffer.latest_for_key(write, key)
+                if taken is None:
+                    return await inner(call)  # the consume before this one returned it
+                held = value_of(*taken)
                 try:
-                    result = await inner(call)  # also consumes a copy that reached the backend
+                    await inner(call)  # also consumes a copy that reached the backend
                 except Exception as exc:
-                    if held is None:
-                        raise
-                    call.error, call.outcome = exc, Outcome.STALE
-                    return held
-                if held is not None:
-                    call.outcome = Outcome.STALE  # the held write is newer than any copy in the backend
-                    return held
-                return result
+                    call.error = exc
+                call.outcome = Outcome.STALE  # the held write is newer than any copy in the backend
+                # Removed in a task of its own (the caller can no longer cancel it), still
+                # registered against replays and holding the turn until it is gone.
+                task = call.loop.create_task(remove(key, slot, stamp, turn))
+                removals.add(task)
+                task.add_done_callback(removals.discard)
+                handed_over = True
+                return held
             finally:
-                gate.leave_direct(slot, stamp)
+                if not handed_over:
+                    leave(slot, stamp, turn, holding)
 
         return consume
 

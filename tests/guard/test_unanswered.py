@@ -1,4 +1,4 @@
-"""UnansweredConsumes: keys of consumes that got no answer, reused by the next consume of the item."""
+"""UnansweredConsumes: keys of consumes that got no answer, claimed by one later consume at a time."""
 
 from __future__ import annotations
 
@@ -13,25 +13,44 @@ class Clock:
         return self.now
 
 
-def test_a_key_is_reused_within_the_grace_period_only() -> None:
+def test_keys_are_kept_within_the_grace_period_only() -> None:
     clock = Clock()
     keys = UnansweredConsumes(grace=10, clock=clock)
     keys.remember("tok", "k1")
-    keys.remember("tok", "k2")  # the first unanswered key stays: the backend knows that one
+    clock.now = 5
+    keys.remember("tok", "k2")
+    keys.remember("tok", "k1")  # kept once
     clock.now = 9
-    assert keys.key_for("tok") == "k1"
+    assert keys.keys_for("tok") == ("k1", "k2")
     clock.now = 11
-    assert keys.key_for("tok") is None
-    assert len(keys) == 0
+    assert keys.keys_for("tok") == ("k2",)
+    assert keys.claim("tok") == (("k2", 5),)
+    clock.now = 16
+    keys.restore("tok", (("k2", 5),))
+    assert keys.claim("tok") == ()  # outlived the grace period
 
 
-def test_an_answer_forgets_the_key_and_the_oldest_go_first() -> None:
-    keys = UnansweredConsumes(max_items=2)
+def test_a_claim_takes_the_keys_until_they_are_restored() -> None:
+    keys = UnansweredConsumes()
+    keys.remember("tok", "k1")
+    claimed = keys.claim("tok")
+    assert [key for key, _ in claimed] == ["k1"]
+    assert keys.claim("tok") == ()  # a concurrent consume recovers nothing
+    keys.remember("tok", "k2")  # the claiming consume got no answer either
+    keys.restore("tok", claimed)
+    assert keys.keys_for("tok") == ("k1", "k2")
+    assert keys.claim("other") == ()
+
+
+def test_the_oldest_items_and_keys_go_first() -> None:
+    clock = Clock()
+    keys = UnansweredConsumes(max_items=2, max_keys=2, clock=clock)
     keys.remember("a", "ka")
     keys.remember("b", "kb")
-    keys.forget("a")
-    assert keys.key_for("a") is None
     keys.remember("c", "kc")
-    keys.remember("d", "kd")
-    assert keys.key_for("b") is None
-    assert (keys.key_for("c"), keys.key_for("d")) == ("kc", "kd")
+    assert (keys.keys_for("a"), keys.keys_for("b"), keys.keys_for("c")) == ((), ("kb",), ("kc",))
+    for index in range(3):
+        clock.now = index
+        keys.remember("c", f"c{index}")
+    assert keys.keys_for("c") == ("c1", "c2")
+    assert len(keys) == 2

@@ -161,7 +161,8 @@ async def test_a_resume_whose_answer_was_lost_is_answered_to_the_next_resume(
     make_store: StoreFactory,
 ) -> None:
     """The database consumed the pause but every attempt's answer was lost: the next resume of the
-    token reuses the unanswered consume's key and gets the pause (within ``consume_grace``)."""
+    token recovers it under its own key (within ``consume_grace``); the unanswered key is never
+    reused (tests/postgres/test_consume_once.py)."""
     backend = await make_store()
     faulty = FaultyStore(backend, FaultPlan.always(Fault.error_after(ConnectionResetError)))
     config = GuardConfig(retry=RetryConfig(max_attempts=2, critical_max_attempts=2, initial_backoff=0.001))
