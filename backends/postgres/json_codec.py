@@ -115,7 +115,8 @@ def to_float(value: Any, path: str) -> float:
     try:
         result = float(value)
     except OverflowError:
-        raise InvalidPayloadError(f"{value} is too large for a double precision", path=path) from None
+        # The value itself is never repeated: reasons are logged and kept with parked writes.
+        raise InvalidPayloadError("an integer too large for a double precision", path=path) from None
     if not math.isfinite(result):
         raise InvalidPayloadError(f"{value!r} is not a finite number", path=path)
     return result
