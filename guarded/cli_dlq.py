@@ -6,14 +6,17 @@ file of it (the path itself, and ``<path>.<k>`` of the other processes configure
 open the files read-only and work beside the live processes that own them. ``replay`` and
 ``purge`` need a file's lock: a file held by a live process is skipped (exit 1). A file that
 cannot be read (damaged, foreign, of a newer layout) gets one error line, the others are still
-served, and the exit status is 2. Payload contents are never printed unless ``list
---show-payload`` asks for them.
+served, and the exit status is 2. Rows of a file that cannot be read (a column of the wrong type,
+text that is not UTF-8, a call that is not JSON) never stop a command: they are left out, counted,
+and listed by ``list --quarantined`` (a guard or ``replay`` moves them to the file's quarantine
+table). Payload contents are never printed unless ``list --show-payload`` asks for them.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import glob
 import json
 import os
@@ -32,6 +35,7 @@ from .deadletter import (
     DeadLetter,
     DeadLetterBuffer,
     ParkedWrite,
+    QuarantinedRow,
     ReplaySummary,
     SpillFile,
     SpillFileError,
@@ -72,7 +76,13 @@ def register(subparsers: Subparsers) -> None:
         return sub
 
     listing = add("list", "list waiting (or parked) writes, oldest first per file, without payloads")
-    listing.add_argument("--parked", action="store_true", help="list parked writes instead")
+    which = listing.add_mutually_exclusive_group()
+    which.add_argument("--parked", action="store_true", help="list parked writes instead")
+    which.add_argument(
+        "--quarantined",
+        action="store_true",
+        help="list the rows that could not be read instead (with --show-payload: their raw bytes)",
+    )
     listing.add_argument("--limit", type=int, default=50, metavar="N", help="at most N rows (default 50)")
     listing.add_argument(
         "--show-payload", action="store_true", help="include each write's encoded call (payload contents)"
@@ -112,6 +122,9 @@ def register(subparsers: Subparsers) -> None:
     purge = add("purge", "delete waiting and/or parked writes (data loss: needs --yes)")
     purge.add_argument("--pending", action="store_true", help="delete the waiting writes")
     purge.add_argument("--parked", action="store_true", help="delete the parked writes")
+    purge.add_argument(
+        "--quarantined", action="store_true", help="delete the rows moved to the quarantine tables"
+    )
     purge.add_argument("--yes", action="store_true", help="confirm the deletion")
     purge.set_defaults(handler=run_purge)
 
@@ -268,6 +281,43 @@ def _parked_dict(write: ParkedWrite, file: _File, now: float, show_payload: bool
     return found
 
 
+def _raw_dict(raw: Sequence[tuple[str, str, object]]) -> dict[str, Any]:
+    """A quarantined row's columns as stored: text and blobs as base64 of their bytes, plus the text
+    they read as (bytes that are not UTF-8 escaped)."""
+    found: dict[str, Any] = {}
+    for name, kind, value in raw:
+        if isinstance(value, bytes):
+            found[name] = {
+                "type": kind,
+                "base64": base64.b64encode(value).decode("ascii"),
+                "text": value.decode("utf-8", "backslashreplace"),
+            }
+        else:
+            found[name] = {"type": kind, "value": value}
+    return found
+
+
+def _quarantined_dict(row: QuarantinedRow, file: _File, now: float, show_payload: bool) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "slot": file.slot,
+        "file": file.path,
+        "id": row.id,
+        "source": row.source,
+        "moved": row.id is not None,
+        "seq": row.seq,
+        "method": row.method,
+        "quarantined_at": row.quarantined_at,
+        "age_seconds": None if row.quarantined_at is None else round(max(0.0, now - row.quarantined_at), 3),
+        "reason": row.reason,
+    }
+    if show_payload:
+        found["raw"] = _raw_dict(row.raw)
+    return found
+
+
+_Listed = list[DeadLetter] | list[ParkedWrite] | list[QuarantinedRow]
+
+
 def _list(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise UsageError("--limit must not be negative")
@@ -276,42 +326,73 @@ def _list(args: argparse.Namespace) -> int:
     now = time.time()
     rows: list[dict[str, Any]] = []
     total = 0
+    unreadable: list[tuple[_File, int]] = []
     for file in files:
         left = max(0, args.limit - len(rows))
 
-        def read(spill: SpillFile, left: int = left) -> tuple[int, list[DeadLetter] | list[ParkedWrite]]:
+        def read(spill: SpillFile, left: int = left) -> tuple[int, _Listed, int]:
             totals = spill.totals()
+            if args.quarantined:
+                return totals.quarantined, spill.quarantined(left, with_raw=args.show_payload), 0
             if args.parked:
-                return totals.parked, spill.parked(left)
-            return totals.pending, spill.page(0, left)
+                return totals.parked, spill.parked(left), totals.quarantined
+            return totals.pending, spill.page(0, left), totals.quarantined
 
         found = _read(file, failures, read)
         if found is None:
             continue
-        count, items = found
+        count, items, bad = found
         total += count
+        if bad:
+            unreadable.append((file, bad))
         for item in items:
-            if isinstance(item, ParkedWrite):
+            if isinstance(item, QuarantinedRow):
+                rows.append(_quarantined_dict(item, file, now, args.show_payload))
+            elif isinstance(item, ParkedWrite):
                 rows.append(_parked_dict(item, file, now, args.show_payload))
             else:
                 rows.append(_pending_dict(item, file, now, args.show_payload))
-    kind = "parked" if args.parked else "pending"
+    kind = "quarantined" if args.quarantined else "parked" if args.parked else "pending"
     status = 2 if failures.count else 0
     if args.json:
         document = {
             "path": args.path,
             "kind": kind,
             "total": total,
+            "unreadable": sum(count for _, count in unreadable),
             "files": [_file_dict(file) for file in files],
             "entries": rows,
         }
         print(json.dumps(document, ensure_ascii=False))
         return status
     where = f"{args.path}" + (f" ({len(files)} files)" if len(files) > 1 else "")
+    for file, count in unreadable:
+        print(
+            f"{PROG}: note: {count} row(s) of {file.path!r} could not be read and are not listed; "
+            "see 'list --quarantined'",
+            file=sys.stderr,
+        )
     if not rows:
-        print(f"no {kind} writes in {where}")
+        print(f"no {kind} {'rows' if args.quarantined else 'writes'} in {where}")
         return status
-    if args.parked:
+    if args.quarantined:
+        table = _table(
+            ("SLOT", "ID", "FROM", "SEQ", "METHOD", "AGE", "REASON"),
+            [
+                (
+                    row["slot"],
+                    row["id"] if row["moved"] else "in place",
+                    row["source"],
+                    row["seq"],
+                    row["method"],
+                    "-" if row["age_seconds"] is None else _age(row["age_seconds"]),
+                    row["reason"],
+                )
+                for row in rows
+            ],
+            (4, 8, 7, 8, 22, 8, 70),
+        )
+    elif args.parked:
         table = _table(
             ("SLOT", "SEQ", "METHOD", "AGE", "SIZE", "CALL", "REASON"),
             [
@@ -350,10 +431,14 @@ def _list(args: argparse.Namespace) -> int:
     if args.show_payload:
         print()
         for row in rows:
-            print(f"{row['slot']}/{row['seq']}: {json.dumps(row['call'], ensure_ascii=False)}")
+            if args.quarantined:
+                name = f"{row['slot']}/{row['id'] if row['moved'] else 'seq ' + str(row['seq'])}"
+                print(f"{name}: {json.dumps(row['raw'], ensure_ascii=False)}")
+            else:
+                print(f"{row['slot']}/{row['seq']}: {json.dumps(row['call'], ensure_ascii=False)}")
     shown = len(rows)
     print(
-        f"\n{shown} of {total} {kind} write(s) in {where}"
+        f"\n{shown} of {total} {kind} {'row' if args.quarantined else 'write'}(s) in {where}"
         + (" (use --limit to see more)" if shown < total else "")
     )
     if len(files) > 1:
@@ -371,6 +456,7 @@ def _stats_dict(path: str, totals: SpillTotals, now: float) -> dict[str, Any]:
         "pending_bytes": totals.pending_bytes,
         "parked": totals.parked,
         "parked_bytes": totals.parked_bytes,
+        "quarantined": totals.quarantined,
         "oldest_age_seconds": 0.0 if totals.oldest is None else round(max(0.0, now - totals.oldest[1]), 3),
         "file_bytes": sum(os.path.getsize(name) for name in (path, path + "-wal") if os.path.exists(name)),
     }
@@ -382,7 +468,14 @@ def _stats(args: argparse.Namespace) -> int:
     now = time.time()
     per_file: list[dict[str, Any]] = []
     by_method: dict[str, dict[str, int]] = {}
-    totals = {"pending": 0, "pending_bytes": 0, "parked": 0, "parked_bytes": 0, "file_bytes": 0}
+    totals = {
+        "pending": 0,
+        "pending_bytes": 0,
+        "parked": 0,
+        "parked_bytes": 0,
+        "quarantined": 0,
+        "file_bytes": 0,
+    }
     oldest = 0.0
     for file in files:
         found = _read(file, failures, lambda spill: (spill.totals(), spill.by_method()))
@@ -416,6 +509,8 @@ def _stats(args: argparse.Namespace) -> int:
     print(f"dead-letter spill files of {args.path} (in {os.path.dirname(os.path.abspath(args.path))})")
     print(f"  pending:     {summary['pending']} ({_size(summary['pending_bytes'])})")
     print(f"  parked:      {summary['parked']} ({_size(summary['parked_bytes'])})")
+    if summary["quarantined"]:
+        print(f"  quarantined: {summary['quarantined']} unreadable row(s), not replayed (list --quarantined)")
     print(f"  oldest:      {_age(oldest) if summary['pending'] else '-'}")
     print(f"  file size:   {_size(summary['file_bytes'])}")
     print()
@@ -496,7 +591,7 @@ def _writable(
 
 
 async def _replay_file(
-    file: _File, args: argparse.Namespace, store: Any
+    file: _File, args: argparse.Namespace, store: Any, quarantined: list[int]
 ) -> tuple[ReplaySummary | None, int, int, str | None]:
     buffer = _pinned(file.path)
     try:
@@ -506,8 +601,9 @@ async def _replay_file(
         unparked = await buffer.unpark() if args.include_parked else 0
         send, send_bulk = store_sender(store)
         summary = await buffer.replay(
-            send, send_bulk=send_bulk, bulk_methods=bulk_methods_of(store), rate=args.rate
+            send, send_bulk=send_bulk, bulk_methods=bulk_methods_of(store), rate=args.rate, target=store
         )
+        quarantined.append((await buffer.stats()).quarantined_total)
         return summary, waiting, unparked, None
     finally:
         await buffer.aclose()
@@ -523,14 +619,14 @@ def _pinned(path: str) -> DeadLetterBuffer:
 
 
 async def _replay(
-    args: argparse.Namespace, files: Sequence[_File], failures: _Failures
+    args: argparse.Namespace, files: Sequence[_File], failures: _Failures, quarantined: list[int]
 ) -> list[tuple[_File, ReplaySummary, int, int]]:
     factory = load_factory(args.store)
     store = await build_store(factory, args.store)
     done: list[tuple[_File, ReplaySummary, int, int]] = []
     try:
         for file in files:
-            summary, waiting, unparked, error = await _replay_file(file, args, store)
+            summary, waiting, unparked, error = await _replay_file(file, args, store, quarantined)
             if summary is None:
                 failures.report(file, error or f"cannot open {file.path!r}")
                 continue
@@ -546,7 +642,8 @@ def _replay_command(args: argparse.Namespace) -> int:
     failures = _Failures()
     files, busy = _writable(args, failures, target=args.target, check_targets=True)
     sys.path.insert(0, os.path.abspath(args.app_dir))
-    done = asyncio.run(_replay(args, files, failures)) if files else []
+    quarantined: list[int] = []
+    done = asyncio.run(_replay(args, files, failures, quarantined)) if files else []
     replayed = sum(summary.replayed for _, summary, _, _ in done)
     parked = sum(summary.parked for _, summary, _, _ in done)
     remaining = sum(summary.remaining for _, summary, _, _ in done)
@@ -563,6 +660,7 @@ def _replay_command(args: argparse.Namespace) -> int:
         "remaining": remaining,
         "stopped_early": stopped,
         "last_error": errors[-1] if errors else None,
+        "quarantined": sum(quarantined),
         "skipped_in_use": busy,
         "files": [
             {
@@ -585,6 +683,8 @@ def _replay_command(args: argparse.Namespace) -> int:
             print(f"  {unparked} parked write(s) were moved back for this replay")
         print(f"  parked now:  {parked}")
         print(f"  remaining:   {remaining}")
+        if quarantined and sum(quarantined):
+            print(f"  quarantined: {sum(quarantined)} unreadable row(s) set aside (list --quarantined)")
         if busy:
             print(f"  skipped:     {busy} file(s) in use by live processes")
         if stopped:
@@ -596,7 +696,9 @@ def _replay_command(args: argparse.Namespace) -> int:
     return 1 if remaining or parked or busy else 0
 
 
-async def _purge(files: Sequence[_File], failures: _Failures, *, pending: bool, parked: bool) -> int:
+async def _purge(
+    files: Sequence[_File], failures: _Failures, *, pending: bool, parked: bool, quarantined: bool
+) -> int:
     removed = 0
     for file in files:
         buffer = _pinned(file.path)
@@ -605,20 +707,26 @@ async def _purge(files: Sequence[_File], failures: _Failures, *, pending: bool, 
             if buffer.spill_path is None:
                 failures.report(file, buffer.spill_error or f"cannot open {file.path!r}")
                 continue
-            removed += await buffer.purge(pending=pending, parked=parked)
+            removed += await buffer.purge(pending=pending, parked=parked, quarantined=quarantined)
         finally:
             await buffer.aclose()
     return removed
 
 
 def _purge_command(args: argparse.Namespace) -> int:
-    if not (args.pending or args.parked):
-        raise UsageError("choose what to delete: --pending and/or --parked")
+    if not (args.pending or args.parked or args.quarantined):
+        raise UsageError("choose what to delete: --pending, --parked and/or --quarantined")
     if not args.yes:
         raise UsageError("purging deletes writes for good; add --yes to confirm")
     failures = _Failures()
     files, busy = _writable(args, failures, target=None, check_targets=False)
-    removed = asyncio.run(_purge(files, failures, pending=args.pending, parked=args.parked)) if files else 0
+    removed = (
+        asyncio.run(
+            _purge(files, failures, pending=args.pending, parked=args.parked, quarantined=args.quarantined)
+        )
+        if files
+        else 0
+    )
     if args.json:
         print(
             json.dumps(
@@ -627,13 +735,20 @@ def _purge_command(args: argparse.Namespace) -> int:
                     "purged": removed,
                     "pending": args.pending,
                     "parked": args.parked,
+                    "quarantined": args.quarantined,
                     "skipped_in_use": busy,
                 }
             )
         )
     else:
         what = " and ".join(
-            name for name, chosen in (("pending", args.pending), ("parked", args.parked)) if chosen
+            name
+            for name, chosen in (
+                ("pending", args.pending),
+                ("parked", args.parked),
+                ("quarantined", args.quarantined),
+            )
+            if chosen
         )
         print(f"purged {removed} {what} write(s) from {len(files)} file(s) of {args.path}")
     if failures.count:

@@ -130,6 +130,12 @@ class DeadLetterConfig(_Frozen):
     """Writes per second the background replay sends to a recovering backend, at most."""
     replay_batch: int = Field(100, ge=1)
     """Consecutive replayed events grouped into one bulk write, at most."""
+    max_replay_attempts: int = Field(10, ge=1)
+    """Failed replays of one held write after which it is parked with its last error. A failure
+    counts only while the backend takes other writes (a success in the same pass, or since the
+    write's previous attempt), never for an operational condition (a missing table); a call that
+    can never succeed (it does not bind to the method, an unknown method, a stored call that does
+    not decode) is parked at its first attempt."""
     drain_timeout: float = Field(10.0, ge=0)
     """Seconds ``aclose()`` spends draining the buffer to the backend before leaving the rest in
     the spill file."""

@@ -13,7 +13,9 @@ from .buffer import DeadLetterBuffer, PutItem
 from .calls import CALL_SPECS, decode_call, encode_call
 from .entries import DeadLetter, DeadLetterStats, ParkedWrite, canonical_key
 from .replay import (
+    REPLAY_FAILURE_STREAK,
     Call,
+    CallCheck,
     ReplayRejected,
     ReplayResult,
     ReplaySummary,
@@ -24,6 +26,7 @@ from .replay import (
 )
 from .slots import MAX_SLOTS, slot_files, slot_path
 from .spill import (
+    QuarantinedRow,
     SpillFile,
     SpillFileCorruptError,
     SpillFileError,
@@ -36,12 +39,15 @@ from .spill import (
 __all__ = [
     "CALL_SPECS",
     "MAX_SLOTS",
+    "REPLAY_FAILURE_STREAK",
     "Call",
+    "CallCheck",
     "DeadLetter",
     "DeadLetterBuffer",
     "DeadLetterStats",
     "ParkedWrite",
     "PutItem",
+    "QuarantinedRow",
     "ReplayRejected",
     "ReplayResult",
     "ReplaySummary",

@@ -55,7 +55,7 @@ from ..classify import error_type
 from ..codec import DEFAULT_TYPES, JSONObject, RecordTypes, check_text
 from ..config import DeadLetterConfig
 from ..errors import InvalidPayloadError
-from .calls import decode_call, encode_call
+from .calls import CALL_ALIASES, decode_call, encode_call
 from .entries import (
     DeadLetter,
     DeadLetterStats,
@@ -67,19 +67,25 @@ from .entries import (
 from .gate import KeyGate, Slot
 from .replay import (
     BULK_FORMS,
+    REPLAY_FAILURE_STREAK,
+    Attempt,
     Call,
+    CallCheck,
     ReplayResult,
     ReplaySummary,
     Send,
     SendBulk,
     TokenBucket,
-    call_bulk_sender,
-    call_sender,
+    attempt,
+    attempt_bulk,
+    replay_backoff,
 )
 from .slots import MAX_SLOTS, SlotFiles, slot_of
 from .spill import (
     EMPTY_TOTALS,
+    QuarantinedRow,
     RowInfo,
+    SetAside,
     SourceReadError,
     SpillFile,
     SpillFileError,
@@ -147,6 +153,74 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
 
 def _describe(exc: BaseException) -> str:
     return f"{error_type(exc)}: {exc}"
+
+
+def _stream(method: str) -> str:
+    """The stream a method writes to (a legacy alias writes its target's)."""
+    return CALL_ALIASES.get(method, method)
+
+
+def _lanes(entry: DeadLetter) -> tuple[Hashable, ...]:
+    """What must stay in order for ``entry``: its last-write-wins key and its stream (scope)."""
+    if entry.key is None:
+        return () if entry.scope is None else (("scope", _stream(entry.method), entry.scope),)
+    if entry.scope is None:
+        return (("key", entry.method, entry.key),)
+    return (("key", entry.method, entry.key), ("scope", _stream(entry.method), entry.scope))
+
+
+@dataclass(slots=True)
+class _Retry:
+    """The replay history of one held write (kept in memory while it waits)."""
+
+    failures: int = 0
+    """Failed attempts in a row (its backoff)."""
+    attempts: int = 0
+    """Failures counted toward parking it (``config.max_replay_attempts``)."""
+    due: float = 0.0
+    """When it may be tried again (the buffer's monotonic clock)."""
+    failed_at: float = -math.inf
+    reason: str = ""
+    uncounted: bool = False
+    """Its last failure was not counted (the backend may have been down): due at once after a success."""
+
+
+@dataclass(slots=True)
+class _Sending:
+    """How one pass sends."""
+
+    send: Send
+    send_bulk: SendBulk | None
+    bulk_methods: frozenset[str]
+    pacer: TokenBucket
+    batch: int
+    check: CallCheck
+
+
+@dataclass(slots=True)
+class _Pass:
+    """What one replay pass has done and holds back."""
+
+    started: float
+    stop_after: int
+    epoch: int
+    replayed: int = 0
+    parked: int = 0
+    failed: int = 0
+    deferred: int = 0
+    last_error: str | None = None
+    answered: bool = False
+    stopped: bool = False
+    backend_down: bool = False
+    found_nothing: bool = False
+    backing_off: set[int] = field(default_factory=set)
+    """Entries held back for their backoff or failed in this pass (by seq)."""
+    streak: int = 0
+    streak_methods: set[str] = field(default_factory=set)
+    method_streaks: dict[str, int] = field(default_factory=dict)
+    held_methods: set[str] = field(default_factory=set)
+    blocked: set[Hashable] = field(default_factory=set)
+    suspects: list[tuple[DeadLetter, _Retry, float]] = field(default_factory=list)
 
 
 class DeadLetterBuffer:
@@ -244,6 +318,11 @@ class DeadLetterBuffer:
         self._file_parked_bytes = 0
         self._parked_memory: OrderedDict[int, ParkedWrite] = OrderedDict()
         self._parked_memory_bytes = 0
+        self._file_quarantined = 0
+        self._retries: dict[int, _Retry] = {}
+        """Replay histories of waiting writes that failed (by seq)."""
+        self._healthy_at = -math.inf
+        """When the backend last took a write (a replay, or a direct write of a key)."""
 
         self._enqueued_total = 0
         self._replayed_total = 0
@@ -251,6 +330,7 @@ class DeadLetterBuffer:
         self._parked_total = 0
         self._superseded_total = 0
         self._adopted_total = 0
+        self._quarantined_total = 0
 
     # --- state ------------------------------------------------------------------------------------
 
@@ -343,6 +423,8 @@ class DeadLetterBuffer:
             spill_path=self.spill_path,
             spill_available=None if self.path is None else self.spill_available,
             memory_only=self.memory_only,
+            quarantined=self._file_quarantined,
+            quarantined_total=self._quarantined_total,
         )
 
     # --- worker thread, tasks and locking ---------------------------------------------------------
@@ -366,8 +448,81 @@ class DeadLetterBuffer:
         return self._executor
 
     async def _job(self, job: Callable[[], R]) -> R:
-        """Run ``job`` on the worker thread (its exceptions propagate)."""
-        return await asyncio.get_running_loop().run_in_executor(self._worker(), job)
+        """Run ``job`` on the worker thread (its exceptions propagate); then account for the rows
+        of the spill file it found unreadable and moved to the quarantine table."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._worker(), job)
+        finally:
+            spill = self._spill
+            if spill is not None:
+                self._collect_set_aside(spill)
+
+    def _collect_set_aside(self, spill: SpillFile, *, adopted_from: str | None = None) -> None:
+        """Forget the unreadable rows ``spill`` set aside that were counted as waiting, count and
+        log them (never their contents)."""
+        found = spill.take_set_aside()
+        if not found:
+            return
+        for item in found:
+            if item.counted and item.table == "pending" and adopted_from is None:
+                self._forget_set_aside(item)
+            elif item.table == "parked" and adopted_from is None:
+                self._file_parked = max(0, self._file_parked - 1)
+        if adopted_from is None:
+            self._file_quarantined += len(found)
+        self._quarantined_total += len(found)
+        self._telemetry.count_quarantined(self.store_name, len(found))
+        reasons = sorted({item.reason for item in found})
+        seqs = [item.seq for item in found if item.seq is not None]
+        logger.error(
+            "dead-letter spill file %r of store %r: %d row(s) could not be read and were moved to its "
+            "quarantine table, they are not replayed (%s; seq %s); see 'guarded dlq list --quarantined'",
+            adopted_from or spill.path,
+            self.store_name,
+            len(found),
+            "; ".join(reasons)[:500],
+            ", ".join(map(str, seqs[:20])) + (", ..." if len(seqs) > 20 else ""),
+            extra={
+                "event": "deadletter_quarantined",
+                "store": self.store_name,
+                "path": adopted_from or spill.path,
+                "quarantined": len(found),
+            },
+        )
+
+    def _forget_set_aside(self, item: SetAside) -> None:
+        """A waiting entry of the file was set aside: it no longer waits."""
+        seq = item.seq
+        if seq is None:
+            return
+        if seq in self._pending_deletes:
+            if not self._pending_deletes.pop(seq):  # unkeyed: still counted
+                self._forget(seq, item.method or "", None, item.scope)
+            return
+        slot = self._slot_of_row(seq, item.method, item.key)
+        if slot is not None:
+            self._forget(seq, slot[0], slot, self._keyed_scope.get(seq))
+        elif item.key is None:
+            self._forget(seq, item.method or "", None, item.scope)
+
+    def _slot_of_row(self, seq: int, method: str | None, key: str | None) -> Slot | None:
+        """The index slot holding ``seq``: the one its row names when that holds it, else found."""
+        if method is not None and key is not None:
+            try:
+                slot: Slot = (method, index_key_of_canonical(key))
+            except (ValueError, RecursionError):
+                pass
+            else:
+                if seq in self._keys.get(slot, {}):
+                    return slot
+        return self._find_slot(seq)
+
+    def _find_slot(self, seq: int) -> Slot | None:
+        """The index slot of a keyed waiting entry, found by its seq (slow: damaged rows only)."""
+        for slot, seqs in self._keys.items():
+            if seq in seqs:
+                return slot
+        return None
 
     async def _mutate(self, op: Callable[[], Awaitable[R]]) -> R:
         """Run ``op`` under the buffer's lock in a task of its own: a cancelled caller leaves it
@@ -488,6 +643,8 @@ class DeadLetterBuffer:
             return 0
         previous = self._generation
         self._spill = spill
+        self._retries.clear()  # sequence numbers of the file may have moved
+        self._collect_set_aside(spill)
         self._generation = spill.generation
         self._regenerate(previous, spill.generation)
         self._next_seq = max(self._next_seq, max_seq + 1)
@@ -754,11 +911,18 @@ class DeadLetterBuffer:
     async def _adopt_one(self, orphan: SpillFile) -> int:
         spill = self._spill
         assert spill is not None
+
+        def read() -> tuple[list[RowInfo], list[int]]:
+            orphan.check_all()  # rows that cannot be read go to its quarantine table, copied with it
+            return list(orphan.index_rows()), orphan.parked_seqs()
+
         try:
-            rows, parked_seqs = await self._job(lambda: (list(orphan.index_rows()), orphan.parked_seqs()))
+            rows, parked_seqs = await self._job(read)
         except _SPILL_ERRORS as exc:
+            self._collect_set_aside(orphan, adopted_from=orphan.path)
             await self._drop_orphan(orphan, exc)
             return 0
+        self._collect_set_aside(orphan, adopted_from=orphan.path)
         slots = {
             row.seq: (row.method, index_key_of_canonical(row.key)) for row in rows if row.key is not None
         }
@@ -913,12 +1077,16 @@ class DeadLetterBuffer:
                 scope.held[entry.seq] = None
 
     def _apply_totals(self, totals: SpillTotals) -> None:
+        self._file_quarantined = totals.quarantined
         self._disk_bytes = totals.pending_bytes
         self._file_parked = totals.parked
         self._file_parked_bytes = totals.parked_bytes
         self._oldest = None if totals.oldest is None else totals.oldest[1]
 
     def _forget(self, seq: int, method: str, slot: Slot | None, scope: str | None) -> None:
+        self._retries.pop(seq, None)
+        if slot is not None and seq not in self._keys.get(slot, {}):
+            slot = self._find_slot(seq) or slot
         self._depth -= 1
         held = self._memory.pop(seq, None)
         if held is None:
@@ -944,9 +1112,15 @@ class DeadLetterBuffer:
         self._forget(entry.seq, entry.method, self._slot_of(entry), entry.scope)
 
     def _forget_row(self, row: RowInfo) -> None:
-        if not row.parked:
-            slot = None if row.key is None else (row.method, index_key_of_canonical(row.key))
-            self._forget(row.seq, row.method, slot, row.scope)
+        if row.parked:
+            return
+        if row.damaged:
+            slot = self._slot_of_row(row.seq, row.method, row.key)
+            scope = self._keyed_scope.get(row.seq) if slot is not None else row.scope
+            self._forget(row.seq, row.method, slot, scope)
+            return
+        slot = None if row.key is None else (row.method, index_key_of_canonical(row.key))
+        self._forget(row.seq, row.method, slot, row.scope)
 
     def _forget_rows(self, rows: Sequence[RowInfo]) -> None:
         for row in rows:
@@ -1241,6 +1415,8 @@ class DeadLetterBuffer:
             slot = (method, index_key(key))
         except InvalidPayloadError:
             return 0
+        if self._depth:
+            self._healthy_at = self._monotonic()  # the backend takes writes: failed replays count
         recent = self._recent
         if recent.get(slot, stamp - 1) < stamp:
             recent[slot] = stamp
@@ -1505,6 +1681,15 @@ class DeadLetterBuffer:
 
     async def _replayed(self, entries: Sequence[DeadLetter], epoch: int) -> int:
         async def op() -> list[DeadLetter]:
+            done = await removed()
+            # Counted here, inside the operation: it completes even when the replaying task is
+            # cancelled meanwhile (a drain stops a background pass), so no replay goes uncounted.
+            for entry in done:
+                self._telemetry.count_replayed(self.store_name, entry.method)
+            self._replayed_total += len(done)
+            return done
+
+        async def removed() -> list[DeadLetter]:
             done: list[DeadLetter] = []
             in_file: list[DeadLetter] = []
             for entry in entries:
@@ -1531,11 +1716,7 @@ class DeadLetterBuffer:
                 done.extend(self._defer_replayed(in_file))
             return done
 
-        done = await self._mutate(op)
-        for entry in done:
-            self._telemetry.count_replayed(self.store_name, entry.method)
-        self._replayed_total += len(done)
-        return len(done)
+        return len(await self._mutate(op))
 
     def _defer_replayed(self, entries: Sequence[DeadLetter]) -> list[DeadLetter]:
         done: list[DeadLetter] = []
@@ -1557,129 +1738,208 @@ class DeadLetterBuffer:
         bulk_methods: Collection[str] = tuple(BULK_FORMS),
         rate: float | None = None,
         batch: int | None = None,
+        target: object | None = None,
+        stop_after: int = REPLAY_FAILURE_STREAK,
     ) -> ReplaySummary:
         """One pass over the waiting writes in order, sending each with ``send``.
 
-        ``OK`` removes the entry, ``RETRY_LATER`` ends the pass (that entry and every later one
-        stay), ``REJECTED`` parks it with the reason and goes on. With ``send_bulk``, runs of
-        consecutive entries of one method in ``bulk_methods`` (at most ``batch``, default
-        ``config.replay_batch``) go out as one bulk write; a keyed entry joins a run only once
-        no newer direct write of its key is in flight (its :class:`~.gate.KeyGate` slot is held
-        for the bulk write, so no direct write of it starts meanwhile) and only if it still
-        waits then. A ``REJECTED`` bulk write is retried one by one. Writes are paced to ``rate``
-        per second (``None``: ``config.replay_rate``; ``math.inf``: not paced, at the backend's
-        pace). Passes of one buffer never overlap.
+        **Order is kept per key and per stream, not across the buffer.** ``OK`` removes the entry,
+        ``REJECTED`` parks it with the reason. A failure (``RETRY_LATER``, or an exception that is
+        not bad data) keeps it and gives it a backoff of its own (the next pass, then 0.5 s
+        doubling up to 30 s, see :func:`~.replay.replay_backoff`): until it is due, it and the later
+        entries of its last-write-wins key and of its stream (its ``scope``: the events of a trace,
+        the updates of a session, ...) wait, while every other key and stream goes on. A failure
+        counts toward parking the entry only when the backend took other writes meanwhile (a
+        success in the same pass, a successful direct write of a key since the entry's previous
+        attempt) and is not operational (a missing table: the data is fine); after
+        ``config.max_replay_attempts`` counted failures it is parked with its last error. A call
+        that can never succeed is parked at its first attempt: a stored call that does not decode,
+        a method name the store does not have (``AttributeError``), a call that does not bind to
+        the method's signature (checked before sending against ``target``'s own method when the
+        store is given, else against the protocol's; see :class:`~.replay.CallCheck`).
+
+        **A backend that is down is not hammered.** After ``stop_after`` failed sends in a row of
+        one method (no success between them) that method waits for the next pass; after
+        ``stop_after`` in a row spanning two methods or more, or as soon as the guard's circuit
+        breaker refuses a send, the pass stops (``summary.backend_down``). A success shows the
+        backend is back: entries whose failures it did not count become due at once.
+
+        With ``send_bulk``, runs of consecutive entries of one method in ``bulk_methods`` (at most
+        ``batch``, default ``config.replay_batch``) go out as one bulk write; a keyed entry joins a
+        run only once no newer direct write of its key is in flight (its :class:`~.gate.KeyGate`
+        slot is held for the bulk write, so no direct write of it starts meanwhile) and only if it
+        still waits then. A bulk write that fails in any way is sent again one by one, so only
+        its bad entries fail. Writes are paced to ``rate`` per second (``None``:
+        ``config.replay_rate``; ``math.inf``: not paced, at the backend's pace). Passes of one
+        buffer never overlap.
         """
         if self._replaying is None:
             self._replaying = asyncio.Lock()
         async with self._replaying:
             await self._mutate(lambda: self._prepare_spill(create=False))
             return await self._replay(
-                send,
-                send_bulk,
-                frozenset(bulk_methods),
-                TokenBucket(rate if rate is not None else self.config.replay_rate),
-                max(1, batch if batch is not None else self.config.replay_batch),
+                _Sending(
+                    send,
+                    send_bulk,
+                    frozenset(bulk_methods),
+                    TokenBucket(rate if rate is not None else self.config.replay_rate),
+                    max(1, batch if batch is not None else self.config.replay_batch),
+                    CallCheck(target),
+                ),
+                _Pass(started=self._monotonic(), stop_after=max(1, stop_after), epoch=self._epoch),
             )
 
-    async def _replay(
-        self,
-        send: Send,
-        send_bulk: SendBulk | None,
-        bulk_methods: frozenset[str],
-        pacer: TokenBucket,
-        batch: int,
-    ) -> ReplaySummary:
-        replayed = parked = 0
-        last_error: str | None = None
-        epoch = self._epoch
+    async def _replay(self, sending: _Sending, tally: _Pass) -> ReplaySummary:
         last = self._next_seq - 1
         cursor = 0
-        while epoch == self._epoch:
-            page = [entry for entry in await self._page(cursor, max(batch, _PAGE)) if entry.seq <= last]
+        first = True
+        while self._live(tally):
+            page = await self._page(cursor, max(sending.batch, _PAGE))
+            if first and not page:
+                tally.found_nothing = True
+            first = False
+            page = [entry for entry in page if entry.seq <= last]
             if not page:
                 break
             cursor = page[-1].seq
             index = 0
-            while index < len(page) and epoch == self._epoch:
+            while index < len(page) and self._live(tally):
                 entry = page[index]
-                if not self._still_waiting(entry):
+                if not self._still_waiting(entry) or self._held_back(entry, tally):
                     index += 1
                     continue
-                singles: list[tuple[DeadLetter, Call]]
-                paid = 0
-                if send_bulk is not None and entry.method in bulk_methods:
-                    run, entered, bad, index = await self._gather_run(page, index, batch, pacer, epoch)
-                    try:
-                        if len(run) > 1:
-                            pacer.debit(len(run) - 1)
-                            result, reason = await call_bulk_sender(
-                                send_bulk, entry.method, [call for _, call in run]
-                            )
-                        else:
-                            result, reason = ReplayResult.REJECTED, None
-                    finally:
-                        for slot in entered:
-                            self.gate.leave_replay(slot)
-                    for item in bad:
-                        if await self._park_during_replay(item, "stored call cannot be decoded", epoch):
-                            parked += 1
-                    if len(run) > 1 and result is ReplayResult.OK:
-                        replayed += await self._replayed([item for item, _ in run], epoch)
-                        continue
-                    if len(run) > 1 and result is ReplayResult.RETRY_LATER:
-                        last_error = reason or "the backend asked to retry later"
-                        return self._summary(replayed, parked, last_error, stopped=True)
-                    singles = run
-                    paid = 1 if len(run) == 1 else 0
+                if sending.send_bulk is not None and entry.method in sending.bulk_methods:
+                    index = await self._replay_run(page, index, sending, tally)
                 else:
                     index += 1
-                    call = self._decode(entry)
-                    if call is None:
-                        if await self._park_during_replay(entry, "stored call cannot be decoded", epoch):
-                            parked += 1
-                        continue
-                    singles = [(entry, call)]
-                for item, call in singles:
-                    if paid:
-                        paid -= 1
-                    else:
-                        await pacer.take(1)
-                    sent = await self._send_one(send, item, call, epoch)
-                    if sent is None:
-                        continue
-                    result, reason = sent
-                    if result is ReplayResult.OK:
-                        replayed += await self._replayed([item], epoch)
-                    elif result is ReplayResult.RETRY_LATER:
-                        last_error = reason or "the backend asked to retry later"
-                        return self._summary(replayed, parked, last_error, stopped=True)
-                    else:
-                        last_error = reason or "rejected by the backend"
-                        if await self._park_during_replay(item, last_error, epoch):
-                            parked += 1
-        return self._summary(replayed, parked, last_error, stopped=False)
+                    await self._replay_single(entry, None, sending, tally, paid=False)
+        await self._end_pass(tally)
+        return self._summary(tally)
+
+    def _live(self, tally: _Pass) -> bool:
+        return tally.epoch == self._epoch and not tally.stopped
+
+    def _held_back(self, entry: DeadLetter, tally: _Pass) -> bool:
+        """Whether ``entry`` waits for a later pass (its backoff, a failed entry of its key or stream
+        in this pass, its method held back); its key and stream then wait too."""
+        lanes = _lanes(entry)
+        state = self._retries.get(entry.seq)
+        due = state is not None and state.due > self._monotonic()
+        if not due and _stream(entry.method) not in tally.held_methods and tally.blocked.isdisjoint(lanes):
+            return False
+        tally.blocked.update(lanes)
+        tally.deferred += 1
+        if due:
+            tally.backing_off.add(entry.seq)
+        return True
+
+    def _ready(self, entry: DeadLetter, check: CallCheck) -> Call | str:
+        """The decoded call of ``entry``, or why it can never succeed."""
+        problem = check.method_problem(entry.method)
+        if problem is not None:
+            return problem
+        call = self._decode(entry)
+        if call is None:
+            return "stored call cannot be decoded"
+        problem = check.problem(entry.method, call)
+        return call if problem is None else problem
+
+    async def _replay_single(
+        self, entry: DeadLetter, call: Call | None, sending: _Sending, tally: _Pass, *, paid: bool
+    ) -> None:
+        if call is None:
+            ready = self._ready(entry, sending.check)
+            if isinstance(ready, str):
+                await self._park_now(entry, ready, tally)
+                return
+            call = ready
+        doubt = sending.check.doubtful(entry.method, call)
+        if not paid:
+            await sending.pacer.take(1)
+        outcome = await self._send_one(sending.send, entry, call, tally.epoch)
+        if outcome is None:
+            return
+        if outcome.result is ReplayResult.OK:
+            tally.replayed += await self._replayed([entry], tally.epoch)
+            self._succeeded(entry.method, tally)
+        elif outcome.result is ReplayResult.REJECTED:
+            self._answered(entry.method, tally)
+            await self._park_now(entry, outcome.reason or "rejected by the backend", tally)
+        elif outcome.refused_by_breaker:
+            self._stop(tally, outcome.reason)
+        elif outcome.unknown_method(entry.method):
+            await self._park_now(entry, f"the store has no method {entry.method!r}", tally)
+        elif doubt is not None and isinstance(outcome.error, TypeError):
+            await self._park_now(entry, doubt, tally)
+        else:
+            self._send_failed(entry, outcome, tally)
+
+    async def _replay_run(
+        self, page: Sequence[DeadLetter], index: int, sending: _Sending, tally: _Pass
+    ) -> int:
+        """Replay the bulk run starting at ``page[index]``; returns the index after it."""
+        method = page[index].method
+        run, entered, bad, index = await self._gather_run(page, index, sending, tally)
+        assert sending.send_bulk is not None
+        outcome: Attempt | None = None
+        try:
+            if len(run) > 1:
+                sending.pacer.debit(len(run) - 1)
+                outcome = await attempt_bulk(sending.send_bulk, method, [call for _, call in run])
+        finally:
+            for slot in entered:
+                self.gate.leave_replay(slot)
+        for entry, reason in bad:
+            await self._park_now(entry, reason, tally)
+        if outcome is not None and outcome.result is ReplayResult.OK:
+            tally.replayed += await self._replayed([item for item, _ in run], tally.epoch)
+            self._succeeded(method, tally)
+            return index
+        if outcome is not None and outcome.refused_by_breaker:
+            self._stop(tally, outcome.reason)
+            return index
+        # A lone entry, or a bulk write that failed: one by one, so only a bad entry fails.
+        paid = len(run) == 1
+        for item, call in run:
+            if not self._live(tally):
+                break
+            if self._still_waiting(item) and not self._held_back(item, tally):
+                await self._replay_single(item, call, sending, tally, paid=paid)
+            paid = False
+        return index
 
     async def _gather_run(
-        self, page: Sequence[DeadLetter], index: int, batch: int, pacer: TokenBucket, epoch: int
-    ) -> tuple[list[tuple[DeadLetter, Call]], list[Slot], list[DeadLetter], int]:
+        self, page: Sequence[DeadLetter], index: int, sending: _Sending, tally: _Pass
+    ) -> tuple[list[tuple[DeadLetter, Call]], list[Slot], list[tuple[DeadLetter, str]], int]:
         """The run of waiting entries of ``page[index].method`` from ``index`` for one bulk write:
-        ``(entries with their calls, gate slots entered for them, undecodable entries, next index)``.
+        ``(entries with their calls, gate slots entered for them, entries that can never succeed
+        with the reason, next index)``.
 
-        The first keyed entry may wait for its key's newer direct writes; later ones join only if
-        their slot can be entered at once, so the run never waits while it holds slots.
+        Entries waiting for a later pass are passed over (their key and stream wait with them). A
+        call that looks like it cannot succeed goes alone (it ends the run before it, or is a run
+        of its own). The first keyed entry may wait for its key's newer direct writes; later ones
+        join only if their slot can be entered at once, so the run never waits while it holds slots.
         """
         method = page[index].method
+        check = sending.check
         run: list[tuple[DeadLetter, Call]] = []
         entered: dict[Slot, None] = {}
-        bad: list[DeadLetter] = []
-        await pacer.take(1)
+        bad: list[tuple[DeadLetter, str]] = []
+        await sending.pacer.take(1)
         position = index
-        while position < len(page) and len(run) < batch and page[position].method == method:
+        while position < len(page) and len(run) < sending.batch and page[position].method == method:
             item = page[position]
-            if not self._still_waiting(item):
+            if not self._still_waiting(item) or self._held_back(item, tally):
                 position += 1
                 continue
+            ready = self._ready(item, check)
+            if isinstance(ready, str):
+                bad.append((item, ready))
+                position += 1
+                continue
+            alone = check.doubtful(method, ready) is not None
+            if alone and run:
+                break
             if item.key is not None:
                 slot: Slot = (item.method, index_key_of_canonical(item.key))
                 if slot not in entered:
@@ -1694,15 +1954,13 @@ class DeadLetterBuffer:
                     elif not self.gate.try_enter_replay(slot, stamp, earlier_process=earlier):
                         break
                     entered[slot] = None
-                if epoch != self._epoch or not self._still_waiting(item):
+                if tally.epoch != self._epoch or not self._still_waiting(item):
                     position += 1
                     continue
-            call = self._decode(item)
-            if call is None:
-                bad.append(item)
-            else:
-                run.append((item, call))
+            run.append((item, ready))
             position += 1
+            if alone:
+                break
         return run, list(entered), bad, position
 
     def slot(self, method: str, key: Any) -> Slot | None:
@@ -1712,13 +1970,11 @@ class DeadLetterBuffer:
         except InvalidPayloadError:
             return None
 
-    async def _send_one(
-        self, send: Send, entry: DeadLetter, call: Call, epoch: int
-    ) -> tuple[ReplayResult, str | None] | None:
+    async def _send_one(self, send: Send, entry: DeadLetter, call: Call, epoch: int) -> Attempt | None:
         """Send one held write; a keyed one only after newer direct writes of its key finished and
         only if it still waits then (``None``: it no longer does, nothing was sent)."""
         if entry.key is None:
-            return await call_sender(send, entry.method, call)
+            return await attempt(send, entry.method, call)
         slot: Slot = (entry.method, index_key_of_canonical(entry.key))
         position = self._keys.get(slot, {}).get(entry.seq)
         if position is None:
@@ -1728,17 +1984,133 @@ class DeadLetterBuffer:
         try:
             if epoch != self._epoch or not self._still_waiting(entry):
                 return None
-            return await call_sender(send, entry.method, call)
+            return await attempt(send, entry.method, call)
         finally:
             self.gate.leave_replay(slot)
 
-    def _summary(self, replayed: int, parked: int, last_error: str | None, *, stopped: bool) -> ReplaySummary:
+    async def _park_now(self, entry: DeadLetter, reason: str, tally: _Pass) -> None:
+        if await self._park_during_replay(entry, reason, tally.epoch):
+            tally.parked += 1
+            tally.last_error = reason
+
+    def _answered(self, method: str, tally: _Pass) -> None:
+        """The backend answered a send (it took it or refused its data): it is up."""
+        tally.answered = True
+        tally.streak = 0
+        tally.streak_methods.clear()
+        tally.method_streaks.pop(_stream(method), None)
+        self._healthy_at = self._monotonic()
+
+    def _succeeded(self, method: str, tally: _Pass) -> None:
+        self._answered(method, tally)
+
+    def _stop(self, tally: _Pass, reason: str | None) -> None:
+        tally.stopped = tally.backend_down = True
+        tally.last_error = reason or "the backend looks down"
+
+    def _send_failed(self, entry: DeadLetter, outcome: Attempt, tally: _Pass) -> None:
+        """A send of ``entry`` failed and may succeed later: its own backoff, its key and stream
+        wait behind it for this pass, and too many failures in a row end the pass."""
+        now = self._monotonic()
+        reason = outcome.reason or "the backend asked to retry later"
+        state = self._retries.get(entry.seq)
+        if state is None:
+            state = self._retries[entry.seq] = _Retry()
+        since = state.failed_at if state.failures else tally.started
+        state.failures += 1
+        state.failed_at = now
+        state.reason = reason
+        state.due = now + replay_backoff(state.failures)
+        state.uncounted = False
+        if not outcome.operational:
+            tally.suspects.append((entry, state, since))
+        tally.failed += 1
+        tally.last_error = reason
+        tally.blocked.update(_lanes(entry))
+        tally.backing_off.add(entry.seq)
+        stream = _stream(entry.method)
+        tally.streak += 1
+        tally.streak_methods.add(stream)
+        tally.method_streaks[stream] = tally.method_streaks.get(stream, 0) + 1
+        if tally.method_streaks[stream] >= tally.stop_after:
+            tally.held_methods.add(stream)
+        if tally.streak >= tally.stop_after and len(tally.streak_methods) > 1:
+            tally.stopped = tally.backend_down = True
+
+    async def _end_pass(self, tally: _Pass) -> None:
+        """Count the pass's failures toward parking where the backend showed it was up, park
+        entries that reached ``config.max_replay_attempts``, and make entries whose failures were
+        not counted due at once when it did."""
+        limit = self.config.max_replay_attempts
+        for entry, state, since in tally.suspects:
+            if not (tally.answered or self._healthy_at >= since):
+                state.uncounted = True
+                continue
+            state.attempts += 1
+            if state.attempts >= limit and self._live_entry(entry, tally):
+                reason = f"gave up after {state.attempts} failed replays; last error: {state.reason}"
+                await self._park_now(entry, reason, tally)
+        if tally.answered:
+            now = self._monotonic()
+            for state in self._retries.values():
+                if state.uncounted and state.due > now:
+                    state.due = now
+        if (
+            tally.found_nothing
+            and tally.epoch == self._epoch
+            and self._depth > 0
+            and not self._volatile
+            and not self._pending_deletes
+            and self._usable()
+        ):
+            await self._resync()
+
+    def _live_entry(self, entry: DeadLetter, tally: _Pass) -> bool:
+        return tally.epoch == self._epoch and self._still_waiting(entry)
+
+    async def _resync(self) -> None:
+        """The file holds no waiting write but the count says some wait (rows that could not be
+        read and were set aside while counted): count again from the file."""
+
+        async def op() -> None:
+            spill = self._spill
+            if spill is None or not self._usable() or self._volatile or self._pending_deletes:
+                return
+            try:
+                rows = await self._job(lambda: list(spill.index_rows()))
+                totals = await self._job(spill.totals)
+            except _SPILL_ERRORS as exc:
+                self._read_failed(spill, exc)
+                return
+            if self._depth != len(rows):
+                logger.warning(
+                    "dead-letter buffer of store %r counted %d waiting write(s), its spill file holds %d: "
+                    "counted again",
+                    self.store_name,
+                    self._depth,
+                    len(rows),
+                    extra={"event": "deadletter_recounted", "store": self.store_name},
+                )
+                self._reindex(rows)
+                self._epoch += 1
+            self._apply_totals(totals)
+
+        await self._mutate(op)
+
+    def _summary(self, tally: _Pass) -> ReplaySummary:
+        left = tally.stopped or tally.failed > 0 or tally.deferred > 0
+        dues = [state.due for seq in tally.backing_off if (state := self._retries.get(seq)) is not None]
+        retry_in = max(0.0, min(dues) - self._monotonic()) if dues else None
         return ReplaySummary(
-            replayed=replayed,
-            parked=parked,
+            replayed=tally.replayed,
+            parked=tally.parked,
             remaining=self._depth,
-            stopped_early=stopped and self._depth > 0,
-            last_error=last_error,
+            stopped_early=left and self._depth > 0,
+            last_error=tally.last_error,
+            failed=tally.failed,
+            deferred=tally.deferred,
+            retry_in=retry_in,
+            backend_down=tally.backend_down,
         )
 
     # --- inspection and maintenance ---------------------------------------------------------------
@@ -1818,9 +2190,9 @@ class DeadLetterBuffer:
             self._epoch += 1
         return len(movable)
 
-    async def purge(self, *, pending: bool, parked: bool) -> int:
-        """Delete every waiting and/or parked write (an operator's decision: logged, not counted
-        as dropped); returns how many were deleted."""
+    async def purge(self, *, pending: bool, parked: bool, quarantined: bool = False) -> int:
+        """Delete every waiting and/or parked write, and/or the quarantined rows of the spill file
+        (an operator's decision: logged, not counted as dropped); returns how many were deleted."""
 
         async def op() -> int:
             await self._prepare_spill(create=False)
@@ -1829,7 +2201,9 @@ class DeadLetterBuffer:
             file_purged = spill is None
             if spill is not None and self._usable():
                 try:
-                    removed += await self._job(lambda: spill.purge(pending=pending, parked=parked))
+                    removed += await self._job(
+                        lambda: spill.purge(pending=pending, parked=parked, quarantined=quarantined)
+                    )
                     self._apply_totals(await self._job(spill.totals))
                     file_purged = True
                 except _SPILL_ERRORS as exc:
@@ -1844,6 +2218,7 @@ class DeadLetterBuffer:
                     self._keyed_scope.clear()
                     self._scopes.clear()
                     self._pending_deletes.clear()
+                    self._retries.clear()
                     self._depth = 0
                     self._oldest = None
                 else:
@@ -1867,9 +2242,21 @@ class DeadLetterBuffer:
                 "purged": removed,
                 "pending": pending,
                 "parked": parked,
+                "quarantined": quarantined,
             },
         )
         return removed
+
+    async def quarantined(self, limit: int | None = None, *, with_raw: bool = False) -> list[QuarantinedRow]:
+        """Rows of the spill file that could not be read and were moved to its quarantine table,
+        oldest first, at most ``limit``; ``with_raw`` includes their raw column values (payload
+        contents)."""
+        await self._mutate(lambda: self._prepare_spill(create=False))
+        spill = self._spill
+        found: list[QuarantinedRow] = []
+        if spill is None:
+            return found
+        return await self._read(lambda: spill.quarantined(limit, with_raw=with_raw), found)
 
     async def aclose(self) -> None:
         """Commit what is queued, make one last attempt to move memory-only writes into a failed

@@ -56,6 +56,8 @@ class DeadLetterStats:
     ``spill_path`` is the slot file in use (``None`` when memory only or while it is unavailable),
     ``spill_available`` whether it takes writes (``None`` without a configured path), and
     ``memory_only`` how many waiting writes are held in memory only (lost if the process dies).
+    ``quarantined`` counts the unreadable rows in the spill file's quarantine table,
+    ``quarantined_total`` those this buffer moved there (or found in an adopted file).
     """
 
     depth: int
@@ -73,6 +75,8 @@ class DeadLetterStats:
     spill_path: str | None = None
     spill_available: bool | None = None
     memory_only: int = 0
+    quarantined: int = 0
+    quarantined_total: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The snapshot as a JSON-ready mapping."""

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from ..batching import bulk_call, bulk_method_for, bulk_methods_of
-from ..classify import ErrorClass, classify, error_type, safe_message
+from ..classify import CircuitOpenError, ErrorClass, classify, error_type, safe_message
 from ..errors import GuardedError, InvalidPayloadError
-from ..idempotency import item_keys, replayed_item_key
+from ..idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_item_key
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 """A decoded store call: ``(args, kwargs)``."""
@@ -25,7 +27,8 @@ class ReplayResult(str, Enum):
     OK = "ok"
     """The backend took it: the entry is removed."""
     RETRY_LATER = "retry_later"
-    """The backend still fails: the pass stops, this entry and every later one stay."""
+    """It failed: the entry stays and is tried again after its own backoff; later entries of its
+    key or stream wait behind it, the others go on (see :meth:`DeadLetterBuffer.replay`)."""
     REJECTED = "rejected"
     """Bad data the backend will never take: the entry is parked with the reason, the pass goes on."""
 
@@ -37,8 +40,9 @@ as bad data (:func:`guarded.classify.classify`, e.g. :class:`InvalidPayloadError
 SendBulk = Callable[[str, list[Call]], Awaitable[ReplayResult]]
 """``send_bulk(method, calls)``: replay a run of consecutive writes of ``method`` (one of the
 pass's ``bulk_methods``) as one bulk write, applied in list order (``save_event`` runs become one
-``save_events``, ``save_memory_state`` runs one ``save_memory_states``). ``REJECTED`` makes the
-pass send the run's writes one by one, so only the bad ones are parked."""
+``save_events``, ``save_memory_state`` runs one ``save_memory_states``). Anything but ``OK`` (an
+exception included) makes the pass send the run's writes one by one, so a bad one is found and
+the good ones are not held back with it."""
 
 
 class ReplayRejected(GuardedError):
@@ -53,9 +57,22 @@ class ReplaySummary:
     parked: int
     remaining: int
     stopped_early: bool
-    """``True`` when the backend answered ``RETRY_LATER`` and the pass left entries behind."""
+    """``True`` when the pass left entries behind because sends failed: it stopped (the backend
+    looks down) or entries wait for their backoff or behind a failed entry of their key or stream.
+    A caller should pause before the next pass (:attr:`retry_in` says how long entries wait)."""
     last_error: str | None = None
-    """Why the pass stopped or the last entry was parked (exception type and safe message)."""
+    """Why the pass stopped or the last entry failed or was parked (exception type and safe message)."""
+    failed: int = 0
+    """Sends that failed and will be tried again (bulk writes retried one by one not counted)."""
+    deferred: int = 0
+    """Entries left for a later pass: waiting for their backoff, or behind a failed entry of their
+    key or stream."""
+    retry_in: float | None = None
+    """Seconds until the first entry left behind may be tried again (0: at the next pass; ``None``:
+    none was left behind for a backoff)."""
+    backend_down: bool = False
+    """The pass stopped because the backend looks down: ``REPLAY_FAILURE_STREAK`` sends in a row
+    failed with no success between them, or the guard's circuit breaker refused a send."""
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as a JSON-ready mapping."""
@@ -65,7 +82,29 @@ class ReplaySummary:
             "remaining": self.remaining,
             "stopped_early": self.stopped_early,
             "last_error": self.last_error,
+            "failed": self.failed,
+            "deferred": self.deferred,
+            "retry_in": self.retry_in,
+            "backend_down": self.backend_down,
         }
+
+
+REPLAY_FAILURE_STREAK = 3
+"""Sends failing in a row (each of another key or stream, with no success between them) after
+which a pass stops: the backend looks down, and the next pass comes after the caller's pause."""
+REPLAY_BACKOFF_BASE = 0.5
+"""Seconds an entry waits after its second failure in a row; doubled after each further one. After
+its first failure an entry is tried again at the next pass."""
+REPLAY_BACKOFF_MAX = 30.0
+"""The longest an entry waits between two attempts."""
+
+
+def replay_backoff(failures: int) -> float:
+    """Seconds an entry waits after ``failures`` failed attempts in a row (see
+    :data:`REPLAY_BACKOFF_BASE`): 0, 0.5, 1, 2, 4, ... up to :data:`REPLAY_BACKOFF_MAX`."""
+    if failures <= 1:
+        return 0.0
+    return min(REPLAY_BACKOFF_MAX, REPLAY_BACKOFF_BASE * 2.0 ** min(failures - 2, 64))
 
 
 class TokenBucket:
@@ -134,6 +173,32 @@ def describe_failure(exc: BaseException) -> str:
     return f"{error_type(exc)}: {message}" if message else error_type(exc)
 
 
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What one send (or bulk send) came to: its result, the reason of a failure, the exception."""
+
+    result: ReplayResult
+    reason: str | None = None
+    error: BaseException | None = None
+
+    @property
+    def refused_by_breaker(self) -> bool:
+        """The guard's circuit breaker refused the send: nothing reached the backend."""
+        return isinstance(self.error, CircuitOpenError)
+
+    @property
+    def operational(self) -> bool:
+        """The database reported a condition an operator must fix (a missing table, a grant): the
+        entry's data is not at fault, so the failure never counts toward parking it."""
+        operational = getattr(ErrorClass, "OPERATIONAL", None)
+        return operational is not None and self.error is not None and classify(self.error) is operational
+
+    def unknown_method(self, method: str) -> bool:
+        """The send failed because the store has no ``method`` at all."""
+        error = self.error
+        return isinstance(error, AttributeError) and getattr(error, "name", None) == method
+
+
 def judge(exc: BaseException) -> ReplayResult:
     """How a replay treats a sender's exception: bad data is rejected, anything else retried later."""
     if isinstance(exc, ReplayRejected) or classify(exc) is ErrorClass.REJECTED:
@@ -179,40 +244,166 @@ def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
     return send, send_bulk
 
 
-async def call_sender(send: Send, method: str, call: Call) -> tuple[ReplayResult, str | None]:
+async def attempt(send: Send, method: str, call: Call) -> Attempt:
     """Run ``send`` and turn an exception into a result and a reason (cancellation propagates)."""
     try:
-        return await send(method, *call), None
+        return Attempt(await send(method, *call))
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        return judge(exc), describe_failure(exc)
+        return Attempt(judge(exc), describe_failure(exc), exc)
+
+
+async def attempt_bulk(send_bulk: SendBulk, method: str, calls: Sequence[Call]) -> Attempt:
+    """:func:`attempt` for a bulk sender."""
+    try:
+        return Attempt(await send_bulk(method, list(calls)))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        return Attempt(judge(exc), describe_failure(exc), exc)
+
+
+async def call_sender(send: Send, method: str, call: Call) -> tuple[ReplayResult, str | None]:
+    """Run ``send`` and turn an exception into a result and a reason (cancellation propagates)."""
+    found = await attempt(send, method, call)
+    return found.result, found.reason
 
 
 async def call_bulk_sender(
     send_bulk: SendBulk, method: str, calls: Sequence[Call]
 ) -> tuple[ReplayResult, str | None]:
     """:func:`call_sender` for a bulk sender."""
-    try:
-        return await send_bulk(method, list(calls)), None
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        return judge(exc), describe_failure(exc)
+    found = await attempt_bulk(send_bulk, method, calls)
+    return found.result, found.reason
+
+
+# --- calls that can never succeed ------------------------------------------------------------------
+
+
+@functools.cache
+def protocol_signatures() -> Mapping[str, inspect.Signature]:
+    """The signatures (without ``self``) of the write methods of the StateStore protocol and its
+    capabilities, and of the ``ArtifactStore`` puts; legacy aliases as their targets."""
+    from .. import protocol
+    from ..models import ArtifactStore
+
+    classes: list[type] = [ArtifactStore]
+    classes.extend(
+        found
+        for found in vars(protocol).values()
+        if isinstance(found, type) and found.__module__ == protocol.__name__
+    )
+    found: dict[str, inspect.Signature] = {}
+    for cls in classes:
+        for name, member in vars(cls).items():
+            if name.startswith("_") or not inspect.iscoroutinefunction(member):
+                continue
+            signature = inspect.signature(member)
+            parameters = list(signature.parameters.values())[1:]
+            found.setdefault(name, signature.replace(parameters=parameters))
+    for alias, target in protocol.LEGACY_ALIASES.items():
+        if target in found:
+            found.setdefault(alias, found[target])
+    return found
+
+
+class CallCheck:
+    """Tells a held call that can never succeed, before it is sent.
+
+    With the ``target`` store, a method it lacks and a call that does not bind to the method's own
+    signature (``inspect.signature(getattr(target, method)).bind(*args, **kwargs)``) are certain:
+    :meth:`problem` says why, and the entry is parked at once. Without one, a call is checked
+    against the protocol's signature of its method (:func:`protocol_signatures`); a backend may
+    accept more than the protocol, so such a call is only :meth:`doubtful`: it is sent alone, and
+    parked when the store then refuses it with a ``TypeError``.
+    """
+
+    def __init__(self, target: object | None = None) -> None:
+        self.target = target
+        self._signatures: dict[str, inspect.Signature | None] = {}
+        self._shapes: dict[tuple[str, int, tuple[str, ...]], str | None] = {}
+
+    @property
+    def exact(self) -> bool:
+        """Whether calls are checked against the store's own signatures."""
+        return self.target is not None
+
+    def method_problem(self, method: str) -> str | None:
+        """Why ``method`` can never be called (not a method name, or the store has none)."""
+        if not method.isidentifier() or method.startswith("_"):
+            return "not a store method name"
+        if self.target is not None and not callable(getattr(self.target, method, None)):
+            return f"the store has no method {method!r}"
+        return None
+
+    def _signature(self, method: str) -> inspect.Signature | None:
+        if method in self._signatures:
+            return self._signatures[method]
+        signature: inspect.Signature | None
+        if self.target is None:
+            signature = protocol_signatures().get(method)
+        else:
+            try:
+                signature = inspect.signature(getattr(self.target, method))
+            except (TypeError, ValueError, AttributeError):
+                signature = None
+        self._signatures[method] = signature
+        return signature
+
+    def binding_problem(self, method: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """Why ``method(*args, **kwargs)`` does not bind to the signature it is checked against
+        (``None``: it binds, or there is no signature to check)."""
+        # Binding depends only on how many positional arguments and which keywords: cached so.
+        shape = (method, len(args), tuple(name for name in kwargs if name != WRITE_KEY_ARGUMENT))
+        if shape in self._shapes:
+            return self._shapes[shape]
+        signature = self._signature(method)
+        problem: str | None = None
+        if signature is not None:
+            kept = {name: value for name, value in kwargs.items() if name != WRITE_KEY_ARGUMENT}
+            try:
+                signature.bind(*args, **kept)
+            except TypeError as exc:
+                problem = f"the call does not bind to {method}(): {exc}"
+        if len(self._shapes) < 1024:
+            self._shapes[shape] = problem
+        return problem
+
+    def problem(self, method: str, call: Call) -> str | None:
+        """Why the call can certainly never succeed (``None``: it may)."""
+        found = self.method_problem(method)
+        if found is None and self.exact:
+            found = self.binding_problem(method, *call)
+        return found
+
+    def doubtful(self, method: str, call: Call) -> str | None:
+        """Without the store: why the call looks like it cannot succeed (it is sent alone, and
+        parked if the store refuses it with a ``TypeError``)."""
+        return None if self.exact else self.binding_problem(method, *call)
 
 
 __all__ = [
     "BULK_FORMS",
+    "REPLAY_BACKOFF_BASE",
+    "REPLAY_BACKOFF_MAX",
+    "REPLAY_FAILURE_STREAK",
+    "Attempt",
     "Call",
+    "CallCheck",
     "ReplayRejected",
     "ReplayResult",
     "ReplaySummary",
     "Send",
     "SendBulk",
     "TokenBucket",
+    "attempt",
+    "attempt_bulk",
     "call_bulk_sender",
     "call_sender",
     "describe_failure",
     "judge",
+    "protocol_signatures",
+    "replay_backoff",
     "store_sender",
 ]

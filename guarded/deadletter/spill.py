@@ -7,28 +7,40 @@ and work beside a live writer. Every method is synchronous and commits before it
 buffer runs them on one dedicated worker thread.
 
 Layout versions: 1 had no notion of the backend a file's writes belong to; 2 records it in
-``meta.target`` (absent for a file of unknown target). A version 1 file is migrated forward when
-it is opened for writing; a file of a newer version is refused without being touched.
+``meta.target`` (absent for a file of unknown target); 3 adds the ``quarantine`` table. A file of
+an older version is migrated forward when it is opened for writing; a file of a newer version is
+refused without being touched.
+
+**Unreadable rows are quarantined.** A row that cannot be read — a column of the wrong type, a
+``NULL`` where a value belongs, text that is not UTF-8, a key or a call that is not JSON (a disk
+error, a tool that edited the file) — never makes a read raise. A file open for writing moves it
+to its ``quarantine`` table with its raw column values (bytes as stored) and the reason, and
+reports it (:meth:`SpillFile.take_set_aside`); a read-only open leaves it in place and skips it.
+Rows are checked as they are read: waiting writes' metadata when the file is indexed
+(:meth:`SpillFile.index_rows`), their calls when they are read (:meth:`SpillFile.page`, ...), and
+every parked write when the file is opened for writing. :meth:`SpillFile.quarantined` lists them.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 from ..errors import GuardedError
 from .entries import DeadLetter, ParkedWrite
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the file layout this code writes; files of a newer version are refused."""
 APPLICATION_ID = 0x67444C51
 """SQLite ``application_id`` of a guarded dead-letter file ("gDLQ")."""
@@ -61,8 +73,56 @@ _SCHEMA = (
     )""",
 )
 
+_QUARANTINE_TABLE = """CREATE TABLE IF NOT EXISTS quarantine (
+    qid INTEGER PRIMARY KEY,
+    source TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    quarantined_at REAL NOT NULL,
+    seq, method, call, key, scope, stamp, generation, at, size, detail
+)"""
+"""Rows moved aside because they cannot be read: ``source`` is the table they were in, the columns
+after ``quarantined_at`` (declared without a type, so SQLite stores each value exactly as it was)
+are the row's own; ``at`` is its ``enqueued_at`` or ``parked_at``, ``detail`` its ``error`` or
+parking ``reason``. Added by layout 3."""
+_RAW_COLUMNS = ("seq", "method", "call", "key", "scope", "stamp", "generation", "at", "size", "detail")
+_SOURCE_COLUMNS = {
+    "pending": "seq, method, call, key, scope, stamp, generation, enqueued_at, size, error",
+    "parked": "seq, method, call, key, scope, NULL, NULL, parked_at, size, reason",
+}
+R = TypeVar("R")
+
 _PENDING_COLUMNS = "seq, method, call, key, scope, stamp, generation, enqueued_at, size, error"
 _PARKED_COLUMNS = "seq, method, call, reason, parked_at, size, key, scope"
+_META_COLUMNS = "seq, method, key, scope, stamp, generation, size, enqueued_at"
+_INDEX_COLUMNS = (
+    f"{_META_COLUMNS}, typeof(error), CASE WHEN typeof(call) != 'text' THEN typeof(call) "
+    "WHEN NOT json_valid(call) THEN 'not json' WHEN substr(ltrim(call), 1, 1) != '{' THEN 'not object' "
+    "ELSE 'ok' END, CASE WHEN typeof(key) != 'text' THEN 'ok' WHEN NOT json_valid(key) THEN 'not json' "
+    "WHEN json_type(key) NOT IN ('text', 'array') THEN 'not key' ELSE 'ok' END"
+)
+"""What the index needs of a waiting entry, and whether its other columns look readable: the type
+of ``error``, whether ``call`` is a JSON object and ``key`` JSON text or a list (checked by SQLite,
+without bringing the call here)."""
+_INDEX_COLUMNS_PLAIN = f"{_META_COLUMNS}, typeof(error), 'ok', NULL"
+""":data:`_INDEX_COLUMNS` without SQLite's look at ``call`` and ``key`` (SQLite without JSON
+functions; deletions): the key is then parsed here."""
+_SOURCE_NAMES = {
+    "pending": (
+        "seq",
+        "method",
+        "call",
+        "key",
+        "scope",
+        "stamp",
+        "generation",
+        "enqueued_at",
+        "size",
+        "error",
+    ),
+    "parked": ("seq", "method", "call", "key", "scope", "NULL", "NULL", "parked_at", "size", "reason"),
+}
+_SIZE_SUM = "coalesce(sum(CASE WHEN typeof(size) = 'integer' THEN size ELSE 0 END), 0)"
+_NUMERIC_AT = "typeof(enqueued_at) IN ('integer', 'real')"
 _CHUNK = 500
 _LOCK_ATTEMPTS = 20
 
@@ -135,6 +195,8 @@ class RowInfo:
     size: int
     parked: bool = False
     enqueued_at: float = 0.0
+    damaged: bool = False
+    """The row could not be read whole (a deleted row damaged meanwhile): only ``seq`` is sure."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +209,45 @@ class SpillTotals:
     parked_bytes: int
     oldest: tuple[int, float] | None
     """``(seq, enqueued_at)`` of the oldest waiting entry."""
+    quarantined: int = 0
+    """Unreadable rows moved to the quarantine table (a read-only open also counts those it found
+    still in place)."""
+
+
+RawValue = bytes | int | float | None
+"""A column value as stored: text and blobs as their bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    """An unreadable row found by a read: moved to the quarantine table (a file open for writing)
+    or skipped (read-only). ``method``, ``key`` and ``scope`` are the row's values when readable.
+    ``counted`` says whether the row had been counted as a waiting write before (found by a read
+    of rows already indexed) rather than found while indexing the file."""
+
+    table: str
+    seq: int | None
+    reason: str
+    method: str | None = None
+    key: str | None = None
+    scope: str | None = None
+    counted: bool = False
+    rowid: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantinedRow:
+    """A row of the quarantine table (``id``), or, in a read-only open, an unreadable row still in
+    its table (``id`` and ``quarantined_at`` are ``None``). ``raw`` holds the row's columns as
+    stored: ``(name, SQLite type, value)``; print it only when payloads may be shown."""
+
+    id: int | None
+    source: str
+    seq: int | None
+    method: str | None
+    reason: str
+    quarantined_at: float | None
+    raw: tuple[tuple[str, str, RawValue], ...]
 
 
 EMPTY_TOTALS = SpillTotals(0, 0, 0, 0, None)
@@ -285,28 +386,285 @@ def remove_files(path: str) -> None:
     _unlink(path)
 
 
-def _loads(text: object) -> Any:
-    """A stored call's JSON, or ``None`` when the text is damaged (its replay parks it then)."""
-    try:
-        return json.loads(str(text))
-    except ValueError:
+# --- reading rows that may be damaged ----------------------------------------------------------
+
+
+class _NotUtf8:
+    """A text value whose bytes are not UTF-8 (read with the connection's bytes text factory)."""
+
+    __slots__ = ()
+
+
+_NOT_UTF8 = _NotUtf8()
+
+
+class _Bad(Exception):
+    """A row cannot be read: the message is the reason (column names and types, never values)."""
+
+
+def _is_decode_error(exc: sqlite3.Error) -> bool:
+    return "decode" in str(exc).lower()
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "NULL"
+    if value is _NOT_UTF8:
+        return "text that is not UTF-8"
+    if isinstance(value, bytes):
+        return "a blob"
+    if isinstance(value, bool | int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a real"
+    return "text"
+
+
+def _text_of(value: object, column: str, *, optional: bool = False, empty: bool = True) -> str | None:
+    if value is None and optional:
         return None
+    if value is _NOT_UTF8:
+        raise _Bad(f"column {column!r} holds text that is not UTF-8")
+    if not isinstance(value, str):
+        raise _Bad(f"column {column!r} holds {_kind(value)}, not text")
+    if not empty and not value:
+        raise _Bad(f"column {column!r} is empty")
+    return value
+
+
+def _int_of(value: object, column: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _Bad(f"column {column!r} holds {_kind(value)}, not an integer")
+    return value
+
+
+def _real_of(value: object, column: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value):
+        raise _Bad(f"column {column!r} holds {_kind(value)}, not a number")
+    return float(value)
+
+
+def _json_key(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            found = json.loads(value)
+        except ValueError:
+            raise _Bad("column 'key' is not JSON") from None
+        if not isinstance(found, str | list):
+            raise _Bad("column 'key' is not a JSON string or list")
+    return value
+
+
+def _json_call(value: str | None, *, optional: bool = False) -> dict[str, Any] | None:
+    if value is None and optional:
+        return None
+    try:
+        found = json.loads(value or "")
+    except (ValueError, RecursionError):
+        raise _Bad("column 'call' is not JSON") from None
+    if not isinstance(found, dict):
+        raise _Bad("column 'call' is not a JSON object")
+    return found
 
 
 def _pending(row: Sequence[object]) -> DeadLetter:
-    seq, method, call, key, scope, stamp, _generation, enqueued_at, size, error = row
-    loaded = _loads(call)
+    """A waiting entry from ``rowid, seq, method, call, key, scope, stamp, generation, enqueued_at,
+    size, error``; raises :class:`_Bad`."""
+    _rowid, seq, method, call, key, scope, stamp, generation, enqueued_at, size, error = row
+    text = _text_of(call, "call")
+    _int_of(generation, "generation")
     return DeadLetter(
-        seq=int(seq),  # type: ignore[call-overload]
-        method=str(method),
-        call=loaded if isinstance(loaded, dict) else {"damaged": True},
-        key=None if key is None else str(key),
-        scope=None if scope is None else str(scope),
-        stamp=int(stamp),  # type: ignore[call-overload]
-        enqueued_at=float(enqueued_at),  # type: ignore[arg-type]
-        size=int(size),  # type: ignore[call-overload]
-        error=str(error),
+        seq=_int_of(seq, "seq"),
+        method=_text_of(method, "method", empty=False) or "",
+        call=_json_call(text) or {},
+        key=_json_key(_text_of(key, "key", optional=True)),
+        scope=_text_of(scope, "scope", optional=True),
+        stamp=_int_of(stamp, "stamp"),
+        enqueued_at=_real_of(enqueued_at, "enqueued_at"),
+        size=_int_of(size, "size"),
+        error=_text_of(error, "error") or "",
     )
+
+
+def _row_info(row: Sequence[object]) -> RowInfo:
+    """The metadata of a waiting entry from ``rowid,`` :data:`_INDEX_COLUMNS`; raises :class:`_Bad`."""
+    (
+        _rowid,
+        seq,
+        method,
+        key,
+        scope,
+        stamp,
+        generation,
+        size,
+        enqueued_at,
+        error_type,
+        call_state,
+        key_state,
+    ) = row
+    if (  # the common case, in one test
+        type(seq) is int
+        and type(method) is str
+        and method
+        and (key is None or type(key) is str)
+        and (scope is None or type(scope) is str)
+        and type(stamp) is int
+        and type(generation) is int
+        and type(size) is int
+        and type(enqueued_at) is float
+        and error_type == "text"
+        and call_state == "ok"
+        and (key_state == "ok" or (key_state is None and key is None))
+    ):
+        return RowInfo(seq, method, key, scope, stamp, generation, size, enqueued_at=enqueued_at)
+    info = RowInfo(
+        _int_of(seq, "seq"),
+        _text_of(method, "method", empty=False) or "",
+        _text_of(key, "key", optional=True),
+        _text_of(scope, "scope", optional=True),
+        _int_of(stamp, "stamp"),
+        _int_of(generation, "generation"),
+        _int_of(size, "size"),
+        enqueued_at=_real_of(enqueued_at, "enqueued_at"),
+    )
+    if error_type != "text":
+        raise _Bad(f"column 'error' holds {_SQL_KINDS.get(str(error_type), 'a value')}, not text")
+    if call_state == "not json":
+        raise _Bad("column 'call' is not JSON")
+    if call_state == "not object":
+        raise _Bad("column 'call' is not a JSON object")
+    if call_state != "ok":
+        raise _Bad(f"column 'call' holds {_SQL_KINDS.get(str(call_state), 'a value')}, not text")
+    if key_state == "not json":
+        raise _Bad("column 'key' is not JSON")
+    if key_state == "not key":
+        raise _Bad("column 'key' is not a JSON string or list")
+    if key_state is None:  # not looked at by SQLite
+        _json_key(info.key)
+    return info
+
+
+def _parked(row: Sequence[object]) -> ParkedWrite:
+    """A parked write from ``rowid, seq, method, call, reason, parked_at, size, key, scope``;
+    raises :class:`_Bad`."""
+    _rowid, seq, method, call, reason, parked_at, size, key, scope = row
+    _text_of(key, "key", optional=True)
+    _text_of(scope, "scope", optional=True)
+    return ParkedWrite(
+        seq=_int_of(seq, "seq"),
+        method=_text_of(method, "method", empty=False) or "",
+        call=_json_call(_text_of(call, "call", optional=True), optional=True),
+        reason=_text_of(reason, "reason") or "",
+        parked_at=_real_of(parked_at, "parked_at"),
+        size=_int_of(size, "size"),
+    )
+
+
+_SQL_KINDS = {"null": "NULL", "integer": "an integer", "real": "a real", "blob": "a blob", "text": "text"}
+
+
+def _readable(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _set_aside_of(table: str, row: Sequence[object], reason: str, *, counted: bool) -> SetAside:
+    """What is known of an unreadable row (``rowid, seq, method, ...`` as read)."""
+    rowid, seq, method = row[0], row[1], row[2]
+    key = scope = None
+    if table == "pending" and len(row) == 11:  # a page row
+        key, scope = _readable(row[4]), _readable(row[5])
+    elif table == "pending":  # an index row
+        key, scope = _readable(row[3]), _readable(row[4])
+    return SetAside(
+        table,
+        seq if isinstance(seq, int) else None,
+        reason,
+        method=_readable(method),
+        key=key,
+        scope=scope,
+        counted=counted,
+        rowid=rowid if isinstance(rowid, int) else 0,
+    )
+
+
+def _decoded(value: object) -> object:
+    """A value read with bytes for text: the text, or :data:`_NOT_UTF8`."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return _NOT_UTF8
+    return value
+
+
+def _deleted_info(row: Sequence[object], *, parked: bool = False) -> RowInfo:
+    """The metadata of a row being deleted: whatever it holds, it is deleted all the same (a row
+    that cannot be read whole comes back ``damaged``, with what could be read)."""
+    try:
+        info = _row_info(row)
+    except _Bad:
+        seq, method, key, scope, size = row[1], row[2], row[3], row[4], row[7]
+        try:
+            readable_key = _json_key(_readable(key))
+        except _Bad:
+            readable_key = None
+        return RowInfo(
+            seq if isinstance(seq, int) else 0,
+            _readable(method) or "unknown",
+            readable_key,
+            _readable(scope),
+            0,
+            0,
+            size if isinstance(size, int) else 0,
+            parked=parked,
+            damaged=True,
+        )
+    if parked:
+        return RowInfo(info.seq, info.method, info.key, info.scope, 0, 0, info.size, parked=True)
+    return info
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
+
+
+def _raw_values(names: Sequence[str], values: Sequence[object]) -> tuple[tuple[str, str, RawValue], ...]:
+    """``(name, SQLite type, value)`` of columns read as ``typeof(c), c`` pairs with bytes for text."""
+    found: list[tuple[str, str, RawValue]] = []
+    for index, name in enumerate(names):
+        kind, value = _text(values[2 * index]), values[2 * index + 1]
+        if not isinstance(value, bytes | int | float) or isinstance(value, bool):
+            value = None
+        found.append((name, kind, value))
+    return tuple(found)
+
+
+def _raw_int(raw: Sequence[tuple[str, str, RawValue]], name: str) -> int | None:
+    for column, kind, value in raw:
+        if column == name and kind == "integer" and isinstance(value, int):
+            return value
+    return None
+
+
+def _raw_text(raw: Sequence[tuple[str, str, RawValue]], name: str) -> str | None:
+    for column, kind, value in raw:
+        if column == name and kind == "text" and isinstance(value, bytes):
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+    return None
+
+
+def _has_json(db: sqlite3.Connection) -> bool:
+    """Whether SQLite has its JSON functions (built in since 3.38)."""
+    try:
+        db.execute("SELECT json_valid('{}')").fetchone()
+    except sqlite3.Error:
+        return False
+    return True
 
 
 def _wrap(exc: sqlite3.Error, path: str, doing: str) -> SpillFileError:
@@ -346,6 +704,13 @@ class SpillFile:
         """Waiting and parked writes the file held when it was opened with no recorded target and
         was then recorded as ``target`` (see :meth:`open`)."""
         self._pending = self._pending_bytes = self._parked = self._parked_bytes = 0
+        self._quarantined = 0
+        self._set_aside: collections.deque[SetAside] = collections.deque()
+        self._staged: list[SetAside] = []
+        self._in_place: dict[tuple[str, int], SetAside] = {}
+        """Read-only: unreadable rows found in their table (by ``(table, rowid)``)."""
+        self._has_quarantine = self._table_exists("quarantine")
+        self._index_columns = _INDEX_COLUMNS if _has_json(connection) else _INDEX_COLUMNS_PLAIN
         self._recount()
 
     # --- opening ----------------------------------------------------------------------------------
@@ -437,7 +802,7 @@ class SpillFile:
         db.execute("BEGIN IMMEDIATE")
         try:
             if created:
-                for statement in _SCHEMA:
+                for statement in (*_SCHEMA, _QUARANTINE_TABLE):
                     db.execute(statement)
                 db.execute(
                     "INSERT INTO meta (name, value) VALUES ('schema_version', ?), ('generation', '0')",
@@ -450,7 +815,7 @@ class SpillFile:
             if retarget:
                 db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('target', ?)", (target,))
                 recorded = target
-            generation = max(int(cls._meta(db, "generation") or 0) + 1, min_generation)
+            generation = max(cls._meta_int(db, "generation") + 1, min_generation)
             db.execute("UPDATE meta SET value = ? WHERE name = 'generation'", (str(generation),))
             db.execute("COMMIT")
         except BaseException:
@@ -460,6 +825,7 @@ class SpillFile:
         spill = cls(db, path, lock_fd=lock_fd, generation=generation, target=recorded)
         if legacy:
             spill.legacy_entries = spill._pending + spill._parked
+        spill.check_parked()
         return spill
 
     @staticmethod
@@ -470,10 +836,13 @@ class SpillFile:
     @classmethod
     def _migrate(cls, db: sqlite3.Connection) -> None:
         """Bring an older layout forward (in the caller's transaction)."""
-        version = int(cls._meta(db, "schema_version") or 0)
-        if version < 2:
-            # 1 -> 2: a file may record its target in meta; none recorded means unknown.
-            db.execute("UPDATE meta SET value = '2' WHERE name = 'schema_version'")
+        version = cls._meta_int(db, "schema_version")
+        # 1 -> 2: a file may record its target in meta; none recorded means unknown.
+        if version < 3:
+            # 2 -> 3: unreadable rows are moved to a quarantine table.
+            db.execute(_QUARANTINE_TABLE)
+        if version < SCHEMA_VERSION:
+            db.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION),))
 
     @classmethod
     def open_read_only(cls, path: str) -> SpillFile:
@@ -493,9 +862,11 @@ class SpillFile:
             db.execute("PRAGMA busy_timeout = 5000")
             if not cls._is_ours(db, path):
                 raise SpillFileForeignError(f"{path!r} is an empty database, not a dead-letter spill file")
-            generation = int(cls._meta(db, "generation") or 0)
+            generation = cls._meta_int(db, "generation")
             target = cls._meta(db, "target")
-            return cls(db, path, lock_fd=None, generation=generation, target=target)
+            spill = cls(db, path, lock_fd=None, generation=generation, target=target)
+            spill.check_parked()
+            return spill
         except sqlite3.Error as exc:
             db.close()
             raise _wrap(exc, path, "reading") from exc
@@ -505,8 +876,27 @@ class SpillFile:
 
     @staticmethod
     def _meta(db: sqlite3.Connection, name: str) -> str | None:
-        row = db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
-        return None if row is None else str(row[0])
+        row = db.execute("SELECT CAST(value AS BLOB) FROM meta WHERE name = ?", (name,)).fetchone()
+        if row is None or row[0] is None:
+            return None
+        try:
+            return bytes(row[0]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise SpillFileCorruptError(f"the meta value {name!r} is not UTF-8 text") from None
+
+    @classmethod
+    def _meta_int(cls, db: sqlite3.Connection, name: str) -> int:
+        text = cls._meta(db, name)
+        try:
+            return int(text or 0)
+        except ValueError:
+            raise SpillFileCorruptError(f"the meta value {name!r} is not a number") from None
+
+    def _table_exists(self, name: str) -> bool:
+        row = self._db.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+        ).fetchone()
+        return bool(row[0])
 
     @classmethod
     def _is_ours(cls, db: sqlite3.Connection, path: str) -> bool:
@@ -517,7 +907,7 @@ class SpillFile:
             if application_id == 0 and tables == 0:
                 return False
             raise SpillFileForeignError(f"{path!r} is not a guarded dead-letter spill file")
-        version = int(cls._meta(db, "schema_version") or 0)
+        version = cls._meta_int(db, "schema_version")
         if version > SCHEMA_VERSION:
             raise SpillFileVersionError(
                 f"{path!r} was written by a newer guarded (spill file schema {version}, "
@@ -559,11 +949,14 @@ class SpillFile:
 
     def _recount(self) -> None:
         self._pending, self._pending_bytes = self._db.execute(
-            "SELECT count(*), coalesce(sum(size), 0) FROM pending"
+            f"SELECT count(*), {_SIZE_SUM} FROM pending"
         ).fetchone()
         self._parked, self._parked_bytes = self._db.execute(
-            "SELECT count(*), coalesce(sum(size), 0) FROM parked"
+            f"SELECT count(*), {_SIZE_SUM} FROM parked"
         ).fetchone()
+        self._quarantined = (
+            self._db.execute("SELECT count(*) FROM quarantine").fetchone()[0] if self._has_quarantine else 0
+        )
 
     @property
     def is_empty(self) -> bool:
@@ -572,52 +965,293 @@ class SpillFile:
 
     def totals(self) -> SpillTotals:
         """Counts, encoded bytes and the oldest waiting entry (kept up to date by the writer; a
-        read-only instance counts afresh)."""
+        read-only instance counts afresh, leaving out the unreadable rows it found)."""
         if self.read_only:
-            self._recount()
-        head = self._db.execute("SELECT seq, enqueued_at FROM pending ORDER BY seq LIMIT 1").fetchone()
+            return self._read_only_totals()
+        head = self._db.execute(
+            f"SELECT seq, enqueued_at FROM pending WHERE {_NUMERIC_AT} ORDER BY seq LIMIT 1"
+        ).fetchone()
         return SpillTotals(
             self._pending,
             self._pending_bytes,
             self._parked,
             self._parked_bytes,
-            None if head is None else (head[0], head[1]),
+            None if head is None else (head[0], float(head[1])),
+            self._quarantined,
+        )
+
+    def _read_only_totals(self) -> SpillTotals:
+        self._recount()
+        for _ in self._index(counted=False):  # rows whose seq is not a number are met here
+            pass
+        pending = pending_bytes = 0
+        oldest: tuple[int, float] | None = None
+        for entry in self._entries(counted=False):
+            pending += 1
+            pending_bytes += entry.size
+            if oldest is None:
+                oldest = (entry.seq, entry.enqueued_at)
+        parked = self.parked()
+        return SpillTotals(
+            pending,
+            pending_bytes,
+            len(parked),
+            sum(write.size for write in parked),
+            oldest,
+            self._quarantined + len(self._in_place),
         )
 
     def by_method(self) -> list[tuple[str, int, int]]:
-        """``(method, waiting entries, encoded bytes)`` per method, by method name."""
-        rows = self._db.execute(
-            "SELECT method, count(*), sum(size) FROM pending GROUP BY method ORDER BY method"
-        ).fetchall()
-        return [(str(method), int(count), int(size)) for method, count, size in rows]
+        """``(method, waiting entries, encoded bytes)`` per method, by method name (readable rows)."""
+        counts: dict[str, list[int]] = {}
+        rows: Iterator[RowInfo | DeadLetter] = (
+            self._entries(counted=False) if self.read_only else self._index(counted=False)
+        )
+        for info in rows:
+            found = counts.setdefault(info.method, [0, 0])
+            found[0] += 1
+            found[1] += info.size
+        return [(method, count, size) for method, (count, size) in sorted(counts.items())]
 
     def max_seq(self) -> int:
         """The largest sequence number ever stored and still present (0 for an empty file)."""
         row = self._db.execute(
-            "SELECT max(coalesce((SELECT max(seq) FROM pending), 0), "
-            "coalesce((SELECT max(seq) FROM parked), 0))"
+            "SELECT max(coalesce((SELECT max(seq) FROM pending WHERE typeof(seq) = 'integer'), 0), "
+            "coalesce((SELECT max(seq) FROM parked WHERE typeof(seq) = 'integer'), 0))"
         ).fetchone()
         return int(row[0])
 
+    # --- unreadable rows --------------------------------------------------------------------------
+
+    def _select(self, sql: str, params: Sequence[object] = ()) -> list[tuple[object, ...]]:
+        """``sql``'s rows; text that is not UTF-8 comes back as :data:`_NOT_UTF8` instead of failing
+        the whole read (such a read is done again with bytes for text)."""
+        try:
+            return self._db.execute(sql, params).fetchall()
+        except (sqlite3.OperationalError, sqlite3.DataError) as exc:
+            if not _is_decode_error(exc):
+                raise
+        factory = self._db.text_factory
+        self._db.text_factory = bytes
+        try:
+            rows = self._db.execute(sql, params).fetchall()
+        finally:
+            self._db.text_factory = factory
+        return [tuple(_decoded(value) for value in row) for row in rows]
+
+    def _checked(
+        self,
+        table: str,
+        rows: Sequence[Sequence[object]],
+        read: Callable[[Sequence[object]], R],
+        *,
+        counted: bool,
+    ) -> list[R]:
+        """``read`` of each row; rows it cannot read are set aside (see the module docs)."""
+        good: list[R] = []
+        bad: list[SetAside] = []
+        known = self._in_place
+        for row in rows:
+            if known and (table, row[0]) in known:
+                continue  # read-only: found unreadable before
+            try:
+                good.append(read(row))
+            except _Bad as exc:
+                bad.append(_set_aside_of(table, row, str(exc), counted=counted))
+        if bad:
+            self._put_aside(bad)
+        return good
+
+    def _put_aside(self, found: Sequence[SetAside]) -> None:
+        """Move unreadable rows to the quarantine table (in the transaction under way, if any: they
+        are reported once it commits), or, read-only, remember them as found in place."""
+        if self.read_only or not self._has_quarantine:
+            for item in found:
+                self._in_place[(item.table, item.rowid)] = item
+            return
+        now = time.time()
+        own = not self._db.in_transaction
+        if own:
+            self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for item in found:
+                columns = _SOURCE_COLUMNS[item.table]
+                self._db.execute(
+                    f"INSERT INTO quarantine (source, reason, quarantined_at, {', '.join(_RAW_COLUMNS)}) "
+                    f"SELECT ?, ?, ?, {columns} FROM {item.table} WHERE rowid = ?",
+                    (item.table, item.reason, now, item.rowid),
+                )
+                self._db.execute(f"DELETE FROM {item.table} WHERE rowid = ?", (item.rowid,))
+            self._staged.extend(found)
+            self._recount()
+            if own:
+                self._db.execute("COMMIT")
+                self._publish()
+        except BaseException:
+            if own:
+                self._abandon()
+            raise
+
+    def _publish(self) -> None:
+        self._set_aside.extend(self._staged)
+        self._staged.clear()
+
+    def _abandon(self) -> None:
+        self._staged.clear()
+        try:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            self._recount()
+        except sqlite3.Error:
+            pass  # the original error says more
+
+    def take_set_aside(self) -> list[SetAside]:
+        """The unreadable rows moved to the quarantine table since the last call (any thread)."""
+        taken: list[SetAside] = []
+        while True:
+            try:
+                taken.append(self._set_aside.popleft())
+            except IndexError:
+                return taken
+
+    def check_parked(self) -> None:
+        """Read every parked write once, setting aside those that cannot be read (done at open)."""
+        self.parked()
+
+    def check_all(self) -> None:
+        """Read every row, calls included, setting aside those that cannot be read (before a file
+        is adopted, so that copying its rows never meets one)."""
+        for _ in self._index(counted=False):
+            pass
+        for _ in self._entries(counted=False):
+            pass
+        self.parked()
+
+    def _entries(self, *, counted: bool) -> Iterator[DeadLetter]:
+        """Every readable waiting entry, in sequence order (unreadable ones are set aside)."""
+        after = -(2**63)
+        while True:
+            rows = self._select(
+                f"SELECT rowid, {_PENDING_COLUMNS} FROM pending "
+                "WHERE typeof(seq) = 'integer' AND seq > ? ORDER BY seq LIMIT ?",
+                (after, _CHUNK),
+            )
+            if not rows:
+                return
+            after = int(rows[-1][1])  # type: ignore[call-overload]
+            yield from self._checked("pending", rows, _pending, counted=counted)
+
+    def quarantined(self, limit: int | None = None, *, with_raw: bool = True) -> list[QuarantinedRow]:
+        """The quarantined rows, oldest first, at most ``limit``; a read-only open lists the
+        unreadable rows it found still in their tables after them. ``raw`` is empty unless
+        ``with_raw``."""
+        found: list[QuarantinedRow] = []
+        if self._has_quarantine:
+            raw_columns = ", ".join(f"typeof({name}), {name}" for name in _RAW_COLUMNS)
+            rows = self._bytes_select(
+                "SELECT qid, CAST(source AS BLOB), CAST(reason AS BLOB), quarantined_at, "
+                f"{raw_columns} FROM quarantine ORDER BY qid LIMIT ?",
+                (-1 if limit is None else limit,),
+            )
+            for row in rows:
+                raw = _raw_values(_RAW_COLUMNS, row[4:])
+                found.append(
+                    QuarantinedRow(
+                        id=int(row[0]),  # type: ignore[call-overload]
+                        source=_text(row[1]),
+                        seq=_raw_int(raw, "seq"),
+                        method=_raw_text(raw, "method"),
+                        reason=_text(row[2]),
+                        quarantined_at=row[3] if isinstance(row[3], int | float) else None,
+                        raw=raw if with_raw else (),
+                    )
+                )
+        for item in list(self._in_place.values()):
+            if limit is not None and len(found) >= limit:
+                break
+            names = _SOURCE_NAMES[item.table]
+            rows = self._bytes_select(
+                f"SELECT {', '.join(f'typeof({name}), {name}' for name in names)} "
+                f"FROM {item.table} WHERE rowid = ?",
+                (item.rowid,),
+            )
+            raw = _raw_values(_RAW_COLUMNS, rows[0]) if rows else ()
+            found.append(
+                QuarantinedRow(
+                    id=None,
+                    source=item.table,
+                    seq=item.seq,
+                    method=item.method,
+                    reason=item.reason,
+                    quarantined_at=None,
+                    raw=raw if with_raw else (),
+                )
+            )
+        return found
+
+    def _bytes_select(self, sql: str, params: Sequence[object]) -> list[tuple[object, ...]]:
+        factory = self._db.text_factory
+        self._db.text_factory = bytes
+        try:
+            return self._db.execute(sql, params).fetchall()
+        finally:
+            self._db.text_factory = factory
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def _index(self, *, counted: bool) -> Iterator[RowInfo]:
+        last: int | None = None
+        while True:
+            if last is None:
+                # The first chunk also sees rows whose seq is not an integer (NULL, text: a table
+                # rebuilt without its constraints); they are set aside like any unreadable row.
+                rows = self._select(
+                    f"SELECT rowid, {self._index_columns} FROM pending "
+                    "WHERE typeof(seq) != 'integer' ORDER BY rowid"
+                )
+                self._checked("pending", rows, _row_info, counted=counted)
+                last = -(2**63)
+            rows = self._select(
+                f"SELECT rowid, {self._index_columns} FROM pending "
+                "WHERE typeof(seq) = 'integer' AND seq > ? ORDER BY seq LIMIT ?",
+                (last, _CHUNK),
+            )
+            if not rows:
+                return
+            last = int(rows[-1][1])  # type: ignore[call-overload]
+            yield from self._checked("pending", rows, _row_info, counted=counted)
+
     def index_rows(self) -> Iterator[RowInfo]:
-        """Metadata of every waiting entry, in sequence order (to rebuild the in-memory index)."""
-        cursor = self._db.execute(
-            "SELECT seq, method, key, scope, stamp, generation, size, enqueued_at FROM pending ORDER BY seq"
-        )
-        for seq, method, key, scope, stamp, generation, size, enqueued_at in cursor:
-            yield RowInfo(seq, method, key, scope, stamp, generation, size, enqueued_at=enqueued_at)
+        """Metadata of every waiting entry, in sequence order (to rebuild the in-memory index).
+        Unreadable rows are set aside (reported with ``counted=False``)."""
+        return self._index(counted=False)
 
     def parked_seqs(self) -> list[int]:
         """Sequence numbers of the parked writes, in order."""
-        return [int(row[0]) for row in self._db.execute("SELECT seq FROM parked ORDER BY seq")]
+        return [
+            int(row[0])
+            for row in self._db.execute("SELECT seq FROM parked WHERE typeof(seq) = 'integer' ORDER BY seq")
+        ]
 
     def page(self, after: int, limit: int | None) -> list[DeadLetter]:
-        """Waiting entries with ``seq > after`` in sequence order, at most ``limit``."""
-        rows = self._db.execute(
-            f"SELECT {_PENDING_COLUMNS} FROM pending WHERE seq > ? ORDER BY seq LIMIT ?",
-            (after, -1 if limit is None else limit),
-        ).fetchall()
-        return [_pending(row) for row in rows]
+        """Waiting entries with ``seq > after`` in sequence order, at most ``limit`` (unreadable
+        rows are set aside and not counted against the limit)."""
+        found: list[DeadLetter] = []
+        while True:
+            want = None if limit is None else limit - len(found)
+            if want is not None and want <= 0:
+                return found
+            rows = self._select(
+                f"SELECT rowid, {_PENDING_COLUMNS} FROM pending "
+                "WHERE typeof(seq) = 'integer' AND seq > ? ORDER BY seq LIMIT ?",
+                (after, -1 if want is None else want),
+            )
+            if not rows:
+                return found
+            after = int(rows[-1][1])  # type: ignore[call-overload]
+            found.extend(self._checked("pending", rows, _pending, counted=True))
+            if want is None or len(rows) < want:
+                return found
 
     def fetch(self, seqs: Sequence[int]) -> list[DeadLetter]:
         """The waiting entries among ``seqs``, in sequence order."""
@@ -625,51 +1259,73 @@ class SpillFile:
         for start in range(0, len(seqs), _CHUNK):
             chunk = seqs[start : start + _CHUNK]
             marks = ",".join("?" * len(chunk))
-            found.extend(
-                _pending(row)
-                for row in self._db.execute(
-                    f"SELECT {_PENDING_COLUMNS} FROM pending WHERE seq IN ({marks})", chunk
-                )
+            rows = self._select(
+                f"SELECT rowid, {_PENDING_COLUMNS} FROM pending WHERE seq IN ({marks})", chunk
             )
+            found.extend(self._checked("pending", rows, _pending, counted=True))
         found.sort(key=lambda entry: entry.seq)
         return found
 
     def for_scope(self, method: str, scope: str) -> list[DeadLetter]:
         """The waiting entries of ``method`` in ``scope``, in sequence order."""
-        rows = self._db.execute(
-            f"SELECT {_PENDING_COLUMNS} FROM pending WHERE method = ? AND scope = ? ORDER BY seq",
+        rows = self._select(
+            f"SELECT rowid, {_PENDING_COLUMNS} FROM pending WHERE method = ? AND scope = ? ORDER BY seq",
             (method, scope),
-        ).fetchall()
-        return [_pending(row) for row in rows]
+        )
+        return self._checked("pending", rows, _pending, counted=True)
 
     def parked(self, limit: int | None = None) -> list[ParkedWrite]:
-        """Parked writes in sequence order, at most ``limit``."""
-        rows = self._db.execute(
-            "SELECT seq, method, call, reason, parked_at, size FROM parked ORDER BY seq LIMIT ?",
-            (-1 if limit is None else limit,),
-        ).fetchall()
-        return [
-            ParkedWrite(
-                seq=seq,
-                method=method,
-                call=None if call is None or not isinstance(loaded := _loads(call), dict) else loaded,
-                reason=reason,
-                parked_at=parked_at,
-                size=size,
+        """Parked writes in sequence order, at most ``limit`` (unreadable ones are set aside)."""
+        found: list[ParkedWrite] = []
+        after: int | None = None
+        while True:
+            want = None if limit is None else limit - len(found)
+            if want is not None and want <= 0:
+                return found
+            if after is None:
+                rows = self._select(
+                    f"SELECT rowid, {_PARKED_COLUMNS} FROM parked WHERE typeof(seq) != 'integer'"
+                )
+                self._checked("parked", rows, _parked, counted=False)
+                after = -(2**63)
+            rows = self._select(
+                f"SELECT rowid, {_PARKED_COLUMNS} FROM parked "
+                "WHERE typeof(seq) = 'integer' AND seq > ? ORDER BY seq LIMIT ?",
+                (after, -1 if want is None else want),
             )
-            for seq, method, call, reason, parked_at, size in rows
-        ]
+            if not rows:
+                return found
+            after = int(rows[-1][1])  # type: ignore[call-overload]
+            found.extend(self._checked("parked", rows, _parked, counted=False))
+            if want is None or len(rows) < want:
+                return found
 
     def _raw(self, table: str, columns: str) -> Iterator[list[tuple[object, ...]]]:
         last = -1
         while True:
             rows = self._db.execute(
-                f"SELECT {columns} FROM {table} WHERE seq > ? ORDER BY seq LIMIT ?", (last, _CHUNK)
+                f"SELECT {columns} FROM {table} WHERE typeof(seq) = 'integer' AND seq > ? "
+                "ORDER BY seq LIMIT ?",
+                (last, _CHUNK),
             ).fetchall()
             if not rows:
                 return
             last = _int(rows[-1][0])
             yield rows
+
+    def _raw_quarantine(self) -> Iterator[list[tuple[object, ...]]]:
+        if not self._has_quarantine:
+            return
+        last = -1
+        columns = ", ".join(("source", "reason", "quarantined_at", *_RAW_COLUMNS))
+        while True:
+            rows = self._bytes_select(
+                f"SELECT qid, {columns} FROM quarantine WHERE qid > ? ORDER BY qid LIMIT ?", (last, _CHUNK)
+            )
+            if not rows:
+                return
+            last = _int(rows[-1][0])
+            yield [row[1:] for row in rows]
 
     # --- writing ----------------------------------------------------------------------------------
 
@@ -682,13 +1338,9 @@ class SpillFile:
             yield self._db
             self._db.execute("COMMIT")
             self.commits += 1
+            self._publish()
         except BaseException:
-            try:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                self._recount()
-            except sqlite3.Error:
-                pass  # the original error says more; a rollback that failed leaves the file as it was
+            self._abandon()
             raise
 
     def _delete_pending(self, db: sqlite3.Connection, seqs: Sequence[int]) -> list[RowInfo]:
@@ -696,14 +1348,11 @@ class SpillFile:
         for start in range(0, len(seqs), _CHUNK):
             chunk = seqs[start : start + _CHUNK]
             marks = ",".join("?" * len(chunk))
-            deleted.extend(
-                RowInfo(*row)
-                for row in db.execute(
-                    f"DELETE FROM pending WHERE seq IN ({marks}) "
-                    "RETURNING seq, method, key, scope, stamp, generation, size",
-                    chunk,
-                ).fetchall()
+            rows = self._select(
+                f"SELECT rowid, {_INDEX_COLUMNS_PLAIN} FROM pending WHERE seq IN ({marks})", chunk
             )
+            deleted.extend(_deleted_info(row) for row in rows)
+            db.execute(f"DELETE FROM pending WHERE seq IN ({marks})", chunk)
         deleted.sort(key=lambda row: row.seq)
         self._pending -= len(deleted)
         self._pending_bytes -= sum(row.size for row in deleted)
@@ -717,9 +1366,12 @@ class SpillFile:
         for table, parked in (("pending", False), ("parked", True)):
             stamp = "stamp, generation" if not parked else "0, 0"
             last = None
-            query = f"SELECT seq, method, key, scope, {stamp}, size FROM {table} ORDER BY seq"
-            for seq, method, key, scope, stamp_value, generation, size in db.execute(query):
-                info = RowInfo(seq, method, key, scope, stamp_value, generation, size, parked=parked)
+            query = (
+                f"SELECT rowid, seq, method, key, scope, {stamp}, size, 0.0, 'text', 'ok', NULL FROM {table} "
+                "WHERE typeof(seq) = 'integer' ORDER BY seq"
+            )
+            for row in self._select(query):
+                info = _deleted_info(row, parked=parked)
                 dropped.append(info)
                 last = info.seq
                 excess -= info.size
@@ -816,7 +1468,9 @@ class SpillFile:
     ) -> WriteResult:
         """In one transaction: delete our waiting entries ``delete`` and copy the waiting entries
         of ``source`` named in ``pending`` and its parked writes named in ``parked`` (old seq ->
-        new seq), as entries of generation 0 (older than any write of the adopting process).
+        new seq), as entries of generation 0 (older than any write of the adopting process), and
+        every row of its quarantine table. Read every row of ``source`` first
+        (:meth:`check_all`), so that none that cannot be read is met here.
 
         A failure reading ``source`` raises :class:`SourceReadError` (nothing written here).
         """
@@ -838,6 +1492,12 @@ class SpillFile:
                 )
                 self._parked += len(moved)
                 self._parked_bytes += sum(_int(row[5]) for row in moved)
+            if self._has_quarantine:
+                names = ", ".join(("source", "reason", "quarantined_at", *_RAW_COLUMNS))
+                marks = ", ".join("?" * (3 + len(_RAW_COLUMNS)))
+                for rows in _read_source_quarantine(source):
+                    db.executemany(f"INSERT INTO quarantine ({names}) VALUES ({marks})", rows)
+                    self._quarantined += len(rows)
             dropped = self._enforce(db, max_bytes) if max_bytes is not None else []
         return WriteResult(deleted, dropped, self.totals())
 
@@ -897,8 +1557,8 @@ class SpillFile:
             self._recount()
         return WriteResult([], [], self.totals())
 
-    def purge(self, *, pending: bool, parked: bool) -> int:
-        """Delete every waiting and/or parked entry; returns how many were deleted."""
+    def purge(self, *, pending: bool, parked: bool, quarantined: bool = False) -> int:
+        """Delete every waiting, parked and/or quarantined row; returns how many were deleted."""
         removed = 0
         with self._transaction() as db:
             if pending:
@@ -907,12 +1567,14 @@ class SpillFile:
             if parked:
                 removed += db.execute("DELETE FROM parked").rowcount
                 self._parked = self._parked_bytes = 0
+            if quarantined and self._has_quarantine:
+                removed += db.execute("DELETE FROM quarantine").rowcount
+                self._quarantined = 0
         return removed
 
 
 def _int(value: object) -> int:
-    assert isinstance(value, int)
-    return value
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _read_source(source: SpillFile, table: str, columns: str) -> Iterator[list[tuple[object, ...]]]:
@@ -928,11 +1590,26 @@ def _read_source(source: SpillFile, table: str, columns: str) -> Iterator[list[t
         yield rows
 
 
+def _read_source_quarantine(source: SpillFile) -> Iterator[list[tuple[object, ...]]]:
+    chunks = source._raw_quarantine()
+    while True:
+        try:
+            rows = next(chunks)
+        except StopIteration:
+            return
+        except sqlite3.Error as exc:
+            raise SourceReadError(f"reading {source.path!r} failed: {exc}") from exc
+        yield rows
+
+
 __all__ = [
     "APPLICATION_ID",
     "EMPTY_TOTALS",
     "SCHEMA_VERSION",
+    "QuarantinedRow",
+    "RawValue",
     "RowInfo",
+    "SetAside",
     "SourceReadError",
     "SpillFile",
     "SpillFileCorruptError",

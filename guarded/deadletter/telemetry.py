@@ -66,6 +66,7 @@ class DeadLetterTelemetry:
         self.dropped: dict[tuple[str, str, str], int] = {}
         self.parked: dict[tuple[str, str], int] = {}
         self.superseded: dict[str, int] = {}
+        self.quarantined: dict[str, int] = {}
         self.buffers: weakref.WeakSet[GaugeSource] = weakref.WeakSet()
 
     def count_enqueued(self, store: str, method: str, amount: int = 1) -> None:
@@ -91,6 +92,10 @@ class DeadLetterTelemetry:
     def count_superseded(self, store: str, amount: int = 1) -> None:
         """Dead-lettered writes discarded because a newer write of their key won."""
         self.superseded[store] = self.superseded.get(store, 0) + amount
+
+    def count_quarantined(self, store: str, amount: int = 1) -> None:
+        """Unreadable spill-file rows moved to the quarantine table."""
+        self.quarantined[store] = self.quarantined.get(store, 0) + amount
 
 
 class _Collector(Collector):
@@ -125,6 +130,14 @@ class _Collector(Collector):
         for store, value in list(telemetry.superseded.items()):
             superseded.add_metric([store], value)
         yield superseded
+        quarantined = CounterMetricFamily(
+            names.DLQ_QUARANTINED,
+            "Unreadable spill-file rows moved to the quarantine table (a damaged file).",
+            labels=[names.LABEL_STORE],
+        )
+        for store, value in list(telemetry.quarantined.items()):
+            quarantined.add_metric([store], value)
+        yield quarantined
         yield from self._gauges()
 
     def _gauges(self) -> Iterator[Metric]:
@@ -191,6 +204,7 @@ class _Collector(Collector):
         yield CounterMetricFamily(names.DLQ_PARKED, "", labels=store_method)
         yield CounterMetricFamily(names.DLQ_DROPPED, "", labels=[*store_method, LABEL_REASON])
         yield CounterMetricFamily(names.DLQ_SUPERSEDED, "", labels=store)
+        yield CounterMetricFamily(names.DLQ_QUARANTINED, "", labels=store)
         yield GaugeMetricFamily(names.DLQ_DEPTH, "", labels=store)
         yield GaugeMetricFamily(names.DLQ_BYTES, "", labels=[*store, LABEL_LOCATION])
         yield GaugeMetricFamily(names.DLQ_OLDEST_AGE, "", labels=store)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,38 @@ def config(path: Path | str | None, **fields: Any) -> DeadLetterConfig:
 
 
 def buffer(
-    path: Path | str | None, registry: CollectorRegistry | None = None, *, store: str = STORE, **fields: Any
+    path: Path | str | None,
+    registry: CollectorRegistry | None = None,
+    *,
+    store: str = STORE,
+    monotonic: Callable[[], float] | None = None,
+    **fields: Any,
 ) -> DeadLetterBuffer:
-    """A buffer with its own registry unless one is given."""
+    """A buffer with its own registry unless one is given (``monotonic``: the clock of replay
+    backoffs and spill-file retries, for tests that step time)."""
+    if monotonic is None:
+        return DeadLetterBuffer(
+            config(path, **fields), store_name=store, registry=registry or CollectorRegistry()
+        )
     return DeadLetterBuffer(
-        config(path, **fields), store_name=store, registry=registry or CollectorRegistry()
+        config(path, **fields),
+        store_name=store,
+        registry=registry or CollectorRegistry(),
+        monotonic=monotonic,
     )
+
+
+class Clock:
+    """A monotonic clock that moves only when told."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def event(trace_id: str | None, index: int, **payload: Any) -> StoredEvent:

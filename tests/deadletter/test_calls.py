@@ -168,16 +168,20 @@ class Exploding:
 
 
 BAD_CALLS: list[tuple[str, Callable[[], tuple[str, tuple[Any, ...], dict[str, Any]]], str]] = [
-    ("nan in a payload", lambda: ("save_memory_state", ("k", {"score": math.nan}), {}), "state['score']"),
+    (
+        "nan in a payload",
+        lambda: ("save_memory_state", ("k", {"score": math.nan}), {}),
+        "state[key #0 (str)]",
+    ),
     (
         "inf in a planner state",
         lambda: ("save_planner_state", ("t",), {"payload": {"x": [math.inf]}}),
-        "payload['x'][0]",
+        "payload[key #0 (str)][0]",
     ),
     (
         "lone surrogate in a value",
         lambda: ("save_memory_state", ("k", {"v": SECRET + "\ud800"}), {}),
-        "state['v']",
+        "state[key #0 (str)]",
     ),
     ("lone surrogate in an id", lambda: ("save_planner_state", (SECRET + "\udfff", {}), {}), "token"),
     ("None token", lambda: ("save_planner_state", (None, {}), {}), "token"),

@@ -21,7 +21,7 @@ from guarded.deadletter import (
 from guarded.errors import InvalidPayloadError
 from guarded.models import SteeringEvent, SteeringEventType
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
-from tests.deadletter.support import buffer, put_events, sample
+from tests.deadletter.support import Clock, buffer, put_events, sample
 
 Sent = list[tuple[str, tuple[Any, ...], dict[str, Any]]]
 
@@ -84,7 +84,10 @@ async def test_replay_sends_every_entry_in_order_and_empties_the_buffer(
 
 @pytest.mark.asyncio
 async def test_retry_later_stops_the_pass_and_keeps_the_rest(tmp_path: Path) -> None:
-    target = buffer(tmp_path / "dlq.db")
+    """Issue 13 changed what RETRY_LATER stops: the entry and the later ones of its stream (here
+    one trace) wait, with a backoff of the entry's own, so the third pass first waits it out."""
+    clock = Clock()
+    target = buffer(tmp_path / "dlq.db", monotonic=clock)
     try:
         await put_events(target, "t", 5)
         send, sent = recorder({2: ReplayResult.RETRY_LATER})
@@ -97,6 +100,8 @@ async def test_retry_later_stops_the_pass_and_keeps_the_rest(tmp_path: Path) -> 
         assert summary.remaining == 3
         assert summary.last_error is not None
         assert "ConnectionResetError" in summary.last_error
+        assert summary.retry_in is not None
+        clock.advance(summary.retry_in)
         send, sent = recorder()
         summary = await target.replay(send, rate=10_000)
         assert [args[0].payload["i"] for _, args, _ in sent] == [2, 3, 4]

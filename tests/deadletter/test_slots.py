@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from guarded.deadletter import DeadLetter, DeadLetterBuffer, SpillFile, slot_files, slot_path
 from guarded.deadletter import spill as spill_module
-from guarded.deadletter.spill import acquire_lock
+from guarded.deadletter.spill import SCHEMA_VERSION, acquire_lock
 from tests.deadletter.support import config, event, put_events
 
 pytestmark = pytest.mark.asyncio
@@ -228,7 +228,7 @@ async def test_a_file_without_a_recorded_target_is_taken_with_a_warning(
     ]
     assert len(records) == 1
     assert "db-a" in records[0].getMessage()
-    assert meta(path, "schema_version") == "2"
+    assert meta(path, "schema_version") == str(SCHEMA_VERSION)  # migrated to the newest layout
     assert meta(path, "target") == "db-a"
 
 

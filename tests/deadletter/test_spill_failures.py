@@ -476,7 +476,9 @@ async def test_closing_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         await put_events(target, "t", 1)
 
 
-async def test_a_damaged_call_in_the_file_is_parked_not_raised(tmp_path: Path) -> None:
+async def test_a_damaged_call_in_the_file_is_quarantined_not_raised(tmp_path: Path) -> None:
+    """Issue 13: a call that is not JSON is moved to the quarantine table with its raw bytes
+    (it used to be parked without its call)."""
     path = tmp_path / "dlq.sqlite"
     target = make(path)
     sent: list[int] = []
@@ -495,10 +497,13 @@ async def test_a_damaged_call_in_the_file_is_parked_not_raised(tmp_path: Path) -
         target._memory.clear()
         summary = await target.replay(send)
         assert sent == [0, 2]
-        assert (summary.replayed, summary.parked) == (2, 1)
-        (parked,) = await target.parked()
-        assert parked.call is None
-        assert "cannot be decoded" in parked.reason
+        assert (summary.replayed, summary.parked) == (2, 0)
+        assert await target.parked() == []
+        (quarantined,) = await target.quarantined(with_raw=True)
+        assert quarantined.seq == 2
+        assert "'call' is not JSON" in quarantined.reason
+        assert ("call", "text", b'{"args": [trunc') in quarantined.raw
+        assert target.is_empty
         assert target.claimed_path == str(path)
     finally:
         await target.aclose()
