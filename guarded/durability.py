@@ -329,6 +329,7 @@ class Durability:
             bulk_methods=bulk_methods,
             rate=math.inf if unlimited else options.replay_rate,
             batch=max(options.replay_batch, _DRAIN_BATCH) if unlimited else options.replay_batch,
+            target=self.target,
         )
         return not summary.stopped_early and self.buffer.is_empty
 

@@ -169,6 +169,17 @@ def _lanes(entry: DeadLetter) -> tuple[Hashable, ...]:
     return (("key", entry.method, entry.key), ("scope", _stream(entry.method), entry.scope))
 
 
+def _by_stream(page: Sequence[DeadLetter]) -> list[DeadLetter]:
+    """``page`` with the entries of each stream together, streams in order of first appearance
+    and entries of a stream in their order: every lane (:func:`_lanes`) keeps its order, and
+    interleaved writes of several methods (memory, tasks, trajectories, as an agent makes them)
+    become runs that go out as bulk writes."""
+    streams: dict[str, list[DeadLetter]] = {}
+    for entry in page:
+        streams.setdefault(_stream(entry.method), []).append(entry)
+    return [entry for entries in streams.values() for entry in entries]
+
+
 @dataclass(slots=True)
 class _Retry:
     """The replay history of one held write (kept in memory while it waits)."""
@@ -1764,7 +1775,9 @@ class DeadLetterBuffer:
         breaker refuses a send, the pass stops (``summary.backend_down``). A success shows the
         backend is back: entries whose failures it did not count become due at once.
 
-        With ``send_bulk``, runs of consecutive entries of one method in ``bulk_methods`` (at most
+        With ``send_bulk``, each page of entries is taken stream by stream (the order of every key
+        and stream is kept; writes of different streams are independent), and runs of consecutive
+        entries of one method in ``bulk_methods`` (at most
         ``batch``, default ``config.replay_batch``) go out as one bulk write; a keyed entry joins a
         run only once no newer direct write of its key is in flight (its :class:`~.gate.KeyGate`
         slot is held for the bulk write, so no direct write of it starts meanwhile) and only if it
@@ -1802,6 +1815,8 @@ class DeadLetterBuffer:
             if not page:
                 break
             cursor = page[-1].seq
+            if sending.send_bulk is not None:
+                page = _by_stream(page)
             index = 0
             while index < len(page) and self._live(tally):
                 entry = page[index]

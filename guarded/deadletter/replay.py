@@ -314,20 +314,16 @@ class CallCheck:
     With the ``target`` store, a method it lacks and a call that does not bind to the method's own
     signature (``inspect.signature(getattr(target, method)).bind(*args, **kwargs)``) are certain:
     :meth:`problem` says why, and the entry is parked at once. Without one, a call is checked
-    against the protocol's signature of its method (:func:`protocol_signatures`); a backend may
+    against the protocol's signature of its method (:func:`protocol_signatures`), and so is a
+    store method that takes anything (``*args, **kwargs``: a wrapper or proxy); a backend may
     accept more than the protocol, so such a call is only :meth:`doubtful`: it is sent alone, and
     parked when the store then refuses it with a ``TypeError``.
     """
 
     def __init__(self, target: object | None = None) -> None:
         self.target = target
-        self._signatures: dict[str, inspect.Signature | None] = {}
+        self._signatures: dict[str, tuple[inspect.Signature | None, bool]] = {}
         self._shapes: dict[tuple[str, int, tuple[str, ...]], str | None] = {}
-
-    @property
-    def exact(self) -> bool:
-        """Whether calls are checked against the store's own signatures."""
-        return self.target is not None
 
     def method_problem(self, method: str) -> str | None:
         """Why ``method`` can never be called (not a method name, or the store has none)."""
@@ -337,19 +333,29 @@ class CallCheck:
             return f"the store has no method {method!r}"
         return None
 
-    def _signature(self, method: str) -> inspect.Signature | None:
-        if method in self._signatures:
-            return self._signatures[method]
-        signature: inspect.Signature | None
-        if self.target is None:
-            signature = protocol_signatures().get(method)
-        else:
+    def _signature(self, method: str) -> tuple[inspect.Signature | None, bool]:
+        """The signature calls of ``method`` are checked against, and whether it is the store's
+        own (exact). A store method that takes anything (``*args, **kwargs``: a wrapper, a proxy)
+        says nothing: the protocol's signature stands in, as a doubt only."""
+        found = self._signatures.get(method)
+        if found is not None:
+            return found
+        own: inspect.Signature | None = None
+        if self.target is not None:
             try:
-                signature = inspect.signature(getattr(self.target, method))
+                own = inspect.signature(getattr(self.target, method))
             except (TypeError, ValueError, AttributeError):
-                signature = None
-        self._signatures[method] = signature
-        return signature
+                own = None
+        if own is not None and not _takes_anything(own):
+            found = (own, True)
+        else:
+            found = (protocol_signatures().get(method), False)
+        self._signatures[method] = found
+        return found
+
+    def exact(self, method: str) -> bool:
+        """Whether calls of ``method`` are checked against the store's own signature."""
+        return self._signature(method)[1]
 
     def binding_problem(self, method: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
         """Why ``method(*args, **kwargs)`` does not bind to the signature it is checked against
@@ -358,7 +364,7 @@ class CallCheck:
         shape = (method, len(args), tuple(name for name in kwargs if name != WRITE_KEY_ARGUMENT))
         if shape in self._shapes:
             return self._shapes[shape]
-        signature = self._signature(method)
+        signature = self._signature(method)[0]
         problem: str | None = None
         if signature is not None:
             kept = {name: value for name, value in kwargs.items() if name != WRITE_KEY_ARGUMENT}
@@ -373,14 +379,19 @@ class CallCheck:
     def problem(self, method: str, call: Call) -> str | None:
         """Why the call can certainly never succeed (``None``: it may)."""
         found = self.method_problem(method)
-        if found is None and self.exact:
+        if found is None and self.exact(method):
             found = self.binding_problem(method, *call)
         return found
 
     def doubtful(self, method: str, call: Call) -> str | None:
         """Without the store: why the call looks like it cannot succeed (it is sent alone, and
         parked if the store refuses it with a ``TypeError``)."""
-        return None if self.exact else self.binding_problem(method, *call)
+        return None if self.exact(method) else self.binding_problem(method, *call)
+
+
+def _takes_anything(signature: inspect.Signature) -> bool:
+    kinds = {parameter.kind for parameter in signature.parameters.values()}
+    return inspect.Parameter.VAR_POSITIONAL in kinds and inspect.Parameter.VAR_KEYWORD in kinds
 
 
 __all__ = [

@@ -134,7 +134,9 @@ async def test_rejected_entries_are_parked_with_the_reason_and_the_pass_goes_on(
 
 
 @pytest.mark.asyncio
-async def test_runs_of_events_become_bulk_writes(tmp_path: Path) -> None:
+async def test_runs_of_events_become_bulk_writes_and_other_streams_wait_their_turn(tmp_path: Path) -> None:
+    """Writes of another stream in between do not break a run: a page is taken stream by stream
+    (each key and stream keeps its order)."""
     target = buffer(tmp_path / "dlq.db")
     faulty = FaultyStore(InMemoryStateStore())
     try:
@@ -151,8 +153,8 @@ async def test_runs_of_events_become_bulk_writes(tmp_path: Path) -> None:
         assert [method for method, _ in calls] == [
             "save_events",
             "save_events",
-            "save_memory_state",
             "save_events",
+            "save_memory_state",
         ]
         history = await faulty.load_history("t")
         assert [item.payload["i"] for item in history] == [0, 1, 2, 3, 4, 5, 6]
