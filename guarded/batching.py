@@ -325,7 +325,9 @@ class Batcher:
         """
         if self._pending < self._capacity and not self._waiters and not self._closing:
             self._pending += 1
-            self._enqueue(write)
+            alone = self._enqueue(write)
+            if alone is not None:
+                await self._flush_alone(alone)
             return True
         return await self._wait_for_space(write, deadline)
 
@@ -349,7 +351,9 @@ class Batcher:
         finally:
             expiry.cancel()
         if granted:
-            self._enqueue(write)
+            alone = self._enqueue(write)
+            if alone is not None:
+                await self._flush_alone(alone)
         return granted
 
     def _expire(self, waiter: asyncio.Future[bool]) -> None:
@@ -371,8 +375,10 @@ class Batcher:
                 self._pending += 1
                 waiter.set_result(True)
 
-    def _enqueue(self, write: PendingWrite) -> None:
-        """Queue a write whose slot is already counted in ``_pending``."""
+    def _enqueue(self, write: PendingWrite) -> _MethodQueue | None:
+        """Queue a write whose slot is already counted in ``_pending``; its queue when the write
+        is to go out at once in the caller's own task (group commit, no flush of its method running
+        and nothing else waiting: a lone writer pays for no task and no extra loop iteration)."""
         method = write.method
         mq = self._queues.get(method)
         if mq is None:
@@ -393,6 +399,8 @@ class Batcher:
                 entry.count += 1
                 entry.last = mq.taken + len(queue) - 1
         if mq.eager:
+            if not mq.active and len(queue) == 1 and mq.timer is None:
+                return mq
             # Writes submitted in this loop iteration join one batch: pump on the next iteration.
             if mq.timer is None and not mq.due and mq.active < self._limit(mq):
                 mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
@@ -400,6 +408,16 @@ class Batcher:
             self._pump(mq)
         elif len(queue) == 1 and mq.timer is None and not mq.due:
             mq.timer = asyncio.get_running_loop().call_later(self._max_delay, self._on_timer, mq)
+        return None
+
+    async def _flush_alone(self, mq: _MethodQueue) -> None:
+        """Write the one waiting write of ``mq`` in the caller's task (see :meth:`_enqueue`)."""
+        batch = [mq.queue.popleft()]
+        start = mq.taken
+        mq.taken += 1
+        mq.in_flight[start] = batch
+        mq.active += 1
+        await self._run_flush(mq, start, batch)
 
     # --- flushing -----------------------------------------------------------------------------------
 

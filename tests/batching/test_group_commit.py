@@ -8,10 +8,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from guarded.batching import PendingWrite
+from guarded.backends.memory import InMemoryStateStore
+from guarded.batching import Batcher, PendingWrite
 from guarded.outcome import Outcome
 
-from .support import deadline, event_write, make, settle
+from .support import StoreWriter, deadline, event_write, make, settle
 
 pytestmark = pytest.mark.asyncio
 
@@ -28,6 +29,12 @@ def committed(write: PendingWrite) -> PendingWrite:
         write.queued_at,
         loop.create_future(),
     )
+
+
+def submitting(batcher: Batcher, write: PendingWrite) -> asyncio.Task[bool]:
+    """Submit ``write`` in a task of its own: a lone group-commit write is flushed in its caller's
+    task, so ``submit`` returns only once it is written."""
+    return asyncio.create_task(batcher.submit(write, deadline=deadline()))
 
 
 class ScriptedWriter:
@@ -49,7 +56,8 @@ async def test_a_lone_write_goes_out_without_waiting_for_size_or_delay() -> None
     write = committed(event_write("t"))
     assert await batcher.submit(write, deadline=deadline())
     assert write.done is not None
-    assert await asyncio.wait_for(write.done, 5.0) is Outcome.OK
+    assert write.done.done(), "written in the caller's own task: no flush task, no loop iteration"
+    assert write.done.result() is Outcome.OK
     assert [w.stamp for w in writer.written] == [write.stamp]
 
 
@@ -57,33 +65,43 @@ async def test_the_caller_is_answered_only_after_its_batch_is_written() -> None:
     writer = ScriptedWriter()
     batcher, _ = make(writer)
     write = committed(event_write("t"))
-    await batcher.submit(write, deadline=deadline())
+    submitted = submitting(batcher, write)
     await settle()
     assert writer.batches == [[write]]
     assert write.done is not None
     assert not write.done.done()
+    assert not submitted.done()
     writer.release.set()
     assert await asyncio.wait_for(write.done, 5.0) is Outcome.OK
+    assert await submitted
 
 
 async def test_writes_arriving_during_a_flush_form_the_next_batch() -> None:
     writer = ScriptedWriter()
     batcher, _ = make(writer, max_concurrent_flushes=1)
     first = committed(event_write("t", 0))
-    await batcher.submit(first, deadline=deadline())
+    submitted = [submitting(batcher, first)]
     await settle()
     later = [committed(event_write("t", index)) for index in range(1, 51)]
-    for write in later:
-        await batcher.submit(write, deadline=deadline())
+    submitted.extend(submitting(batcher, write) for write in later)
     await settle()
     assert len(writer.batches) == 1, "the second batch waits for the first flush"
     writer.release.set()
     await asyncio.wait_for(asyncio.gather(*(w.done for w in [first, *later] if w.done)), 5.0)
+    assert all(await asyncio.gather(*submitted))
     assert [len(batch) for batch in writer.batches] == [1, 50]
 
 
+class NetworkWriter(StoreWriter):
+    """A :class:`StoreWriter` whose flushes wait for I/O, as a database round trip does."""
+
+    async def __call__(self, method: str, writes: Sequence[PendingWrite]) -> None:
+        await asyncio.sleep(0)
+        await super().__call__(method, writes)
+
+
 async def test_concurrent_writers_share_batches() -> None:
-    batcher, writer = make(max_concurrent_flushes=2)
+    batcher, writer = make(NetworkWriter(InMemoryStateStore()), max_concurrent_flushes=2)
     writes = [committed(event_write("t", index)) for index in range(200)]
 
     async def one(write: PendingWrite) -> Outcome:
@@ -102,9 +120,10 @@ async def test_each_caller_gets_its_own_writes_outcome() -> None:
     batcher, _ = make(writer)
     writes = [committed(event_write("t", index)) for index in range(3)]
     writer.outcome_of = {writes[1].stamp: Outcome.DEAD_LETTERED, writes[2].stamp: Outcome.REJECTED}
-    for write in writes:
-        await batcher.submit(write, deadline=deadline())
+    submitted = [submitting(batcher, write) for write in writes]
+    await settle()
     writer.release.set()
+    assert all(await asyncio.gather(*submitted))
     outcomes = [await asyncio.wait_for(w.done, 5.0) for w in writes if w.done is not None]
     assert outcomes == [Outcome.OK, Outcome.DEAD_LETTERED, Outcome.REJECTED]
 
@@ -145,10 +164,11 @@ async def test_a_cancelled_caller_does_not_take_its_write_out_of_the_batch() -> 
 async def test_write_behind_writes_are_counted_as_acknowledged_pending_group_commit_ones_not() -> None:
     writer = ScriptedWriter()
     batcher, _ = make(writer)
-    await batcher.submit(committed(event_write("t", 0)), deadline=deadline())
+    submitted = submitting(batcher, committed(event_write("t", 0)))
     await batcher.submit(event_write("u", 1), deadline=deadline())  # write-behind: acknowledged now
     await settle()
     assert batcher.acknowledged_pending == 1
     writer.release.set()
     await batcher.flush()
+    assert await submitted
     assert batcher.acknowledged_pending == 0
