@@ -21,10 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import signal
-import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,9 +38,9 @@ from guarded.models import ArtifactScope
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from guarded.testing.postgres import EmbeddedPostgres, embedded_postgres
 
+from ..killed_process import report_then_kill
 from ._outages import drain_all, open_store, outage_config, pool_settings
 
-REPO = Path(__file__).resolve().parents[2]
 PUTS = ["artifact_store.put_bytes", "artifact_store.put_text"]
 NAMESPACE = "crash.tool"
 TEXT = "# report \u2603\nwritten while the database was down\x00"
@@ -114,37 +111,10 @@ async def test_artifacts_put_during_an_outage_reach_postgres_under_their_ids(
 def killed_process(dsn: str, schema: str, spill: Path, count: int) -> dict[str, Any]:
     """Run this module as a script, read the JSON line it prints once its puts are acknowledged,
     then SIGKILL it; returns that report."""
-    log_path = spill.with_suffix(".log")
-    with (
-        log_path.open("w") as log,  # a file, not a pipe: the process never blocks on its stderr
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.postgres.test_artifact_durability",
-                dsn,
-                schema,
-                str(spill),
-                str(count),
-            ],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-        ) as process,
-    ):
-        assert process.stdout is not None
-        watchdog = threading.Timer(120, process.kill)  # a hung process must not hang the test
-        watchdog.start()
-        try:
-            line = process.stdout.readline()
-        finally:
-            watchdog.cancel()
-            process.send_signal(signal.SIGKILL)
-            process.wait(timeout=30)
-    assert line, f"the process printed nothing:\n{log_path.read_text()}"
-    assert process.returncode == -signal.SIGKILL
-    report: dict[str, Any] = json.loads(line)
+    arguments = [dsn, schema, str(spill), str(count)]
+    report: dict[str, Any] = report_then_kill(
+        "tests.postgres.test_artifact_durability", arguments, spill.with_suffix(".log"), timeout=120
+    )
     return report
 
 

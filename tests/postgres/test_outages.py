@@ -17,12 +17,7 @@ session's server with their own schema.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import signal
-import subprocess
-import sys
-import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -40,6 +35,7 @@ from guarded.models import StoredEvent, TaskContextSnapshot, TaskState, TaskStat
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from guarded.testing.postgres import EmbeddedPostgres, embedded_postgres
 
+from ..killed_process import report_then_kill
 from ._outages import (
     CRITICAL_DEADLINE,
     DEADLINE,
@@ -59,7 +55,6 @@ from ._outages import (
     total,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 MARGIN = 0.3
 """A call returns within its deadline plus this much (the dead-letter commit to the spill file,
 and scheduling on a loaded two-core machine)."""
@@ -162,30 +157,10 @@ def held_writes(ledger: Ledger) -> int:
 def crash_process(mode: str, dsn: str, spill: Path, first: int, second: int) -> dict[str, int]:
     """Run ``python -m tests.postgres._outages MODE ...``, read the JSON line it prints once its
     writes are acknowledged, then SIGKILL it; returns that report."""
-    log_path = spill.with_suffix(".log")
     arguments = [mode, dsn, "crash", str(spill), str(first), str(second)]
-    with (
-        log_path.open("w") as log,  # a file, not a pipe: the process never blocks on its stderr
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.postgres._outages", *arguments],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-        ) as process,
-    ):
-        assert process.stdout is not None
-        watchdog = threading.Timer(60, process.kill)  # a hung process must not hang the test
-        watchdog.start()
-        try:
-            line = process.stdout.readline()
-        finally:
-            watchdog.cancel()
-            process.send_signal(signal.SIGKILL)
-            process.wait(timeout=30)
-    assert line, f"the crash process printed nothing:\n{log_path.read_text()}"
-    assert process.returncode == -signal.SIGKILL
-    report: dict[str, int] = json.loads(line)
+    report: dict[str, int] = report_then_kill(
+        "tests.postgres._outages", arguments, spill.with_suffix(".log"), timeout=60
+    )
     return report
 
 
