@@ -49,6 +49,9 @@ S = TypeVar("S")
 
 logger = logging.getLogger("guarded")
 
+_CLOSE_AT_LEAST = 0.5
+"""Seconds ``aclose()`` gives the wrapped store's own close when the drain used the budget."""
+
 HONOURS_IDEMPOTENCY_KEY = "honours_idempotency_key"
 """A backend sets this class attribute to ``True`` when it honours
 :data:`guarded.idempotency.IDEMPOTENCY_KEY` for consumes; the guard then retries them."""
@@ -590,8 +593,11 @@ class GuardController:
     async def aclose(self) -> None:
         """Flush batches and drain the dead-letter buffer within ``dead_letter.drain_timeout``
         (what is left stays in the spill file for the next process), then close the wrapped store
-        when it has ``aclose()`` or ``close()``."""
+        when it has ``aclose()`` or ``close()``, within what is left of that budget (at least
+        half a second; a close still running then is cancelled and logged)."""
         budget = self._core.config.dead_letter.drain_timeout
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         durabilities = [
             durability
             for durability in (self._core.durability, _artifact_durability(self._core))
@@ -604,5 +610,13 @@ class GuardController:
             if callable(closer):
                 result = closer()
                 if inspect.isawaitable(result):
-                    await result
+                    # The store's close gets what is left of the budget (at least
+                    # _CLOSE_AT_LEAST): on a server that never answers it would wait on it.
+                    left = max(started + budget - loop.time(), _CLOSE_AT_LEAST)
+                    try:
+                        await asyncio.wait_for(result, timeout=left)
+                    except TimeoutError:
+                        logger.warning(
+                            "store %r did not close within %.1fs; abandoned", self._core.name, left
+                        )
                 return

@@ -117,6 +117,8 @@ class Database:
         self._opener = opener
         self._open_lock = asyncio.Lock()
         self.metrics = metrics
+        self._releasing: set[asyncio.Future[None]] = set()
+        """Releases left to finish on their own (see :meth:`acquire`)."""
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -144,10 +146,35 @@ class Database:
         """A pooled connection; the wait is recorded in the acquire histogram."""
         pool = self._pool if self._pool is not None else await self.open()
         started = time.perf_counter()
-        async with pool.acquire() as conn:
+        conn = await pool.acquire()
+        try:
             if self.metrics is not None:
                 self.metrics.observe_acquire(time.perf_counter() - started)
             yield conn
+        except (asyncio.CancelledError, TimeoutError):
+            # A statement interrupted by a cancellation (the guard's deadline) or asyncpg's own
+            # timeout: asyncpg cancels it on the server through a new connection, and releasing
+            # the connection waits for that (up to ``command_timeout``) -- forever as far as the
+            # caller is concerned when the server accepts connections but never answers. The
+            # release is left to run on its own (asyncpg shields it) and the caller goes on.
+            self._release_later(pool, conn)
+            raise
+        except BaseException:
+            await pool.release(conn)
+            raise
+        else:
+            await pool.release(conn)
+
+    def _release_later(self, pool: asyncpg.Pool, conn: PoolConnectionProxy[Any]) -> None:
+        """Release ``conn`` in a task of its own (kept referenced until it ends)."""
+        task = asyncio.ensure_future(pool.release(conn))
+        self._releasing.add(task)
+        task.add_done_callback(self._released)
+
+    def _released(self, task: asyncio.Future[None]) -> None:
+        self._releasing.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a failed release is asyncpg's to log, not the caller's
 
     async def run(self, operation: Callable[[Connection], Awaitable[T]], *, repeat_safe: bool = True) -> T:
         """Run ``operation(conn)``; once more on a fresh connection if the first one was dead."""

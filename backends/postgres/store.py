@@ -320,6 +320,10 @@ class PostgresStateStore:
                 await asyncio.wait_for(self._db.pool.close(), timeout=10)
             except TimeoutError:
                 self._db.pool.terminate()
+            except asyncio.CancelledError:
+                # The caller gave up on the close (a server that never answers): no pool left open.
+                self._db.pool.terminate()
+                raise
 
     async def __aenter__(self) -> Self:
         if not self._db.is_open:
