@@ -6,10 +6,12 @@ processes matter are in ``test_processes.py``.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +45,17 @@ def read(path: Path | str) -> tuple[list[DeadLetter], int, str | None]:
         reader.close()
 
 
+@contextlib.contextmanager
+def sqlite(path: Path | str) -> Iterator[sqlite3.Connection]:
+    """A connection that commits and is closed on the way out: ``with sqlite3.connect()`` only
+    commits, and an open connection's WAL is checkpointed into the file whenever the connection
+    happens to be collected, changing bytes a test compares."""
+    with contextlib.closing(sqlite3.connect(str(path))) as db, db:
+        yield db
+
+
 def meta(path: Path | str, name: str) -> str | None:
-    with sqlite3.connect(str(path)) as db:
+    with sqlite(path) as db:
         row = db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
     return None if row is None else str(row[0])
 
@@ -211,7 +222,7 @@ async def test_a_file_without_a_recorded_target_is_taken_with_a_warning(
     legacy = target_buffer(path, None)
     await put_memory(legacy, "k", "old", 1)
     await legacy.aclose()
-    with sqlite3.connect(str(path)) as db:  # what guarded with layout 1 wrote
+    with sqlite(path) as db:  # what guarded with layout 1 wrote
         db.execute("UPDATE meta SET value = '1' WHERE name = 'schema_version'")
         db.execute("DELETE FROM meta WHERE name = 'target'")
     assert meta(path, "target") is None
@@ -239,9 +250,9 @@ async def test_a_newer_or_foreign_file_is_passed_over_and_left_untouched(
     newer = target_buffer(path)
     await put_memory(newer, "k", 1, 1)
     await newer.aclose()
-    with sqlite3.connect(str(path)) as db:
+    with sqlite(path) as db:
         db.execute("UPDATE meta SET value = '99' WHERE name = 'schema_version'")
-    with sqlite3.connect(str(tmp_path / "dlq.sqlite.1")) as db:
+    with sqlite(tmp_path / "dlq.sqlite.1") as db:
         db.execute("CREATE TABLE users (id INTEGER)")
     before = {name: (tmp_path / name).read_bytes() for name in ("dlq.sqlite", "dlq.sqlite.1")}
 
