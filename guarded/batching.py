@@ -412,12 +412,19 @@ class Batcher:
 
     async def _flush_alone(self, mq: _MethodQueue) -> None:
         """Write the one waiting write of ``mq`` in the caller's task (see :meth:`_enqueue`)."""
-        batch = [mq.queue.popleft()]
+        start, batch = self._take(mq, 1)
+        await self._run_flush(mq, start, batch)
+
+    @staticmethod
+    def _take(mq: _MethodQueue, size: int) -> tuple[int, list[PendingWrite]]:
+        """Move the next ``size`` queued writes of ``mq`` in flight as one batch; returns the
+        batch's first sequence number and its writes."""
+        batch = [mq.queue.popleft() for _ in range(size)]
         start = mq.taken
-        mq.taken += 1
+        mq.taken += size
         mq.in_flight[start] = batch
         mq.active += 1
-        await self._run_flush(mq, start, batch)
+        return start, batch
 
     # --- flushing -----------------------------------------------------------------------------------
 
@@ -441,12 +448,7 @@ class Batcher:
                 eager or len(queue) >= max_batch or mq.due or mq.taken < mq.urgent_through or self._closing
             ):
                 break
-            size = min(len(queue), max_batch)
-            batch = [queue.popleft() for _ in range(size)]
-            start = mq.taken
-            mq.taken += size
-            mq.in_flight[start] = batch
-            mq.active += 1
+            start, batch = self._take(mq, min(len(queue), max_batch))
             mq.due = False
             started = True
             task = asyncio.get_running_loop().create_task(self._run_flush(mq, start, batch))

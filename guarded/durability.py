@@ -448,11 +448,7 @@ class Durability:
             self.kick_replay()
 
     async def _stop_background_replay(self) -> None:
-        task = self._replay_task
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _cancelled(self._replay_task)
         self._replay_task = None
 
     async def _drain_held(self, buffer: DeadLetterBuffer, deadline: float) -> int:
@@ -507,11 +503,8 @@ class Durability:
                     write.settle(outcome)
         remaining = await self.drain(max(0.0, deadline - loop.time()))
         self._closing = True
-        for task in (self._replay_task, self._watch_task):
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await _cancelled(self._replay_task)
+        await _cancelled(self._watch_task)
         kept = lost = parked_lost = 0
         path = None
         if self.buffer is not None:
@@ -546,3 +539,11 @@ class Durability:
                 },
             )
         return remaining
+
+
+async def _cancelled(task: asyncio.Task[None] | None) -> None:
+    """Cancel ``task`` (when it still runs) and wait until it has ended."""
+    if task is not None and not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
