@@ -1236,22 +1236,7 @@ class SpillFile:
     def page(self, after: int, limit: int | None) -> list[DeadLetter]:
         """Waiting entries with ``seq > after`` in sequence order, at most ``limit`` (unreadable
         rows are set aside and not counted against the limit)."""
-        found: list[DeadLetter] = []
-        while True:
-            want = None if limit is None else limit - len(found)
-            if want is not None and want <= 0:
-                return found
-            rows = self._select(
-                f"SELECT rowid, {_PENDING_COLUMNS} FROM pending "
-                "WHERE typeof(seq) = 'integer' AND seq > ? ORDER BY seq LIMIT ?",
-                (after, -1 if want is None else want),
-            )
-            if not rows:
-                return found
-            after = int(rows[-1][1])  # type: ignore[call-overload]
-            found.extend(self._checked("pending", rows, _pending, counted=True))
-            if want is None or len(rows) < want:
-                return found
+        return self._paged("pending", _PENDING_COLUMNS, _pending, after, limit, counted=True)
 
     def fetch(self, seqs: Sequence[int]) -> list[DeadLetter]:
         """The waiting entries among ``seqs``, in sequence order."""
@@ -1276,27 +1261,37 @@ class SpillFile:
 
     def parked(self, limit: int | None = None) -> list[ParkedWrite]:
         """Parked writes in sequence order, at most ``limit`` (unreadable ones are set aside)."""
-        found: list[ParkedWrite] = []
-        after: int | None = None
+        if limit is None or limit > 0:
+            rows = self._select(f"SELECT rowid, {_PARKED_COLUMNS} FROM parked WHERE typeof(seq) != 'integer'")
+            self._checked("parked", rows, _parked, counted=False)
+        return self._paged("parked", _PARKED_COLUMNS, _parked, -(2**63), limit, counted=False)
+
+    def _paged(
+        self,
+        table: str,
+        columns: str,
+        read: Callable[[Sequence[object]], R],
+        after: int,
+        limit: int | None,
+        *,
+        counted: bool,
+    ) -> list[R]:
+        """Rows of ``table`` with an integer ``seq > after`` in sequence order, read by ``read``, at
+        most ``limit``; unreadable rows are set aside and not counted against the limit."""
+        found: list[R] = []
         while True:
             want = None if limit is None else limit - len(found)
             if want is not None and want <= 0:
                 return found
-            if after is None:
-                rows = self._select(
-                    f"SELECT rowid, {_PARKED_COLUMNS} FROM parked WHERE typeof(seq) != 'integer'"
-                )
-                self._checked("parked", rows, _parked, counted=False)
-                after = -(2**63)
             rows = self._select(
-                f"SELECT rowid, {_PARKED_COLUMNS} FROM parked "
+                f"SELECT rowid, {columns} FROM {table} "
                 "WHERE typeof(seq) = 'integer' AND seq > ? ORDER BY seq LIMIT ?",
                 (after, -1 if want is None else want),
             )
             if not rows:
                 return found
             after = int(rows[-1][1])  # type: ignore[call-overload]
-            found.extend(self._checked("parked", rows, _parked, counted=False))
+            found.extend(self._checked(table, rows, read, counted=counted))
             if want is None or len(rows) < want:
                 return found
 
