@@ -17,6 +17,11 @@ its parameters in signature order -- and do exactly what the single method calle
 in list order does, except that every item is validated first: one bad item raises the single
 method's error (its path prefixed by ``items[3]``, ``states[3]``, ...) and nothing is stored.
 
+Memory states, trajectories, remote bindings and pauses are last-write-wins by logical time
+(:mod:`guarded.logical_time`), like the PostgreSQL backend: a write older than the one that set a
+key leaves it alone. Without a guard every call gets a new, larger time, so plain calls behave
+exactly as PenguiFlow's reference store (the last call wins).
+
 Safe for concurrent use on one event loop: encoding happens before the lock is taken, and no
 critical section awaits. Not thread-safe.
 """
@@ -29,7 +34,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
@@ -51,6 +56,7 @@ from guarded.codec import (
     to_json_object,
 )
 from guarded.errors import InvalidPayloadError
+from guarded.logical_time import current_logical_times
 from guarded.models import (
     GLOBAL_TRACE_ID,
     ArtifactRetentionConfig,
@@ -229,6 +235,8 @@ class InMemoryStateStore:
         self._task_sessions: dict[str, str] = {}
         self._trajectories: dict[str, tuple[str, str]] = {}
         self._session_traces: dict[str, dict[str, None]] = {}
+        self._written: dict[tuple[str, Hashable], int] = {}
+        """The logical time of the write that set each last-write-wins key: (kind, key) -> time."""
         self._artifact_store = InMemoryArtifactStore(artifact_retention, clock=clock)
 
     @property
@@ -274,8 +282,9 @@ class InMemoryStateStore:
     async def save_remote_binding(self, binding: RemoteBinding) -> None:
         """Upsert by ``(trace_id, context_id, task_id)``."""
         data = _checked("save_remote_binding", "binding", lambda: REMOTE_BINDING.encode(binding))
+        [written] = current_logical_times(1)
         async with self._lock:
-            self._put_binding(data)
+            self._put_binding(data, written)
 
     async def save_remote_bindings(self, bindings: Sequence[RemoteBinding]) -> None:
         """:meth:`save_remote_binding` for each binding in order; nothing is stored if one is invalid."""
@@ -283,13 +292,15 @@ class InMemoryStateStore:
             _checked("save_remote_bindings", f"bindings[{index}]", partial(REMOTE_BINDING.encode, binding))
             for index, binding in enumerate(bindings)
         ]
+        times = current_logical_times(len(encoded))
         async with self._lock:
-            for data in encoded:
-                self._put_binding(data)
+            for data, written in zip(encoded, times, strict=True):
+                self._put_binding(data, written)
 
-    def _put_binding(self, data: JSONObject) -> None:
+    def _put_binding(self, data: JSONObject, written: int) -> None:
         key = (_text(data, "trace_id"), cast(str | None, data["context_id"]), _text(data, "task_id"))
-        self._bindings[key] = _Binding.of(self._next_seq(), data)
+        if self._newest("binding", key, written):
+            self._bindings[key] = _Binding.of(self._next_seq(), data)
 
     async def find_binding(
         self,
@@ -322,8 +333,9 @@ class InMemoryStateStore:
 
     async def mark_binding_terminal(self, *, trace_id: str, context_id: str | None, task_id: str) -> None:
         """Mark the binding terminal so :meth:`find_binding` never returns it; unknown: no-op."""
+        [written] = current_logical_times(1)
         async with self._lock:
-            self._mark_terminal((trace_id, context_id, task_id))
+            self._mark_terminal((trace_id, context_id, task_id), written)
 
     async def mark_bindings_terminal(self, items: Sequence[tuple[str, str | None, str]]) -> None:
         """:meth:`mark_binding_terminal` for each ``(trace_id, context_id, task_id)`` in order."""
@@ -331,13 +343,14 @@ class InMemoryStateStore:
             cast(_BindingKey, key)
             for _, key in _calls("mark_bindings_terminal", items, 3, "(trace_id, context_id, task_id)")
         ]
+        times = current_logical_times(len(keys))
         async with self._lock:
-            for key in keys:
-                self._mark_terminal(key)
+            for key, written in zip(keys, times, strict=True):
+                self._mark_terminal(key, written)
 
-    def _mark_terminal(self, key: _BindingKey) -> None:
+    def _mark_terminal(self, key: _BindingKey, written: int) -> None:
         binding = self._bindings.get(key)
-        if binding is not None:
+        if binding is not None and self._newest("binding", key, written):
             data: JSONObject = json.loads(binding.text)
             data["is_terminal"] = True
             self._bindings[key] = _Binding.of(binding.seq, data)
@@ -347,8 +360,9 @@ class InMemoryStateStore:
     async def save_planner_state(self, token: str, payload: dict[str, Any]) -> None:
         """Store the pause payload losslessly under ``token`` (upsert; restarts the TTL)."""
         text = _dumps(_checked("save_planner_state", "payload", lambda: to_json_object(payload)))
+        times = current_logical_times(1)
         async with self._lock:
-            self._put_planner_states([(token, text)])
+            self._put_planner_states([(token, text)], times)
 
     async def save_planner_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """:meth:`save_planner_state` for each ``(token, payload)`` in order (the last of a token
@@ -357,10 +371,11 @@ class InMemoryStateStore:
             (token, _object_text("save_planner_states", f"items[{index}].payload", payload))
             for index, (token, payload) in _calls("save_planner_states", items, 2, "(token, payload)")
         ]
+        times = current_logical_times(len(encoded))
         async with self._lock:
-            self._put_planner_states(encoded)
+            self._put_planner_states(encoded, times)
 
-    def _put_planner_states(self, items: Sequence[tuple[str, str]]) -> None:
+    def _put_planner_states(self, items: Sequence[tuple[str, str]], times: Sequence[int]) -> None:
         """Store ``(token, payload text)`` pairs, all saved now: expired pauses are dropped first."""
         now = self._clock()
         ttl = self._planner_state_ttl
@@ -370,13 +385,16 @@ class InMemoryStateStore:
             ]
             for key in expired:
                 del self._planner_state[key]
-        for token, text in items:
-            self._planner_state[token] = (None if ttl is None else now + ttl, text)
+                self._written.pop(("pause", key), None)
+        for (token, text), written in zip(items, times, strict=True):
+            if self._newest("pause", token, written):
+                self._planner_state[token] = (None if ttl is None else now + ttl, text)
 
     async def load_planner_state(self, token: str) -> dict[str, Any] | None:
         """Return and consume the payload; ``None`` (never ``{}``) when missing, consumed or expired."""
         async with self._lock:
             entry = self._planner_state.pop(token, None)
+            self._written.pop(("pause", token), None)
         if entry is None or (entry[0] is not None and entry[0] <= self._clock()):
             return None
         payload: dict[str, Any] = json.loads(entry[1])
@@ -387,8 +405,10 @@ class InMemoryStateStore:
     async def save_memory_state(self, key: str, state: dict[str, Any]) -> None:
         """Upsert the memory state for ``key``."""
         text = _dumps(_checked("save_memory_state", "state", lambda: to_json_object(state)))
+        [written] = current_logical_times(1)
         async with self._lock:
-            self._memory_state[key] = text
+            if self._newest("memory", key, written):
+                self._memory_state[key] = text
 
     async def save_memory_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """:meth:`save_memory_state` for each ``(key, state)`` in order (the last of a key wins);
@@ -397,9 +417,11 @@ class InMemoryStateStore:
             (key, _object_text("save_memory_states", f"items[{index}].state", state))
             for index, (key, state) in _calls("save_memory_states", items, 2, "(key, state)")
         ]
+        times = current_logical_times(len(encoded))
         async with self._lock:
-            for key, text in encoded:
-                self._memory_state[key] = text
+            for (key, text), written in zip(encoded, times, strict=True):
+                if self._newest("memory", key, written):
+                    self._memory_state[key] = text
 
     async def load_memory_state(self, key: str) -> dict[str, Any] | None:
         """A fresh copy of the state saved for ``key``, or ``None``."""
@@ -514,8 +536,9 @@ class InMemoryStateStore:
     async def save_trajectory(self, trace_id: str, session_id: str, trajectory: Trajectory) -> None:
         """Upsert; the trace becomes the session's most recent and leaves any session it was in."""
         text = _dumps(_checked("save_trajectory", "", lambda: encode_trajectory(trajectory)))
+        [written] = current_logical_times(1)
         async with self._lock:
-            self._put_trajectory(trace_id, session_id, text)
+            self._put_trajectory(trace_id, session_id, text, written)
 
     async def save_trajectories(self, items: Sequence[tuple[str, str, Trajectory]]) -> None:
         """:meth:`save_trajectory` for each ``(trace_id, session_id, trajectory)`` in order;
@@ -527,11 +550,14 @@ class InMemoryStateStore:
         ):
             data = _checked(method, f"items[{index}]", partial(encode_trajectory, trajectory))
             encoded.append((trace_id, session_id, _dumps(data)))
+        times = current_logical_times(len(encoded))
         async with self._lock:
-            for trace_id, session_id, text in encoded:
-                self._put_trajectory(trace_id, session_id, text)
+            for (trace_id, session_id, text), written in zip(encoded, times, strict=True):
+                self._put_trajectory(trace_id, session_id, text, written)
 
-    def _put_trajectory(self, trace_id: str, session_id: str, text: str) -> None:
+    def _put_trajectory(self, trace_id: str, session_id: str, text: str, written: int) -> None:
+        if not self._newest("trajectory", trace_id, written):
+            return
         previous = self._trajectories.get(trace_id)
         if previous is not None:
             self._session_traces.get(previous[0], {}).pop(trace_id, None)
@@ -588,6 +614,7 @@ class InMemoryStateStore:
         self._task_sessions.clear()
         self._trajectories.clear()
         self._session_traces.clear()
+        self._written.clear()
         self._dropped.update(dict.fromkeys(DROP_KINDS, 0))
         self._artifact_store.clear()
 
@@ -601,10 +628,19 @@ class InMemoryStateStore:
         self._artifact_store.clear_session(session_id)
         for trace_id in [*self._session_traces.pop(session_id, {}), f"session:{session_id}"]:
             self._trajectories.pop(trace_id, None)
+            self._written.pop(("trajectory", trace_id), None)
             self._logs["planner_events"].pop(trace_id, None)
             self._logs["events"].pop(trace_id, None)
 
     # --- internals ---------------------------------------------------------------------------------
+
+    def _newest(self, kind: str, key: Hashable, written: int) -> bool:
+        """Record ``written`` as the logical time of ``key`` unless a newer write set it; whether
+        the write may be applied (last-write-wins)."""
+        if self._written.get((kind, key), written) > written:
+            return False
+        self._written[(kind, key)] = written
+        return True
 
     def _next_seq(self) -> int:
         self._seq += 1

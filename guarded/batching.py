@@ -48,7 +48,7 @@ import itertools
 import logging
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -56,7 +56,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
 from . import telemetry_names as names
 from .config import BatchConfig
-from .idempotency import WRITE_KEY_ARGUMENT
+from .idempotency import KEPT_ARGUMENTS, WRITE_KEY_ARGUMENT, item_keys
+from .logical_time import WRITE_TIME_ARGUMENT, kept_write_time, logical_times, next_logical_time
 from .outcome import Outcome
 from .protocol import (
     StateStore,
@@ -680,20 +681,44 @@ def bulk_methods_of(store: object) -> frozenset[str]:
     return frozenset(method for method in BULK_METHODS if bulk_method_for(store, method) is not None)
 
 
-def bulk_call(
-    method: str, calls: Sequence[tuple[tuple[Any, ...], Mapping[str, Any]]]
-) -> tuple[tuple[Any, ...], tuple[str, ...] | None]:
-    """The positional arguments of the bulk call that replays ``calls`` (kept single calls of
-    ``method``), and the item keys they carry (:data:`~guarded.idempotency.WRITE_KEY_ARGUMENT`;
-    ``None`` unless every call has one)."""
+@dataclass(frozen=True, slots=True)
+class BulkReplay:
+    """The bulk call that replays kept single calls of one method, with what they kept."""
+
+    args: tuple[Any, ...]
+    """Positional arguments of the bulk method."""
+    item_keys: tuple[str, ...] | None
+    """The item key of each call (:data:`~guarded.idempotency.WRITE_KEY_ARGUMENT`); ``None``
+    unless every call has one."""
+    logical_times: tuple[int, ...] | None
+    """The logical time of each call (:data:`~guarded.logical_time.WRITE_TIME_ARGUMENT`; a call
+    kept without one gets a new time); ``None`` when no call has one."""
+
+    @contextlib.contextmanager
+    def context(self) -> Iterator[None]:
+        """Set the item keys and logical times for the bulk call made inside the block."""
+        with item_keys(self.item_keys), logical_times(self.logical_times):
+            yield
+
+
+def bulk_call(method: str, calls: Sequence[tuple[tuple[Any, ...], Mapping[str, Any]]]) -> BulkReplay:
+    """The bulk call that replays ``calls`` (kept single calls of ``method``)."""
     keys: list[str] = []
+    times: list[int | None] = []
     writes = []
     for args, kwargs in calls:
         if WRITE_KEY_ARGUMENT in kwargs:
             keys.append(str(kwargs[WRITE_KEY_ARGUMENT]))
-            kwargs = {name: value for name, value in kwargs.items() if name != WRITE_KEY_ARGUMENT}
+        times.append(kept_write_time(kwargs.get(WRITE_TIME_ARGUMENT)))
+        if WRITE_KEY_ARGUMENT in kwargs or WRITE_TIME_ARGUMENT in kwargs:
+            kwargs = {name: value for name, value in kwargs.items() if name not in KEPT_ARGUMENTS}
         writes.append(PendingWrite(method, args, kwargs, None, 0, 0.0))
-    return bulk_args(method, writes), (tuple(keys) if keys and len(keys) == len(writes) else None)
+    timed = any(time is not None for time in times)
+    return BulkReplay(
+        bulk_args(method, writes),
+        tuple(keys) if keys and len(keys) == len(writes) else None,
+        tuple(next_logical_time() if time is None else time for time in times) if timed else None,
+    )
 
 
 def bulk_args(method: str, writes: Sequence[PendingWrite]) -> tuple[Any, ...]:
@@ -716,6 +741,7 @@ __all__ = [
     "BULK_METHODS",
     "ORDERED_METHODS",
     "Batcher",
+    "BulkReplay",
     "PendingWrite",
     "Writer",
     "bulk_args",

@@ -28,7 +28,7 @@ from .config import GuardConfig
 from .deadletter import DeadLetterBuffer, ReplayResult
 from .errors import InvalidPayloadError
 from .failure_log import operational_errors
-from .idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_item_key
+from .idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_call
 from .outcome import Outcome
 from .stale import StaleCache
 
@@ -295,7 +295,7 @@ class Durability:
 
     async def _send(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ReplayResult:
         try:
-            with replayed_item_key(kwargs):
+            with replayed_call(kwargs):
                 await self._run(method, args, kwargs)
         except Exception as exc:
             self._operational.count(self.store_name, method, exc)
@@ -307,10 +307,10 @@ class Durability:
     ) -> ReplayResult:
         bulk = bulk_method_for(self.target, method)
         assert bulk is not None, "replay passes send_bulk only for methods whose bulk form the backend has"
-        args, keys = bulk_call(method, calls)
+        replay = bulk_call(method, calls)
         try:
-            with item_keys(keys):
-                await self._run(bulk, args, {})
+            with replay.context():
+                await self._run(bulk, replay.args, {})
         except Exception as exc:
             self._operational.count(self.store_name, method, exc, len(calls))
             raise

@@ -33,6 +33,8 @@ import contextvars
 from collections.abc import Iterator
 from typing import Any
 
+from .logical_time import WRITE_TIME_ARGUMENT, kept_write_time, logical_times
+
 IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "guarded_idempotency_key", default=None
 )
@@ -50,6 +52,9 @@ the later replay of one of its writes store that write once."""
 WRITE_KEY_ARGUMENT = "_guarded_write_key"
 """Keyword argument under which a dead-lettered append keeps its item key; a replay removes it and
 sets :data:`ITEM_KEYS` instead."""
+
+KEPT_ARGUMENTS = frozenset({WRITE_KEY_ARGUMENT, WRITE_TIME_ARGUMENT})
+"""Keyword arguments the guard adds to a write it keeps; a replay removes them before the call."""
 
 
 UNANSWERED_KEYS: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
@@ -94,11 +99,16 @@ def item_keys(keys: tuple[str, ...] | None) -> Iterator[tuple[str, ...] | None]:
         ITEM_KEYS.reset(token)
 
 
-def replayed_item_key(kwargs: dict[str, Any]) -> contextlib.AbstractContextManager[tuple[str, ...] | None]:
-    """For the replay of a kept write: remove its item key from ``kwargs`` (see
-    :data:`WRITE_KEY_ARGUMENT`) and set it as :data:`ITEM_KEYS` for the calls inside the block."""
+@contextlib.contextmanager
+def replayed_call(kwargs: dict[str, Any]) -> Iterator[None]:
+    """For the replay of a kept write: remove what the guard kept with it from ``kwargs`` -- its
+    item key (:data:`WRITE_KEY_ARGUMENT`) and the logical time of its call
+    (:data:`~guarded.logical_time.WRITE_TIME_ARGUMENT`) -- and set them as :data:`ITEM_KEYS` and
+    :data:`~guarded.logical_time.LOGICAL_TIMES` for the calls inside the block."""
     key = kwargs.pop(WRITE_KEY_ARGUMENT, None)
-    return item_keys(None if key is None else (str(key),))
+    time = kept_write_time(kwargs.pop(WRITE_TIME_ARGUMENT, None))
+    with item_keys(None if key is None else (str(key),)), logical_times(None if time is None else (time,)):
+        yield
 
 
 def current_idempotency_key() -> str | None:
@@ -119,6 +129,7 @@ def idempotency_key(key: str | None) -> Iterator[str | None]:
 __all__ = [
     "IDEMPOTENCY_KEY",
     "ITEM_KEYS",
+    "KEPT_ARGUMENTS",
     "UNANSWERED_KEYS",
     "WRITE_KEY_ARGUMENT",
     "current_idempotency_key",
@@ -126,6 +137,6 @@ __all__ = [
     "current_unanswered_keys",
     "idempotency_key",
     "item_keys",
-    "replayed_item_key",
+    "replayed_call",
     "unanswered_keys",
 ]

@@ -12,6 +12,9 @@ The bulk forms are one statement each. ``save_remote_bindings`` keeps the last i
 each key's *first* item (the identity ``id``, ``list_bindings``' order, is taken on insert) and
 take their ``saved_seq`` in the order of each key's *last* item (``find_binding``'s "most
 recently saved"). ``mark_bindings_terminal`` is one ``UPDATE ... FROM unnest(...)``.
+
+Saves and terminal marks are last-write-wins by logical time (:mod:`guarded.logical_time`): one
+older than the write that last set the row leaves it alone, from any process.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from guarded.codec import REMOTE_BINDING, RecordTypes
+from guarded.logical_time import current_logical_time, current_logical_times
 
 from .bulk import last_per_key, last_per_key_at_first
 from .connection import Database
@@ -89,22 +93,23 @@ class Bindings:
             "remote_skill = EXCLUDED.remote_skill, tenant_id = EXCLUDED.tenant_id, "
             "user_id = EXCLUDED.user_id, "
             "is_terminal = EXCLUDED.is_terminal, doc = EXCLUDED.doc, saved_seq = EXCLUDED.saved_seq, "
-            "updated_at = now()"
+            "logical_time = EXCLUDED.logical_time, updated_at = now() "
+            "WHERE stored.logical_time <= EXCLUDED.logical_time"
         )
         self.upsert = (
-            f"INSERT INTO {table} ({columns}, saved_seq) "
-            f"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, {next_seq(schema)}) {on_conflict}"
+            f"INSERT INTO {table} AS stored ({columns}, logical_time, saved_seq) "
+            f"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, {next_seq(schema)}) {on_conflict}"
         )
         # The CTE takes the sequence values in the order of each key's last item (nextval, a
         # volatile output expression, is evaluated after the ORDER BY sort; a CTE with a volatile
         # function is materialised once); the INSERT then adds the rows in first-item order.
         self.upsert_many = (
-            f"WITH batch AS (SELECT {columns}, ord, {next_seq(schema)} AS saved_seq "
+            f"WITH batch AS (SELECT {columns}, logical_time, ord, {next_seq(schema)} AS saved_seq "
             "FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], "
-            "$7::text[], $8::text[], $9::bool[], $10::json[], $11::int8[]) WITH ORDINALITY "
-            f"AS item({columns}, last_pos, ord) ORDER BY last_pos) "
-            f"INSERT INTO {table} ({columns}, saved_seq) SELECT {columns}, saved_seq FROM batch "
-            f"ORDER BY ord {on_conflict}"
+            "$7::text[], $8::text[], $9::bool[], $10::json[], $11::int8[], $12::int8[]) WITH ORDINALITY "
+            f"AS item({columns}, logical_time, last_pos, ord) ORDER BY last_pos) "
+            f"INSERT INTO {table} AS stored ({columns}, logical_time, saved_seq) "
+            f"SELECT {columns}, logical_time, saved_seq FROM batch ORDER BY ord {on_conflict}"
         )
         self.find = (
             f"SELECT doc, is_terminal FROM {table} WHERE router_session_id = $1 AND agent_url = $2 "
@@ -114,14 +119,15 @@ class Bindings:
         )
         self.list = f"SELECT doc, is_terminal FROM {table} WHERE router_session_id = $1 ORDER BY id"
         self.mark = (
-            f"UPDATE {table} SET is_terminal = true, updated_at = now() "
-            "WHERE trace_id = $1 AND context_key = $2 AND task_id = $3"
+            f"UPDATE {table} SET is_terminal = true, logical_time = $4, updated_at = now() "
+            "WHERE trace_id = $1 AND context_key = $2 AND task_id = $3 AND logical_time <= $4"
         )
         self.mark_many = (
-            f"UPDATE {table} AS stored SET is_terminal = true, updated_at = now() "
-            "FROM unnest($1::text[], $2::text[], $3::text[]) AS batch(trace_id, context_key, task_id) "
+            f"UPDATE {table} AS stored SET is_terminal = true, logical_time = batch.logical_time, "
+            "updated_at = now() FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[]) "
+            "AS batch(trace_id, context_key, task_id, logical_time) "
             "WHERE stored.trace_id = batch.trace_id AND stored.context_key = batch.context_key "
-            "AND stored.task_id = batch.task_id"
+            "AND stored.task_id = batch.task_id AND stored.logical_time <= batch.logical_time"
         )
 
     def _decode(self, doc: str, is_terminal: bool) -> Any:
@@ -129,15 +135,16 @@ class Bindings:
         return REMOTE_BINDING.decode(data, self._types)
 
     async def save(self, row: BindingRow) -> None:
-        await self._db.execute(self.upsert, *row)
+        await self._db.execute(self.upsert, *row, current_logical_time())
 
     async def save_many(self, rows: Sequence[BindingRow]) -> None:
         """Upsert encoded rows in one statement, leaving what single saves in order would leave."""
         if not rows:
             return
-        unique = last_per_key_at_first(rows, lambda row: row[:3])
+        timed = [(*row, time) for row, time in zip(rows, current_logical_times(len(rows)), strict=True)]
+        unique = last_per_key_at_first(timed, lambda row: row[:3])
         if len(unique) == 1:
-            await self.save(unique[0][0])
+            await self._db.execute(self.upsert, *unique[0][0])
             return
         await self._db.execute(
             self.upsert_many, *zip(*(row for row, _ in unique), strict=True), [last for _, last in unique]
@@ -168,13 +175,15 @@ class Bindings:
         return [self._decode(row["doc"], row["is_terminal"]) for row in rows]
 
     async def mark_terminal(self, *, trace_id: Any, context_id: Any, task_id: Any) -> None:
-        await self._db.execute(self.mark, *encode_binding_key(trace_id, context_id, task_id))
+        key = encode_binding_key(trace_id, context_id, task_id)
+        await self._db.execute(self.mark, *key, current_logical_time())
 
     async def mark_terminal_many(self, keys: Sequence[BindingKey]) -> None:
         """Mark the bindings of the encoded keys terminal in one statement; unknown keys: no-op."""
         if not keys:
             return
-        unique = sorted(last_per_key(keys, lambda key: key))
+        timed = [(*key, time) for key, time in zip(keys, current_logical_times(len(keys)), strict=True)]
+        unique = sorted(last_per_key(timed, lambda row: row[:3]))
         if len(unique) == 1:
             await self._db.execute(self.mark, *unique[0])
             return

@@ -1,5 +1,9 @@
 """Short-term memory state: an upsert per key, read back exactly (spec 000 §6, §7).
 
+Last-write-wins by logical time (:mod:`guarded.logical_time`): each row keeps the logical time of
+the write that set it, and an upsert with an older time leaves the row alone -- so a write held
+during an outage and replayed later never undoes a newer write, from any process.
+
 :meth:`MemoryStates.save_many` upserts many keys in one ``INSERT ... SELECT FROM unnest(...)``
 statement, the last state of a key winning (:mod:`.bulk`). The rows go in key order, so two
 concurrent bulk writes of overlapping keys lock them in the same order and cannot deadlock.
@@ -9,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+from guarded.logical_time import current_logical_time, current_logical_times
 
 from .bulk import last_per_key
 from .connection import Database
@@ -22,14 +28,18 @@ class MemoryStates:
     def __init__(self, db: Database, schema: str) -> None:
         self._db = db
         table = qualified(schema, "memory_states")
+        on_conflict = (
+            "ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, "
+            "logical_time = EXCLUDED.logical_time, updated_at = now() "
+            "WHERE stored.logical_time <= EXCLUDED.logical_time"
+        )
         self.upsert = (
-            f"INSERT INTO {table} (key, state) VALUES ($1, $2) "
-            "ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, updated_at = now()"
+            f"INSERT INTO {table} AS stored (key, state, logical_time) VALUES ($1, $2, $3) {on_conflict}"
         )
         self.upsert_many = (
-            f"INSERT INTO {table} (key, state) SELECT key, state "
-            "FROM unnest($1::text[], $2::json[]) AS batch(key, state) "
-            "ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, updated_at = now()"
+            f"INSERT INTO {table} AS stored (key, state, logical_time) SELECT key, state, logical_time "
+            "FROM unnest($1::text[], $2::json[], $3::int8[]) AS batch(key, state, logical_time) "
+            f"{on_conflict}"
         )
         self.select = f"SELECT state FROM {table} WHERE key = $1"
 
@@ -39,15 +49,16 @@ class MemoryStates:
         return to_db_text(check_text(key, "key")), dump_json_object(state, "state")
 
     async def save(self, key: str, state: str) -> None:
-        await self._db.execute(self.upsert, key, state)
+        await self._db.execute(self.upsert, key, state, current_logical_time())
 
     async def save_many(self, rows: Sequence[tuple[str, str]]) -> None:
         """Upsert encoded ``(key, state)`` rows in one statement; the last row of a key wins."""
         if not rows:
             return
-        unique = sorted(last_per_key(rows, lambda row: row[0]))
+        timed = [(*row, time) for row, time in zip(rows, current_logical_times(len(rows)), strict=True)]
+        unique = sorted(last_per_key(timed, lambda row: row[0]))
         if len(unique) == 1:
-            await self.save(*unique[0])
+            await self._db.execute(self.upsert, *unique[0])
             return
         await self._db.execute(self.upsert_many, *zip(*unique, strict=True))
 

@@ -30,6 +30,9 @@ Missing, expired and consumed tokens all read as ``None`` (never ``{}``).
 :meth:`Pauses.save_many` (``save_planner_states``) is the same upsert for many tokens in one
 ``INSERT ... SELECT FROM unnest(...)`` statement: every token gets the TTL and becomes consumable
 again as with single saves, the last payload of a token winning (:mod:`.bulk`).
+
+A save is last-write-wins by logical time (:mod:`guarded.logical_time`): one older than the save
+that set the row leaves it alone (payload, TTL and consumption), from any process.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from guarded.idempotency import current_idempotency_key, current_unanswered_keys
+from guarded.logical_time import current_logical_time, current_logical_times
 
 from .bulk import last_per_key
 from .connection import Connection, Database
@@ -55,16 +59,18 @@ class Pauses:
         table = qualified(schema, "planner_pauses")
         on_conflict = (
             "ON CONFLICT (token) DO UPDATE SET payload = EXCLUDED.payload, created_at = now(), "
-            "expires_at = EXCLUDED.expires_at, consumed_at = NULL, consumer_key = NULL"
+            "expires_at = EXCLUDED.expires_at, consumed_at = NULL, consumer_key = NULL, "
+            "logical_time = EXCLUDED.logical_time WHERE stored.logical_time <= EXCLUDED.logical_time"
         )
         self.upsert = (
-            f"INSERT INTO {table} (token, payload, expires_at) "
-            f"VALUES ($1, $2, now() + make_interval(secs => $3)) {on_conflict}"
+            f"INSERT INTO {table} AS stored (token, payload, expires_at, logical_time) "
+            f"VALUES ($1, $2, now() + make_interval(secs => $3), $4) {on_conflict}"
         )
         self.upsert_many = (
-            f"INSERT INTO {table} (token, payload, expires_at) "
-            "SELECT token, payload, now() + make_interval(secs => $3) "
-            f"FROM unnest($1::text[], $2::json[]) AS batch(token, payload) {on_conflict}"
+            f"INSERT INTO {table} AS stored (token, payload, expires_at, logical_time) "
+            "SELECT token, payload, now() + make_interval(secs => $3), logical_time "
+            "FROM unnest($1::text[], $2::json[], $4::int8[]) AS batch(token, payload, logical_time) "
+            f"{on_conflict}"
         )
         self.take = (
             f"DELETE FROM {table} WHERE token = $1 AND consumed_at IS NULL AND expires_at > now() "
@@ -90,18 +96,20 @@ class Pauses:
         return to_db_text(check_text(token, "token")), dump_json_object(payload, "payload")
 
     async def save(self, token: str, payload: str) -> None:
-        await self._db.execute(self.upsert, token, payload, self.ttl)
+        await self._db.execute(self.upsert, token, payload, self.ttl, current_logical_time())
 
     async def save_many(self, rows: Sequence[tuple[str, str]]) -> None:
         """Upsert encoded ``(token, payload)`` rows in one statement; the last row of a token wins."""
         if not rows:
             return
-        unique = sorted(last_per_key(rows, lambda row: row[0]))  # token order: no deadlocks
+        timed = [(*row, time) for row, time in zip(rows, current_logical_times(len(rows)), strict=True)]
+        unique = sorted(last_per_key(timed, lambda row: row[0]))  # token order: no deadlocks
         if len(unique) == 1:
-            await self.save(*unique[0])
+            token, payload, time = unique[0]
+            await self._db.execute(self.upsert, token, payload, self.ttl, time)
             return
-        tokens, payloads = zip(*unique, strict=True)
-        await self._db.execute(self.upsert_many, tokens, payloads, self.ttl)
+        tokens, payloads, times = zip(*unique, strict=True)
+        await self._db.execute(self.upsert_many, tokens, payloads, self.ttl, times)
 
     async def load(self, token: Any) -> dict[str, Any] | None:
         key = to_db_text(check_text(token, "token"))

@@ -13,6 +13,9 @@ orders by the last save (saving a trace again moves it to the front).
 SELECT FROM unnest(...)`` statement. Each trace keeps its last item, placed at that item's
 position, and the sequence values are taken in that order, so ``list_traces`` orders the traces
 exactly as single saves in list order would.
+
+Last-write-wins by logical time (:mod:`guarded.logical_time`): a save older than the one that set
+the row leaves it alone (a late replay never undoes a newer save, from any process).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from guarded.codec import decode_trajectory, encode_trajectory
 from guarded.errors import InvalidPayloadError
+from guarded.logical_time import current_logical_time, current_logical_times
 
 from .bulk import last_per_key
 from .connection import Database
@@ -37,21 +41,23 @@ class Trajectories:
         table = qualified(schema, "trajectories")
         on_conflict = (
             "ON CONFLICT (trace_id) DO UPDATE SET session_id = EXCLUDED.session_id, doc = EXCLUDED.doc, "
-            "saved_seq = EXCLUDED.saved_seq, updated_at = now()"
+            "saved_seq = EXCLUDED.saved_seq, logical_time = EXCLUDED.logical_time, updated_at = now() "
+            "WHERE stored.logical_time <= EXCLUDED.logical_time"
         )
         self.upsert = (
-            f"INSERT INTO {table} (trace_id, session_id, doc, saved_seq) "
-            f"VALUES ($1, $2, $3, {next_seq(schema)}) {on_conflict}"
+            f"INSERT INTO {table} AS stored (trace_id, session_id, doc, logical_time, saved_seq) "
+            f"VALUES ($1, $2, $3, $4, {next_seq(schema)}) {on_conflict}"
         )
         # The CTE takes the sequence values in batch order (PostgreSQL evaluates nextval, a volatile
         # output expression, after the ORDER BY sort, and materialises a CTE calling it once); the
         # rows then go in trace order, so concurrent bulk writes lock shared rows in one order.
         self.upsert_many = (
-            f"WITH batch AS (SELECT trace_id, session_id, doc, {next_seq(schema)} AS saved_seq "
-            "FROM unnest($1::text[], $2::text[], $3::json[]) WITH ORDINALITY "
-            "AS item(trace_id, session_id, doc, ord) ORDER BY ord) "
-            f"INSERT INTO {table} (trace_id, session_id, doc, saved_seq) "
-            f"SELECT trace_id, session_id, doc, saved_seq FROM batch ORDER BY trace_id {on_conflict}"
+            f"WITH batch AS (SELECT trace_id, session_id, doc, logical_time, {next_seq(schema)} AS saved_seq "
+            "FROM unnest($1::text[], $2::text[], $3::json[], $4::int8[]) WITH ORDINALITY "
+            "AS item(trace_id, session_id, doc, logical_time, ord) ORDER BY ord) "
+            f"INSERT INTO {table} AS stored (trace_id, session_id, doc, logical_time, saved_seq) "
+            "SELECT trace_id, session_id, doc, logical_time, saved_seq FROM batch "
+            f"ORDER BY trace_id {on_conflict}"
         )
         self.select = f"SELECT doc FROM {table} WHERE trace_id = $1 AND session_id = $2"
         self.recent = f"SELECT trace_id FROM {table} WHERE session_id = $1 ORDER BY saved_seq DESC LIMIT $2"
@@ -66,15 +72,16 @@ class Trajectories:
         )
 
     async def save(self, row: tuple[str, str, str]) -> None:
-        await self._db.execute(self.upsert, *row)
+        await self._db.execute(self.upsert, *row, current_logical_time())
 
     async def save_many(self, rows: Sequence[tuple[str, str, str]]) -> None:
         """Upsert encoded rows in one statement, as single saves in order (the last of a trace wins)."""
         if not rows:
             return
-        unique = last_per_key(rows, lambda row: row[0])
+        timed = [(*row, time) for row, time in zip(rows, current_logical_times(len(rows)), strict=True)]
+        unique = last_per_key(timed, lambda row: row[0])
         if len(unique) == 1:
-            await self.save(unique[0])
+            await self._db.execute(self.upsert, *unique[0])
             return
         await self._db.execute(self.upsert_many, *zip(*unique, strict=True))
 

@@ -15,7 +15,7 @@ from typing import Any
 from ..batching import bulk_call, bulk_method_for, bulk_methods_of
 from ..classify import CircuitOpenError, ErrorClass, classify, error_type, safe_message
 from ..errors import GuardedError, InvalidPayloadError
-from ..idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_item_key
+from ..idempotency import KEPT_ARGUMENTS, replayed_call
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 """A decoded store call: ``(args, kwargs)``."""
@@ -222,7 +222,7 @@ def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
         target = getattr(store, method, None)
         if not callable(target):
             raise ReplayRejected(f"the store has no method {method!r}")
-        with replayed_item_key(kwargs):
+        with replayed_call(kwargs):
             await target(*args, **kwargs)
         return ReplayResult.OK
 
@@ -234,11 +234,11 @@ def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
         if bulk is None:
             raise ReplayRejected(f"no bulk form of {method!r}")
         try:
-            args, keys = bulk_call(method, calls)
+            replay = bulk_call(method, calls)
         except TypeError as exc:
             raise ReplayRejected(f"cannot group these calls into a bulk write: {exc}") from None
-        with item_keys(keys):
-            await getattr(store, bulk)(*args)
+        with replay.context():
+            await getattr(store, bulk)(*replay.args)
         return ReplayResult.OK
 
     return send, send_bulk
@@ -361,13 +361,13 @@ class CallCheck:
         """Why ``method(*args, **kwargs)`` does not bind to the signature it is checked against
         (``None``: it binds, or there is no signature to check)."""
         # Binding depends only on how many positional arguments and which keywords: cached so.
-        shape = (method, len(args), tuple(name for name in kwargs if name != WRITE_KEY_ARGUMENT))
+        shape = (method, len(args), tuple(name for name in kwargs if name not in KEPT_ARGUMENTS))
         if shape in self._shapes:
             return self._shapes[shape]
         signature = self._signature(method)[0]
         problem: str | None = None
         if signature is not None:
-            kept = {name: value for name, value in kwargs.items() if name != WRITE_KEY_ARGUMENT}
+            kept = {name: value for name, value in kwargs.items() if name not in KEPT_ARGUMENTS}
             try:
                 signature.bind(*args, **kept)
             except TypeError as exc:

@@ -5,7 +5,9 @@ Retries exhausted, breaker open, timeout: the write goes to the dead-letter buff
 with its reason and never retried; the caller sees outcome ``rejected``. After a direct write
 succeeds, older held writes of the same last-write-wins key are discarded, and a replay of the key already
 in flight finishes first (:class:`~guarded.deadletter.gate.KeyGate`), so a replay can never
-overwrite newer data.
+overwrite newer data. Each last-write-wins write carries the logical time of its call
+(:mod:`guarded.logical_time`), kept with it when held, so a backend that opts in refuses a replay
+older than what another process wrote since.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from ..classify import ErrorClass, classify, error_type, safe_message
 from ..durability import Durability
 from ..failure_log import FailureLog
 from ..layers.fallback import failure_outcome
+from ..logical_time import LOGICAL_TIMES as logical_times
+from ..logical_time import WRITE_TIME_ARGUMENT, next_logical_time
 from ..outcome import Outcome
 
 
@@ -44,17 +48,23 @@ class DeadLetterLayer:
 
         async def keyed(call: Call) -> Any:
             stamp = next_stamp()
-            assert key_of is not None
-            key = key_of(call.args, call.kwargs)
-            slot = slot_of(name, key) if key is not None else None
-            if slot is None:
-                return await write(call, stamp, key)
-            if not gate.try_enter_direct(slot, stamp):
-                await gate.enter_direct(slot, stamp)
+            # The logical time of the call: the backend refuses to let a write older than the
+            # row's replace it, so a replay of this write never undoes a newer one.
+            token = logical_times.set((next_logical_time(),))
             try:
-                return await write(call, stamp, key)
+                assert key_of is not None
+                key = key_of(call.args, call.kwargs)
+                slot = slot_of(name, key) if key is not None else None
+                if slot is None:
+                    return await write(call, stamp, key)
+                if not gate.try_enter_direct(slot, stamp):
+                    await gate.enter_direct(slot, stamp)
+                try:
+                    return await write(call, stamp, key)
+                finally:
+                    gate.leave_direct(slot, stamp)
             finally:
-                gate.leave_direct(slot, stamp)
+                logical_times.reset(token)
 
         async def write(call: Call, stamp: int, key: Any) -> Any:
             if not durability.opened:
@@ -66,10 +76,11 @@ class DeadLetterLayer:
                     await durability.park(name, call.args, call.kwargs, exc)
                     raise
                 scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
+                times = logical_times.get()
                 kept = await durability.dead_letter(
                     name,
                     call.args,
-                    call.kwargs,
+                    call.kwargs if times is None else {**call.kwargs, WRITE_TIME_ARGUMENT: times[0]},
                     key=key,
                     scope=scope if isinstance(scope, str) else None,
                     stamp=stamp,

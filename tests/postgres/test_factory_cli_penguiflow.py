@@ -152,16 +152,17 @@ async def test_pg_commands(pg_dsn: str, schema_name: str, raw: asyncpg.Connectio
     code, out = await asyncio.to_thread(cli, "status")
     assert code == 1
     assert "pending  0001_initial" in out
+    assert "pending  0002_logical_time" in out
     code, out = await asyncio.to_thread(cli, "migrate")
     assert code == 0
-    assert "applied 0001" in out
+    assert "applied 0001, 0002; now at version 2" in out
     code, out = await asyncio.to_thread(cli, "migrate", "--json")
     assert code == 0
     assert json.loads(out)["applied"] == []
     code, out = await asyncio.to_thread(cli, "status", "--json")
     status = json.loads(out)
     assert code == 0
-    assert status["version"] == status["latest"] == 1
+    assert status["version"] == status["latest"] == 2
     assert "flow_events" in status["tables"]
     await raw.execute(
         f'INSERT INTO "{schema_name}".state_updates '

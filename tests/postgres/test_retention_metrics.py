@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from guarded import telemetry_names as names
 from guarded.backends.postgres import PostgresStateStore, RetentionPolicy
+from guarded.backends.postgres.migrations import latest_version
 from guarded.backends.postgres.schema_names import TABLES
 from guarded.models import (
     PlannerEvent,
@@ -110,7 +111,7 @@ async def test_pool_and_acquire_metrics(make_store: StoreFactory) -> None:
     assert registry.get_sample_value(names.GUARDED_PG_POOL_MAX_SIZE, labels) == 4
     assert registry.get_sample_value(names.GUARDED_PG_POOL_IN_USE, labels) == 0
     assert (registry.get_sample_value(names.GUARDED_PG_POOL_ACQUIRE_SECONDS + "_count", labels) or 0) >= 10
-    assert registry.get_sample_value(names.GUARDED_PG_MIGRATION_VERSION, labels) == 1
+    assert registry.get_sample_value(names.GUARDED_PG_MIGRATION_VERSION, labels) == latest_version()
     await store.close()
     assert registry.get_sample_value(names.GUARDED_PG_POOL_SIZE, labels) is None  # removed on close
 
