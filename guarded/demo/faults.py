@@ -8,6 +8,8 @@
 * ``pause-fail``: the same on ``planner_pauses`` only, so ``save_planner_state`` fails for the
   window (what the pause-save alert watches).
 * ``bad``: :func:`~guarded.demo.bad_payloads.send_bad_payloads`.
+* ``overload``: :func:`~guarded.demo.overload.run_overload` on the demo's store.
+* ``cross-worker``: :func:`~guarded.demo.cross_worker.run_cross_worker`.
 
 Each fault runs in its own task at its start time (faults may overlap) and leaves a
 :class:`FaultRecord` saying when it ran and its observed effect; ``happened`` is ``False`` when
@@ -27,7 +29,9 @@ import asyncpg
 from guarded.testing.postgres import EmbeddedPostgres
 
 from .bad_payloads import send_bad_payloads
+from .cross_worker import run_cross_worker
 from .ledger import Ledger
+from .overload import OVERLOAD_CALLERS, run_overload
 from .schedule import FaultKind, PlannedFault
 
 FAULT_APPLICATION_NAME = "guarded-demo-faults"
@@ -44,6 +48,8 @@ TABLES = (
     "remote_bindings",
     "artifacts",
 )
+CROSS_WORKER_KEYS = 20
+"""Memory states and trajectories (each) both workers of a ``cross-worker`` phase write."""
 KILL_INTERVAL = 0.2
 LOCK_SAMPLE_INTERVAL = 0.1
 
@@ -84,6 +90,8 @@ class FaultInjector:
         clock: Callable[[], float],
         outcomes: Callable[[], dict[tuple[str, str], int]],
         max_artifact_bytes: int,
+        breaker_changes: Callable[[], int] = lambda: 0,
+        overload_callers: int = OVERLOAD_CALLERS,
     ) -> None:
         self.server = server
         self.schema = schema
@@ -93,6 +101,8 @@ class FaultInjector:
         self.clock = clock
         self.outcomes = outcomes
         self.max_artifact_bytes = max_artifact_bytes
+        self.breaker_changes = breaker_changes
+        self.overload_callers = overload_callers
         self.records: list[FaultRecord] = []
         self.active: dict[int, str] = {}
         """Faults running now, by id, described for the live view."""
@@ -139,6 +149,24 @@ class FaultInjector:
             return await self._lock(number, TABLES, fault.duration, "slow")
         if kind is FaultKind.PAUSE_FAIL:
             return await self._pause_fail(number, fault.duration)
+        if kind is FaultKind.OVERLOAD:
+            return await run_overload(
+                self.store,
+                self.ledger,
+                callers=self.overload_callers,
+                duration=fault.duration,
+                breaker_changes=self.breaker_changes,
+            )
+        if kind is FaultKind.CROSS_WORKER:
+            return await run_cross_worker(
+                dsn=self.server.dsn,
+                schema=self.schema,
+                ledger=self.ledger,
+                count=CROSS_WORKER_KEYS,
+                prefix=f"cross-worker-{number}",
+                duration=fault.duration,
+                phase=lambda text: self._phase(number, f"cross-worker: {text}"),
+            )
         return await self._bad()
 
     # --- restart ----------------------------------------------------------------------------------

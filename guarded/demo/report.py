@@ -109,7 +109,7 @@ def render_verdict(verdict: Verdict) -> str:
         for record in sorted(verdict.faults, key=lambda item: item.started_at):
             mark = "" if record.happened else "  (NO EFFECT)"
             when = f"{record.started_at:6.1f}s-{record.ended_at:5.1f}s"
-            lines.append(f"    {when}  {record.kind:<11} {record.effect}{mark}")
+            lines.append(f"    {when}  {record.kind:<12} {record.effect}{mark}")
     return "\n".join(lines)
 
 

@@ -203,6 +203,12 @@ async def _run_store(
         return loop.time() - started
 
     phase = ["running"]
+    breaker_changes = [0]
+
+    def count_change(old: object, new: object) -> None:
+        breaker_changes[0] += 1
+
+    control.breaker.add_listener(count_change)
     injector = FaultInjector(
         server,
         schema=SCHEMA,
@@ -212,6 +218,7 @@ async def _run_store(
         clock=clock,
         outcomes=control.stats,
         max_artifact_bytes=MAX_ARTIFACT_BYTES,
+        breaker_changes=lambda: breaker_changes[0],
     )
     sampler = StatusSampler(
         stats=guard_instruments(registry).stats,

@@ -13,6 +13,9 @@ Kinds (see :mod:`guarded.demo.faults` for what each does):
 ``slow``         lock every table for DURATION, longer than the guard's deadline
 ``pause-fail``   lock only the planner pause table for DURATION: pause saves fail
 ``bad``          send bad payloads (NaN, lone surrogates, an oversized artifact) and NUL text
+``overload``     1,000 more callers than usual, on the demo's 10-connection pool, for DURATION
+``cross-worker`` partition a second worker for DURATION while a third process writes newer values
+                 of the keys it holds; its replay must not bring the older values back
 
 Faults may overlap; each must end before the run does.
 """
@@ -34,6 +37,8 @@ class FaultKind(str, Enum):
     SLOW = "slow"
     PAUSE_FAIL = "pause-fail"
     BAD = "bad"
+    OVERLOAD = "overload"
+    CROSS_WORKER = "cross-worker"
 
 
 DEFAULT_DURATIONS: Mapping[FaultKind, float] = {
@@ -43,15 +48,20 @@ DEFAULT_DURATIONS: Mapping[FaultKind, float] = {
     FaultKind.SLOW: 2.5,
     FaultKind.PAUSE_FAIL: 3.0,
     FaultKind.BAD: 0.0,
+    FaultKind.OVERLOAD: 3.0,
+    FaultKind.CROSS_WORKER: 2.0,
 }
 """Seconds a fault lasts when its spec gives no duration."""
 
 NAMED_SCHEDULES: Mapping[str, str] = {
     "none": "",
-    "default": "kill@8%,slow@15%,pause-fail@30%,bad@42%,restart@50%,kill@75%,bad@85%",
+    "default": (
+        "kill@8%,slow@15%,pause-fail@30%,bad@42%,restart@50%,cross-worker@65%,kill@75%,overload@80%,bad@85%"
+    ),
     "restart-only": "restart@40%",
     "kills-only": "kill@20%:2,kill@50%:2,kill@80%:1",
     "slow-only": "slow@30%,pause-fail@60%",
+    "load-only": "overload@20%:5,cross-worker@60%",
 }
 """Schedules selectable by name with ``--faults NAME``."""
 

@@ -2,7 +2,7 @@
 bad payloads sent, a real PenguiFlow flow running, ``/metrics`` scraped during the run; then the
 verdict, computed by reading the database back, and proof that it notices a missing write.
 
-One run (about 11 s of workload) serves every test of the module. The server is the test's own
+One run (about 14 s of workload, an overload and a cross-worker phase included) serves every test of the module. The server is the test's own
 and stays up after the run, so the last tests can damage the database and judge again.
 """
 
@@ -26,8 +26,10 @@ from guarded.demo.runner import SCHEMA
 from guarded.demo.verdict import Verdict, compute_verdict
 from guarded.testing.postgres import EmbeddedPostgres, free_port
 
-DURATION = 11.0
-SCHEDULE = "bad@0.5,kill@1.2:1,restart@2.6:2,slow@5.8:1.5,pause-fail@7.8:2.5"
+DURATION = 14.0
+SCHEDULE = (
+    "bad@0.5,kill@1.2:1,restart@2.6:2,slow@5.8:1.5,pause-fail@7.8:2.5,overload@9.6:2,cross-worker@12:1"
+)
 
 
 @dataclass
@@ -112,6 +114,10 @@ def test_every_fault_of_the_schedule_happened(verdict: Verdict) -> None:
     assert "pause saves missed their deadline" in effects["pause-fail"]
     pause_saves_failed = int(effects["pause-fail"].split("; ")[-1].split()[0])
     assert pause_saves_failed > 0
+    assert effects["overload"].startswith("1000 callers")
+    assert effects["overload"].endswith("circuit breaker state changes meanwhile: 0"), effects["overload"]
+    assert "worker A held 40 writes while partitioned" in effects["cross-worker"]
+    assert effects["cross-worker"].endswith("(0 left) 40 of 40 keys hold B's value"), effects["cross-worker"]
 
 
 def test_bad_payloads_are_parked_or_rejected_with_their_reason(demo_run: DemoRun, verdict: Verdict) -> None:
