@@ -7,7 +7,15 @@ exactly the store's capabilities. See DESIGN.md and the README.
 
 from .breaker import BreakerState, CircuitBreaker
 from .call import Call, Layer, MethodSetup, Service
-from .config import BreakerConfig, GuardConfig, LoggingConfig, MethodConfig, RetryConfig, TimeoutConfig
+from .config import (
+    BreakerConfig,
+    BulkheadConfig,
+    GuardConfig,
+    LoggingConfig,
+    MethodConfig,
+    RetryConfig,
+    TimeoutConfig,
+)
 from .errors import CapabilityError, GuardedError, InvalidPayloadError, SteeringValidationError
 from .guard import GuardController, GuardedStore, controller, guard
 from .otlp import OtlpConfigError, OtlpExporterMissingError, OtlpSetup, configure_otlp_from_env
@@ -29,6 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BreakerConfig",
     "BreakerState",
+    "BulkheadConfig",
     "Call",
     "CapabilityError",
     "CircuitBreaker",

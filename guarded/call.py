@@ -31,6 +31,7 @@ class Call:
         "loop",
         "method",
         "outcome",
+        "queued",
         "retries",
         "span",
         "started",
@@ -53,6 +54,9 @@ class Call:
         self.deadline = started + method.settings.deadline
         """Event-loop time by which the call must return."""
         self.attempts = 0
+        self.queued = 0.0
+        """Seconds the call waited for admission to the backend, every attempt together; written
+        only by the bulkhead layer. The guard's own queueing: the breaker leaves it out."""
         self.outcome = _OK
         self.error: BaseException | None = None
         self.retries: list[tuple[int, str, float]] | None = None

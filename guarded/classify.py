@@ -8,7 +8,9 @@
   take it now: a table, column or schema missing (a rename, a migration), a missing grant, a
   read-only transaction (a failover to a standby), a full disk, a statement the schema does not
   match. Not retried within the call, counted as a backend failure, held and replayed once the
-  condition is fixed — never parked.
+  condition is fixed — never parked. A call the guard's bulkhead could not admit before its
+  deadline (:class:`~guarded.bulkhead.BulkheadTimeoutError`, nothing sent) is handled so too,
+  except that it never counts against the backend (:func:`counts_against_backend`).
 - **Park** (:attr:`ErrorClass.REJECTED`): errors about the data itself, which no wait can fix —
   :class:`~guarded.errors.InvalidPayloadError`, SQLSTATE classes 22 data exception and 23
   integrity constraint violation, 54 program limit exceeded (a key too long for its index).
@@ -137,7 +139,14 @@ def sqlstate(exc: BaseException) -> str | None:
 
 
 def classify(exc: BaseException) -> ErrorClass:
-    """Classify ``exc`` for the retry layer and the breaker."""
+    """Classify ``exc`` for the retry layer and the breaker.
+
+    An exception may declare its class in an ``error_class`` attribute (an :class:`ErrorClass`),
+    as the guard's own :class:`~guarded.bulkhead.BulkheadTimeoutError` does.
+    """
+    declared = getattr(exc, "error_class", None)
+    if isinstance(declared, ErrorClass):
+        return declared
     if isinstance(exc, InvalidPayloadError):
         return ErrorClass.REJECTED
     code = sqlstate(exc)
@@ -152,6 +161,20 @@ def classify(exc: BaseException) -> ErrorClass:
     if isinstance(exc, ValueError | TypeError | KeyError | UnicodeError):
         return ErrorClass.REJECTED if isinstance(exc, ValueError | UnicodeError) else ErrorClass.FATAL
     return ErrorClass.FATAL
+
+
+def counts_against_backend(exc: BaseException) -> bool:
+    """Whether the circuit breaker records ``exc`` as a failure of the backend.
+
+    Not bad data (:attr:`ErrorClass.REJECTED`: the caller's fault), and not an error the guard
+    raised on its own without asking the backend, declared by ``counts_against_backend = False``
+    on its class (:class:`~guarded.bulkhead.BulkheadTimeoutError`: the call waited in line until
+    its deadline). The breaker gives the admission back without a result for those.
+    """
+    declared = getattr(exc, "counts_against_backend", None)
+    if isinstance(declared, bool):
+        return declared
+    return classify(exc) is not ErrorClass.REJECTED
 
 
 def operational_condition(exc: BaseException) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Frozen(BaseModel):
@@ -48,6 +48,33 @@ class BreakerConfig(_Frozen):
     open_duration: float = Field(10.0, gt=0)
     """Seconds the breaker stays open before it lets probes through."""
     half_open_probes: int = Field(3, ge=1)
+
+
+class BulkheadConfig(_Frozen):
+    """A concurrency limit in front of the backend (the bulkhead): at most ``max_concurrent`` calls
+    in the backend at once, the guard's own batch flushes and replays included; the others wait
+    in line, first come first served. A caller waits while one attempt's time is left before its
+    deadline (``timeout.attempt``, at most ``breaker.slow_call_duration`` and half the deadline),
+    so an admitted call always has time to answer or to be shown slow; then it ends with outcome
+    ``timeout`` (``BulkheadTimeoutError``, nothing sent): a read answers stale or its fallback, a
+    write is held and replayed. Time spent in line never counts toward the circuit breaker's
+    slow-call rate (docs/bulkhead.md)."""
+
+    enabled: bool = True
+    max_concurrent: int | None = None
+    """Calls in the backend at once. ``None`` (the default): as many as the backend declares in
+    its ``max_concurrency`` attribute (the PostgreSQL store: its pool's maximum size), no limit —
+    and no bulkhead at all — when it declares nothing (the in-memory stores)."""
+
+    @field_validator("max_concurrent")
+    @classmethod
+    def _at_least_one(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(
+                f"bulkhead.max_concurrent must be at least 1, not {value} (None: the backend's own "
+                "limit; bulkhead.enabled=False: no limit)"
+            )
+        return value
 
 
 class LoggingConfig(_Frozen):
@@ -180,6 +207,7 @@ class GuardConfig(_Frozen):
     timeout: TimeoutConfig = Field(default_factory=TimeoutConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    bulkhead: BulkheadConfig = Field(default_factory=BulkheadConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     artifacts: ArtifactFallbackConfig = Field(default_factory=ArtifactFallbackConfig)
     batching: BatchConfig = Field(default_factory=BatchConfig)

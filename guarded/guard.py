@@ -9,7 +9,7 @@ import logging
 import os
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from . import telemetry_names as names
 from .backends.memory_artifacts import InMemoryArtifactStore
 from .breaker import BreakerState, CircuitBreaker
+from .bulkhead import Bulkhead, bulkhead_for
 from .call import Call, Layer, MethodSetup, Service
 from .codec import RecordTypes, record_types_of
 from .config import GuardConfig
@@ -26,6 +27,7 @@ from .durability import Durability
 from .failure_log import FailureLog
 from .idempotency import IDEMPOTENCY_KEY, UNANSWERED_KEYS
 from .layers import (
+    BulkheadLayer,
     CircuitBreakerLayer,
     FallbackLayer,
     MetricsLayer,
@@ -104,6 +106,7 @@ class GuardCore:
         extra_layers: Sequence[Layer],
         label_prefix: str = "",
         breaker: CircuitBreaker | None = None,
+        bulkhead: Bulkhead | Literal["own"] | None = "own",
         failure_log: FailureLog | None = None,
         degraded_layers: Sequence[Layer] = (),
         durable: bool = False,
@@ -117,6 +120,13 @@ class GuardCore:
         self.extra_layers = tuple(extra_layers)
         self.instruments: GuardInstruments = guard_instruments(registry)
         self.breaker = breaker or self._new_breaker()
+        self.bulkhead: Bulkhead | None = (
+            bulkhead_for(target, config.bulkhead, store_name=name, registry=registry)
+            if bulkhead == "own"
+            else bulkhead
+        )
+        """The concurrency limit in front of the backend, shared by the public methods, the guard's
+        own calls and the guarded artifact store (``None``: no limit)."""
         self.failure_log = failure_log or FailureLog(config.logging.interval)
         self.honours_idempotency_key = bool(getattr(target, HONOURS_IDEMPOTENCY_KEY, False))
         self.label_prefix = label_prefix
@@ -149,9 +159,7 @@ class GuardCore:
             FallbackLayer(self.failure_log),
             MemoryHealthLayer(registry),
             *degraded_layers,
-            CircuitBreakerLayer(self.breaker),
-            RetryLayer(config.retry),
-            TimeoutLayer(),
+            *self._backend_layers(),
             *self.extra_layers,
         ]
         self.setups: dict[str, MethodSetup] = {}
@@ -161,6 +169,16 @@ class GuardCore:
         self.unanswered: UnansweredConsumes | None = None
         if self.honours_idempotency_key and bool(getattr(target, RECOVERS_UNANSWERED_CONSUMES, False)):
             self.unanswered = UnansweredConsumes(grace if isinstance(grace, int | float) else DEFAULT_GRACE)
+
+    def _backend_layers(self) -> list[Layer]:
+        """Circuit breaker, retry, bulkhead and timeout: what stands between every call (the
+        guard's own flushes and replays included) and the backend."""
+        return [
+            CircuitBreakerLayer(self.breaker),
+            RetryLayer(self.config.retry),
+            BulkheadLayer(self.bulkhead, slow_call_duration=self.config.breaker.slow_call_duration),
+            TimeoutLayer(),
+        ]
 
     def _new_breaker(self) -> CircuitBreaker:
         breaker = CircuitBreaker(self.config.breaker)
@@ -202,19 +220,15 @@ class GuardCore:
         return _entry(service, setup, self._key_prefix, self._key_counter, self.unanswered)
 
     async def run_internal(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-        """``target.method(*args, **kwargs)`` through breaker, retry and timeout only: the guard's
-        own calls (batch flushes, replays), which raise on failure and are not counted as calls."""
+        """``target.method(*args, **kwargs)`` through breaker, retry, bulkhead and timeout only: the
+        guard's own calls (batch flushes, replays), which raise on failure and are not counted as
+        calls, and wait for admission to the backend like any other."""
         found = self._internal.get(method)
         if found is None:
             setup = self._setup(method)
-            layers: list[Layer] = [
-                CircuitBreakerLayer(self.breaker),
-                RetryLayer(self.config.retry),
-                TimeoutLayer(),
-            ]
             found = self._internal[method] = (
                 setup,
-                self._compose(method, setup, [*layers, *self.extra_layers]),
+                self._compose(method, setup, [*self._backend_layers(), *self.extra_layers]),
             )
         setup, service = found
         loop = asyncio.get_running_loop()
@@ -449,6 +463,7 @@ class _ArtifactSide:
             extra_layers=core.extra_layers,
             label_prefix="artifact_store.",
             breaker=core.breaker,
+            bulkhead=core.bulkhead,  # the same backend: the same limit
             failure_log=core.failure_log,
             degraded_layers=[
                 LocalArtifactFallbackLayer(
@@ -546,6 +561,12 @@ class GuardController:
     def breaker(self) -> CircuitBreaker:
         """The circuit breaker (``state``, ``force_open()``, ``disable()``, ``reset()``)."""
         return self._core.breaker
+
+    @property
+    def bulkhead(self) -> Bulkhead | None:
+        """The concurrency limit in front of the backend (``limit``, ``in_use``, ``waiting``),
+        ``None`` when there is none (disabled, or a backend that declares no limit)."""
+        return self._core.bulkhead
 
     def policy(self, method: str) -> MethodPolicy:
         """The policy the guard applies to ``method``."""

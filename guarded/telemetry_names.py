@@ -239,6 +239,25 @@ OPERATIONAL_CONDITIONS: tuple[str, ...] = (
 a refused login; a read-only transaction; a server shutting down or starting up; too many
 connections; a full disk or out of memory; a statement the schema does not match; an I/O error."""
 
+# --- bulkhead (issue 13) ----------------------------------------------------------------------------
+BULKHEAD_LIMIT = "guarded_bulkhead_limit"
+"""Gauge: calls the bulkhead lets into the backend at once (``bulkhead.max_concurrent``, else what
+the backend declares, e.g. its pool's maximum size), by store. No series without a limit."""
+BULKHEAD_IN_USE = "guarded_bulkhead_in_use"
+"""Gauge: calls in the backend now (permits held), the guard's own flushes and replays included,
+by store. At the limit with a queue behind it: the backend (or its pool) is the bottleneck."""
+BULKHEAD_QUEUE_DEPTH = "guarded_bulkhead_queue_depth"
+"""Gauge: calls waiting in line for admission to the backend, by store."""
+BULKHEAD_WAIT = "guarded_bulkhead_wait_seconds"
+"""Histogram: time each call waited for admission (0 when admitted at once; an admission timeout
+is observed too), by store and method. This time is the guard's queueing: it counts toward the
+caller's latency, never toward the circuit breaker's slow-call rate."""
+BULKHEAD_TIMEOUTS = "guarded_bulkhead_timeouts_total"
+"""Counter: calls not admitted before their deadline left time for the backend, by store and
+method. They end with outcome ``timeout`` (error type ``BulkheadTimeoutError``): reads answer
+stale or their fallback, writes are held and replayed. Sustained increase: more load than the
+backend's concurrency serves within the deadlines."""
+
 # --- quarantined spill rows (issue 13) -------------------------------------------------------------
 DLQ_QUARANTINED = "guarded_deadletter_quarantined_total"
 """Counter: rows of a dead-letter spill file that could not be read (a column of the wrong type,

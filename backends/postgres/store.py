@@ -160,6 +160,12 @@ class PostgresStateStore:
         self._trajectories = Trajectories(db, self.schema)
         self._planner_events = PlannerEvents(db, self.schema, types)
         self._artifacts = PostgresArtifactStore(db, self.schema, options.get("artifact_retention"), types)
+        self.max_concurrency: int | None = db.pool_max_size() or None
+        """How many calls this store runs at once: its pool's maximum size (a lazy store's from its
+        pool settings). The guard's bulkhead reads it (:data:`guarded.bulkhead.MAX_CONCURRENCY`)
+        and lets that many calls in at a time, so callers wait in the guard's line rather than
+        for a connection, and that wait never counts as the database being slow. On a pool the
+        application shares, set ``GuardConfig.bulkhead.max_concurrent`` to this store's share."""
         self._sampler: asyncio.Task[None] | None = None
         self._closed = False
         self.schema_version: int | None = None
@@ -250,6 +256,7 @@ class PostgresStateStore:
 
         store = cls(Database(opener=opener), schema=validate_schema_name(schema), owns_pool=True, **options)
         store.target_identity = target_identity(dsn, store.schema)
+        store.max_concurrency = settings.max_size
         holder.append(store)
         return store
 

@@ -1,10 +1,12 @@
-"""The guard's layers, outermost first: tracing, metrics, fallback, circuit breaker, retry, timeout.
+"""The guard's layers, outermost first: tracing, metrics, fallback, circuit breaker, retry,
+bulkhead, timeout.
 
 Each has the same shape (:class:`guarded.call.Layer`): ``wrap(inner, method) -> service``.
 """
 
 from ..call import Call, Layer, MethodSetup, Service
 from .breaker import CircuitBreakerLayer
+from .bulkhead import BulkheadLayer
 from .fallback import FallbackLayer
 from .metrics import MetricsLayer
 from .retry import RetryLayer
@@ -12,6 +14,7 @@ from .timeout import TimeoutLayer
 from .tracing import TracingLayer
 
 __all__ = [
+    "BulkheadLayer",
     "Call",
     "CircuitBreakerLayer",
     "FallbackLayer",

@@ -2,25 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..breaker import CircuitBreaker
 from ..call import Call, MethodSetup, Service
-from ..classify import CircuitOpenError, ErrorClass, classify
+from ..classify import CircuitOpenError, counts_against_backend
 
 
 class CircuitBreakerLayer:
     """Admits calls through a :class:`~guarded.breaker.CircuitBreaker` and records their results.
 
-    Bad-data rejections are the caller's fault, not the backend's: they release the admission
-    without counting as a failure.
+    The breaker judges the backend only. A call's duration leaves out the time it waited for
+    admission by the bulkhead (:attr:`Call.queued <guarded.call.Call.queued>`). A failure is
+    recorded only when ``counts(error)`` says it is the backend's
+    (:func:`~guarded.classify.counts_against_backend`: not bad data, which is the caller's fault,
+    not an admission timeout of the bulkhead, which never asked the backend); otherwise the
+    admission is given back without a result.
     """
 
-    def __init__(self, breaker: CircuitBreaker) -> None:
+    def __init__(
+        self, breaker: CircuitBreaker, *, counts: Callable[[BaseException], bool] = counts_against_backend
+    ) -> None:
         self.breaker = breaker
+        self._counts = counts
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         breaker = self.breaker
+        counts = self._counts
 
         async def guarded_by_breaker(call: Call) -> Any:
             ticket = breaker.allow()
@@ -29,15 +38,16 @@ class CircuitBreakerLayer:
             try:
                 result = await inner(call)
             except Exception as exc:
-                if classify(exc) is ErrorClass.REJECTED:
-                    breaker.release(ticket)
+                if counts(exc):
+                    duration = call.loop.time() - call.started - call.queued
+                    breaker.record(ticket, failed=True, duration=duration)
                 else:
-                    breaker.record(ticket, failed=True, duration=call.loop.time() - call.started)
+                    breaker.release(ticket)
                 raise
             except BaseException:
                 breaker.release(ticket)
                 raise
-            breaker.record(ticket, failed=False, duration=call.loop.time() - call.started)
+            breaker.record(ticket, failed=False, duration=call.loop.time() - call.started - call.queued)
             return result
 
         return guarded_by_breaker

@@ -10,7 +10,8 @@ from ..watchdog import watchdog_for
 
 
 class TimeoutLayer:
-    """Bounds each attempt by ``min(attempt timeout, time left before the deadline)``.
+    """Bounds each attempt by ``min(attempt timeout, time left before the deadline)``, the attempt
+    timeout counted from the attempt's admission (after any wait in the bulkhead's line).
 
     Raises ``TimeoutError`` at most one watchdog tick (5 ms) after the bound; a cancellation
     from the caller still propagates as ``CancelledError``.
@@ -32,7 +33,9 @@ class TimeoutLayer:
             else:
                 dog = watchdog_for(loop)
                 last[:] = loop, dog
-            when = (call.started if call.attempts <= 1 else loop.time()) + attempt_timeout
+            # An attempt's time starts when it is admitted: the call's start for a first attempt
+            # that did not wait in the bulkhead's line (no clock read), now for any other.
+            when = (call.started if call.attempts <= 1 and not call.queued else loop.time()) + attempt_timeout
             dog.arm(call, task, when if when < call.deadline else call.deadline)
             try:
                 result = await inner(call)

@@ -1,0 +1,129 @@
+"""Helpers of the bulkhead tests: a scripted inner service, a slow in-memory backend."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from guarded.backends.memory import InMemoryStateStore
+from guarded.call import Call, MethodSetup
+from guarded.config import BreakerConfig, GuardConfig, TimeoutConfig
+from guarded.models import StoredEvent
+from guarded.policy import PolicyTable
+
+
+def method_setup(
+    method: str = "load_memory_state", *, attempt: float = 2.0, deadline: float = 5.0
+) -> MethodSetup:
+    """What a layer knows about ``method`` of a store named ``"s"``."""
+    config = GuardConfig(timeout=TimeoutConfig(attempt=attempt, deadline=deadline))
+    policy = PolicyTable.for_state_store().get(method)
+    return MethodSetup("s", method, policy, config.for_method(method, critical=False))
+
+
+def new_call(setup: MethodSetup, *args: Any) -> Call:
+    loop = asyncio.get_running_loop()
+    return Call(setup, args, {}, loop, loop.time())
+
+
+class Scripted:
+    """An inner service whose calls (named by their first argument) stay in until :meth:`finish`."""
+
+    def __init__(self) -> None:
+        self.entered: list[str] = []
+        self.active = 0
+        self.peak = 0
+        self._gates: dict[str, asyncio.Event] = {}
+
+    def _gate(self, name: str) -> asyncio.Event:
+        return self._gates.setdefault(name, asyncio.Event())
+
+    async def __call__(self, call: Call) -> str:
+        name = str(call.args[0])
+        self.entered.append(name)
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            await self._gate(name).wait()
+        finally:
+            self.active -= 1
+        return name
+
+    def finish(self, name: str) -> None:
+        self._gate(name).set()
+
+
+async def settle(rounds: int = 5) -> None:
+    """Let every ready task run a few steps."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+class SlowStore(InMemoryStateStore):
+    """An in-memory store whose calls take ``delay`` seconds in the backend and which declares
+    ``max_concurrency``; it counts how many calls are in it at once."""
+
+    def __init__(self, *, delay: float = 0.0, max_concurrency: int | None = None) -> None:
+        super().__init__()
+        self.delay = delay
+        self.max_concurrency = max_concurrency
+        self.active = 0
+        self.peak = 0
+        self.calls = 0
+        self.down = False
+        """While set, every call fails (after its delay) with ``ConnectionRefusedError``."""
+
+    @contextlib.asynccontextmanager
+    async def _in_backend(self) -> AsyncIterator[None]:
+        self.calls += 1
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            await asyncio.sleep(self.delay)
+            if self.down:
+                raise ConnectionRefusedError("the scripted backend is down")
+            yield
+        finally:
+            self.active -= 1
+
+    async def save_event(self, event: StoredEvent) -> None:
+        async with self._in_backend():
+            await super().save_event(event)
+
+    async def save_events(self, events: Sequence[StoredEvent]) -> None:
+        async with self._in_backend():
+            await super().save_events(events)
+
+    async def load_history(self, trace_id: str) -> Sequence[StoredEvent]:
+        async with self._in_backend():
+            return await super().load_history(trace_id)
+
+    async def save_memory_state(self, key: str, state: dict[str, Any]) -> None:
+        async with self._in_backend():
+            await super().save_memory_state(key, state)
+
+    async def save_memory_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        async with self._in_backend():
+            await super().save_memory_states(items)
+
+    async def load_memory_state(self, key: str) -> dict[str, Any] | None:
+        async with self._in_backend():
+            return await super().load_memory_state(key)
+
+
+def breaker_config(slow_call_duration: float) -> BreakerConfig:
+    """A breaker that trips quickly: 5 calls are enough, half of them failing or slow."""
+    return BreakerConfig(
+        window_size=20,
+        minimum_calls=5,
+        failure_rate_threshold=0.5,
+        slow_call_rate_threshold=0.5,
+        slow_call_duration=slow_call_duration,
+        open_duration=30.0,
+    )
+
+
+def event(trace: str, index: int) -> StoredEvent:
+    return StoredEvent(trace, float(index), "node_end", "node", f"n{index}", {"i": index})
