@@ -68,7 +68,7 @@ from guarded.models import (
     TaskState,
     Trajectory,
 )
-from guarded.steering import sanitize_steering_event, validate_steering_event
+from guarded.steering import sanitize_steering_event
 
 from .memory_artifacts import InMemoryArtifactStore
 
@@ -177,9 +177,8 @@ class _Log:
 
 def _page(records: Sequence[_Record], *, task_id: str | None, since_id: str | None, limit: int) -> list[str]:
     """PenguiFlow's cursor rules: exclusive ``since_id`` found in the whole stream (unknown: none),
-    then the ``task_id`` filter, then the most recent ``limit`` records, oldest first."""
-    if limit <= 0:
-        return []
+    then the ``task_id`` filter, then PenguiFlow's ``[-limit:]``: the most recent ``limit``
+    records, oldest first (``limit=0``: all of them; ``-n``: all but the oldest ``n``)."""
     start = 0
     if since_id:
         start = next((index + 1 for index, record in enumerate(records) if record.key == since_id), 0)
@@ -483,7 +482,7 @@ class InMemoryStateStore:
 
         ``since_id`` is an exclusive cursor looked up in the whole session stream (unknown or
         dropped: no cursor); then the ``task_id`` filter; then the most recent ``limit``
-        (``<= 0``: none).
+        (PenguiFlow's ``[-limit:]``: ``0`` keeps all, ``-n`` all but the oldest ``n``).
         """
         texts = await self._read_page("updates", session_id, task_id, since_id, limit)
         return [self._decode(STATE_UPDATE, text) for text in texts]
@@ -506,14 +505,12 @@ class InMemoryStateStore:
     # --- steering ----------------------------------------------------------------------------------
 
     async def save_steering(self, event: SteeringEvent) -> None:
-        """Sanitize, validate, then append the sanitized form (spec 000 "StateStore Implications").
+        """Sanitize as PenguiFlow does, then append the sanitized form (spec 000 "StateStore
+        Implications"); no validation, as in PenguiFlow's reference (:mod:`guarded.steering`).
 
-        Raises :class:`~guarded.errors.SteeringValidationError` before storing anything when
-        the sanitized payload misses its event type's required fields. A repeated ``event_id``
-        within the session is ignored.
+        A repeated ``event_id`` within the session is ignored.
         """
         sanitized = sanitize_steering_event(event)
-        validate_steering_event(sanitized)
         data = _checked("save_steering", "event", lambda: STEERING_EVENT.encode(sanitized))
         record = _Record(_text(data, "event_id"), _dumps(data), task_id=_text(data, "task_id"))
         async with self._lock:
@@ -534,7 +531,12 @@ class InMemoryStateStore:
     # --- trajectories ------------------------------------------------------------------------------
 
     async def save_trajectory(self, trace_id: str, session_id: str, trajectory: Trajectory) -> None:
-        """Upsert; the trace becomes the session's most recent and leaves any session it was in."""
+        """Upsert; the trace becomes the session's most recent.
+
+        As in PenguiFlow's reference, a trace saved under another session stays listed by the
+        sessions it was saved under before (:meth:`list_traces`), while :meth:`get_trajectory`
+        answers only for the session of its last save.
+        """
         text = _dumps(_checked("save_trajectory", "", lambda: encode_trajectory(trajectory)))
         [written] = current_logical_times(1)
         async with self._lock:
@@ -558,11 +560,10 @@ class InMemoryStateStore:
     def _put_trajectory(self, trace_id: str, session_id: str, text: str, written: int) -> None:
         if not self._newest("trajectory", trace_id, written):
             return
-        previous = self._trajectories.get(trace_id)
-        if previous is not None:
-            self._session_traces.get(previous[0], {}).pop(trace_id, None)
         self._trajectories[trace_id] = (session_id, text)
-        self._session_traces.setdefault(session_id, {})[trace_id] = None
+        traces = self._session_traces.setdefault(session_id, {})
+        traces.pop(trace_id, None)
+        traces[trace_id] = None
 
     async def get_trajectory(self, trace_id: str, session_id: str) -> Trajectory | None:
         """The trajectory, or ``None`` when missing or saved under another session."""
@@ -573,10 +574,11 @@ class InMemoryStateStore:
         return decode_trajectory(json.loads(entry[1]))
 
     async def list_traces(self, session_id: str, limit: int = 50) -> list[str]:
-        """Trace ids of the session, most recently saved first, at most ``limit``."""
+        """Trace ids ever saved under the session, most recently saved there first; PenguiFlow's
+        ``[:limit]`` (``0``: none, ``-n``: all but the last ``n``)."""
         async with self._lock:
             traces = list(self._session_traces.get(session_id, {}))
-        return traces[::-1][: max(limit, 0)]
+        return traces[::-1][:limit]
 
     # --- planner events ----------------------------------------------------------------------------
 

@@ -1,16 +1,22 @@
 """Steering payload sanitization and validation (spec 000, "Steering Payload Sanitization").
 
-Steering payloads are untrusted user input. :func:`sanitize_payload` clamps them to the spec's
-size limits with the same rules as ``penguiflow.steering`` and, unlike PenguiFlow, always yields
-strict, storable JSON: non-finite floats become their string form (``"nan"``, ``"inf"``),
-lone surrogates become U+FFFD, keys become strings, and anything else becomes a truncated
-string. **Sanitization is lossy by design**: what it drops or rewrites cannot be recovered, so
-stores persist the sanitized form, never the raw input.
+Steering payloads are untrusted user input. :func:`sanitize_payload` and
+:func:`sanitize_steering_event` clamp them exactly as PenguiFlow 3.11's ``penguiflow.steering``
+does (PenguiFlow's reference ``InMemoryStateStore.save_steering`` stores what they return), with
+one deliberate difference: the result is always *strict*, storable JSON. Non-finite floats become
+their string form (``"nan"``, ``"inf"``), lone surrogates become U+FFFD and integers too large to
+write as JSON become a description, where PenguiFlow keeps values that PostgreSQL's ``json`` type
+cannot hold (or raises ``UnicodeEncodeError``, losing the event). **Sanitization is lossy by
+design**: what it drops or rewrites cannot be recovered, so stores persist the sanitized form,
+never the raw input.
 
-:func:`validate_steering_event` checks the event-specific required fields of the spec's table
-and raises :class:`~guarded.errors.SteeringValidationError` whose messages name the field, never
-a value.
-PenguiFlow sanitizes first and validates the sanitized event; callers should do the same.
+Stores sanitize and store; they do not validate. PenguiFlow validates in its sessions, *before*
+calling ``save_steering``, and stores what it is given (including events its own sessions create
+without validation, such as propagated cancellations): a store that refused more than
+PenguiFlow's reference would lose steering events. :func:`validate_steering_event` checks
+PenguiFlow's event-specific rules (the spec's table) for callers that want to validate, and
+raises :class:`~guarded.errors.SteeringValidationError` whose messages name the field, never a
+value.
 """
 
 from __future__ import annotations
@@ -67,19 +73,18 @@ def _key(key: object) -> str:
 
 
 def _sanitize_value(value: Any, depth: int) -> Any:
+    """PenguiFlow 3.11's ``_sanitize_value`` with strict-JSON scalars (see the module docstring)."""
     if depth <= 0:
         return TRUNCATED
-    if value is None or isinstance(value, bool):
-        return value
     if isinstance(value, str):
         return _text(value)
+    if value is None or isinstance(value, bool):
+        return value
     if isinstance(value, int):
-        return (
-            int(value) if value.bit_length() <= _MAX_INT_BITS else f"<integer of {value.bit_length()} bits>"
-        )
+        return value if value.bit_length() <= _MAX_INT_BITS else f"<integer of {value.bit_length()} bits>"
     if isinstance(value, float):
-        return float(value) if math.isfinite(value) else str(float(value))
-    if isinstance(value, Mapping):
+        return value if math.isfinite(value) else str(float(value))
+    if isinstance(value, dict):
         result: dict[str, Any] = {}
         for index, (key, item) in enumerate(value.items()):
             if index >= MAX_STEERING_KEYS:
@@ -87,7 +92,7 @@ def _sanitize_value(value: Any, depth: int) -> Any:
                 break
             result[_key(key)] = _sanitize_value(item, depth - 1)
         return result
-    if isinstance(value, list | tuple | set | frozenset):
+    if isinstance(value, list | tuple | set):
         items = [_sanitize_value(item, depth - 1) for item in islice(value, MAX_STEERING_LIST_ITEMS)]
         if len(value) > MAX_STEERING_LIST_ITEMS:
             items.append(TRUNCATED)
@@ -95,48 +100,48 @@ def _sanitize_value(value: Any, depth: int) -> Any:
     return _describe(value)
 
 
-def _encoded_size(payload: Mapping[str, Any]) -> tuple[str, int]:
-    raw = json.dumps(payload, ensure_ascii=False)
-    return raw, len(raw.encode("utf-8"))
+def _json(payload: Mapping[str, Any]) -> str:
+    return json.dumps(payload, ensure_ascii=False)
 
 
-def _summary(raw: str, max_payload_bytes: int) -> dict[str, Any]:
-    """The spec's "truncated summary" fallback, shortened until it fits ``max_payload_bytes``."""
-    length = min(len(raw), MAX_STEERING_STRING)
-    while True:
-        fallback: dict[str, Any] = {"truncated": True, "summary": raw[:length]}
-        _, size = _encoded_size(fallback)
-        if size <= max_payload_bytes or length == 0:
-            return fallback
-        length = max(0, min(length - 1, length * max_payload_bytes // size))
+def _fits(raw: str, max_payload_bytes: int) -> bool:
+    return len(raw.encode("utf-8")) <= max_payload_bytes
+
+
+def _summary(raw: str) -> dict[str, Any]:
+    """The spec's "truncated summary" fallback: the first characters of the JSON text."""
+    return {"truncated": True, "summary": raw[:MAX_STEERING_STRING]}
 
 
 def sanitize_payload(payload: Any, *, max_payload_bytes: int = MAX_STEERING_PAYLOAD_BYTES) -> dict[str, Any]:
-    """Clamp an untrusted steering payload to a bounded, strict-JSON dict (spec 000 "Sanitization Process").
+    """Clamp an untrusted steering payload as PenguiFlow 3.11 does (spec 000 "Sanitization Process").
 
-    Nesting deeper than :data:`MAX_STEERING_DEPTH` becomes ``"<truncated>"``, mappings keep
-    :data:`MAX_STEERING_KEYS` keys, sequences :data:`MAX_STEERING_LIST_ITEMS` items, strings
-    :data:`MAX_STEERING_STRING` characters; when the JSON encoding still exceeds
-    ``max_payload_bytes`` the result is ``{"truncated": true, "summary": <prefix of the JSON>}``,
-    itself within the limit. A non-mapping payload is wrapped as ``{"value": ...}``.
-    The result always survives ``json.dumps(..., allow_nan=False)`` and UTF-8 encoding, and
-    sanitizing it again returns it unchanged. Lossy: see the module docstring.
+    Nesting deeper than :data:`MAX_STEERING_DEPTH` becomes ``"<truncated>"``, dicts keep
+    :data:`MAX_STEERING_KEYS` keys (their keys as strings of at most 64 characters), lists, tuples
+    and sets :data:`MAX_STEERING_LIST_ITEMS` items, strings :data:`MAX_STEERING_STRING`
+    characters; any other value becomes its ``str()``. When the JSON text exceeds
+    ``max_payload_bytes`` the result is ``{"truncated": true, "summary": <its first
+    MAX_STEERING_STRING characters>}``. A non-dict payload is wrapped as ``{"value": ...}``.
+    Unlike PenguiFlow the result is always strict JSON (see the module docstring). Lossy.
     """
     sanitized = _sanitize_value(payload, MAX_STEERING_DEPTH)
     if not isinstance(sanitized, dict):
         sanitized = {"value": sanitized}
-    raw, size = _encoded_size(sanitized)
-    if size <= max_payload_bytes:
-        return sanitized
-    return _summary(raw, max_payload_bytes)
+    raw = _json(sanitized)
+    return sanitized if _fits(raw, max_payload_bytes) else _summary(raw)
 
 
 def sanitize_steering_event(event: E, *, max_payload_bytes: int = MAX_STEERING_PAYLOAD_BYTES) -> E:
     """Return a copy of ``event`` (ours or PenguiFlow's ``SteeringEvent``) with its payload sanitized.
 
-    Uses ``model_copy`` when the event has it, so the copy keeps the event's class.
+    As ``penguiflow.steering.sanitize_steering_event``: the payload is sanitized with the default
+    byte limit, and a result still larger than ``max_payload_bytes`` is summarised again. Uses
+    ``model_copy`` when the event has it, so the copy keeps the event's class.
     """
-    payload = sanitize_payload(getattr(event, "payload", None) or {}, max_payload_bytes=max_payload_bytes)
+    payload = sanitize_payload(dict(getattr(event, "payload", None) or {}))
+    raw = _json(payload)
+    if not _fits(raw, max_payload_bytes):
+        payload = _summary(raw)
     model_copy = getattr(event, "model_copy", None)
     if callable(model_copy):
         copied: E = model_copy(update={"payload": payload})
@@ -183,8 +188,8 @@ def _cancel(kind: str, payload: Mapping[str, Any]) -> list[str]:
 
 
 def _prioritize(kind: str, payload: Mapping[str, Any]) -> list[str]:
-    priority = payload.get("priority")
-    if isinstance(priority, bool) or not isinstance(priority, int):
+    # As PenguiFlow: a boolean is an int, so {"priority": True} is valid.
+    if not isinstance(payload.get("priority"), int):
         return [f"{kind} requires integer 'priority'"]
     return []
 
@@ -230,8 +235,9 @@ _VALIDATORS: dict[str, Callable[[str, Mapping[str, Any]], list[str]]] = {
 def validate_steering_event(event: Any) -> None:
     """Check the payload against the spec's "Event-Specific Payload Validation" table.
 
-    Same rules as PenguiFlow 3.11 except that a boolean is not an integer ``priority``.
-    Accepts our or PenguiFlow's ``SteeringEvent``. Raises
+    The rules of ``penguiflow.steering.validate_steering_event`` (3.11), for callers that validate
+    before saving as PenguiFlow's sessions do; the stores do not call it. Accepts our or
+    PenguiFlow's ``SteeringEvent``. Raises
     :class:`~guarded.errors.SteeringValidationError` listing every problem, each naming its field
     (``"USER_MESSAGE requires non-empty 'text'"``).
     """

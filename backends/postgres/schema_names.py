@@ -29,6 +29,7 @@ TABLES: tuple[str, ...] = (
     "state_updates",
     "steering_events",
     "trajectories",
+    "session_traces",
     "planner_events",
     "artifacts",
 )

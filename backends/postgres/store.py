@@ -45,7 +45,7 @@ from prometheus_client import CollectorRegistry
 from guarded.codec import STATE_UPDATE, STEERING_EVENT, RecordTypes, installed_types
 from guarded.errors import InvalidPayloadError
 from guarded.models import ArtifactRetentionConfig
-from guarded.steering import sanitize_steering_event, validate_steering_event
+from guarded.steering import sanitize_steering_event
 
 from . import migrations as migrations_module
 from .artifacts import PostgresArtifactStore
@@ -572,13 +572,10 @@ class PostgresStateStore:
     # ------------------------------------------------------------------------------------------------
 
     async def save_steering(self, event: Any) -> None:
-        """Sanitize, validate, then append the sanitized form; idempotent by ``(session_id, event_id)``.
-
-        Raises :class:`~guarded.errors.SteeringValidationError` before storing anything when the
-        sanitized payload lacks its event type's required fields (as the in-memory reference).
+        """Sanitize as PenguiFlow does, then append the sanitized form; idempotent by
+        ``(session_id, event_id)``. No validation, as in PenguiFlow's reference (:mod:`guarded.steering`).
         """
         sanitized = sanitize_steering_event(event)
-        validate_steering_event(sanitized)
         with refusing("save_steering", "event"):
             row = self._steering.encode(sanitized)
         await self._steering.save(row)

@@ -6,9 +6,9 @@ Both streams share one set of rules (spec 000 §8/§9, PenguiFlow's reference st
 * a listing is oldest first, in insertion order (the ``id`` identity column);
 * ``since_id`` is an *exclusive* cursor resolved in the session's whole stream -- before the
   ``task_id`` filter -- and an unknown (or empty) cursor means no cursor;
-* ``limit`` keeps the **most recent** ``limit`` matching items, still returned oldest first
-  (PenguiFlow's ``filtered[-limit:]``); ``limit <= 0`` returns nothing, as in the in-memory
-  reference.
+* ``limit`` is PenguiFlow's ``filtered[-limit:]``: the **most recent** ``limit`` matching items,
+  still returned oldest first; ``limit=0`` returns them all and ``limit=-n`` all but the oldest
+  ``n`` (PenguiFlow's reference does exactly this).
 
 The cursor is resolved inside the query (a keyset on ``id``), so a listing is one statement
 using the ``(session_id, id)`` or ``(session_id, task_id, id)`` index.
@@ -120,13 +120,14 @@ class Stream:
         cursor = to_db_text_opt(check_text_opt(since_id, "since_id")) or None
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise InvalidPayloadError(f"expected an integer, got {type(limit).__name__}", path="limit")
-        if limit <= 0:
-            return []
-        args: list[Any] = [session, cursor, limit]
+        # LIMIT NULL is no limit: limit <= 0 reads every matching item and slices as PenguiFlow.
+        args: list[Any] = [session, cursor, limit if limit > 0 else None]
         if task is not None:
             args.append(task)
         records = await self._db.fetch(self._list[task is not None], *args)
         records.reverse()
+        if limit < 0:
+            records = records[-limit:]
         return [self._codec.decode(loads_json(record[0]), self._types) for record in records]
 
 

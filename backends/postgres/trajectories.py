@@ -1,8 +1,11 @@
-"""Planner trajectories: one per trace, ``list_traces`` most recently saved first.
+"""Planner trajectories: one per trace; ``list_traces`` as PenguiFlow's reference store answers it.
 
-As in the in-memory reference, a trajectory belongs to one session: saving a trace under
-another session moves it there (``get_trajectory`` with the old session returns ``None`` and the
-old session no longer lists it).
+``get_trajectory`` answers for the session of the trace's last save only (``trajectories``, one
+row per trace). ``list_traces`` lists every trace ever saved under the session, most recently
+saved there first (``session_traces``, one row per session and trace, written by the same
+statement as the trajectory): as in PenguiFlow 3.11's ``InMemoryStateStore``, saving a trace under
+another session does not remove it from the listing of the sessions it was saved under before.
+``limit`` is PenguiFlow's ``[:limit]`` (``0``: none, ``-n``: all but the last ``n``).
 
 A trajectory is stored in :func:`guarded.codec.encode_trajectory`'s lossless envelope: a mapping,
 or an object with ``serialise()`` (PenguiFlow's ``Trajectory``) tagged with its type so it comes
@@ -10,8 +13,8 @@ back as that type. Every save takes the next value of the schema's sequence, so 
 orders by the last save (saving a trace again moves it to the front).
 
 :meth:`Trajectories.save_many` (``save_trajectories``) upserts many traces in one ``INSERT ...
-SELECT FROM unnest(...)`` statement. Each trace keeps its last item, placed at that item's
-position, and the sequence values are taken in that order, so ``list_traces`` orders the traces
+SELECT FROM unnest(...)`` statement. Each trace keeps its last item, every item's session lists
+its trace, and the sequence values are taken in list order, so ``list_traces`` orders the traces
 exactly as single saves in list order would.
 
 Last-write-wins by logical time (:mod:`guarded.logical_time`): a save older than the one that set
@@ -27,7 +30,6 @@ from guarded.codec import decode_trajectory, encode_trajectory
 from guarded.errors import InvalidPayloadError
 from guarded.logical_time import current_logical_time, current_logical_times
 
-from .bulk import last_per_key
 from .connection import Database
 from .json_codec import check_text, dump_json, from_db_text, loads_json, to_db_text
 from .schema_names import next_seq, qualified
@@ -44,23 +46,44 @@ class Trajectories:
             "saved_seq = EXCLUDED.saved_seq, logical_time = EXCLUDED.logical_time, updated_at = now() "
             "WHERE stored.logical_time <= EXCLUDED.logical_time"
         )
+        listed = qualified(schema, "session_traces")
+        returning = "RETURNING trace_id, session_id, saved_seq"
+        # Only a save the last-write-wins check applied is RETURNed, and so listed.
+        list_saved = (
+            f"INSERT INTO {listed} (session_id, trace_id, saved_seq) "
+            "SELECT session_id, trace_id, saved_seq FROM saved "
+            "ON CONFLICT (session_id, trace_id) DO UPDATE SET saved_seq = EXCLUDED.saved_seq"
+        )
         self.upsert = (
-            f"INSERT INTO {table} AS stored (trace_id, session_id, doc, logical_time, saved_seq) "
-            f"VALUES ($1, $2, $3, $4, {next_seq(schema)}) {on_conflict}"
+            f"WITH saved AS (INSERT INTO {table} AS stored "
+            "(trace_id, session_id, doc, logical_time, saved_seq) "
+            f"VALUES ($1, $2, $3, $4, {next_seq(schema)}) {on_conflict} {returning}) {list_saved}"
         )
         # The CTE takes the sequence values in batch order (PostgreSQL evaluates nextval, a volatile
         # output expression, after the ORDER BY sort, and materialises a CTE calling it once); the
-        # rows then go in trace order, so concurrent bulk writes lock shared rows in one order.
+        # last item of each trace goes to the trajectories in trace order, so concurrent bulk writes
+        # lock shared rows in one order. Every session an item names lists its trace, with the seq
+        # of its last item there, when that item passes the check against the stored row (the
+        # statement's snapshot), exactly as single saves in batch order would.
         self.upsert_many = (
-            f"WITH batch AS (SELECT trace_id, session_id, doc, logical_time, {next_seq(schema)} AS saved_seq "
+            "WITH batch AS (SELECT trace_id, session_id, doc, logical_time, ord, "
+            f"{next_seq(schema)} AS saved_seq "
             "FROM unnest($1::text[], $2::text[], $3::json[], $4::int8[]) WITH ORDINALITY "
-            "AS item(trace_id, session_id, doc, logical_time, ord) ORDER BY ord) "
-            f"INSERT INTO {table} AS stored (trace_id, session_id, doc, logical_time, saved_seq) "
-            "SELECT trace_id, session_id, doc, logical_time, saved_seq FROM batch "
-            f"ORDER BY trace_id {on_conflict}"
+            "AS item(trace_id, session_id, doc, logical_time, ord) ORDER BY ord), "
+            "last AS (SELECT DISTINCT ON (trace_id) * FROM batch ORDER BY trace_id, ord DESC), "
+            f"saved AS (INSERT INTO {table} AS stored (trace_id, session_id, doc, logical_time, saved_seq) "
+            "SELECT trace_id, session_id, doc, logical_time, saved_seq FROM last "
+            f"ORDER BY trace_id {on_conflict}) "
+            f"INSERT INTO {listed} (session_id, trace_id, saved_seq) "
+            "SELECT DISTINCT ON (batch.session_id, batch.trace_id) "
+            "batch.session_id, batch.trace_id, batch.saved_seq "
+            f"FROM batch LEFT JOIN {table} AS stored ON stored.trace_id = batch.trace_id "
+            "WHERE stored.trace_id IS NULL OR stored.logical_time <= batch.logical_time "
+            "ORDER BY batch.session_id, batch.trace_id, batch.ord DESC "
+            "ON CONFLICT (session_id, trace_id) DO UPDATE SET saved_seq = EXCLUDED.saved_seq"
         )
         self.select = f"SELECT doc FROM {table} WHERE trace_id = $1 AND session_id = $2"
-        self.recent = f"SELECT trace_id FROM {table} WHERE session_id = $1 ORDER BY saved_seq DESC LIMIT $2"
+        self.recent = f"SELECT trace_id FROM {listed} WHERE session_id = $1 ORDER BY saved_seq DESC LIMIT $2"
 
     @staticmethod
     def encode(trace_id: Any, session_id: Any, trajectory: Any) -> tuple[str, str, str]:
@@ -75,15 +98,15 @@ class Trajectories:
         await self._db.execute(self.upsert, *row, current_logical_time())
 
     async def save_many(self, rows: Sequence[tuple[str, str, str]]) -> None:
-        """Upsert encoded rows in one statement, as single saves in order (the last of a trace wins)."""
+        """Upsert encoded rows in one statement, as single saves in order (the last of a trace wins
+        its row; every session named lists the trace)."""
         if not rows:
             return
         timed = [(*row, time) for row, time in zip(rows, current_logical_times(len(rows)), strict=True)]
-        unique = last_per_key(timed, lambda row: row[0])
-        if len(unique) == 1:
-            await self._db.execute(self.upsert, *unique[0])
+        if len(timed) == 1:
+            await self._db.execute(self.upsert, *timed[0])
             return
-        await self._db.execute(self.upsert_many, *zip(*unique, strict=True))
+        await self._db.execute(self.upsert_many, *zip(*timed, strict=True))
 
     async def get(self, trace_id: Any, session_id: Any) -> Any:
         text = await self._db.fetchval(
@@ -97,10 +120,12 @@ class Trajectories:
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise InvalidPayloadError(f"expected an integer, got {type(limit).__name__}", path="limit")
         session = to_db_text(check_text(session_id, "session_id"))
-        if limit <= 0:
+        if limit == 0:
             return []
-        records = await self._db.fetch(self.recent, session, limit)
-        return [from_db_text(record[0]) for record in records]
+        # LIMIT NULL is no limit: a negative limit reads them all and slices as PenguiFlow.
+        records = await self._db.fetch(self.recent, session, limit if limit > 0 else None)
+        traces = [from_db_text(record[0]) for record in records]
+        return traces if limit > 0 else traces[:limit]
 
 
 __all__ = ["Trajectories"]

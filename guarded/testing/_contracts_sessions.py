@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ..errors import SteeringValidationError
 from ..models import (
     StateUpdate,
     SteeringEvent,
@@ -515,32 +514,30 @@ async def steering_sanitized(store: Any) -> None:
 @contract(
     "steering.validation",
     "steering",
-    "An event missing its type's required field is rejected with SteeringValidationError, or not stored.",
+    "Events PenguiFlow's reference store keeps are stored (sanitized, not validated): a PRIORITIZE with "
+    "{'priority': True} and a USER_MESSAGE without 'text'.",
 )
 async def steering_validation(store: Any) -> None:
     session = unique("session")
-    invalid = SteeringEvent(
-        session_id=session,
-        task_id=f"{session}-task",
-        event_type=SteeringEventType.USER_MESSAGE,
-        payload={"active_tasks": []},
-    )
+    payloads = [
+        (SteeringEventType.PRIORITIZE, {"priority": True}),
+        (SteeringEventType.USER_MESSAGE, {"items": [1, 2]}),
+    ]
     rule = (
-        "USER_MESSAGE requires a non-empty 'text'; failed validation raises SteeringValidationError before "
-        f"persistence ({SANITIZATION})"
+        "PenguiFlow validates in its sessions before save_steering; its reference store sanitizes and "
+        f"stores every event, so a store that validates loses events PenguiFlow keeps ({SANITIZATION})"
     )
-    try:
-        await store.save_steering(invalid)
-    except SteeringValidationError:
-        pass
-    except Exception as exc:
-        if type(exc).__name__ != "SteeringValidationError":
+    for event_type, payload in payloads:
+        event = SteeringEvent(
+            session_id=session, task_id=f"{session}-task", event_type=event_type, payload=payload
+        )
+        try:
+            await store.save_steering(event)
+        except Exception as exc:
             raise violation(
-                f"save_steering of an invalid event raised {type(exc).__name__}: {exc}; {rule}"
+                f"save_steering of a {event_type.value} raised {type(exc).__name__}; {rule}"
             ) from exc
     found = await STREAMS[1].list(store, session)
-    if found:
-        raise violation(
-            f"save_steering stored a USER_MESSAGE without 'text' (list_steering returned {len(found)}); "
-            f"{rule}"
-        )
+    stored = [(item.event_type, item.payload) for item in found]
+    if stored != payloads:
+        raise violation(f"list_steering returned {len(found)} events, expected both, unchanged; {rule}")

@@ -20,6 +20,7 @@ from guarded.deadletter import (
 )
 from guarded.errors import InvalidPayloadError
 from guarded.models import SteeringEvent, SteeringEventType
+from guarded.steering import validate_steering_event
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.deadletter.support import Clock, buffer, put_events, sample
 
@@ -186,10 +187,18 @@ async def test_a_rejected_bulk_write_is_retried_one_by_one(tmp_path: Path) -> No
         await target.aclose()
 
 
+class ValidatingStore(InMemoryStateStore):
+    """A store stricter than PenguiFlow's reference: it refuses steering events that fail validation."""
+
+    async def save_steering(self, event: SteeringEvent) -> None:
+        validate_steering_event(event)
+        await super().save_steering(event)
+
+
 @pytest.mark.asyncio
 async def test_replay_into_a_failing_then_recovering_store(tmp_path: Path) -> None:
     target = buffer(tmp_path / "dlq.db")
-    store = InMemoryStateStore()
+    store = ValidatingStore()
     faulty = FaultyStore(store, FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
     try:
         await put_events(target, "t", 3)

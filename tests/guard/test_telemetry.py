@@ -172,8 +172,8 @@ async def test_no_payload_contents_in_spans(exporter: InMemorySpanExporter, prov
     await store.save_event(event("t1", note=SECRET))
     await store.load_memory_state("k")
     await store.save_planner_state("tok", {"note": SECRET, "x": object()})
-    await store.save_steering(
-        SteeringEvent(session_id="s1", task_id="t1", event_type="REDIRECT", payload={"x": SECRET})
+    await store.save_steering(  # rejected: a lone surrogate in task_id (stores sanitize, not validate)
+        SteeringEvent(session_id="s1", task_id="t1\ud800", event_type="REDIRECT", payload={"x": SECRET})
     )
     recorded = spans(exporter)
     assert len(recorded) == 6

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from guarded.backends.postgres import PostgresStateStore
 from guarded.config import DeadLetterConfig, GuardConfig
-from guarded.errors import InvalidPayloadError, SteeringValidationError
+from guarded.errors import InvalidPayloadError
 from guarded.guard import controller, guard
 from guarded.models import (
     PlannerEvent,
@@ -260,12 +260,16 @@ async def test_artifact_bad_inputs(store: PostgresStateStore) -> None:
 
 
 @pytest.mark.asyncio
-async def test_invalid_steering_is_rejected_and_not_stored(store: PostgresStateStore) -> None:
-    with pytest.raises(SteeringValidationError):
+async def test_steering_penguiflow_keeps_is_stored_sanitized_not_validated(store: PostgresStateStore) -> None:
+    # PenguiFlow's reference store sanitizes and stores; validation is its sessions' job.
+    for event_type, payload in [
+        (SteeringEventType.PRIORITIZE, {}),
+        (SteeringEventType.PRIORITIZE, {"priority": True}),
+    ]:
         await store.save_steering(
-            SteeringEvent(session_id="s", task_id="t", event_type=SteeringEventType.PRIORITIZE, payload={})
+            SteeringEvent(session_id="s", task_id="t", event_type=event_type, payload=payload)
         )
-    assert await store.list_steering("s") == []
+    assert [event.payload for event in await store.list_steering("s")] == [{}, {"priority": True}]
 
 
 @pytest.mark.asyncio
