@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -28,6 +29,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from .metrics import StoreMetrics
+from .options import check_options
 
 T = TypeVar("T")
 
@@ -75,6 +77,24 @@ class PoolSettings:
     init: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Further keyword arguments for ``asyncpg.create_pool`` (``ssl``, ``statement_cache_size``...)."""
+
+
+def pool_settings(caller: str, pool: PoolSettings | Mapping[str, Any] | None) -> PoolSettings:
+    """``pool=`` as given to ``caller`` (``"Store.connect()"``): a :class:`PoolSettings`, a
+    mapping of its fields (``{"max_size": 5}``), or ``None`` for the defaults; anything else is a
+    ``TypeError`` that says what is expected."""
+    if pool is None:
+        return PoolSettings()
+    if isinstance(pool, PoolSettings):
+        return pool
+    fields = [item.name for item in dataclasses.fields(PoolSettings)]
+    if isinstance(pool, Mapping):
+        check_options(f"{caller} pool=", pool, fields)
+        return PoolSettings(**pool)
+    raise TypeError(
+        f"{caller} pool= takes a PoolSettings or a mapping of its fields ({', '.join(fields)}), "
+        f"got {type(pool).__name__}"
+    )
 
 
 async def create_pool(dsn: str | None, settings: PoolSettings) -> asyncpg.Pool:

@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypedDict, Unpack
 
@@ -51,7 +51,7 @@ from . import migrations as migrations_module
 from .artifacts import PostgresArtifactStore
 from .bindings import Bindings, encode_binding, encode_binding_key
 from .bulk import encode_items
-from .connection import Database, PoolSettings, create_pool
+from .connection import Database, PoolSettings, create_pool, pool_settings
 from .events import Events, encode_event, encode_events
 from .json_codec import check_text, refusing
 from .memory_state import MemoryStates
@@ -61,6 +61,7 @@ from .options import (
     DEFAULT_PAUSE_TTL_SECONDS,
     DEFAULT_STATS_INTERVAL_SECONDS,
     RetentionPolicy,
+    check_options,
     check_seconds,
 )
 from .pauses import Pauses
@@ -184,7 +185,7 @@ class PostgresStateStore:
         dsn: str | None = None,
         *,
         schema: str = "public",
-        pool: PoolSettings | None = None,
+        pool: PoolSettings | Mapping[str, Any] | None = None,
         **options: Unpack[StoreOptions],
     ) -> Self:
         """Create a pool for ``dsn``, apply migrations to ``schema`` and return a ready store.
@@ -194,7 +195,8 @@ class PostgresStateStore:
         connection setup (see :class:`~.connection.PoolSettings`).
         """
         validate_schema_name(schema)
-        settings = pool or PoolSettings()
+        check_options("PostgresStateStore.connect()", options, StoreOptions.__optional_keys__)
+        settings = pool_settings("PostgresStateStore.connect()", pool)
         created = await create_pool(dsn, settings)
         try:
             store = cls(Database(created), schema=schema, owns_pool=True, **options)
@@ -214,6 +216,7 @@ class PostgresStateStore:
         cls, pool: asyncpg.Pool, *, schema: str = "public", **options: Unpack[StoreOptions]
     ) -> Self:
         """A store on an application-owned pool (not closed by :meth:`close`); migrations applied."""
+        check_options("PostgresStateStore.from_pool()", options, StoreOptions.__optional_keys__)
         store = cls(Database(pool), schema=schema, owns_pool=False, **options)
         try:
             await store._opened()
@@ -237,11 +240,12 @@ class PostgresStateStore:
         dsn: str | None = None,
         *,
         schema: str = "public",
-        pool: PoolSettings | None = None,
+        pool: PoolSettings | Mapping[str, Any] | None = None,
         **options: Unpack[StoreOptions],
     ) -> Self:
         """A store built synchronously whose pool (and migrations) open on the first call."""
-        settings = pool or PoolSettings()
+        check_options("PostgresStateStore.lazy()", options, StoreOptions.__optional_keys__)
+        settings = pool_settings("PostgresStateStore.lazy()", pool)
         holder: list[PostgresStateStore] = []
 
         async def opener() -> asyncpg.Pool:
