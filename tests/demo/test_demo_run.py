@@ -2,8 +2,9 @@
 bad payloads sent, a real PenguiFlow flow running, ``/metrics`` scraped during the run; then the
 verdict, computed by reading the database back, and proof that it notices a missing write.
 
-One run (about 14 s of workload, an overload and a cross-worker phase included) serves every test of the module. The server is the test's own
-and stays up after the run, so the last tests can damage the database and judge again.
+One run (about 14 s of workload, an overload and a cross-worker phase included) serves every test
+of the module. The server is the test's own and stays up after the run, so the last tests can
+damage the database and judge again.
 """
 
 from __future__ import annotations
