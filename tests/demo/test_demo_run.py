@@ -28,9 +28,7 @@ from guarded.demo.verdict import Verdict, compute_verdict
 from guarded.testing.postgres import EmbeddedPostgres, free_port
 
 DURATION = 14.0
-SCHEDULE = (
-    "bad@0.5,kill@1.2:1,restart@2.6:2,slow@5.8:1.5,pause-fail@7.8:2.5,overload@9.6:2,cross-worker@12:1"
-)
+SCHEDULE = "bad@0.5,kill@1.2:1,restart@2.6:2,slow@5.8:1.5,pause-fail@7.8:2.5,overload@9.6:2,cross-worker@12:1"
 
 
 @dataclass
