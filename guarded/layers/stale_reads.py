@@ -95,9 +95,23 @@ class StaleReadLayer:
                     del turns[slot]
             gate.leave_direct(slot, stamp)
 
-        async def remove(key: Any, slot: Any, stamp: int, turn: tuple[asyncio.Lock, list[int]]) -> None:
+        async def remove(
+            key: Any, slot: Any, stamp: int, turn: tuple[asyncio.Lock, list[int]], unconsumed: Call | None
+        ) -> None:
             try:
                 await buffer.take(write, key)
+                if unconsumed is not None:
+                    # The backend may hold a copy (a save whose answer was lost reached it): hold
+                    # the consume and replay it, else that copy could be resumed a second time.
+                    await durability.dead_letter(
+                        unconsumed.method.policy.name,
+                        unconsumed.args,
+                        unconsumed.kwargs,
+                        key=None,
+                        scope=None,
+                        stamp=stamp,
+                        error="consume_of_held_copy",
+                    )
             except Exception:  # the entry stays: it may be replayed, and so resumed again
                 logger.exception(
                     "a resumed pause could not be removed from the dead-letter buffer",
@@ -135,14 +149,16 @@ class StaleReadLayer:
                 if taken is None:
                     return await inner(call)  # the consume before this one returned it
                 held = value_of(*taken)
+                unconsumed: Call | None = None
                 try:
                     await inner(call)  # also consumes a copy that reached the backend
                 except Exception as exc:
                     call.error = exc
+                    unconsumed = call
                 call.outcome = Outcome.STALE  # the held write is newer than any copy in the backend
                 # Removed in a task of its own (the caller can no longer cancel it), still
                 # registered against replays and holding the turn until it is gone.
-                task = call.loop.create_task(remove(key, slot, stamp, turn))
+                task = call.loop.create_task(remove(key, slot, stamp, turn, unconsumed))
                 removals.add(task)
                 task.add_done_callback(removals.discard)
                 handed_over = True
