@@ -56,7 +56,7 @@ from guarded.codec import (
     to_json_object,
 )
 from guarded.errors import InvalidPayloadError
-from guarded.logical_time import current_logical_times
+from guarded.logical_time import LOGICAL_TIMES, current_logical_times
 from guarded.models import (
     GLOBAL_TRACE_ID,
     ArtifactRetentionConfig,
@@ -391,7 +391,10 @@ class InMemoryStateStore:
 
     async def load_planner_state(self, token: str) -> dict[str, Any] | None:
         """Return and consume the payload; ``None`` (never ``{}``) when missing, consumed or expired."""
+        saved_by = LOGICAL_TIMES.get()
         async with self._lock:
+            if saved_by is not None and self._written.get(("pause", token), 0) > saved_by[0]:
+                return None  # a consume held for an older save of the token (the guard's replay)
             entry = self._planner_state.pop(token, None)
             self._written.pop(("pause", token), None)
         if entry is None or (entry[0] is not None and entry[0] <= self._clock()):

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from guarded.idempotency import current_idempotency_key, current_unanswered_keys
-from guarded.logical_time import current_logical_time, current_logical_times
+from guarded.logical_time import LOGICAL_TIMES, current_logical_time, current_logical_times
 
 from .bulk import last_per_key
 from .connection import Connection, Database
@@ -75,6 +75,10 @@ class Pauses:
         self.take = (
             f"DELETE FROM {table} WHERE token = $1 AND consumed_at IS NULL AND expires_at > now() "
             "RETURNING payload"
+        )
+        self.take_saved_by = (
+            f"DELETE FROM {table} WHERE token = $1 AND consumed_at IS NULL AND expires_at > now() "
+            "AND logical_time <= $2 RETURNING payload"
         )
         self.mark = (
             f"UPDATE {table} SET consumed_at = now(), consumer_key = $2 "
@@ -114,7 +118,12 @@ class Pauses:
     async def load(self, token: Any) -> dict[str, Any] | None:
         key = to_db_text(check_text(token, "token"))
         consumer = current_idempotency_key()
-        if consumer is None:
+        saved_by = LOGICAL_TIMES.get()
+        if consumer is None and saved_by is not None:
+            # The guard's replay of a consume held for a save with this logical time: a newer
+            # save of the token is not the one that consume was for.
+            text = await self._db.fetchval_once(self.take_saved_by, key, saved_by[0])
+        elif consumer is None:
             text = await self._db.fetchval_once(self.take, key)
         else:
             consumer_key = to_db_text(check_text(consumer, "idempotency_key"))

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..call import Call, MethodSetup, Service
 from ..durability import Durability
+from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time
 from ..outcome import Outcome
 from ..policy import ArgGetter, Kind, Merge, PolicyTable
 
@@ -96,17 +97,26 @@ class StaleReadLayer:
             gate.leave_direct(slot, stamp)
 
         async def remove(
-            key: Any, slot: Any, stamp: int, turn: tuple[asyncio.Lock, list[int]], unconsumed: Call | None
+            key: Any,
+            slot: Any,
+            stamp: int,
+            turn: tuple[asyncio.Lock, list[int]],
+            unconsumed: Call | None,
+            saved_at: int | None,
         ) -> None:
             try:
                 await buffer.take(write, key)
                 if unconsumed is not None:
                     # The backend may hold a copy (a save whose answer was lost reached it): hold
-                    # the consume and replay it, else that copy could be resumed a second time.
+                    # the consume and replay it, else that copy could be resumed a second time. It
+                    # carries the held save's logical time: a newer save of the token is not its.
+                    kwargs = unconsumed.kwargs
+                    if saved_at is not None:
+                        kwargs = {**kwargs, WRITE_TIME_ARGUMENT: saved_at}
                     await durability.dead_letter(
                         unconsumed.method.policy.name,
                         unconsumed.args,
-                        unconsumed.kwargs,
+                        kwargs,
                         key=None,
                         scope=None,
                         stamp=stamp,
@@ -158,7 +168,8 @@ class StaleReadLayer:
                 call.outcome = Outcome.STALE  # the held write is newer than any copy in the backend
                 # Removed in a task of its own (the caller can no longer cancel it), still
                 # registered against replays and holding the turn until it is gone.
-                task = call.loop.create_task(remove(key, slot, stamp, turn, unconsumed))
+                saved_at = kept_write_time(taken[1].get(WRITE_TIME_ARGUMENT))
+                task = call.loop.create_task(remove(key, slot, stamp, turn, unconsumed, saved_at))
                 removals.add(task)
                 task.add_done_callback(removals.discard)
                 handed_over = True

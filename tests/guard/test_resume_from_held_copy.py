@@ -63,3 +63,25 @@ async def test_a_pause_resumed_from_its_held_copy_is_not_loadable_again() -> Non
     assert await store.load_planner_state("t") is None  # resumed once, never twice
     assert await backend.load_planner_state("t") is None
     assert list(await control.dead_letters.parked()) == []  # the held consume was replayed, not parked
+
+
+@pytest.mark.asyncio
+async def test_the_held_consume_leaves_a_newer_save_of_the_token_alone() -> None:
+    backend = AnswerLosingStore()
+    store = guard(
+        backend,
+        registry=CollectorRegistry(),
+        config=fast_config(max_attempts=1, dead_letter=DeadLetterConfig(path=None)),
+    )
+    control = controller(store)
+    backend.lose_answers = True
+    await store.save_planner_state("t", {"pause": 1})
+    backend.lose_answers = False
+    backend.down = True
+    assert await store.load_planner_state("t") == {"pause": 1}
+    assert control.dead_letters is not None
+    # The token is paused again before the backend is back (the held consume still waits).
+    backend.down = False
+    await backend.save_planner_state("t", {"pause": 2})
+    assert await control.drain(5.0) == 0
+    assert await store.load_planner_state("t") == {"pause": 2}

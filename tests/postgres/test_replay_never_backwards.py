@@ -252,3 +252,22 @@ async def test_the_logical_time_survives_the_spill_file_and_a_restart(
         pauses = [await reader.load_planner_state(f"pause{i}") for i in range(N)]
     assert memory == [{"by": "b"}] * N
     assert pauses == [{"by": "b"}] * N
+
+
+@pytest.mark.asyncio
+async def test_a_held_consume_takes_only_the_save_it_was_held_for(
+    stores: tuple[FlakyStore, PostgresStateStore, PostgresStateStore],
+) -> None:
+    """The guard's replay of a consume held for a save with logical time T (a resume answered from
+    the held copy) removes the token only when the stored save is not newer than T."""
+    _, _, store = stores
+    with logical_times((1_000,)):
+        await store.save_planner_state("t", {"pause": 1})
+    await store.save_planner_state("t", {"pause": 2})  # a newer save of the token: now
+    with logical_times((1_000,)):
+        assert await store.load_planner_state("t") is None  # not the save it was held for
+    assert await store.load_planner_state("t") == {"pause": 2}
+    with logical_times((1_000,)):
+        await store.save_planner_state("u", {"pause": 1})
+        assert await store.load_planner_state("u") == {"pause": 1}
+    assert await store.load_planner_state("u") is None
