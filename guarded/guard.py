@@ -44,10 +44,31 @@ from .layers.stale_reads import StaleReadLayer
 from .models import ArtifactRetentionConfig
 from .outcome import Outcome
 from .policy import LIFECYCLE_METHODS, Kind, MethodPolicy, PolicyTable
-from .proxy import async_method_names, build_proxy_class
+from .protocol import CAPABILITIES, LEGACY_ALIASES
+from .proxy import CallShape, build_proxy_class, call_shape, public_names
 from .unanswered import DEFAULT_GRACE, UnansweredConsumes
 
 S = TypeVar("S")
+
+_MISSING = object()
+
+STATE_STORE_METHODS = frozenset(
+    {
+        method
+        for capability in CAPABILITIES
+        for method in capability.methods
+        if method != "artifact_store"  # a property, guarded by its own proxy
+    }
+    | set(LEGACY_ALIASES)
+)
+"""The StateStore protocol's methods and their legacy aliases: PenguiFlow awaits each, so one the
+store offers is guarded even when only a call could tell it is async (a lambda, a sync function
+returning a coroutine): the guarded call awaits what it returns when that is awaitable."""
+
+ARTIFACT_STORE_METHODS = frozenset({"put_bytes", "put_text", "get", "get_ref", "exists", "list", "delete"})
+"""The ArtifactStore protocol's methods, for the guarded ``artifact_store`` as above."""
+
+REQUIRED_METHODS: tuple[str, ...] = next(cap.methods for cap in CAPABILITIES if cap.required)
 
 logger = logging.getLogger("guarded")
 
@@ -110,8 +131,14 @@ class GuardCore:
         failure_log: FailureLog | None = None,
         degraded_layers: Sequence[Layer] = (),
         durable: bool = False,
+        protocol_methods: frozenset[str] = frozenset(),
     ) -> None:
         self.target = target
+        self.protocol_methods = protocol_methods
+        """Method names guarded whenever the store offers them as a callable, unless it is
+        declared not async (see :data:`STATE_STORE_METHODS`)."""
+        self.methods: dict[str, Callable[..., Any]] = {}
+        """The guarded method of each name guarded so far."""
         self.name = name
         self.config = config
         self.policies = policies
@@ -202,12 +229,27 @@ class GuardCore:
         )
 
     def _compose(self, method: str, setup: MethodSetup, layers: Sequence[Layer]) -> Service:
-        bound = getattr(self.target, method)
+        target = self.target
+        service: Service
+        if _defined_async_on_class(target, method):
+            # The ordinary store: an ``async def`` of its class, bound once.
+            bound = getattr(target, method)
 
-        def backend(call: Call) -> Awaitable[Any]:
-            return bound(*call.args, **call.kwargs)  # type: ignore[no-any-return]
+            def backend(call: Call) -> Awaitable[Any]:
+                return bound(*call.args, **call.kwargs)  # type: ignore[no-any-return]
 
-        service: Service = backend
+            service = backend
+        else:
+            # Any other shape (an instance attribute, a partial, a callable object, a sync
+            # function returning a coroutine, a name only ``__getattr__`` answers): looked up at
+            # each call, as the caller would, and its result awaited when it is awaitable.
+            async def dynamic_backend(call: Call) -> Any:
+                result = getattr(target, method)(*call.args, **call.kwargs)
+                if inspect.isawaitable(result):
+                    return await result
+                return result
+
+            service = dynamic_backend
         for layer in reversed(layers):
             service = layer.wrap(service, setup)
         return service
@@ -218,6 +260,29 @@ class GuardCore:
         self.setups[method] = setup
         service = self._compose(method, setup, self.layers)
         return _entry(service, setup, self._key_prefix, self._key_counter, self.unanswered)
+
+    def guards(self, name: str, shape: CallShape) -> bool:
+        """Whether the store's attribute ``name``, callable as ``shape``, is guarded."""
+        if name.startswith("_") or name in LIFECYCLE_METHODS:
+            return False
+        return shape is CallShape.ASYNC or (shape is CallShape.UNKNOWN and name in self.protocol_methods)
+
+    def method(self, name: str) -> Callable[..., Any]:
+        """The guarded method of ``name``, built on first use."""
+        found = self.methods.get(name)
+        if found is None:
+            found = self.methods[name] = self.build_method(name)
+        return found
+
+    def resolve(self, name: str, value: Any) -> Any:
+        """What the proxy hands out for the store's attribute ``name`` now worth ``value``: its
+        guarded method when it is one the guard guards (an async method added after ``guard()``,
+        or first answered by ``__getattr__``, included), else ``value`` itself."""
+        if name.startswith("_") or not callable(value):
+            return value
+        if self.guards(name, call_shape(value)):
+            return self.method(name)
+        return value
 
     async def run_internal(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """``target.method(*args, **kwargs)`` through breaker, retry, bulkhead and timeout only: the
@@ -332,6 +397,7 @@ def guard(
         extra_layers: your own layers, run innermost (between the timeout layer and the store).
         **overrides: fields of :class:`~guarded.config.GuardConfig` replacing those of ``config``.
     """
+    _check_store(store)
     base = config or GuardConfig()
     if overrides:
         base = GuardConfig.model_validate({**base.model_dump(), **overrides})
@@ -347,6 +413,7 @@ def guard(
         tracer_provider=tracer_provider,
         extra_layers=extra_layers,
         durable=True,
+        protocol_methods=STATE_STORE_METHODS | frozenset(policies or ()),
     )
     proxy = _make_proxy(core, GuardedStore)
     if core.durability is not None:
@@ -356,11 +423,81 @@ def guard(
     return proxy  # type: ignore[return-value]
 
 
+def _check_store(store: object) -> None:
+    """Refuse what cannot be a store: a class, an object without the required methods, or one
+    whose required methods are declared not async (an unknown shape is accepted, its calls
+    guarded as "result awaitable")."""
+    if isinstance(store, type):
+        raise TypeError(
+            f"guard() takes a store instance, not the class {store.__qualname__}: "
+            f"guard({store.__qualname__}(...))"
+        )
+    kind = type(store).__qualname__
+    missing = [name for name in REQUIRED_METHODS if not callable(getattr(store, name, None))]
+    if missing:
+        raise TypeError(
+            f"guard() takes a StateStore: {kind} has no {', '.join(missing)} method "
+            f"(required: {', '.join(REQUIRED_METHODS)})"
+        )
+    sync = [name for name in REQUIRED_METHODS if call_shape(getattr(store, name)) is CallShape.SYNC]
+    if sync:
+        raise TypeError(
+            f"guard() takes a StateStore: {kind}.{', '.join(sync)} not async "
+            "(PenguiFlow awaits them; define them with async def)"
+        )
+
+
+def _defined_async_on_class(target: object, name: str) -> bool:
+    """Whether ``target.name`` is an ``async def`` of its class, not shadowed by the instance."""
+    found = inspect.getattr_static(type(target), name, _MISSING)
+    if not (inspect.isfunction(found) and inspect.iscoroutinefunction(found)):
+        return False
+    try:
+        own = object.__getattribute__(target, "__dict__")
+    except AttributeError:
+        return True
+    return not (isinstance(own, dict) and name in own)
+
+
+def _guarded_names(core: GuardCore) -> list[str]:
+    """The store's attributes guarded from the start: every public async method ``dir()`` lists,
+    and every protocol method ``getattr`` reaches (through ``__getattr__`` too). Properties are
+    not evaluated here; one that gives an async method is guarded when read."""
+    target = core.target
+    found = []
+    for name in sorted({*public_names(target), *core.protocol_methods}):
+        if name.startswith("_") or name in LIFECYCLE_METHODS:
+            continue
+        if isinstance(inspect.getattr_static(target, name, _MISSING), property):
+            continue
+        try:
+            value = getattr(target, name, _MISSING)
+        except Exception:  # an attribute that fails to evaluate is no method
+            continue
+        if value is _MISSING:
+            continue
+        shape = call_shape(value)
+        if core.guards(name, shape):
+            found.append(name)
+        elif shape is CallShape.SYNC and name in core.protocol_methods:
+            logger.warning(
+                "%s.%s is not async; PenguiFlow awaits it: passed through unguarded",
+                type(target).__qualname__,
+                name,
+            )
+    return found
+
+
 def _make_proxy(core: GuardCore, base: type[GuardedStore]) -> GuardedStore:
     target = core.target
-    methods = {
-        method: core.build_method(method) for method in async_method_names(target, exclude=LIFECYCLE_METHODS)
-    }
+    listed = set(public_names(target))
+    methods = {}
+    for name in _guarded_names(core):
+        method = core.method(name)
+        if name in listed:
+            # On the class, as for the store; a name only __getattr__ knows stays off it (the
+            # proxy's __getattr__ hands out the guarded method), so static lookups answer alike.
+            methods[name] = method
     special: dict[str, property] = {}
     if base is GuardedStore and inspect.getattr_static(target, "artifact_store", None) is not None:
         special["artifact_store"] = _guarded_artifact_property(core)
@@ -370,6 +507,7 @@ def _make_proxy(core: GuardCore, base: type[GuardedStore]) -> GuardedStore:
         special=special,
         base=base,
         class_name=f"Guarded{type(target).__name__}",
+        resolve=core.resolve,
     )
     proxy: GuardedStore = cls()
     _cores[proxy] = core
@@ -462,6 +600,7 @@ class _ArtifactSide:
             tracer_provider=core.tracer_provider,
             extra_layers=core.extra_layers,
             label_prefix="artifact_store.",
+            protocol_methods=ARTIFACT_STORE_METHODS,
             breaker=core.breaker,
             bulkhead=core.bulkhead,  # the same backend: the same limit
             failure_log=core.failure_log,
