@@ -2,23 +2,82 @@
 
 from __future__ import annotations
 
+import difflib
 import os
-from typing import Literal
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
+class UnknownSettingError(TypeError):
+    """A setting (argument, field or ``GUARDED_*`` variable) that does not exist, typically a
+    misspelling; the message names the closest valid one. A ``TypeError``, as Python's own
+    "got an unexpected keyword argument"."""
+
+
+def closest(name: str, valid: Iterable[str], *, cutoff: float = 0.6) -> str | None:
+    """The valid name closest to ``name`` (difflib), or ``None`` when none is close."""
+    found = difflib.get_close_matches(name, list(valid), n=1, cutoff=cutoff)
+    return found[0] if found else None
+
+
+def closest_hint(name: str, valid: Iterable[str], *, cutoff: float = 0.6) -> str:
+    """`` (did you mean 'x'?)`` for the valid name closest to ``name``, or nothing."""
+    found = closest(name, valid, cutoff=cutoff)
+    return f" (did you mean {found!r}?)" if found else ""
+
+
+def refuse_unknown(names: Iterable[str], valid: Iterable[str], *, caller: str, prefix: str = "") -> None:
+    """Raise :class:`UnknownSettingError` for the first of ``names`` not in ``valid``."""
+    known = sorted(set(valid))
+    for name in names:
+        if name not in known:
+            raise UnknownSettingError(
+                f"{caller} got an unknown setting {prefix + name!r}"
+                f"{closest_hint(name, known)}; valid{' in ' + prefix.rstrip('.') if prefix else ''}: "
+                + ", ".join(known)
+            )
+
+
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # hide_input_in_errors: a refused value is named by its path, never dumped with the whole input.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_settings(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            refuse_unknown(data, cls.model_fields, caller=f"{cls.__name__}()")
+        return data
 
 
 class TimeoutConfig(_Frozen):
-    """Per-attempt timeout and overall deadline of one logical call, in seconds."""
+    """Per-attempt timeout and overall deadline of one logical call, in seconds.
+
+    ``attempt`` left unset is clamped to ``deadline`` when it would exceed it
+    (``TimeoutConfig(deadline=0.3)`` has ``attempt == 0.3``); an ``attempt`` given explicitly
+    (argument or ``GUARDED_TIMEOUT__ATTEMPT``) that exceeds ``deadline`` is refused."""
 
     attempt: float = Field(2.0, gt=0)
     deadline: float = Field(5.0, gt=0)
     critical_deadline: float = Field(15.0, gt=0)
     """Deadline of critical methods (``save_planner_state``): a lost pause breaks HITL/OAuth."""
+
+    @model_validator(mode="after")
+    def _attempt_fits_deadline(self) -> TimeoutConfig:
+        if self.attempt <= self.deadline:
+            return self
+        if "attempt" in self.model_fields_set:
+            source = " (GUARDED_TIMEOUT__ATTEMPT)" if os.environ.get("GUARDED_TIMEOUT__ATTEMPT") else ""
+            raise ValueError(
+                f"timeout.attempt ({self.attempt}s){source} exceeds timeout.deadline ({self.deadline}s): "
+                "one attempt cannot outlast the call; lower timeout.attempt, or leave it unset and it "
+                "is clamped to the deadline"
+            )
+        # The default attempt timeout, clamped; it stays unset, so a later merge clamps it anew.
+        object.__setattr__(self, "attempt", self.deadline)
+        return self
 
 
 class RetryConfig(_Frozen):
@@ -216,12 +275,13 @@ class GuardConfig(_Frozen):
     stale: StaleConfig = Field(default_factory=StaleConfig)
     methods: dict[str, MethodConfig] = Field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _attempt_fits_deadline(self) -> GuardConfig:
-        if self.timeout.attempt > self.timeout.deadline:
-            attempt, deadline = self.timeout.attempt, self.timeout.deadline
-            raise ValueError(f"timeout.attempt ({attempt}s) exceeds timeout.deadline ({deadline}s)")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_settings(cls, data: Any) -> Any:
+        # Overrides _Frozen's check: shorthands, misspellings (nested ones too) and GUARDED_* variables.
+        if not isinstance(data, Mapping):
+            return data
+        return prepare_settings(data, caller="GuardConfig()")
 
     def for_method(self, name: str, *, critical: bool) -> ResolvedMethodConfig:
         """The effective settings of one method."""
@@ -248,3 +308,132 @@ class ResolvedMethodConfig(_Frozen):
     deadline: float
     max_attempts: int
     ack: Ack = "commit"
+
+
+# --- Flat shorthands, misspellings, environment (docs/configuration.md) --------------------------
+
+SHORTHANDS: dict[str, str] = {
+    "timeout": "a number of seconds: the deadline of every call (timeout.deadline and "
+    "timeout.critical_deadline), timeout.attempt clamped to it",
+    "retries": "a whole number >= 0 of retries after the first attempt (retry.max_attempts and "
+    "retry.critical_max_attempts = retries + 1; 0 disables retry)",
+    "spill_path": "the dead-letter spill file (dead_letter.path); None keeps held writes in memory only",
+    "batching": "True or False: batching.enabled",
+    "breaker": "True or False: breaker.enabled",
+}
+"""The flat settings ``guard()`` and ``GuardConfig()`` take besides the nested ones, and what each
+means. ``timeout``, ``batching`` and ``breaker`` are also the names of nested sections: a mapping
+or a section model is the nested form, a number or a bool the shorthand."""
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _section(value: object) -> dict[str, Any]:
+    """A nested section given as a mapping or as its model, as the mapping of its set fields."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(exclude_unset=True)
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"expected a mapping or a section model, not {type(value).__name__}")
+
+
+def merge_settings(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``, section by section: a section both give is merged field by
+    field (a model counting by the fields it was given), anything else is replaced."""
+    merged = dict(base)
+    for key, value in over.items():
+        below = merged.get(key)
+        mergeable = (Mapping, BaseModel)
+        if isinstance(value, mergeable) and isinstance(below, mergeable):
+            merged[key] = merge_settings(_section(below), _section(value))
+        else:
+            merged[key] = value
+    return merged
+
+
+def _shorthand_error(name: str, value: object) -> ValueError:
+    return ValueError(f"{name}={value!r}: {name} takes {SHORTHANDS[name]}")
+
+
+def expand_shorthands(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with each flat shorthand replaced by the nested settings it stands for. The
+    shorthand wins over the same fields of its section given too, the section's other fields are
+    kept: ``{**config.model_dump(), "retries": 3}`` makes 4 attempts."""
+    out = dict(data)
+    sections: dict[str, dict[str, Any]] = {}
+    if "timeout" in out and not isinstance(out["timeout"], Mapping | BaseModel):
+        value = out.pop("timeout")
+        if not _is_number(value):
+            raise _shorthand_error("timeout", value)
+        sections["timeout"] = {"deadline": value, "critical_deadline": value}
+    if "retries" in out:
+        value = out.pop("retries")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise _shorthand_error("retries", value)
+        sections["retry"] = {
+            "enabled": value > 0,
+            "max_attempts": value + 1,
+            "critical_max_attempts": value + 1,
+        }
+    if "spill_path" in out:
+        value = out.pop("spill_path")
+        if value is not None and not isinstance(value, str | os.PathLike):
+            raise _shorthand_error("spill_path", value)
+        sections["dead_letter"] = {"path": None if value is None else os.fspath(value)}
+    for name in ("batching", "breaker"):
+        if name in out and not isinstance(out[name], Mapping | BaseModel):
+            value = out.pop(name)
+            if not isinstance(value, bool):
+                raise _shorthand_error(name, value)
+            sections[name] = {"enabled": value}
+    for name, fields in sections.items():
+        out[name] = merge_settings(_section(out[name]), fields) if name in out else fields
+    return out
+
+
+def sections() -> dict[str, type[_Frozen]]:
+    """GuardConfig's nested sections by field name (``methods`` excluded)."""
+    found: dict[str, type[_Frozen]] = {}
+    for name, field in GuardConfig.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, _Frozen):
+            found[name] = annotation
+    return found
+
+
+def check_setting_names(data: Mapping[str, Any], *, caller: str) -> None:
+    """Refuse a misspelled setting anywhere in ``data`` (top level, a section's fields, a
+    ``methods`` entry's fields), naming the closest valid one."""
+    refuse_unknown(data, [*GuardConfig.model_fields, *SHORTHANDS], caller=caller)
+    for name, section in sections().items():
+        value = data.get(name)
+        if isinstance(value, Mapping):
+            refuse_unknown(value, section.model_fields, caller=caller, prefix=f"{name}.")
+    methods = data.get("methods")
+    if isinstance(methods, Mapping):
+        for method, value in methods.items():
+            if isinstance(value, Mapping):
+                refuse_unknown(value, MethodConfig.model_fields, caller=caller, prefix=f"methods.{method}.")
+
+
+def prepare_settings(data: Mapping[str, Any], *, caller: str) -> dict[str, Any]:
+    """The input of one ``GuardConfig`` validation: names checked, shorthands expanded, and the
+    ``GUARDED_*`` environment underneath (explicit settings > environment > defaults)."""
+    from .config_env import environment_settings  # imported here: it imports this module
+
+    check_setting_names(data, caller=caller)
+    return merge_settings(environment_settings(), expand_shorthands(data))
+
+
+def build_config(config: GuardConfig | None, overrides: Mapping[str, Any]) -> GuardConfig:
+    """The configuration of ``guard(store, config=config, **overrides)``: ``overrides`` (nested
+    settings or shorthands) on top of the settings ``config`` was given, section by section, then
+    the ``GUARDED_*`` environment, then the defaults. Without overrides, ``config`` as it is (a
+    ``GuardConfig`` read the environment when it was built), or ``GuardConfig()`` read now."""
+    if not overrides:
+        return config if config is not None else GuardConfig()
+    check_setting_names(overrides, caller="guard()")
+    base = config.model_dump(exclude_unset=True) if config is not None else {}
+    return GuardConfig.model_validate(merge_settings(base, expand_shorthands(overrides)))

@@ -21,7 +21,7 @@ from .breaker import BreakerState, CircuitBreaker
 from .bulkhead import Bulkhead, bulkhead_for
 from .call import Call, Layer, MethodSetup, Service
 from .codec import RecordTypes, record_types_of
-from .config import GuardConfig
+from .config import GuardConfig, build_config
 from .deadletter import DeadLetterBuffer
 from .durability import Durability
 from .failure_log import FailureLog
@@ -395,12 +395,12 @@ def guard(
         registry: prometheus registry for the metrics (the global one by default).
         tracer_provider: OpenTelemetry tracer provider (the global one by default).
         extra_layers: your own layers, run innermost (between the timeout layer and the store).
-        **overrides: fields of :class:`~guarded.config.GuardConfig` replacing those of ``config``.
+        **overrides: settings of :class:`~guarded.config.GuardConfig` (sections, or the flat
+            shorthands ``timeout``, ``retries``, ``spill_path``, ``batching``, ``breaker``) merged
+            section by section over those ``config`` was given (docs/configuration.md).
     """
     _check_store(store)
-    base = config or GuardConfig()
-    if overrides:
-        base = GuardConfig.model_validate({**base.model_dump(), **overrides})
+    base = build_config(config, overrides)
     table = PolicyTable.for_state_store()
     if policies:
         table = table.with_overrides(policies)
