@@ -108,9 +108,15 @@ def _fits(raw: str, max_payload_bytes: int) -> bool:
     return len(raw.encode("utf-8")) <= max_payload_bytes
 
 
-def _summary(raw: str) -> dict[str, Any]:
-    """The spec's "truncated summary" fallback: the first characters of the JSON text."""
-    return {"truncated": True, "summary": raw[:MAX_STEERING_STRING]}
+def _summary(raw: str, max_payload_bytes: int = MAX_STEERING_PAYLOAD_BYTES) -> dict[str, Any]:
+    """The spec's "truncated summary" fallback: the first characters of the JSON text, as
+    PenguiFlow 3.11 -- but never over ``max_payload_bytes`` (PenguiFlow's 4,096 characters can
+    reach 16,403 bytes when they are 4-byte characters): shortened further until it fits."""
+    summary = raw[:MAX_STEERING_STRING]
+    while summary and not _fits(_json({"truncated": True, "summary": summary}), max_payload_bytes):
+        excess = len(_json({"truncated": True, "summary": summary}).encode("utf-8")) - max_payload_bytes
+        summary = summary[: max(0, len(summary) - max(1, excess // 4))]
+    return {"truncated": True, "summary": summary}
 
 
 def sanitize_payload(payload: Any, *, max_payload_bytes: int = MAX_STEERING_PAYLOAD_BYTES) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from enum import Enum, IntEnum
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from guarded.errors import SteeringValidationError
@@ -221,6 +221,7 @@ untrusted = st.recursive(
 
 @settings(max_examples=150, deadline=None)
 @given(st.dictionaries(st.text(st.characters(), max_size=10), untrusted, max_size=10))
+@example({"": "\U00010000" * 4095})  # a summary of 4-byte characters: PenguiFlow's is 16,403 bytes
 def test_sanitized_payload_is_always_strict_bounded_json_and_stable(payload: dict[str, Any]) -> None:
     result = sanitize_payload(payload)
     assert strict_size(result) <= MAX_STEERING_PAYLOAD_BYTES
