@@ -40,8 +40,9 @@ class AnswerLosingStore(InMemoryStateStore):
         return await super().load_planner_state(token)
 
 
-@pytest.mark.asyncio
-async def test_a_pause_resumed_from_its_held_copy_is_not_loadable_again() -> None:
+async def resumed_from_held_copy(payload: dict[str, Any]) -> tuple[AnswerLosingStore, Any, Any]:
+    """A guard whose save of ``"t"`` reached the backend with its answer lost (so it is held),
+    then a resume during an outage answered from the held copy; the backend is back up."""
     backend = AnswerLosingStore()
     store = guard(
         backend,
@@ -50,16 +51,20 @@ async def test_a_pause_resumed_from_its_held_copy_is_not_loadable_again() -> Non
     )
     control = controller(store)
     backend.lose_answers = True
-    await store.save_planner_state("t", {"approve": "refund 42"})  # committed, answer lost: held
+    await store.save_planner_state("t", payload)  # committed, answer lost: held
     backend.lose_answers = False
     assert control.dead_letters is not None
     assert control.dead_letters.depth == 1
-
     backend.down = True
-    assert await store.load_planner_state("t") == {"approve": "refund 42"}  # from the held copy
+    assert await store.load_planner_state("t") == payload  # from the held copy
     backend.down = False
-    assert await control.drain(5.0) == 0
+    return backend, store, control
 
+
+@pytest.mark.asyncio
+async def test_a_pause_resumed_from_its_held_copy_is_not_loadable_again() -> None:
+    backend, store, control = await resumed_from_held_copy({"approve": "refund 42"})
+    assert await control.drain(5.0) == 0
     assert await store.load_planner_state("t") is None  # resumed once, never twice
     assert await backend.load_planner_state("t") is None
     assert list(await control.dead_letters.parked()) == []  # the held consume was replayed, not parked
@@ -67,21 +72,8 @@ async def test_a_pause_resumed_from_its_held_copy_is_not_loadable_again() -> Non
 
 @pytest.mark.asyncio
 async def test_the_held_consume_leaves_a_newer_save_of_the_token_alone() -> None:
-    backend = AnswerLosingStore()
-    store = guard(
-        backend,
-        registry=CollectorRegistry(),
-        config=fast_config(max_attempts=1, dead_letter=DeadLetterConfig(path=None)),
-    )
-    control = controller(store)
-    backend.lose_answers = True
-    await store.save_planner_state("t", {"pause": 1})
-    backend.lose_answers = False
-    backend.down = True
-    assert await store.load_planner_state("t") == {"pause": 1}
-    assert control.dead_letters is not None
-    # The token is paused again before the backend is back (the held consume still waits).
-    backend.down = False
+    backend, store, control = await resumed_from_held_copy({"pause": 1})
+    # The token is paused again before the held consume is replayed.
     await backend.save_planner_state("t", {"pause": 2})
     assert await control.drain(5.0) == 0
     assert await store.load_planner_state("t") == {"pause": 2}
