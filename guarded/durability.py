@@ -16,7 +16,7 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -34,8 +34,15 @@ from .stale import StaleCache
 
 logger = logging.getLogger("guarded.durability")
 
-InternalCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]]
-"""Runs ``method(*args, **kwargs)`` on the backend through breaker, retry and timeout; raises."""
+
+class InternalCall(Protocol):
+    """Runs ``method(*args, **kwargs)`` on the backend through breaker, retry, bulkhead and
+    timeout; raises. ``deadline`` (loop time) ends it sooner than the method's own deadline."""
+
+    def __call__(
+        self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], /, *, deadline: float = ...
+    ) -> Awaitable[Any]: ...
+
 
 _WAITING_STATES = frozenset({BreakerState.OPEN, BreakerState.FORCED_OPEN})
 _REPLAY_PAUSE = 0.5
@@ -246,7 +253,8 @@ class Durability:
         if bulk is not None:
             try:
                 with item_keys(self._item_keys(writes)):
-                    await self._run(bulk, bulk_args(method, writes), {})
+                    deadline = min(write.deadline for write in writes)
+                    await self._run(bulk, bulk_args(method, writes), {}, deadline=deadline)
                 return [_OK] * len(writes)
             except Exception as exc:
                 if classify(exc) is not ErrorClass.REJECTED:
@@ -263,7 +271,7 @@ class Durability:
             async with limit:
                 try:
                     with item_keys(self._item_keys((write,))):
-                        await self._run(write.method, write.args, write.kwargs)
+                        await self._run(write.method, write.args, write.kwargs, deadline=write.deadline)
                 except Exception as exc:
                     if classify(exc) is ErrorClass.REJECTED:
                         await self.park(write.method, write.args, write.kwargs, exc)
