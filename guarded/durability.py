@@ -44,7 +44,6 @@ class InternalCall(Protocol):
     ) -> Awaitable[Any]: ...
 
 
-_LATE = TimeoutError("the caller's deadline passed while its write waited for a flush")
 _WAITING_STATES = frozenset({BreakerState.OPEN, BreakerState.FORCED_OPEN})
 _REPLAY_PAUSE = 0.5
 _REPLAY_MAX_PAUSE = 5.0
@@ -249,20 +248,7 @@ class Durability:
 
     async def _write_batch(self, method: str, writes: Sequence[PendingWrite]) -> list[Outcome]:
         """The batcher's writer: one bulk call when the backend has one, else bounded singles;
-        what fails is dead-lettered, what is bad data is parked. Returns each write's outcome.
-
-        A write whose caller's deadline passed while it waited for a flush is held at once, without
-        a backend call: a call with no time left would only time out, and count as the backend's
-        failure when the wait was ours."""
-        now = asyncio.get_running_loop().time()
-        if any(write.deadline <= now for write in writes):
-            late = [index for index, write in enumerate(writes) if write.deadline <= now]
-            timely = [write for write in writes if write.deadline > now]
-            held = await self._dead_letter_writes([(writes[index], _LATE) for index in late])
-            written = await self._write_batch(method, timely) if timely else []
-            outcomes = dict(zip(late, held, strict=True))
-            rest = iter(written)
-            return [outcomes[index] if index in outcomes else next(rest) for index in range(len(writes))]
+        what fails is dead-lettered, what is bad data is parked. Returns each write's outcome."""
         bulk = bulk_method_for(self.target, method)
         if bulk is not None:
             try:

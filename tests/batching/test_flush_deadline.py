@@ -10,18 +10,16 @@ dead-lettered (held, replayed later), and the caller is answered by its deadline
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
-from guarded.batching import PendingWrite
-from guarded.breaker import BreakerState
-from guarded.config import BatchConfig, BreakerConfig, DeadLetterConfig
+from guarded.config import BatchConfig, DeadLetterConfig
 from guarded.guard import controller, guard
 from guarded.models import StateUpdate, UpdateType
-from guarded.outcome import Outcome
 from tests.guard.support import fast_config
 
 DEADLINE = 0.3
@@ -42,6 +40,10 @@ class HangingStore(InMemoryStateStore):
     async def save_update(self, update: StateUpdate) -> None:
         await self._hang()
         await super().save_update(update)
+
+    async def save_updates(self, updates: Sequence[StateUpdate]) -> None:
+        await self._hang()
+        await super().save_updates(updates)
 
 
 def update(number: int) -> StateUpdate:
@@ -86,44 +88,3 @@ async def test_a_write_behind_a_hung_flush_is_answered_within_its_own_deadline()
     assert await control.drain(5.0) == 0
     stored: list[Any] = list(await backend.list_updates("s"))
     assert sorted(item.update_id for item in stored) == [f"u{number}" for number in range(1, 6)]
-
-
-class CountingStore(InMemoryStateStore):
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[str] = []
-
-    async def save_update(self, update: StateUpdate) -> None:
-        self.writes.append(update.update_id)
-        await super().save_update(update)
-
-
-@pytest.mark.asyncio
-async def test_a_write_whose_deadline_passed_in_the_queue_is_held_without_a_backend_call() -> None:
-    backend = CountingStore()
-    store = guard(
-        backend,
-        registry=CollectorRegistry(),
-        config=fast_config(
-            batching=BatchConfig(),
-            dead_letter=DeadLetterConfig(path=None),
-            # One failure would open it: a late write must not count as the backend's failure.
-            breaker=BreakerConfig(window_size=1, minimum_calls=1, failure_rate_threshold=1.0),
-        ),
-    )
-    core = controller(store)._core
-    durability = core.durability
-    assert durability is not None
-    await durability.open()
-    now = asyncio.get_running_loop().time()
-    writes = [
-        PendingWrite("save_update", (update(1),), {}, "s", 1, now, None, now - 0.01),  # late
-        PendingWrite("save_update", (update(2),), {}, "s", 2, now, None, now + 5.0),
-    ]
-    outcomes = await durability._write_batch("save_update", writes)
-    assert outcomes == [Outcome.DEAD_LETTERED, Outcome.OK]
-    assert "u2" in backend.writes
-    assert core.breaker.state is BreakerState.CLOSED
-    buffer = controller(store).dead_letters
-    assert buffer is not None
-    assert (await buffer.stats()).enqueued_total == 1  # the late write only, held (then replayed)
