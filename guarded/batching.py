@@ -46,7 +46,6 @@ import heapq
 import inspect
 import itertools
 import logging
-import math
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -120,9 +119,6 @@ class PendingWrite:
     """Group commit: settled with the write's outcome once its batch is written (``OK``: in the
     backend; ``DEAD_LETTERED``: held for replay; ``REJECTED``: parked as bad data). ``None`` for a
     write-behind write, acknowledged when queued."""
-    deadline: float = math.inf
-    """Loop time by which the caller must be answered (group commit): a flush carrying this write
-    ends by then, so a write queued behind another flush is not given a whole deadline more."""
 
     def settle(self, outcome: Outcome) -> None:
         """Tell the caller waiting for this write (if any, and if it still waits) its outcome."""

@@ -16,7 +16,7 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -34,15 +34,8 @@ from .stale import StaleCache
 
 logger = logging.getLogger("guarded.durability")
 
-
-class InternalCall(Protocol):
-    """Runs ``method(*args, **kwargs)`` on the backend through breaker, retry, bulkhead and
-    timeout; raises. ``deadline`` (loop time) ends it sooner than the method's own deadline."""
-
-    def __call__(
-        self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], /, *, deadline: float = ...
-    ) -> Awaitable[Any]: ...
-
+InternalCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]]
+"""Runs ``method(*args, **kwargs)`` on the backend through breaker, retry and timeout; raises."""
 
 _WAITING_STATES = frozenset({BreakerState.OPEN, BreakerState.FORCED_OPEN})
 _REPLAY_PAUSE = 0.5
@@ -253,8 +246,7 @@ class Durability:
         if bulk is not None:
             try:
                 with item_keys(self._item_keys(writes)):
-                    deadline = min(write.deadline for write in writes)
-                    await self._run(bulk, bulk_args(method, writes), {}, deadline=deadline)
+                    await self._run(bulk, bulk_args(method, writes), {})
                 return [_OK] * len(writes)
             except Exception as exc:
                 if classify(exc) is not ErrorClass.REJECTED:
@@ -271,7 +263,7 @@ class Durability:
             async with limit:
                 try:
                     with item_keys(self._item_keys((write,))):
-                        await self._run(write.method, write.args, write.kwargs, deadline=write.deadline)
+                        await self._run(write.method, write.args, write.kwargs)
                 except Exception as exc:
                     if classify(exc) is ErrorClass.REJECTED:
                         await self.park(write.method, write.args, write.kwargs, exc)

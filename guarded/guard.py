@@ -6,7 +6,6 @@ import asyncio
 import inspect
 import itertools
 import logging
-import math
 import os
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -285,13 +284,10 @@ class GuardCore:
             return self.method(name)
         return value
 
-    async def run_internal(
-        self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], /, *, deadline: float = math.inf
-    ) -> Any:
+    async def run_internal(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """``target.method(*args, **kwargs)`` through breaker, retry, bulkhead and timeout only: the
         guard's own calls (batch flushes, replays), which raise on failure and are not counted as
-        calls, and wait for admission to the backend like any other. ``deadline`` (loop time) ends
-        the call sooner than the method's own deadline (a flush: its earliest caller's)."""
+        calls, and wait for admission to the backend like any other."""
         found = self._internal.get(method)
         if found is None:
             setup = self._setup(method)
@@ -301,10 +297,7 @@ class GuardCore:
             )
         setup, service = found
         loop = asyncio.get_running_loop()
-        call = Call(setup, args, kwargs, loop, loop.time())
-        if deadline < call.deadline:
-            call.deadline = deadline
-        return await service(call)
+        return await service(Call(setup, args, kwargs, loop, loop.time()))
 
 
 _ANSWERED = frozenset({Outcome.OK, Outcome.RETRIED, Outcome.NOT_FOUND, Outcome.STALE})
@@ -624,13 +617,11 @@ class _ArtifactSide:
         self._inner, self._proxy, self._artifact_core = inner, proxy, artifact_core
         return proxy
 
-    async def _run(
-        self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], /, *, deadline: float = math.inf
-    ) -> Any:
+    async def _run(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """Replays of held puts go to the current artifact store through breaker, retry, timeout."""
         if self._artifact_core is None:
             raise RuntimeError("no guarded artifact store to replay into")
-        return await self._artifact_core.run_internal(method, args, kwargs, deadline=deadline)
+        return await self._artifact_core.run_internal(method, args, kwargs)
 
 
 _artifact_sides: weakref.WeakKeyDictionary[GuardCore, _ArtifactSide] = weakref.WeakKeyDictionary()

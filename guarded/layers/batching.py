@@ -13,7 +13,6 @@ wait, up to its deadline; then the write is dead-lettered: memory stays bounded,
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ..batching import PendingWrite
@@ -54,7 +53,6 @@ class BatchingLayer:
                 next_stamp(),
                 loop.time(),
                 loop.create_future() if commit else None,
-                call.deadline if commit else math.inf,
             )
             if await submit(write, deadline=call.deadline):
                 if write.done is not None:
