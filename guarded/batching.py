@@ -710,7 +710,7 @@ def bulk_call(method: str, calls: Sequence[tuple[tuple[Any, ...], Mapping[str, A
         if WRITE_KEY_ARGUMENT in kwargs:
             keys.append(str(kwargs[WRITE_KEY_ARGUMENT]))
         times.append(kept_write_time(kwargs.get(WRITE_TIME_ARGUMENT)))
-        if WRITE_KEY_ARGUMENT in kwargs or WRITE_TIME_ARGUMENT in kwargs:
+        if KEPT_ARGUMENTS & kwargs.keys():
             kwargs = {name: value for name, value in kwargs.items() if name not in KEPT_ARGUMENTS}
         writes.append(PendingWrite(method, args, kwargs, None, 0, 0.0))
     timed = any(time is not None for time in times)

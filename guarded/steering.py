@@ -113,8 +113,10 @@ def _summary(raw: str, max_payload_bytes: int = MAX_STEERING_PAYLOAD_BYTES) -> d
     PenguiFlow 3.11 -- but never over ``max_payload_bytes`` (PenguiFlow's 4,096 characters can
     reach 16,403 bytes when they are 4-byte characters): shortened further until it fits."""
     summary = raw[:MAX_STEERING_STRING]
-    while summary and not _fits(_json({"truncated": True, "summary": summary}), max_payload_bytes):
+    while summary:
         excess = len(_json({"truncated": True, "summary": summary}).encode("utf-8")) - max_payload_bytes
+        if excess <= 0:
+            break
         summary = summary[: max(0, len(summary) - max(1, excess // 4))]
     return {"truncated": True, "summary": summary}
 

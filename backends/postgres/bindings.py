@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from guarded.codec import REMOTE_BINDING, RecordTypes
-from guarded.logical_time import current_logical_time, current_logical_times
+from guarded.logical_time import current_logical_time
 
-from .bulk import last_per_key, last_per_key_at_first
+from .bulk import last_per_key, last_per_key_at_first, with_logical_times
 from .connection import Database
 from .json_codec import (
     check_text,
@@ -141,7 +141,7 @@ class Bindings:
         """Upsert encoded rows in one statement, leaving what single saves in order would leave."""
         if not rows:
             return
-        timed = [(*row, time) for row, time in zip(rows, current_logical_times(len(rows)), strict=True)]
+        timed = with_logical_times(rows)
         unique = last_per_key_at_first(timed, lambda row: row[:3])
         if len(unique) == 1:
             await self._db.execute(self.upsert, *unique[0][0])
@@ -182,7 +182,7 @@ class Bindings:
         """Mark the bindings of the encoded keys terminal in one statement; unknown keys: no-op."""
         if not keys:
             return
-        timed = [(*key, time) for key, time in zip(keys, current_logical_times(len(keys)), strict=True)]
+        timed = with_logical_times(keys)
         unique = sorted(last_per_key(timed, lambda row: row[:3]))
         if len(unique) == 1:
             await self._db.execute(self.mark, *unique[0])

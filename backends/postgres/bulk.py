@@ -19,6 +19,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from guarded.errors import InvalidPayloadError
+from guarded.logical_time import current_logical_times
 
 Row = TypeVar("Row")
 
@@ -80,4 +81,9 @@ def has_duplicates(rows: Sequence[Row], key: Callable[[Row], Hashable]) -> bool:
     return len({key(row) for row in rows}) != len(rows)
 
 
-__all__ = ["encode_items", "has_duplicates", "last_per_key", "last_per_key_at_first"]
+def with_logical_times(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Each row with the logical time of its item appended (:mod:`guarded.logical_time`)."""
+    return [(*row, time) for row, time in zip(rows, current_logical_times(len(rows)), strict=True)]
+
+
+__all__ = ["encode_items", "has_duplicates", "last_per_key", "last_per_key_at_first", "with_logical_times"]

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from guarded.logical_time import current_logical_time, current_logical_times
+from guarded.logical_time import current_logical_time
 
-from .bulk import last_per_key
+from .bulk import last_per_key, with_logical_times
 from .connection import Database
 from .json_codec import check_text, dump_json_object, loads_json, to_db_text
 from .schema_names import qualified
@@ -55,7 +55,7 @@ class MemoryStates:
         """Upsert encoded ``(key, state)`` rows in one statement; the last row of a key wins."""
         if not rows:
             return
-        timed = [(*row, time) for row, time in zip(rows, current_logical_times(len(rows)), strict=True)]
+        timed = with_logical_times(rows)
         unique = sorted(last_per_key(timed, lambda row: row[0]))
         if len(unique) == 1:
             await self._db.execute(self.upsert, *unique[0])

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from guarded.config import UnknownSettingError, closest_hint
 
 DEFAULT_PAUSE_TTL_SECONDS = 3600.0
 """Spec 000 ``save_planner_state``: "SHOULD set expiration (recommended: 1 hour)"."""
@@ -49,20 +50,14 @@ def check_seconds(name: str, value: float, *, allow_zero: bool = False) -> float
     return float(value)
 
 
-def did_you_mean(name: str, valid: Collection[str]) -> str:
-    """`` (did you mean 'x'?)`` for the valid name closest to ``name``, or nothing."""
-    found = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
-    return f" (did you mean {found[0]!r}?)" if found else ""
-
-
 def check_options(caller: str, options: Mapping[str, Any], valid: Collection[str]) -> None:
     """Refuse an option ``caller`` (``"Store.connect()"``) does not know, naming the closest
     valid one (a misspelled option silently ignored would leave its default in force)."""
     for name in options:
         if name not in valid:
             known = ", ".join(sorted(valid))
-            raise TypeError(
-                f"{caller} got an unknown option {name!r}{did_you_mean(name, valid)}; options: {known}"
+            raise UnknownSettingError(
+                f"{caller} got an unknown option {name!r}{closest_hint(name, valid)}; options: {known}"
             )
 
 
@@ -74,5 +69,4 @@ __all__ = [
     "RetentionPolicy",
     "check_options",
     "check_seconds",
-    "did_you_mean",
 ]

@@ -41,9 +41,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from guarded.idempotency import current_idempotency_key, current_unanswered_keys
-from guarded.logical_time import LOGICAL_TIMES, current_logical_time, current_logical_times
+from guarded.logical_time import LOGICAL_TIMES, current_logical_time
 
-from .bulk import last_per_key
+from .bulk import last_per_key, with_logical_times
 from .connection import Connection, Database
 from .json_codec import check_text, dump_json_object, loads_json, to_db_text
 from .schema_names import qualified
@@ -106,7 +106,7 @@ class Pauses:
         """Upsert encoded ``(token, payload)`` rows in one statement; the last row of a token wins."""
         if not rows:
             return
-        timed = [(*row, time) for row, time in zip(rows, current_logical_times(len(rows)), strict=True)]
+        timed = with_logical_times(rows)
         unique = sorted(last_per_key(timed, lambda row: row[0]))  # token order: no deadlocks
         if len(unique) == 1:
             token, payload, time = unique[0]

@@ -28,8 +28,9 @@ from typing import Any
 
 from guarded.codec import decode_trajectory, encode_trajectory
 from guarded.errors import InvalidPayloadError
-from guarded.logical_time import current_logical_time, current_logical_times
+from guarded.logical_time import current_logical_time
 
+from .bulk import with_logical_times
 from .connection import Database
 from .json_codec import check_text, dump_json, from_db_text, loads_json, to_db_text
 from .schema_names import next_seq, qualified
@@ -102,7 +103,7 @@ class Trajectories:
         its row; every session named lists the trace)."""
         if not rows:
             return
-        timed = [(*row, time) for row, time in zip(rows, current_logical_times(len(rows)), strict=True)]
+        timed = with_logical_times(rows)
         if len(timed) == 1:
             await self._db.execute(self.upsert, *timed[0])
             return
