@@ -281,7 +281,11 @@ class Runs:
 @pytest.fixture(scope="module")
 def runs(promtool: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     root = tmp_path_factory.mktemp("promtool")
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+    with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        # promtool is spawned from several threads at once. With vfork (CPython's default on
+        # Linux) one child's execve failed once with EFAULT ("Bad address") in a fresh-clone
+        # make test; plain fork, the documented fallback, shares no memory with the other threads.
+        patch.setattr(subprocess, "_USE_VFORK", False)
         yield Runs(
             committed=pool.submit(_run_committed, promtool),
             never_firing=pool.submit(_run_never_firing, promtool, root / "never-firing"),
