@@ -22,9 +22,11 @@ test: lint tools
 demo: $(STAMP)
 	$(PY) -m guarded demo $(DEMO_ARGS)
 
-## tools: promtool and prometheus for the alert and dashboard tests (apt-get when missing, as root)
+## tools: promtool and prometheus for the alert and dashboard tests (apt-get when missing, as root);
+## TypeScript and @grafana/schema for the dashboard schema check (npm ci in tools/grafana-schema)
 tools:
 	@scripts/ensure-prometheus.sh
+	@scripts/ensure-node-tools.sh
 
 ## lint: ruff check, ruff format --check, mypy --strict
 lint: $(STAMP)

@@ -159,10 +159,13 @@ class Dashboard:
             "links": [
                 {
                     "asDropdown": True,
+                    "icon": "external link",
                     "includeVars": True,
                     "keepTime": True,
                     "tags": [self.link_tag],
+                    "targetBlank": False,
                     "title": "guarded dashboards",
+                    "tooltip": "",
                     "type": "dashboards",
                 }
             ],
@@ -350,8 +353,11 @@ def _options(panel: Panel) -> dict[str, Any]:
             "graphMode": "none",
             "justifyMode": "auto",
             "orientation": "auto",
+            "percentChangeColorMode": "standard",
             "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "showPercentChange": False,
             "textMode": "value_and_name",
+            "wideLayout": True,
         }
     if panel.kind == "state-timeline":
         return {
