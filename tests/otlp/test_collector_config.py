@@ -92,7 +92,7 @@ def test_traces_exporters_queue_on_file_storage_and_retry(config: dict[str, Any]
         if component_type(pipeline_id) == "traces"
         for exporter in pipeline["exporters"]
     }
-    assert {component_type(exporter) for exporter in traces_exporters} == {"otlp"}
+    assert {component_type(exporter) for exporter in traces_exporters} == {"otlp_grpc"}
     for exporter_id in traces_exporters:
         exporter = config["exporters"][exporter_id]
         queue = exporter["sending_queue"]
@@ -103,7 +103,7 @@ def test_traces_exporters_queue_on_file_storage_and_retry(config: dict[str, Any]
         assert config["extensions"][storage]["directory"]
         retry = exporter["retry_on_failure"]
         assert retry["enabled"] is True
-        assert retry["max_elapsed_time"]
+        assert retry["max_elapsed_time"] == "0s"  # never give up; tests/otel_collector checks more
         assert exporter["endpoint"].startswith("${env:")
 
 
@@ -111,7 +111,9 @@ def test_prometheus_exporter_keeps_resource_attributes_off_labels_and_shows_exem
     config: dict[str, Any],
 ) -> None:
     exporter = config["exporters"]["prometheus"]
-    assert exporter["resource_to_telemetry_conversion"]["enabled"] is False
+    # Off by default; the deprecated resource_to_telemetry_conversion and its successor unset.
+    assert "resource_to_telemetry_conversion" not in exporter
+    assert "resource_constant_labels" not in exporter
     assert exporter["enable_open_metrics"] is True  # exemplars need the OpenMetrics format
     assert exporter["metric_expiration"]
     scrubbed = {entry["key"] for entry in config["processors"]["resource/scrub"]["attributes"]}
@@ -135,8 +137,8 @@ def test_every_environment_reference_has_a_default(text: str, expanded: dict[str
     # No other form of substitution ($VAR, ${VAR}, ${env:VAR} without default) is left.
     leftover = ENV_REFERENCE.sub("", text)
     assert not re.search(r"(?<!\$)\$(?!\$)", re.sub(r"#.*", "", leftover)), "a $ reference without default"
-    assert expanded["exporters"]["otlp/traces"]["tls"]["insecure"] is True
-    assert expanded["exporters"]["otlp/traces"]["endpoint"] == "tempo:4317"
+    assert expanded["exporters"]["otlp_grpc/traces"]["tls"]["insecure"] is True
+    assert expanded["exporters"]["otlp_grpc/traces"]["endpoint"] == "tempo:4317"
 
 
 def test_embedded_scrape_configuration_passes_promtool(expanded: dict[str, Any], tmp_path: Path) -> None:
