@@ -35,9 +35,15 @@ export type Json<T> = T extends string
       ? { [Key in keyof T]: Json<T[Key]> }
       : T;
 
+/** The schema's DataSourceRef, narrowed to a Prometheus data source (guarded's only kind). */
+export interface PrometheusRef extends raw.DataSourceRef {
+  type: "prometheus";
+  uid: string;
+}
+
 /** A Prometheus query target: DataQuery plus the Prometheus plugin's query fields guarded writes. */
 export interface PrometheusQuery extends Omit<common.DataQuery, "datasource"> {
-  datasource: raw.DataSourceRef;
+  datasource: PrometheusRef;
   /** The PromQL expression. */
   expr: string;
   /** Legend template (`{{label}}`). */
@@ -54,7 +60,7 @@ export interface PrometheusQuery extends Omit<common.DataQuery, "datasource"> {
 
 /** An annotation from a Prometheus query: the schema's AnnotationQuery and the plugin's fields. */
 export interface PrometheusAnnotation extends Json<Omit<raw.AnnotationQuery, "datasource">> {
-  datasource: raw.DataSourceRef;
+  datasource: PrometheusRef;
   /** The PromQL expression; each series it returns while non-zero is an annotation. */
   expr: string;
   step?: string;
@@ -75,7 +81,7 @@ export interface GuardedVariable extends Json<raw.VariableModel> {
 
 /** The parts of a panel common to every kind, without the schema's loosely typed ones. */
 type PanelBase = Json<Omit<raw.Panel, "type" | "options" | "targets" | "fieldConfig" | "datasource">> & {
-  datasource: raw.DataSourceRef;
+  datasource: PrometheusRef;
   gridPos: raw.GridPos;
   id: number;
   title: string;
