@@ -27,10 +27,12 @@ reasoning is in docs/alerts.md):
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -54,7 +56,16 @@ from .semantics import (
 RULE_FILE_PATH = "alerts/guarded-rules.yml"
 """Where the rule file is written, relative to ``grafana/``."""
 RUNBOOK_DOC = "docs/alerts.md"
-"""The runbooks; an alert's ``runbook_url`` is this path and the anchor of its section."""
+"""The runbooks, in this repository: an alert's runbook is this file's section of its name."""
+PROJECT_URL = "https://github.com/guarded-dev/guarded"
+"""Where the project is published (its documentation is the repository's ``docs/``)."""
+DEFAULT_RUNBOOK_BASE = f"{PROJECT_URL}/blob/main/{RUNBOOK_DOC}"
+"""The published runbooks every ``runbook_url`` starts with unless told otherwise: an absolute URL,
+so the link in a page or a ticket opens from a phone. Override it with ``--runbook-base`` (or the
+:data:`RUNBOOK_BASE_ENV` environment variable) to link your own copy, e.g. a wiki page or a
+release tag's docs."""
+RUNBOOK_BASE_ENV = "GUARDED_RUNBOOK_BASE"
+"""Environment variable read by ``python -m dashboards.alerts`` for the runbook base URL."""
 
 CRITICAL = "critical"
 """Severity that pages: data is being lost or users' flows are broken now."""
@@ -75,6 +86,17 @@ METHOD_LABELS: tuple[str, ...] = (LABEL_JOB, names.LABEL_STORE, names.LABEL_METH
 # --- planner pause ------------------------------------------------------------------------------
 
 PAUSE_FAILURE_WINDOW = "5m"
+"""A failed pause save or load raises a ticket at once and keeps it open this long."""
+PAUSE_PAGE_WINDOW = "2m"
+PAUSE_PAGE_FOR = "6m"
+"""The page: pause saves failed within every ``PAUSE_PAGE_WINDOW`` for ``PAUSE_PAGE_FOR``, so
+failures that go on for four minutes or more (or keep coming back within two minutes) page six
+minutes after the first one. A database failover fails saves for seconds: its failures leave the
+window long before the ``for`` is over, a ticket and no page. The window needs a scrape interval
+of at most a minute."""
+STORE_LABELS: tuple[str, ...] = (LABEL_JOB, names.LABEL_STORE)
+"""One store across the instances of a job: an incident of its database pages once, not once per
+instance or per outcome."""
 
 # --- circuit breaker -----------------------------------------------------------------------------
 
@@ -95,6 +117,30 @@ DEADLETTER_AGE_WARNING_SECONDS = 15 * 60
 DEADLETTER_AGE_CRITICAL_SECONDS = 60 * 60
 """A write held an hour: the backend has been unreachable that long, or replay is stuck, and the
 write exists only on this host."""
+
+DEADLETTER_PARKED_WINDOW = "15m"
+"""A parked write raises a ticket at once and keeps it open this long."""
+REPLAY_STALLED_WINDOW = "5m"
+REPLAY_STALLED_FOR = "10m"
+"""Writes waiting while the breaker is closed and nothing was replayed in ``REPLAY_STALLED_WINDOW``,
+for ``REPLAY_STALLED_FOR``: the backend answers, yet the held writes do not go back to it."""
+
+# --- capacity: bulkhead, connection pool, batch queue --------------------------------------------
+
+POOL_SATURATED_FOR = "10m"
+"""Every call slot (bulkhead permits, or pool connections) busy at every scrape for this long. A
+failover fills the pool for its few seconds, then it drains."""
+BATCH_QUEUE_FULL_FOR = "5m"
+"""The batcher's queue at capacity this long: new writes wait for space and are dead-lettered when
+their deadline passes; write-behind writes already acknowledged are at risk if the process dies."""
+BATCH_FAILURE_WINDOW = "15m"
+
+# --- PostgreSQL schema ---------------------------------------------------------------------------
+
+SCHEMA_LABELS: tuple[str, ...] = (LABEL_JOB, names.LABEL_SCHEMA)
+"""One PostgreSQL schema (tenant) as the processes of one job see it."""
+SCHEMA_SKEW_FOR = "15m"
+"""Longer than a rolling deployment: for a few minutes old and new code run side by side."""
 
 # --- SLO and burn rates --------------------------------------------------------------------------
 
@@ -168,8 +214,8 @@ LATENCY_P99_RECORD = f"{'_'.join(METHOD_LABELS)}:{names.CALL_DURATION}:p99_rate{
 """Name of the recorded p99 call latency of each (job, store, method)."""
 
 
-def runbook_url(alert: str, base: str = RUNBOOK_DOC) -> str:
-    """The runbook of ``alert``: its section of docs/alerts.md (GitHub heading anchor)."""
+def runbook_url(alert: str, base: str = DEFAULT_RUNBOOK_BASE) -> str:
+    """The runbook of ``alert``: its section of docs/alerts.md (GitHub heading anchor) under ``base``."""
     return f"{base}#{alert.lower()}"
 
 
@@ -266,7 +312,7 @@ def _alert(
     summary: str,
     description: str,
     for_: str | None = None,
-    runbook_base: str = RUNBOOK_DOC,
+    runbook_base: str = DEFAULT_RUNBOOK_BASE,
 ) -> dict[str, Any]:
     rule: dict[str, Any] = {"alert": name, "expr": expr}
     if for_ is not None:
@@ -295,35 +341,57 @@ def recording_rules() -> list[dict[str, Any]]:
     return rules
 
 
-def pause_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
-    """Planner pause saves and loads that failed (spec 002: they break HITL and OAuth flows)."""
-    labels = [*PROCESS_LABELS, names.LABEL_OUTCOME]
+def _pause_failures(method: str, outcomes: Iterable[Outcome], window: str, labels: Sequence[str]) -> str:
+    selector = _selector(
+        CALLS_TOTAL, eq(names.LABEL_METHOD, method), one_of(names.LABEL_OUTCOME, _values(outcomes))
+    )
+    return f"{events_in_window(selector, window, labels)}\n> 0"
+
+
+_PAUSE_SAVE_IMPACT = (
+    "The paused run is not in the database: a resume (human approval, OAuth callback) handled by "
+    "another worker will not find it."
+)
+
+
+def pause_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
+    """Planner pause saves and loads that failed (spec 002: they break HITL and OAuth flows).
+
+    A single failed save is a ticket (every database failover fails a few); saves failing for
+    minutes page, once per (job, store) whatever the outcomes and instances.
+    """
     window = PAUSE_FAILURE_WINDOW
-
-    def failed(method: str, outcomes: Iterable[Outcome]) -> str:
-        selector = _selector(
-            CALLS_TOTAL, eq(names.LABEL_METHOD, method), one_of(names.LABEL_OUTCOME, _values(outcomes))
-        )
-        return f"{events_in_window(selector, window, labels)}\n> 0"
-
     return [
         _alert(
-            names.ALERT_PAUSE_SAVE_FAILED,
-            failed(SAVE_PAUSE_METHOD, PAUSE_SAVE_FAILURE_OUTCOMES),
+            names.ALERT_PAUSE_SAVES_FAILING,
+            _pause_failures(SAVE_PAUSE_METHOD, PAUSE_SAVE_FAILURE_OUTCOMES, PAUSE_PAGE_WINDOW, STORE_LABELS),
+            for_=PAUSE_PAGE_FOR,
             severity=CRITICAL,
+            summary="Planner pauses of store {{ $labels.store }} keep failing to save",
+            description=(
+                "save_planner_state calls on store {{ $labels.store }} (job {{ $labels.job }}) have "
+                f"failed within every {in_words(PAUSE_PAGE_WINDOW)} for {in_words(PAUSE_PAGE_FOR)} "
+                f"({{{{ $value | humanize }}}} in the last {in_words(PAUSE_PAGE_WINDOW)}). "
+                + _PAUSE_SAVE_IMPACT
+            ),
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            names.ALERT_PAUSE_SAVE_FAILED,
+            _pause_failures(SAVE_PAUSE_METHOD, PAUSE_SAVE_FAILURE_OUTCOMES, window, PROCESS_LABELS),
+            severity=WARNING,
             summary="A planner pause could not be saved to store {{ $labels.store }}",
             description=(
                 "{{ $value | humanize }} save_planner_state call(s) on store {{ $labels.store }} "
-                "({{ $labels.instance }}) ended {{ $labels.outcome }} "
-                f"in the last {in_words(window)}. "
-                "The paused run is not in the database: a resume (human approval, OAuth callback) "
-                "handled by another worker will not find it."
+                f"({{{{ $labels.instance }}}}) failed in the last {in_words(window)}. " + _PAUSE_SAVE_IMPACT
             ),
             runbook_base=runbook_base,
         ),
         _alert(
             names.ALERT_PAUSE_LOAD_FAILED,
-            failed(LOAD_PAUSE_METHOD, PAUSE_LOAD_FAILURE_OUTCOMES),
+            _pause_failures(
+                LOAD_PAUSE_METHOD, PAUSE_LOAD_FAILURE_OUTCOMES, window, [*PROCESS_LABELS, names.LABEL_OUTCOME]
+            ),
             severity=WARNING,
             summary="Planner pauses could not be loaded from store {{ $labels.store }}",
             description=(
@@ -337,7 +405,7 @@ def pause_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
     ]
 
 
-def circuit_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
+def circuit_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
     """A breaker open (or probing) for minutes while calls arrive; a breaker forced open for long."""
     state = names.CIRCUIT_STATE
     not_closed = _selector(state, one_of(names.LABEL_STATE, [s.value for s in NOT_CLOSED_STATES]))
@@ -382,7 +450,7 @@ def circuit_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
     ]
 
 
-def deadletter_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
+def deadletter_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
     """Writes dropped for lack of space (data loss), and writes held too long."""
     dropped = events_in_window(
         names.DLQ_DROPPED, DEADLETTER_DROP_WINDOW, [*PROCESS_LABELS, names.LABEL_METHOD, LABEL_REASON]
@@ -455,7 +523,7 @@ def _burn_rate_alert(tier: BurnRateTier, runbook_base: str) -> dict[str, Any]:
     )
 
 
-def store_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
+def store_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
     """Error-budget burn and p99 latency per (job, store, method)."""
     rules = [_burn_rate_alert(tier, runbook_base) for tier in BURN_RATE_TIERS]
     rules.append(
@@ -480,7 +548,7 @@ def store_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
     return rules
 
 
-def memory_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
+def memory_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
     """Short-term memory keys stuck in the ``degraded`` health state (spec 003)."""
     degraded = _selector(names.MEMORY_HEALTH_KEYS, eq(names.LABEL_HEALTH, MEMORY_DEGRADED))
     return [
@@ -501,7 +569,7 @@ def memory_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
     ]
 
 
-def task_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
+def task_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
     """A high share of ended tasks failing, once enough tasks ended to judge."""
     events = names.TASK_EVENTS
     failed = _sum_by(
@@ -528,22 +596,157 @@ def task_rules(runbook_base: str = RUNBOOK_DOC) -> list[dict[str, Any]]:
     ]
 
 
+def parked_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
+    """Writes parked as bad data (never replayed automatically), and held writes that the backend
+    takes no more although it answers."""
+    window = DEADLETTER_PARKED_WINDOW
+    parked = events_in_window(names.DLQ_PARKED, window, [*PROCESS_LABELS, names.LABEL_METHOD])
+    process = ", ".join(PROCESS_LABELS)
+    closed = _selector(names.CIRCUIT_STATE, eq(names.LABEL_STATE, BreakerState.CLOSED.value))
+    replayed = _sum_by(PROCESS_LABELS, f"increase({names.DLQ_REPLAYED}[{REPLAY_STALLED_WINDOW}])")
+    return [
+        _alert(
+            names.ALERT_DEADLETTER_PARKED,
+            f"{parked}\n> 0",
+            severity=WARNING,
+            summary="Writes of store {{ $labels.store }} were parked as bad data",
+            description=(
+                "{{ $value | humanize }} {{ $labels.method }} write(s) of store {{ $labels.store }} on "
+                f"{{{{ $labels.instance }}}} were parked in the last {in_words(window)}: the backend "
+                "refused their data, so they are kept on that host and never replayed on their own."
+            ),
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            names.ALERT_REPLAY_STALLED,
+            f"max {_by(PROCESS_LABELS)} ({names.DLQ_DEPTH}) > 0\n"
+            f"and on ({process})\n(max {_by(PROCESS_LABELS)} ({closed}) == 1)\n"
+            f"unless on ({process})\n({replayed} > 0)",
+            for_=REPLAY_STALLED_FOR,
+            severity=WARNING,
+            summary="Held writes of store {{ $labels.store }} are not being replayed",
+            description=(
+                "{{ $value | humanize }} write(s) wait in the dead-letter buffer of store "
+                "{{ $labels.store }} on {{ $labels.instance }}, its breaker is closed (the backend "
+                f"answers), and none was replayed in the last {in_words(REPLAY_STALLED_WINDOW)} "
+                f"for {in_words(REPLAY_STALLED_FOR)}: "
+                "the writes exist only on that host until replay resumes."
+            ),
+            runbook_base=runbook_base,
+        ),
+    ]
+
+
+def capacity_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
+    """Pool saturation (bulkhead or PostgreSQL pool), a full batch queue, writes a batch lost."""
+    process = ", ".join(PROCESS_LABELS)
+
+    def total(metric: str) -> str:
+        return f"sum {_by(PROCESS_LABELS)} ({metric})"
+
+    bulkhead_full = (
+        f"(\n  {total(names.BULKHEAD_IN_USE)}\n  >= on ({process})\n  {total(names.BULKHEAD_LIMIT)}\n)\n"
+        f"and on ({process})\n{total(names.BULKHEAD_QUEUE_DEPTH)} > 0"
+    )
+    pool_full = (
+        f"{total(names.GUARDED_PG_POOL_IN_USE)}\n>= on ({process})\n{total(names.GUARDED_PG_POOL_MAX_SIZE)}"
+    )
+    batch_full = f"{total(names.BATCH_PENDING)}\n>= on ({process})\n{total(names.BATCH_CAPACITY)}"
+    batch_failed = events_in_window(
+        names.BATCH_FAILED_WRITES, BATCH_FAILURE_WINDOW, [*PROCESS_LABELS, names.LABEL_METHOD]
+    )
+    return [
+        _alert(
+            names.ALERT_POOL_SATURATED,
+            f"(\n{_indent(bulkhead_full)}\n)\nor\n(\n{_indent(pool_full)}\n)",
+            for_=POOL_SATURATED_FOR,
+            severity=WARNING,
+            summary=(
+                "Store {{ $labels.store }} has used every backend connection for "
+                f"{in_words(POOL_SATURATED_FOR)}"
+            ),
+            description=(
+                "Every call slot of store {{ $labels.store }} on {{ $labels.instance }} (bulkhead "
+                "permits with calls waiting in line, or PostgreSQL pool connections) has been busy for "
+                f"{in_words(POOL_SATURATED_FOR)} ({{{{ $value | humanize }}}} in use): calls queue "
+                "before the database, their latency grows and those that wait past their deadline "
+                "time out (reads fall back, writes are held)."
+            ),
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            names.ALERT_BATCH_QUEUE_FULL,
+            batch_full,
+            for_=BATCH_QUEUE_FULL_FOR,
+            severity=WARNING,
+            summary="The batch queue of store {{ $labels.store }} is full",
+            description=(
+                "The batcher of store {{ $labels.store }} on {{ $labels.instance }} has held its "
+                f"maximum of {{{{ $value | humanize }}}} writes for {in_words(BATCH_QUEUE_FULL_FOR)}: "
+                "new writes wait for space and are dead-lettered when their deadline passes, and "
+                "acknowledged write-behind writes are lost if the process dies now."
+            ),
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            names.ALERT_BATCH_WRITES_FAILED,
+            f"{batch_failed}\n> 0",
+            severity=CRITICAL,
+            summary="Batched writes of store {{ $labels.store }} were dropped (data loss)",
+            description=(
+                "{{ $value | humanize }} {{ $labels.method }} write(s) of store {{ $labels.store }} on "
+                f"{{{{ $labels.instance }}}} were dropped in the last {in_words(BATCH_FAILURE_WINDOW)}: "
+                "the batch writer raised, so they were neither written nor held for replay; "
+                "write-behind writes among them had been acknowledged and are lost."
+            ),
+            runbook_base=runbook_base,
+        ),
+    ]
+
+
+def schema_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
+    """A process running code older than the schema another process migrated (version skew)."""
+    newest = f"max {_by(SCHEMA_LABELS)} ({names.GUARDED_PG_MIGRATION_VERSION})"
+    known = f"max {_by([*PROCESS_LABELS, names.LABEL_SCHEMA])} ({names.GUARDED_PG_SCHEMA_EXPECTED_VERSION})"
+    return [
+        _alert(
+            names.ALERT_SCHEMA_VERSION_SKEW,
+            f"{newest}\n> on ({', '.join(SCHEMA_LABELS)}) group_right\n{known}",
+            for_=SCHEMA_SKEW_FOR,
+            severity=WARNING,
+            summary="{{ $labels.instance }} runs code older than schema {{ $labels.schema }}",
+            description=(
+                "Schema {{ $labels.schema }} has been migrated to version {{ $value }}, but the code "
+                "of store {{ $labels.store }} on {{ $labels.instance }} only knows older versions, "
+                f"for {in_words(SCHEMA_SKEW_FOR)}: an old deployment is still serving a schema it "
+                "does not know, and it will refuse to start again (SchemaTooNewError)."
+            ),
+            runbook_base=runbook_base,
+        )
+    ]
+
+
 RECORDING_GROUP = "guarded.recording"
 """The group of the recording rules the burn-rate and latency alerts read."""
 
 
-def rule_file(runbook_base: str = RUNBOOK_DOC) -> dict[str, Any]:
+def rule_file(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> dict[str, Any]:
     """The Prometheus rule file (``groups: [...]``) of every guarded recording and alert rule.
 
-    ``runbook_base`` is what each ``runbook_url`` starts with: the repository-relative
-    docs/alerts.md by default; pass your published copy's URL to link it from notifications.
+    ``runbook_base`` is what each ``runbook_url`` starts with: :data:`DEFAULT_RUNBOOK_BASE` (the
+    project's published docs/alerts.md) by default; pass your own copy's URL to link it instead.
     """
     return {
         "groups": [
             {"name": RECORDING_GROUP, "rules": recording_rules()},
             {"name": "guarded.pause", "rules": pause_rules(runbook_base)},
             {"name": "guarded.store", "rules": [*circuit_rules(runbook_base), *store_rules(runbook_base)]},
-            {"name": "guarded.deadletter", "rules": deadletter_rules(runbook_base)},
+            {
+                "name": "guarded.deadletter",
+                "rules": [*deadletter_rules(runbook_base), *parked_rules(runbook_base)],
+            },
+            {"name": "guarded.capacity", "rules": capacity_rules(runbook_base)},
+            {"name": "guarded.schema", "rules": schema_rules(runbook_base)},
             {"name": "guarded.memory", "rules": memory_rules(runbook_base)},
             {"name": "guarded.tasks", "rules": task_rules(runbook_base)},
         ]
@@ -590,12 +793,18 @@ def default_path() -> Path:
     return Path(__file__).resolve().parent.parent / "grafana" / RULE_FILE_PATH
 
 
-def write(path: Path | str | None = None, runbook_base: str = RUNBOOK_DOC) -> Path:
+def write(path: Path | str | None = None, runbook_base: str = DEFAULT_RUNBOOK_BASE) -> Path:
     """Write the rule file to ``path`` (default :func:`default_path`); returns the path."""
     target = default_path() if path is None else Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render(rule_file(runbook_base)), encoding="utf-8")
     return target
+
+
+def is_absolute_url(url: str) -> bool:
+    """Whether ``url`` is an absolute ``http``/``https`` URL with a host."""
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -606,11 +815,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("path", nargs="?", type=Path, help=f"output file (default: {default_path()})")
     parser.add_argument(
         "--runbook-base",
-        default=RUNBOOK_DOC,
+        default=os.environ.get(RUNBOOK_BASE_ENV) or DEFAULT_RUNBOOK_BASE,
         metavar="URL",
-        help=f"where the runbooks are published; each runbook_url is URL#<alert> (default: {RUNBOOK_DOC})",
+        help=(
+            "absolute http(s) URL of the published runbooks (docs/alerts.md); each runbook_url is "
+            f"URL#<alert in lower case> (default: ${RUNBOOK_BASE_ENV}, else {DEFAULT_RUNBOOK_BASE})"
+        ),
     )
     args = parser.parse_args(argv)
+    if not is_absolute_url(args.runbook_base):
+        parser.error(
+            f"--runbook-base must be an absolute http(s) URL, not {args.runbook_base!r} "
+            "(a runbook link in a page must open from anywhere)"
+        )
     print(write(args.path, args.runbook_base))
     return 0
 

@@ -165,13 +165,18 @@ def _table_panels() -> tuple[Panel, ...]:
         Panel(
             title="Schema version",
             description=(
-                "Migration version each process runs against. All processes of a schema should agree; "
-                "a lower one is an old deployment still running. Migrations are forward-only: old code "
-                "refuses a newer schema (SchemaTooNewError). `guarded pg status` shows the database's."
+                "Migration version each process runs against, and the newest its code knows. All processes "
+                "of a schema should agree; a process whose code knows less than the schema's version is an "
+                "old deployment still running (GuardedSchemaVersionSkew). Migrations are forward-only: old "
+                "code refuses a newer schema (SchemaTooNewError). `guarded pg status` shows the database's."
             ),
             queries=(
                 Query(
                     q.max_by(PER_PROCESS, SCOPE.selector(names.GUARDED_PG_MIGRATION_VERSION)), PROCESS_LEGEND
+                ),
+                Query(
+                    q.max_by(PER_PROCESS, SCOPE.selector(names.GUARDED_PG_SCHEMA_EXPECTED_VERSION)),
+                    f"code knows {PROCESS_LEGEND}",
                 ),
             ),
             kind="stat",

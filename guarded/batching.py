@@ -31,8 +31,9 @@ must show them while the backend is down).
 
 Metrics (prometheus-client, shared by every batcher of one registry): ``guarded_batch_size`` and
 ``guarded_batch_flush_duration_seconds`` histograms by store and method, observed once per flush,
-and the ``guarded_batch_pending`` gauge by store, read from the batchers at scrape time so that
-:meth:`Batcher.submit` never touches a metric.
+the ``guarded_batch_pending`` and ``guarded_batch_capacity`` gauges by store, read from the
+batchers at scrape time so that :meth:`Batcher.submit` never touches a metric, and the
+``guarded_batch_failed_writes_total`` counter by store and method (writes a raising writer lost).
 
 Not thread-safe: a batcher works on the event loop running when it is used (it binds to none at
 construction, so it may be built outside a loop); use it from one loop at a time.
@@ -52,7 +53,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from prometheus_client import REGISTRY, CollectorRegistry, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from . import telemetry_names as names
 from .config import BatchConfig
@@ -142,6 +143,8 @@ class _Instruments:
     size: Histogram
     duration: Histogram
     pending: StoreTotalGauge
+    capacity: StoreTotalGauge
+    failed: Counter
 
 
 _instruments: weakref.WeakKeyDictionary[CollectorRegistry, _Instruments] = weakref.WeakKeyDictionary()
@@ -171,6 +174,18 @@ def _instruments_for(registry: CollectorRegistry) -> _Instruments:
                 names.BATCH_PENDING,
                 "Acknowledged writes queued or being flushed (lost if the process dies now).",
                 lambda batcher: batcher.pending,
+            ),
+            capacity=store_total_gauge(
+                registry,
+                names.BATCH_CAPACITY,
+                "Writes the batcher holds at most (queue_size); pending at this value: the queue is full.",
+                lambda batcher: batcher.config.queue_size,
+            ),
+            failed=Counter(
+                names.BATCH_FAILED_WRITES,
+                "Writes a batch writer raised on: answered fallback and not kept (lost).",
+                labels,
+                registry=registry,
             ),
         )
         _instruments[registry] = found
@@ -279,7 +294,9 @@ class Batcher:
         instruments = _instruments_for(registry)
         self._size = instruments.size
         self._duration = instruments.duration
+        self._failed = instruments.failed
         instruments.pending.add(self)
+        instruments.capacity.add(self)
 
     # --- state --------------------------------------------------------------------------------------
 
@@ -489,6 +506,7 @@ class Batcher:
             raise
         except Exception as exc:
             self.failed += len(batch)
+            self._failed.labels(self.store_name, mq.method).inc(len(batch))
             logger.error(
                 "batch writer for %s on store %r raised %s; %d writes counted as failed",
                 mq.method,

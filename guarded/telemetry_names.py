@@ -264,3 +264,36 @@ DLQ_QUARANTINED = "guarded_deadletter_quarantined_total"
 text that is not UTF-8, a key or call that is not JSON) and were moved to the file's quarantine
 table with their raw bytes and a reason, by store. They are not replayed; ``guarded dlq list
 --quarantined`` shows them. Any increase means a damaged file: alert on it."""
+
+# --- alerts an on-call engineer trusts (issue 16) ---------------------------------------------------
+ALERT_PAUSE_SAVES_FAILING = "GuardedPlannerPauseSavesFailing"
+"""The page: pause saves of a store keep failing (:data:`ALERT_PAUSE_SAVE_FAILED` is the ticket for
+a single failure)."""
+ALERT_DEADLETTER_PARKED = "GuardedDeadLetterParkedWrites"
+ALERT_BATCH_WRITES_FAILED = "GuardedBatchWritesFailed"
+ALERT_POOL_SATURATED = "GuardedPoolSaturated"
+ALERT_BATCH_QUEUE_FULL = "GuardedBatchQueueFull"
+ALERT_REPLAY_STALLED = "GuardedDeadLetterReplayStalled"
+ALERT_SCHEMA_VERSION_SKEW = "GuardedSchemaVersionSkew"
+ALERT_NAMES = (
+    *ALERT_NAMES,
+    ALERT_PAUSE_SAVES_FAILING,
+    ALERT_DEADLETTER_PARKED,
+    ALERT_BATCH_WRITES_FAILED,
+    ALERT_POOL_SATURATED,
+    ALERT_BATCH_QUEUE_FULL,
+    ALERT_REPLAY_STALLED,
+    ALERT_SCHEMA_VERSION_SKEW,
+)
+
+BATCH_CAPACITY = "guarded_batch_capacity"
+"""Gauge: writes the batcher holds at most (``batch.queue_size``), by store; :data:`BATCH_PENDING`
+at this value means the queue is full and new writes wait for space, then are dead-lettered."""
+BATCH_FAILED_WRITES = "guarded_batch_failed_writes_total"
+"""Counter: writes a batch writer raised on (a bug in the writer): answered ``fallback`` and not
+kept, so write-behind writes already acknowledged are lost, by store and method."""
+GUARDED_PG_SCHEMA_EXPECTED_VERSION = "guarded_pg_schema_expected_version"
+"""Gauge: the newest migration version the running code knows, set when the store connects (labels:
+store, schema). A schema whose :data:`GUARDED_PG_MIGRATION_VERSION` is above this value on some
+process is being served by code older than its schema (version skew)."""
+PG_METRIC_NAMES = (*PG_METRIC_NAMES, GUARDED_PG_SCHEMA_EXPECTED_VERSION)

@@ -1,4 +1,5 @@
-"""Backend metrics for the dashboards: pool size and use, acquire wait, table rows and sizes.
+"""Backend metrics for the dashboards: pool size and use, acquire wait, table rows and sizes, and
+the schema's migration version beside the newest one the code knows.
 
 Metric names come from :mod:`guarded.telemetry_names` (one source of truth with the dashboards).
 Metric families are created once per Prometheus registry and shared by every store that uses
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from guarded import telemetry_names as names
+
+from .migrations import latest_version
 
 ACQUIRE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Pool acquire waits are normally sub-millisecond; the tail shows pool exhaustion."""
@@ -40,6 +43,7 @@ class PgMetricFamilies:
     table_stats_timestamp: Gauge
     cleanup_deleted: Counter
     schema_version: Gauge
+    schema_expected_version: Gauge
 
 
 _families: dict[int, tuple[CollectorRegistry, PgMetricFamilies]] = {}
@@ -114,6 +118,12 @@ def families_for(registry: CollectorRegistry) -> PgMetricFamilies:
                 _STORE_LABELS,
                 registry=registry,
             ),
+            schema_expected_version=Gauge(
+                names.GUARDED_PG_SCHEMA_EXPECTED_VERSION,
+                "Newest migration version the running code knows.",
+                _STORE_LABELS,
+                registry=registry,
+            ),
         )
         _families[id(registry)] = (registry, families)
         return families
@@ -152,7 +162,10 @@ class StoreMetrics:
         self._connection_errors.inc()
 
     def set_schema_version(self, version: int) -> None:
+        """The schema's migration version as the store found (or left) it on connecting, beside the
+        newest version this code knows: a schema a newer deployment migrated shows the skew."""
         self.families.schema_version.labels(*self.labels).set(version)
+        self.families.schema_expected_version.labels(*self.labels).set(latest_version())
 
     def set_table_stats(self, stats: Mapping[str, tuple[int, int]]) -> None:
         """Record ``{table: (rows, bytes)}`` from one sample."""
@@ -177,6 +190,7 @@ class StoreMetrics:
             families.connection_errors,
             families.table_stats_timestamp,
             families.schema_version,
+            families.schema_expected_version,
         ):
             with contextlib.suppress(KeyError):
                 family.remove(*self.labels)

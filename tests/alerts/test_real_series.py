@@ -101,7 +101,9 @@ async def test_pause_alerts_fire_on_a_real_guards_metrics(promtool: str, tmp_pat
         _input_series(timeline),
         [
             cases.at(6, names.ALERT_PAUSE_SAVE_FAILED),
-            cases.at(8, names.ALERT_PAUSE_SAVE_FAILED, cases.save_failed("dead_lettered", "1")),
+            cases.at(8, names.ALERT_PAUSE_SAVE_FAILED, cases.save_failed("1")),
+            # one failed save is a ticket; only saves failing for minutes page
+            cases.at(10, names.ALERT_PAUSE_SAVES_FAILING),
             cases.at(6, names.ALERT_PAUSE_LOAD_FAILED),
             cases.at(8, names.ALERT_PAUSE_LOAD_FAILED, cases.load_failed("fallback", "1")),
         ],

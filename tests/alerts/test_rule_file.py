@@ -78,7 +78,8 @@ def test_every_alert_has_a_severity_summary_description_and_runbook() -> None:
         annotations = rule["annotations"]
         assert set(annotations) == {"summary", "description", "runbook_url"}, rule["alert"]
         assert "{{ $labels." in annotations["description"], rule["alert"]
-        assert annotations["runbook_url"] == f"{alerts.RUNBOOK_DOC}#{rule['alert'].lower()}"
+        assert annotations["runbook_url"] == f"{alerts.DEFAULT_RUNBOOK_BASE}#{rule['alert'].lower()}"
+        assert alerts.is_absolute_url(annotations["runbook_url"]), rule["alert"]
 
 
 def test_every_alert_has_a_runbook_section_with_its_four_parts() -> None:
@@ -176,6 +177,7 @@ def test_rules_aggregate_by_bounded_labels_only() -> None:
         alerts.LABEL_INSTANCE,
         LABEL_REASON,
         alerts.LABEL_LE,
+        names.LABEL_SCHEMA,
         names.LABEL_STORE,
         names.LABEL_METHOD,
         names.LABEL_OUTCOME,
@@ -198,6 +200,51 @@ def test_main_links_runbooks_where_they_are_published(tmp_path: Path) -> None:
     base = "https://runbooks.example.invalid/alerts.md"
     assert alerts.main(["--runbook-base", base, str(target)]) == 0
     assert yaml.safe_load(target.read_text(encoding="utf-8")) == alerts.rule_file(runbook_base=base)
+
+
+def test_the_default_runbook_base_is_the_published_docs_alerts_md() -> None:
+    assert alerts.is_absolute_url(alerts.DEFAULT_RUNBOOK_BASE)
+    assert alerts.DEFAULT_RUNBOOK_BASE.endswith("/" + alerts.RUNBOOK_DOC)
+    assert "{{" not in alerts.DEFAULT_RUNBOOK_BASE
+
+
+def test_main_takes_the_runbook_base_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = "https://wiki.example.invalid/ops/guarded-alerts"
+    monkeypatch.setenv(alerts.RUNBOOK_BASE_ENV, base)
+    target = tmp_path / "rules.yml"
+    assert alerts.main([str(target)]) == 0
+    assert yaml.safe_load(target.read_text(encoding="utf-8")) == alerts.rule_file(runbook_base=base)
+    override = "https://other.example.invalid/alerts.md"
+    assert alerts.main(["--runbook-base", override, str(target)]) == 0
+    assert yaml.safe_load(target.read_text(encoding="utf-8")) == alerts.rule_file(runbook_base=override)
+
+
+@pytest.mark.parametrize(
+    "base", ["docs/alerts.md", "/srv/docs/alerts.md", "ftp://host/alerts.md", "https://"]
+)
+def test_main_refuses_a_runbook_base_that_is_not_an_absolute_url(
+    base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "rules.yml"
+    with pytest.raises(SystemExit) as exit_info:
+        alerts.main(["--runbook-base", base, str(target)])
+    assert exit_info.value.code == 2
+    assert "--runbook-base must be an absolute http(s) URL" in capsys.readouterr().err
+    assert not target.exists()
+
+
+def test_the_pause_save_page_waits_and_the_ticket_does_not() -> None:
+    by_name = {rule["alert"]: rule for rule in _alert_rules()}
+    page = by_name[names.ALERT_PAUSE_SAVES_FAILING]
+    ticket = by_name[names.ALERT_PAUSE_SAVE_FAILED]
+    assert page["labels"]["severity"] == alerts.CRITICAL
+    assert page["for"] == alerts.PAUSE_PAGE_FOR
+    assert "sum by (job, store) (" in page["expr"]  # one page per store, not per outcome or instance
+    assert ticket["labels"]["severity"] == alerts.WARNING
+    assert "for" not in ticket
+    assert ticket["expr"].startswith(f"sum by ({', '.join(alerts.PROCESS_LABELS)}) (")  # outcomes together
 
 
 def test_main_refuses_unknown_arguments(capsys: pytest.CaptureFixture[str]) -> None:
