@@ -20,8 +20,6 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 from guarded import telemetry_names as names
 
-from .migrations import latest_version
-
 ACQUIRE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Pool acquire waits are normally sub-millisecond; the tail shows pool exhaustion."""
 
@@ -164,6 +162,8 @@ class StoreMetrics:
     def set_schema_version(self, version: int) -> None:
         """The schema's migration version as the store found (or left) it on connecting, beside the
         newest version this code knows: a schema a newer deployment migrated shows the skew."""
+        from .migrations import latest_version  # migrations imports connection, which imports us
+
         self.families.schema_version.labels(*self.labels).set(version)
         self.families.schema_expected_version.labels(*self.labels).set(latest_version())
 

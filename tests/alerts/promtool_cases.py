@@ -1010,7 +1010,7 @@ def pool_saturated() -> dict[str, Any]:
     )
 
 
-def _queue_full(held: str) -> dict[str, Any]:
+def queue_full(held: str) -> dict[str, Any]:
     return fired(
         {**PROCESS, "severity": "warning"},
         "The batch queue of store primary is full",
@@ -1028,7 +1028,7 @@ def batch_queue_full() -> dict[str, Any]:
         case(
             "a batch queue at capacity for 5 minutes warns",
             [capacity, _gauge(names.BATCH_PENDING, steps((5, 30), (16, 100)))],
-            [*silent(alert, [4, 9]), at(11, alert, _queue_full("100")), at(20, alert, _queue_full("100"))],
+            [*silent(alert, [4, 9]), at(11, alert, queue_full("100")), at(20, alert, queue_full("100"))],
         ),
         case(
             "a queue full for three minutes, then drained: silent",
@@ -1043,7 +1043,7 @@ def batch_queue_full() -> dict[str, Any]:
     )
 
 
-def _batch_failed(method: str, count: str) -> dict[str, Any]:
+def batch_failed(method: str, count: str) -> dict[str, Any]:
     return fired(
         {**PROCESS, names.LABEL_METHOD: method, "severity": "critical"},
         "Batched writes of store primary were dropped (data loss)",
@@ -1061,12 +1061,12 @@ def batch_writes_failed() -> dict[str, Any]:
         case(
             "writes a raising batch writer dropped page at once",
             [*alive(31), _gauge(names.BATCH_FAILED_WRITES, steps((11, None), (20, 3)), **labels)],
-            [*silent(alert, [10]), at(12, alert, _batch_failed("save_event", "3")), *silent(alert, [27])],
+            [*silent(alert, [10]), at(12, alert, batch_failed("save_event", "3")), *silent(alert, [27])],
         ),
         case(
             "more drops later in an old series page with their count",
             [*alive(31), _gauge(names.BATCH_FAILED_WRITES, counter((20, 0), (1, 4), (10, 0)), **labels)],
-            [*silent(alert, [19]), at(22, alert, _batch_failed("save_event", "4"))],
+            [*silent(alert, [19]), at(22, alert, batch_failed("save_event", "4"))],
         ),
         case(
             "drops from before a failed scrape do not page again",
@@ -1082,11 +1082,11 @@ def batch_writes_failed() -> dict[str, Any]:
 # --- 13. schema version skew --------------------------------------------------------------------
 
 
-def _skew(version: str) -> dict[str, Any]:
+def skew(version: str, schema: str = "tenant_a") -> dict[str, Any]:
     return fired(
-        {**PROCESS, names.LABEL_SCHEMA: "tenant_a", "severity": "warning"},
-        "worker-1:9464 runs code older than schema tenant_a",
-        f"Schema tenant_a has been migrated to version {version}, but the code of store primary on "
+        {**PROCESS, names.LABEL_SCHEMA: schema, "severity": "warning"},
+        f"worker-1:9464 runs code older than schema {schema}",
+        f"Schema {schema} has been migrated to version {version}, but the code of store primary on "
         "worker-1:9464 only knows older versions, for 15 minutes: an old deployment is still serving a "
         "schema it does not know, and it will refuse to start again (SchemaTooNewError).",
         RUNBOOK + "#guardedschemaversionskew",
@@ -1108,7 +1108,7 @@ def schema_version_skew() -> dict[str, Any]:
         case(
             "old code still serving a schema a new deployment migrated warns after 15 minutes",
             [*old, *_schema(INSTANCE_2, "tenant_a", steps((5, None), (26, 3)), steps((5, None), (26, 3)))],
-            [*silent(alert, [4, 10, 19]), at(21, alert, _skew("3")), at(30, alert, _skew("3"))],
+            [*silent(alert, [4, 10, 19]), at(21, alert, skew("3")), at(30, alert, skew("3"))],
         ),
         case(
             "a rolling deployment that replaces the old process within 10 minutes: silent",

@@ -8,6 +8,8 @@ Prometheus would add) and promtool evaluates the committed rule file on them.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,12 @@ from prometheus_client.samples import Sample
 from dashboards import alerts
 from guarded import telemetry_names as names
 from guarded.backends.memory import InMemoryStateStore
-from guarded.config import GuardConfig, RetryConfig
+from guarded.batching import Batcher, PendingWrite
+from guarded.config import BatchConfig, GuardConfig, RetryConfig
 from guarded.guard import guard
 from guarded.testing import Fault, FaultPlan, FaultyStore
 
+from ..batching.support import event_write
 from . import promtool_cases as cases
 from .test_promtool import REPO, RULE_FILE, _run
 
@@ -121,3 +125,71 @@ def test_every_series_the_process_alerts_read_is_exported_from_the_start() -> No
     exported = {sample.name for sample in _samples(registry)}
     assert alerts.ALIVE in exported  # the "process up and scraped" anchor of events_in_window
     assert names.MEMORY_HEALTH_KEYS in exported
+
+
+async def _batcher_timeline(registry: CollectorRegistry) -> list[Scrape]:
+    """A real batcher: four healthy minutes, then a writer that raises on its first flush and a
+    flush that never ends, so the queue fills to ``queue_size`` and stays full; scraped every minute."""
+    gate = asyncio.Event()
+    flushes: list[int] = []
+
+    async def writer(method: str, writes: Sequence[PendingWrite]) -> None:
+        flushes.append(len(writes))
+        if len(flushes) == 1:
+            raise RuntimeError("a bug in the writer")
+        await gate.wait()
+
+    config = BatchConfig(ack="enqueue", max_batch=2, max_delay=0, queue_size=4, max_concurrent_flushes=1)
+    batcher = Batcher(config, writer, store_name=cases.STORE, registry=registry)
+    loop = asyncio.get_running_loop()
+    healthy = _scrape(registry)
+    for index in range(2):
+        assert await batcher.submit(event_write("trace", index), deadline=loop.time() + 5)
+    await batcher.flush()
+    assert batcher.failed == 2
+    for index in range(2, 6):
+        assert await batcher.submit(event_write("trace", index), deadline=loop.time() + 5)
+    assert batcher.pending == config.queue_size
+    assert not await batcher.submit(
+        event_write("trace", 6), deadline=loop.time() + 0.01
+    )  # full: dead-letter it
+    full = _scrape(registry)
+    gate.set()
+    await batcher.aclose()
+    return [healthy] * 5 + [full] * 12
+
+
+@pytest.mark.asyncio
+async def test_batch_alerts_fire_on_a_real_batchers_metrics(promtool: str, tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    timeline = await _batcher_timeline(registry)
+    full = timeline[-1]
+
+    def scraped(metric: str, **labels: str) -> float:
+        target = {alerts.LABEL_JOB: cases.JOB, alerts.LABEL_INSTANCE: cases.INSTANCE}
+        own = dict(sorted({names.LABEL_STORE: cases.STORE, **labels}.items()))  # exposition order
+        return full[cases.series(metric, "", {**target, **own})["series"]]
+
+    assert scraped(names.BATCH_CAPACITY) == 4
+    assert scraped(names.BATCH_PENDING) == 4
+    assert scraped(names.BATCH_FAILED_WRITES, method="save_event") == 2
+
+    queue_full = names.ALERT_BATCH_QUEUE_FULL
+    dropped = names.ALERT_BATCH_WRITES_FAILED
+    test = cases.case(
+        "a real batcher whose writer raised once and whose queue then stayed full",
+        # the guard around a batcher exports its breaker from the start: the process is alive
+        [*_input_series(timeline), *cases.alive(len(timeline))],
+        [
+            cases.at(4, queue_full),
+            cases.at(4, dropped),
+            cases.at(6, dropped, cases.batch_failed("save_event", "2")),
+            cases.at(8, queue_full),
+            cases.at(11, queue_full, cases.queue_full("4")),
+        ],
+    )
+    document = {**cases.unit_test_file(test), "rule_files": [str(RULE_FILE)]}
+    test_file = tmp_path / "real-batcher.yml"
+    test_file.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    result = _run(promtool, "test", "rules", str(test_file), cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
