@@ -897,14 +897,14 @@ def deadletter_parked() -> dict[str, Any]:
         case(
             "writes parked before a failed scrape do not alert again",
             [
-                *breaker(["closed"] * 20 + [STALE] + ["closed"] * 10),
+                *breaker(["closed"] * 20 + [STALE] + ["closed"] * 20),
                 series(
                     names.DLQ_PARKED,
-                    steps((20, 2), (1, STALE), (10, 2)),
+                    steps((20, 2), (1, STALE), (20, 2)),
                     {**PROCESS, names.LABEL_METHOD: "save_event"},
                 ),
             ],
-            silent(alert, [21, 23, 25, 30]),
+            silent(alert, [21, 23, 25, 30, 35, 36, 38]),
         ),
     )
 
@@ -1071,10 +1071,10 @@ def batch_writes_failed() -> dict[str, Any]:
         case(
             "drops from before a failed scrape do not page again",
             [
-                *breaker(["closed"] * 20 + [STALE] + ["closed"] * 10),
-                _gauge(names.BATCH_FAILED_WRITES, steps((20, 2), (1, STALE), (10, 2)), **labels),
+                *breaker(["closed"] * 20 + [STALE] + ["closed"] * 20),
+                _gauge(names.BATCH_FAILED_WRITES, steps((20, 2), (1, STALE), (20, 2)), **labels),
             ],
-            silent(alert, [21, 23, 25, 30]),
+            silent(alert, [21, 23, 25, 30, 35, 36, 38]),
         ),
     )
 
