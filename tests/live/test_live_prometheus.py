@@ -34,7 +34,6 @@ import pytest
 import yaml
 
 from dashboards.build import all_dashboards, annotation_queries, panel_queries
-from dashboards.semantics import PAUSE_SAVE_FAILURE_OUTCOMES
 from guarded import telemetry_names as names
 from guarded.demo import DemoOptions, DemoResult, parse_schedule, run_demo
 from guarded.demo.runner import STORE_NAME
@@ -249,7 +248,7 @@ def test_the_pause_save_alert_has_no_pending_period() -> None:
         rule for group in rules["groups"] for rule in group["rules"] if rule.get("alert") == PAUSE_SAVE_ALERT
     ]
     assert rule.get("for") in (None, "0s"), f"{PAUSE_SAVE_ALERT} waits {rule['for']} before firing"
-    assert rule["labels"]["severity"] == "critical"
+    assert rule["labels"]["severity"] == "warning"  # the ticket; GuardedPlannerPauseSavesFailing pages
 
 
 def test_the_pause_save_alert_fires_when_pause_saves_fail(live_run: LiveRun) -> None:
@@ -261,22 +260,15 @@ def test_the_pause_save_alert_fires_when_pause_saves_fail(live_run: LiveRun) -> 
     )
     labels = [series["metric"] for series in observed.pause_alert_series]
     assert {label["store"] for label in labels} == {STORE_NAME}, labels
-    assert {label["severity"] for label in labels} == {"critical"}, labels
-    failures = {outcome.value for outcome in PAUSE_SAVE_FAILURE_OUTCOMES}
-    assert {label["outcome"] for label in labels} <= failures, labels
-    held = [
-        alert
-        for alert in observed.pause_alert
-        if alert["state"] == "firing" and alert["labels"]["outcome"] == "dead_lettered"
-    ]
-    assert len(held) == 1, (
-        f"expected one firing alert for the dead-lettered pause saves: {observed.pause_alert}"
-    )
+    assert {label["severity"] for label in labels} == {"warning"}, labels
+    assert all("outcome" not in label for label in labels), labels  # every failing outcome together
+    held = [alert for alert in observed.pause_alert if alert["state"] == "firing"]
+    assert len(held) == 1, f"expected one firing alert for the failed pause saves: {observed.pause_alert}"
     dead_lettered = held[0]
     began, next_fault = live_run.started["pause-fail"], live_run.started["kill"]
     active = _unix(dead_lettered["activeAt"])
     assert began <= active < next_fault, (
-        f"{PAUSE_SAVE_ALERT} (dead_lettered) became active at {dead_lettered['activeAt']}: not between the "
+        f"{PAUSE_SAVE_ALERT} became active at {dead_lettered['activeAt']}: not between the "
         f"start of the pause-fail window ({_iso(began)}) and the next fault ({_iso(next_fault)})"
     )
 
