@@ -15,7 +15,6 @@ minute, a burn in the short window only, too few tasks to judge).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -1284,5 +1283,14 @@ def write(directory: Path = TEST_DIR) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for path in write(Path(sys.argv[1]) if len(sys.argv) > 1 else TEST_DIR):
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.alerts.promtool_cases",
+        description="Write the promtool unit test file of each alert rule.",
+    )
+    parser.add_argument(
+        "directory", nargs="?", type=Path, default=TEST_DIR, help=f"where to write them (default {TEST_DIR})"
+    )
+    for path in write(parser.parse_args().directory):
         print(path)
