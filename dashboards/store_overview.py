@@ -51,14 +51,19 @@ CALLS = q.counter(names.CALLS)
 ERRORS = q.one_of(names.LABEL_OUTCOME, (outcome.value for outcome in ERROR_OUTCOMES))
 PAUSES = q.one_of(names.LABEL_METHOD, PAUSE_METHODS)
 
-PAUSE_ALERTS = (names.ALERT_PAUSE_SAVE_FAILED, names.ALERT_PAUSE_LOAD_FAILED)
+PAUSE_ALERTS = (names.ALERT_PAUSE_SAVES_FAILING, names.ALERT_PAUSE_SAVE_FAILED, names.ALERT_PAUSE_LOAD_FAILED)
 STORE_ALERTS = (
     names.ALERT_CIRCUIT_OPEN,
     names.ALERT_DEADLETTER_DROPS,
     names.ALERT_DEADLETTER_OLD,
+    names.ALERT_DEADLETTER_PARKED,
+    names.ALERT_REPLAY_STALLED,
     names.ALERT_ERROR_BUDGET_BURN,
     names.ALERT_LATENCY_P99,
     names.ALERT_MEMORY_DEGRADED,
+    names.ALERT_POOL_SATURATED,
+    names.ALERT_BATCH_QUEUE_FULL,
+    names.ALERT_BATCH_WRITES_FAILED,
 )
 
 
@@ -416,15 +421,41 @@ def _batching_panels() -> tuple[Panel, ...]:
         Panel(
             title="Batch pending",
             description=(
-                "Writes already acknowledged to the caller but not yet in the backend: these are lost "
-                "if the process is killed now. Stop processes gracefully (drain) and keep this low; a "
-                "steady climb means flushes cannot keep up."
+                "Writes queued or being flushed; with write-behind (ack=enqueue) they are already "
+                "acknowledged to the caller and lost if the process is killed now. Stop processes "
+                "gracefully (drain) and keep this low; a steady climb means flushes cannot keep up. At "
+                "capacity (batch.queue_size) new writes wait, then are dead-lettered "
+                "(GuardedBatchQueueFull)."
             ),
             queries=(
                 Query(
                     q.sum_by(INSTANCE_STORE, SCOPE.selector(names.BATCH_PENDING)), "{{store}} @ {{instance}}"
                 ),
+                Query(
+                    q.sum_by(INSTANCE_STORE, SCOPE.selector(names.BATCH_CAPACITY)),
+                    "capacity {{store}} @ {{instance}}",
+                ),
             ),
+        ),
+        Panel(
+            title="Batch writes dropped (writer failed)",
+            description=(
+                "Writes of a flush whose batch writer raised (a bug, never an outage): answered "
+                "fallback, neither written nor held for replay. Write-behind writes among them were "
+                "acknowledged and are lost (GuardedBatchWritesFailed); the batch_writer_failed log "
+                "records give the error type."
+            ),
+            queries=(
+                Query(
+                    q.or_zero(
+                        q.sum_by(STORE_METHOD, q.increase(SCOPE.selector(names.BATCH_FAILED_WRITES))),
+                        q.sum_by(STORE, SCOPE.selector(names.BATCH_CAPACITY)),
+                    ),
+                    "{{store}} {{method}}",
+                ),
+            ),
+            decimals=0,
+            thresholds=(Threshold("red", 1),),
         ),
         Panel(
             title="Flushes per second",
@@ -436,6 +467,79 @@ def _batching_panels() -> tuple[Panel, ...]:
                 ),
             ),
             unit="ops",
+        ),
+    )
+
+
+def _bulkhead_panels() -> tuple[Panel, ...]:
+    return (
+        Panel(
+            title="Bulkhead: calls in the backend",
+            description=(
+                "Calls admitted to the backend now (bulkhead permits held, the guard's own flushes and "
+                "replays included) against the limit (bulkhead.max_concurrent, else the pool's maximum "
+                "size). At the limit with calls waiting in line, the backend or its pool is the "
+                "bottleneck (GuardedPoolSaturated)."
+            ),
+            queries=(
+                Query(
+                    q.sum_by(INSTANCE_STORE, SCOPE.selector(names.BULKHEAD_IN_USE)),
+                    "in use {{store}} @ {{instance}}",
+                ),
+                Query(
+                    q.sum_by(INSTANCE_STORE, SCOPE.selector(names.BULKHEAD_LIMIT)),
+                    "limit {{store}} @ {{instance}}",
+                ),
+            ),
+            decimals=0,
+            width=6,
+        ),
+        Panel(
+            title="Bulkhead: calls waiting",
+            description=(
+                "Calls waiting in line for admission to the backend. A line that never empties while "
+                "every permit is held is pool saturation."
+            ),
+            queries=(
+                Query(
+                    q.sum_by(INSTANCE_STORE, SCOPE.selector(names.BULKHEAD_QUEUE_DEPTH)),
+                    "{{store}} @ {{instance}}",
+                ),
+            ),
+            decimals=0,
+            width=6,
+        ),
+        Panel(
+            title="Bulkhead: admission wait",
+            description=(
+                "How long calls waited for admission to the backend (p99). This wait counts toward the "
+                "caller's latency, never toward the circuit breaker's slow calls."
+            ),
+            queries=(
+                Query(
+                    q.quantile(0.99, STORE_METHOD, SCOPE.selector(q.bucket(names.BULKHEAD_WAIT))),
+                    "p99 {{store}} {{method}}",
+                    exemplar=True,
+                ),
+            ),
+            unit="s",
+            width=6,
+        ),
+        Panel(
+            title="Bulkhead: admission timeouts per second",
+            description=(
+                "Calls not admitted before their deadline left time for the backend: they end timeout "
+                "(reads answer stale or their fallback, writes are held and replayed). Sustained: more "
+                "load than the backend's concurrency serves within the deadlines."
+            ),
+            queries=(
+                Query(
+                    q.sum_by(STORE_METHOD, q.rate(SCOPE.selector(names.BULKHEAD_TIMEOUTS))),
+                    "{{store}} {{method}}",
+                ),
+            ),
+            unit="ops",
+            width=6,
         ),
     )
 
@@ -507,6 +611,7 @@ def dashboard() -> Dashboard:
             Row("Planner pause (human-in-the-loop, OAuth)", _pause_panels()),
             Row("Dead letters", _dead_letter_panels()),
             Row("Batching", _batching_panels()),
+            Row("Bulkhead (admission to the backend)", _bulkhead_panels()),
             Row("Stale cache and memory health", _cache_and_memory_panels()),
         ),
         default_datasource_uid=PROMETHEUS_UID,
