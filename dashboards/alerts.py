@@ -597,14 +597,28 @@ def task_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]
 
 
 def parked_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
-    """Writes parked as bad data (never replayed automatically), and held writes that the backend
-    takes no more although it answers."""
+    """Spill-file rows quarantined as unreadable and writes parked as bad data (neither replayed
+    automatically), and held writes that the backend takes no more although it answers."""
     window = DEADLETTER_PARKED_WINDOW
     parked = events_in_window(names.DLQ_PARKED, window, [*PROCESS_LABELS, names.LABEL_METHOD])
     process = ", ".join(PROCESS_LABELS)
     closed = _selector(names.CIRCUIT_STATE, eq(names.LABEL_STATE, BreakerState.CLOSED.value))
     replayed = _sum_by(PROCESS_LABELS, f"increase({names.DLQ_REPLAYED}[{REPLAY_STALLED_WINDOW}])")
+    quarantined = events_in_window(names.DLQ_QUARANTINED, window, PROCESS_LABELS)
     return [
+        _alert(
+            names.ALERT_DEADLETTER_QUARANTINED,
+            f"{quarantined}\n> 0",
+            severity=WARNING,
+            summary="The spill file of store {{ $labels.store }} has unreadable rows",
+            description=(
+                "{{ $value | humanize }} row(s) of the dead-letter spill file of store {{ $labels.store }} "
+                f"on {{{{ $labels.instance }}}} could not be read in the last {in_words(window)} and "
+                "were moved to its quarantine table: the file is damaged, and those writes are not "
+                "replayed."
+            ),
+            runbook_base=runbook_base,
+        ),
         _alert(
             names.ALERT_DEADLETTER_PARKED,
             f"{parked}\n> 0",

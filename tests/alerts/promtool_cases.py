@@ -908,6 +908,41 @@ def deadletter_parked() -> dict[str, Any]:
     )
 
 
+def _quarantined(count: str) -> dict[str, Any]:
+    return fired(
+        {**PROCESS, "severity": "warning"},
+        "The spill file of store primary has unreadable rows",
+        f"{count} row(s) of the dead-letter spill file of store primary on worker-1:9464 could not be "
+        "read in the last 15 minutes and were moved to its quarantine table: the file is damaged, and "
+        "those writes are not replayed.",
+        RUNBOOK + "#guardeddeadletterquarantinedrows",
+    )
+
+
+def deadletter_quarantined() -> dict[str, Any]:
+    alert = names.ALERT_DEADLETTER_QUARANTINED
+    return unit_test_file(
+        case(
+            "rows of a damaged spill file quarantined on opening it warn at once",
+            [*alive(31), series(names.DLQ_QUARANTINED, steps((11, None), (20, 3)), PROCESS)],
+            [*silent(alert, [10]), at(12, alert, _quarantined("3")), *silent(alert, [27])],
+        ),
+        case(
+            "more rows quarantined later in an old series warn with their count",
+            [*alive(31), series(names.DLQ_QUARANTINED, counter((20, 0), (1, 2), (10, 0)), PROCESS)],
+            [*silent(alert, [19]), at(22, alert, _quarantined("2"))],
+        ),
+        case(
+            "rows quarantined before a failed scrape do not warn again",
+            [
+                *breaker(["closed"] * 20 + [STALE] + ["closed"] * 20),
+                series(names.DLQ_QUARANTINED, steps((20, 1), (1, STALE), (20, 1)), PROCESS),
+            ],
+            silent(alert, [21, 25, 30, 35, 36, 38]),
+        ),
+    )
+
+
 def _stalled(count: str) -> dict[str, Any]:
     return fired(
         {**PROCESS, "severity": "warning"},
@@ -1241,6 +1276,7 @@ _BUILDERS = {
     "deadletter-drops.yml": (names.ALERT_DEADLETTER_DROPS, deadletter_drops),
     "deadletter-oldest-entry-age.yml": (names.ALERT_DEADLETTER_OLD, deadletter_age),
     "deadletter-parked.yml": (names.ALERT_DEADLETTER_PARKED, deadletter_parked),
+    "deadletter-quarantined.yml": (names.ALERT_DEADLETTER_QUARANTINED, deadletter_quarantined),
     "deadletter-replay-stalled.yml": (names.ALERT_REPLAY_STALLED, replay_stalled),
     "error-budget-burn.yml": (names.ALERT_ERROR_BUDGET_BURN, error_budget_burn),
     "latency-p99.yml": (names.ALERT_LATENCY_P99, latency_p99),

@@ -226,6 +226,12 @@ MUTATIONS = [
         "deadletter-parked.yml",
     ),
     Mutation(
+        "quarantined-old-rows-look-new-after-a-failed-scrape",
+        names.ALERT_DEADLETTER_QUARANTINED,
+        _born_without_alive_check,
+        "deadletter-quarantined.yml",
+    ),
+    Mutation(
         "parked-misses-new-series",
         names.ALERT_DEADLETTER_PARKED,
         _without_new_series,
