@@ -274,6 +274,8 @@ def events_in_window(selector: str, window: str, labels: Sequence[str]) -> str:
     series (it appeared after the process's first scrape). A failed scrape or a Prometheus outage
     removes every series of the target alike, so it never makes an old failure series look new,
     while a restarted or newly started process creating the series on its first failure counts.
+    A born series counts with its whole value (every event of it happened in the window), before
+    ``or`` so that its ``increase``, which misses the value it was born with, does not replace it.
     """
     process = ", ".join(PROCESS_LABELS)
     missing_window_ago = (
@@ -285,7 +287,7 @@ def events_in_window(selector: str, window: str, labels: Sequence[str]) -> str:
         f"  < on ({process}) group_left\n  min by ({process}) (count_over_time({ALIVE}[{window}]))\n)"
     )
     born = f"(\n{_indent(missing_window_ago)}\n  or\n{_indent(fewer_samples_than_process)}\n)"
-    return _sum_by(labels, f"increase({selector}[{window}]) > 0\nor\n{born}")
+    return _sum_by(labels, f"{born}\nor\nincrease({selector}[{window}]) > 0")
 
 
 def error_ratio(window: str) -> str:

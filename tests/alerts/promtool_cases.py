@@ -270,6 +270,11 @@ def pause_save() -> dict[str, Any]:
             ],
         ),
         case(
+            "a series born with 4 failures that grows to 6 counts 6 (its birth value is not lost)",
+            [*healthy, calls(SAVE, "timeout", steps((11, None), (1, 4), (9, 6)))],
+            [*silent(alert, [10]), at(11, alert, save_failed("4")), at(13, alert, save_failed("6"))],
+        ),
+        case(
             "failing outcomes of one process are one ticket with their total",
             [
                 *healthy,

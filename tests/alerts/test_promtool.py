@@ -75,14 +75,13 @@ def _never_fires(rule: Rule) -> None:
 
 def _without_new_series(rule: Rule) -> None:
     """Drop the clause of :func:`dashboards.alerts.events_in_window` that counts the series born
-    in the window (from its ``or`` line to the line closing the parenthesis opened after it)."""
+    in the window (its first parenthesised block and the ``or`` after it)."""
     lines = rule["expr"].splitlines()
-    start = next(index for index, line in enumerate(lines) if line.strip() == "or")
-    opening = lines[start + 1]
-    assert opening.strip() == "(", f"{rule['alert']}: unexpected shape, update the mutation"
-    closing = opening.replace("(", ")")
-    end = lines.index(closing, start + 2)
-    rule["expr"] = "\n".join(lines[:start] + lines[end + 1 :])
+    start = next(index for index, line in enumerate(lines) if line.strip() == "(")
+    closing = lines[start].replace("(", ")")
+    end = lines.index(closing, start + 1)
+    assert lines[end + 1].strip() == "or", f"{rule['alert']}: unexpected shape, update the mutation"
+    rule["expr"] = "\n".join(lines[:start] + lines[end + 2 :])
 
 
 def _born_without_alive_check(rule: Rule) -> None:
