@@ -124,6 +124,8 @@ REPLAY_STALLED_WINDOW = "5m"
 REPLAY_STALLED_FOR = "10m"
 """Writes waiting while the breaker is closed and nothing was replayed in ``REPLAY_STALLED_WINDOW``,
 for ``REPLAY_STALLED_FOR``: the backend answers, yet the held writes do not go back to it."""
+REPLAY_STALLED_QUIET_SECONDS = 15 * 60
+"""``REPLAY_STALLED_WINDOW`` plus ``REPLAY_STALLED_FOR``: how long nothing was replayed when it fires."""
 
 # --- capacity: bulkhead, connection pool, batch queue --------------------------------------------
 
@@ -644,8 +646,7 @@ def parked_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any
             description=(
                 "{{ $value | humanize }} write(s) wait in the dead-letter buffer of store "
                 "{{ $labels.store }} on {{ $labels.instance }}, its breaker is closed (the backend "
-                f"answers), and none was replayed in the last {in_words(REPLAY_STALLED_WINDOW)} "
-                f"for {in_words(REPLAY_STALLED_FOR)}: "
+                f"answers), and nothing was replayed for {in_words(REPLAY_STALLED_QUIET_SECONDS)}: "
                 "the writes exist only on that host until replay resumes."
             ),
             runbook_base=runbook_base,

@@ -953,7 +953,7 @@ def _stalled(count: str) -> dict[str, Any]:
         {**PROCESS, "severity": "warning"},
         "Held writes of store primary are not being replayed",
         f"{count} write(s) wait in the dead-letter buffer of store primary on worker-1:9464, its breaker "
-        "is closed (the backend answers), and none was replayed in the last 5 minutes for 10 minutes: "
+        "is closed (the backend answers), and nothing was replayed for 15 minutes: "
         "the writes exist only on that host until replay resumes.",
         RUNBOOK + "#guardeddeadletterreplaystalled",
     )

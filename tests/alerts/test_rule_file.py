@@ -164,6 +164,14 @@ def test_thresholds_drawn_on_panels_are_the_alerts_thresholds() -> None:
     assert semantics.LATENCY_P99_ALERT_SECONDS == alerts.LATENCY_P99_THRESHOLD_SECONDS
 
 
+def test_the_replay_stall_says_how_long_nothing_was_replayed() -> None:
+    def seconds(duration: str) -> int:
+        return int(duration[:-1]) * {"m": 60, "h": 3600}[duration[-1]]
+
+    quiet = seconds(alerts.REPLAY_STALLED_WINDOW) + seconds(alerts.REPLAY_STALLED_FOR)
+    assert quiet == alerts.REPLAY_STALLED_QUIET_SECONDS
+
+
 def test_slo_numbers_agree() -> None:
     assert pytest.approx(1 - alerts.SLO_TARGET) == alerts.ERROR_BUDGET
     windows = {tier.long_window for tier in alerts.BURN_RATE_TIERS}
