@@ -401,6 +401,21 @@ def test_every_alert_has_a_unit_test_file_that_fires_it_and_keeps_it_silent() ->
         assert any(not check["exp_alerts"] for check in checks), f"{name} never expects {alert} silent"
 
 
+def test_every_alert_goes_through_a_30_second_failover_and_only_the_tickets_fire() -> None:
+    single_failure_tickets = {names.ALERT_PAUSE_SAVE_FAILED, names.ALERT_PAUSE_LOAD_FAILED}
+    for name, (alert, build) in promtool_cases.FILES.items():
+        [failover] = [
+            test for test in build()["tests"] if test["name"].startswith("a 30 s database failover")
+        ]
+        assert failover["interval"] == promtool_cases.BLIP_INTERVAL == "15s", name
+        assert promtool_cases.DURING * 15 == 30
+        checks = failover["alert_rule_test"]
+        assert any(not check["exp_alerts"] for check in checks), f"{name}: never silent after the failover"
+        firing = [check for check in checks if check["exp_alerts"]]
+        assert bool(firing) == (alert in single_failure_tickets), f"{name}: {alert} and the failover"
+        assert all(check["exp_alerts"][0]["exp_labels"]["severity"] == "warning" for check in firing), name
+
+
 def test_every_alert_passes_its_unit_tests(runs: Runs) -> None:
     result = runs.committed.result()
     assert result.returncode == 0, result.stdout + result.stderr
