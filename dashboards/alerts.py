@@ -18,6 +18,9 @@ reasoning is in docs/alerts.md):
 * A dead-lettered ``save_planner_state`` is a failed pause save: the write is acknowledged and
   kept on this host, but the pause is not in the database, so a resume handled by another
   worker does not find it (spec 002, "Planner pause/resume" across workers).
+* A page (``critical``) must not fire on a database failover (tens of seconds): pause saves page
+  only when they keep failing for minutes, once per (job, store); a single failed save or load is
+  a ``warning`` ticket at once. Every alert's promtool tests run a 30 s failover to prove it.
 * Counters appear on their first event (a failure series does not exist before the first
   failure), so "any failure in the window" counts the whole value of a series born in the window
   as well as the increase of older ones; otherwise the first failure of a process would never
