@@ -14,7 +14,12 @@
 - **Park** (:attr:`ErrorClass.REJECTED`): errors about the data itself, which no wait can fix —
   :class:`~guarded.errors.InvalidPayloadError`, SQLSTATE classes 22 data exception and 23
   integrity constraint violation, 54 program limit exceeded (a key too long for its index).
-- Anything else (:attr:`ErrorClass.FATAL`): programming or unknown errors, not retried, held.
+- **The caller's bug** (:attr:`ErrorClass.PROGRAMMING`): a call that does not bind to the
+  method's signature or passes the wrong type (:class:`~guarded.errors.CallerError`, raised before
+  the call reaches the backend), and a ``TypeError`` or ``AttributeError`` the backend raises.
+  Outcome ``rejected`` with an ERROR log record, never retried, held, parked or counted against
+  the backend; raised to the caller in strict mode (:mod:`guarded.strict_mode`).
+- Anything else (:attr:`ErrorClass.FATAL`): unknown errors, not retried, held.
 
 Operational and retry-now conditions that need an operator's attention are also named by
 :func:`operational_condition`, a small fixed set counted in
@@ -31,7 +36,7 @@ import socket
 from enum import Enum
 
 from . import telemetry_names as names
-from .errors import GuardedError, InvalidPayloadError, SteeringValidationError
+from .errors import CallerError, GuardedError, InvalidPayloadError, SteeringValidationError
 
 
 class ErrorClass(str, Enum):
@@ -44,8 +49,12 @@ class ErrorClass(str, Enum):
     it. Not retried now, counts as a backend failure, never parked."""
     REJECTED = "rejected"
     """Bad data: never retried, parked, never counted against the backend's health."""
+    PROGRAMMING = "programming"
+    """A programming error (wrong arguments, a wrong type, a ``TypeError`` or ``AttributeError``
+    in the backend): outcome ``rejected``, logged at ERROR, never retried, held, parked or counted
+    against the backend's health."""
     FATAL = "fatal"
-    """Programming or unknown error: not retried, counts as a backend failure."""
+    """Unknown error: not retried, counts as a backend failure."""
 
 
 # --- operational conditions: the ``condition`` label of guarded_store_operational_errors_total ----
@@ -158,15 +167,25 @@ def classify(exc: BaseException) -> ErrorClass:
         return ErrorClass.RETRYABLE
     if type(exc).__name__ in {"InterfaceError", "ConnectionDoesNotExistError", "InternalClientError"}:
         return ErrorClass.RETRYABLE
-    if isinstance(exc, ValueError | TypeError | KeyError | UnicodeError):
-        return ErrorClass.REJECTED if isinstance(exc, ValueError | UnicodeError) else ErrorClass.FATAL
+    if isinstance(exc, TypeError | AttributeError):
+        return ErrorClass.PROGRAMMING
+    if isinstance(exc, ValueError | UnicodeError):
+        return ErrorClass.REJECTED
     return ErrorClass.FATAL
+
+
+def is_programming_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a programming error (:attr:`ErrorClass.PROGRAMMING`): the caller's
+    wrong call, or a ``TypeError``/``AttributeError`` of the backend. Never served stale, held or
+    parked: the call is rejected and logged at ERROR (raised in strict mode)."""
+    return classify(exc) is ErrorClass.PROGRAMMING
 
 
 def counts_against_backend(exc: BaseException) -> bool:
     """Whether the circuit breaker records ``exc`` as a failure of the backend.
 
-    Not bad data (:attr:`ErrorClass.REJECTED`: the caller's fault), and not an error the guard
+    Not bad data nor a programming error (:attr:`ErrorClass.REJECTED`,
+    :attr:`ErrorClass.PROGRAMMING`: the caller's fault, or a bug), and not an error the guard
     raised on its own without asking the backend, declared by ``counts_against_backend = False``
     on its class (:class:`~guarded.bulkhead.BulkheadTimeoutError`: the call waited in line until
     its deadline). The breaker gives the admission back without a result for those.
@@ -174,7 +193,10 @@ def counts_against_backend(exc: BaseException) -> bool:
     declared = getattr(exc, "counts_against_backend", None)
     if isinstance(declared, bool):
         return declared
-    return classify(exc) is not ErrorClass.REJECTED
+    return classify(exc) not in _NOT_THE_BACKENDS
+
+
+_NOT_THE_BACKENDS = frozenset({ErrorClass.REJECTED, ErrorClass.PROGRAMMING})
 
 
 def operational_condition(exc: BaseException) -> str | None:
@@ -207,12 +229,17 @@ def safe_message(exc: BaseException) -> str:
     Our own errors and OS/timeout errors carry controlled text: a rejected payload's reason and
     path never copy a value or a mapping key (see :class:`~guarded.errors.InvalidPayloadError`),
     a steering validation error names only the fields of the spec. A database error is described
-    by its SQLSTATE (its message may quote a row), anything else only by its type.
+    by its SQLSTATE (its message may quote a row). A programming error keeps its message: the
+    guard's own :class:`~guarded.errors.CallerError` names the method, the argument and a type,
+    and Python's ``TypeError``/``AttributeError`` name types and attributes, so the bug can be
+    found. Anything else is described only by its type.
     """
     code = sqlstate(exc)
     if code is not None:
         return f"SQLSTATE {code}"
-    if isinstance(exc, InvalidPayloadError | SteeringValidationError):
+    if isinstance(exc, InvalidPayloadError | SteeringValidationError | CallerError):
+        return str(exc)[:300]
+    if isinstance(exc, TypeError | AttributeError):
         return str(exc)[:300]
     if isinstance(exc, GuardedError | OSError | TimeoutError | asyncio.TimeoutError):
         return str(exc)[:200]

@@ -274,6 +274,11 @@ class GuardConfig(_Frozen):
     """Built when the configuration is: ``GUARDED_DLQ_PATH`` and ``XDG_STATE_HOME`` are read then."""
     stale: StaleConfig = Field(default_factory=StaleConfig)
     methods: dict[str, MethodConfig] = Field(default_factory=dict)
+    strict: bool = False
+    """Strict mode (``GUARDED_STRICT=1``): a call rejected as the caller's bug (arguments that do
+    not bind, a wrong type, bad data) or failing with a programming error raises to the caller
+    instead of returning the fallback; store failures still degrade. For tests and development
+    (see :mod:`guarded.strict_mode` and :func:`guarded.testing.strict`)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -28,10 +28,20 @@ class FailureLog:
     def __init__(self, interval: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._log = RateLimitedLog(interval, log=logger, clock=clock)
 
-    def failure(self, *, store: str, method: str, error_type: str, outcome: str, message: str) -> None:
+    def failure(
+        self,
+        *,
+        store: str,
+        method: str,
+        error_type: str,
+        outcome: str,
+        message: str,
+        level: int = logging.WARNING,
+    ) -> None:
+        """Log one failure of ``method`` (at ``level``: ERROR for a programming error)."""
         self._log.log(
             (method, error_type),
-            logging.WARNING,
+            level,
             "statestore %s failed on store %r: %s%s; returned %s",
             method,
             store,

@@ -37,6 +37,7 @@ from .layers import (
 )
 from .layers.artifact_fallback import LocalArtifactFallbackLayer
 from .layers.batching import BatchingLayer
+from .layers.call_check import CallCheckLayer
 from .layers.dead_letter import DeadLetterLayer
 from .layers.memory_health import MemoryHealthLayer
 from .layers.metrics import GuardInstruments, guard_instruments, publish_breaker_state
@@ -183,7 +184,8 @@ class GuardCore:
                 tracer_provider=tracer_provider,
             ),
             MetricsLayer(self.instruments),
-            FallbackLayer(self.failure_log),
+            FallbackLayer(self.failure_log, strict=config.strict),
+            CallCheckLayer(target),
             MemoryHealthLayer(registry),
             *degraded_layers,
             *self._backend_layers(),

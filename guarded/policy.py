@@ -97,6 +97,21 @@ class Ids:
 
 
 @dataclass(frozen=True, slots=True)
+class Argument:
+    """An argument checked before a call enters the chain (:mod:`guarded.call_check`): a wrong
+    type is the caller's bug, rejected at once, never held or parked."""
+
+    name: str
+    index: int
+    """Its position when passed positionally."""
+    expects: str
+    """A record type of :mod:`guarded.codec` (``"StoredEvent"``, ``"TaskState"`` ...), or
+    ``"mapping"``, or ``"trajectory"`` (a mapping or an object with ``serialise()``)."""
+    many: bool = False
+    """A sequence (list or tuple) of them."""
+
+
+@dataclass(frozen=True, slots=True)
 class MethodPolicy:
     """Semantics of one store method (DESIGN.md policy table).
 
@@ -127,6 +142,8 @@ class MethodPolicy:
     """Of a single-value read: its key, equal to the ``lww_key`` of the write it reads."""
     alias_of: str | None = None
     inferred: bool = False
+    arguments: tuple[Argument, ...] = ()
+    """The arguments whose type is checked before the call enters the chain."""
 
 
 def _key(*getters: ArgGetter) -> ArgGetter:
@@ -161,12 +178,14 @@ def _policies() -> list[MethodPolicy]:
             scope_key=_event_trace,
             value=arg("event", 0),
             ids=Ids(trace_id=_event_trace),
+            arguments=(Argument("event", 0, "StoredEvent"),),
         ),
         MethodPolicy(
             "save_events",
             Kind.APPEND,
             dead_letter=True,
             ids=Ids(),
+            arguments=(Argument("events", 0, "StoredEvent", many=True),),
         ),
         MethodPolicy(
             "load_history",
@@ -183,6 +202,7 @@ def _policies() -> list[MethodPolicy]:
             dead_letter=True,
             lww_key=binding_key,
             ids=Ids(trace_id=attr_of(_binding, 0, "trace_id"), task_id=attr_of(_binding, 0, "task_id")),
+            arguments=(Argument(_binding, 0, "RemoteBinding"),),
         ),
         MethodPolicy(
             "mark_binding_terminal",
@@ -204,6 +224,7 @@ def _policies() -> list[MethodPolicy]:
             dead_letter=True,
             lww_key=arg("token", 0),
             value=arg("payload", 1),
+            arguments=(Argument("payload", 1, "mapping"),),
         ),
         MethodPolicy(
             "load_planner_state",
@@ -215,7 +236,12 @@ def _policies() -> list[MethodPolicy]:
             read_key=arg("token", 0),
         ),
         MethodPolicy(
-            "save_memory_state", Kind.UPSERT, dead_letter=True, lww_key=arg("key", 0), value=arg("state", 1)
+            "save_memory_state",
+            Kind.UPSERT,
+            dead_letter=True,
+            lww_key=arg("key", 0),
+            value=arg("state", 1),
+            arguments=(Argument("state", 1, "mapping"),),
         ),
         MethodPolicy(
             "load_memory_state",
@@ -233,6 +259,7 @@ def _policies() -> list[MethodPolicy]:
             scope_key=_state_session,
             value=arg("state", 0),
             ids=Ids(session_id=_state_session, task_id=_state_task, trace_id=attr_of("state", 0, "trace_id")),
+            arguments=(Argument("state", 0, "TaskState"),),
         ),
         MethodPolicy(
             "list_tasks",
@@ -254,6 +281,7 @@ def _policies() -> list[MethodPolicy]:
             ids=Ids(
                 session_id=_update_session, task_id=_update_task, trace_id=attr_of("update", 0, "trace_id")
             ),
+            arguments=(Argument("update", 0, "StateUpdate"),),
         ),
         MethodPolicy(
             "list_updates",
@@ -272,6 +300,7 @@ def _policies() -> list[MethodPolicy]:
             scope_key=_steer_session,
             value=arg("event", 0),
             ids=Ids(session_id=_steer_session, task_id=_steer_task, trace_id=attr_of("event", 0, "trace_id")),
+            arguments=(Argument("event", 0, "SteeringEvent"),),
         ),
         MethodPolicy(
             "list_steering",
@@ -290,6 +319,7 @@ def _policies() -> list[MethodPolicy]:
             lww_key=_key(arg("trace_id", 0), arg("session_id", 1)),
             value=arg("trajectory", 2),
             ids=Ids(trace_id=arg("trace_id", 0), session_id=arg("session_id", 1)),
+            arguments=(Argument("trajectory", 2, "trajectory"),),
         ),
         MethodPolicy(
             "get_trajectory",
@@ -309,6 +339,7 @@ def _policies() -> list[MethodPolicy]:
             scope_key=_trace_arg,
             value=arg("event", 1),
             ids=Ids(trace_id=_trace_arg),
+            arguments=(Argument("event", 1, "PlannerEvent"),),
         ),
         MethodPolicy(
             "list_planner_events",

@@ -2,7 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+
+from guarded.testing import strict
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "lenient: the test expects a caller's bug or a programming error to degrade as in "
+        "production, so it runs outside strict mode",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _strict_guards(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every guard is strict (``guarded.testing.strict()``): a test that makes a wrong call by
+    mistake fails where it makes it. Tests of how a caller's bug degrades are marked ``lenient``."""
+    if request.node.get_closest_marker("lenient") is not None:
+        yield
+        return
+    with strict():
+        yield
 
 
 @pytest.fixture(autouse=True)

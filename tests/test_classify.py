@@ -171,7 +171,9 @@ def test_non_database_errors_keep_their_handling() -> None:
     assert classify(ValueError("bad")) is PARK
     assert classify(ConnectionResetError()) is RETRY
     assert classify(TimeoutError()) is RETRY
-    assert classify(TypeError("bug")) is FATAL
+    assert classify(TypeError("bug")) is ErrorClass.PROGRAMMING
+    assert classify(AttributeError("bug")) is ErrorClass.PROGRAMMING
+    assert classify(RuntimeError("unknown")) is FATAL
     assert operational_condition(ConnectionResetError()) is None
     assert operational_condition(InvalidPayloadError("x")) is None
 

@@ -115,13 +115,18 @@ def _encode_text(value: Any, path: str) -> JSONValue:
 
 
 def _encode_int(value: Any, path: str) -> JSONValue:
-    if isinstance(value, bool) or not isinstance(value, int):
+    # A boolean is stored as 0 or 1: PenguiFlow's models take one for an integer (pydantic's lax
+    # mode) and its sessions set one (``steer(PRIORITIZE, {"priority": True})``), and PenguiFlow's
+    # reference store keeps it; refusing it would park the task.
+    if not isinstance(value, int):
         raise _fail(path, "an integer", value)
     return to_json_value(int(value), path)  # refuses one beyond the digit limit
 
 
 def _encode_number(value: Any, path: str) -> JSONValue:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool):
+        return int(value)  # as for an integer (above)
+    if not isinstance(value, int | float):
         raise _fail(path, "a number", value)
     if isinstance(value, float):
         return to_json_value(float(value), path)

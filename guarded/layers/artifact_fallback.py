@@ -147,7 +147,7 @@ class LocalArtifactFallbackLayer:
             try:
                 result = await inner(call)
             except Exception as exc:
-                if classify(exc) is ErrorClass.REJECTED:
+                if classify(exc) in (ErrorClass.REJECTED, ErrorClass.PROGRAMMING):
                     raise
                 ref = await put_locally(*call.args, **call.kwargs)
                 call.error = exc

@@ -2,12 +2,14 @@
 
 Retries exhausted, breaker open, timeout: the write goes to the dead-letter buffer (outcome
 ``dead_lettered``) and the caller returns normally. Bad data (the backend rejected it) is parked
-with its reason and never retried; the caller sees outcome ``rejected``. After a direct write
-succeeds, older held writes of the same last-write-wins key are discarded, and a replay of the key already
-in flight finishes first (:class:`~guarded.deadletter.gate.KeyGate`), so a replay can never
-overwrite newer data. Each last-write-wins write carries the logical time of its call
-(:mod:`guarded.logical_time`), kept with it when held, so a backend that opts in refuses a replay
-older than what another process wrote since.
+with its reason and never retried; the caller sees outcome ``rejected``. A programming error (a
+``TypeError`` or ``AttributeError`` of the backend) is neither held nor parked: rejected and
+logged. After a direct write succeeds, older held writes of the same last-write-wins key are
+discarded, and a replay of the key already in flight finishes first
+(:class:`~guarded.deadletter.gate.KeyGate`), so a replay can never overwrite newer data. Each
+last-write-wins write carries the logical time of its call (:mod:`guarded.logical_time`), kept
+with it when held, so a backend that opts in refuses a replay older than what another process
+wrote since.
 """
 
 from __future__ import annotations
@@ -72,9 +74,12 @@ class DeadLetterLayer:
             try:
                 result = await inner(call)
             except Exception as exc:
-                if classify(exc) is ErrorClass.REJECTED:
+                kind = classify(exc)
+                if kind is ErrorClass.REJECTED:
                     await durability.park(name, call.args, call.kwargs, exc)
                     raise
+                if kind is ErrorClass.PROGRAMMING:
+                    raise  # a bug: rejected and logged, never held for replay
                 scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
                 times = logical_times.get()
                 kept = await durability.dead_letter(

@@ -1,5 +1,10 @@
 """Must-not-throw: every failure becomes the method's safe default, with its outcome recorded.
 
+A programming error (the caller's wrong call, a ``TypeError`` or ``AttributeError`` of the
+backend) ends ``rejected`` and is logged at ERROR with its message. In strict mode
+(:mod:`guarded.strict_mode`) a rejected call raises to the caller instead; store failures degrade
+all the same.
+
 Caller cancellation (``asyncio.CancelledError``), ``KeyboardInterrupt`` and ``SystemExit`` are
 ``BaseException``s and pass through untouched. A backend answering ``{}`` for a missing pause
 token gets ``None`` (spec 000 §5, "missing token semantics"), and single-item reads that find
@@ -9,6 +14,7 @@ nothing report ``not_found`` so "store down" and "token expired" never look alik
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from ..call import Call, MethodSetup, Service
@@ -16,6 +22,9 @@ from ..classify import CircuitOpenError, ErrorClass, classify, error_type, safe_
 from ..failure_log import FailureLog
 from ..outcome import Outcome
 from ..policy import Kind
+from ..strict_mode import forced as strict_forced
+
+_CALLERS = frozenset({ErrorClass.REJECTED, ErrorClass.PROGRAMMING})
 
 
 def failure_outcome(exc: BaseException) -> Outcome:
@@ -24,7 +33,7 @@ def failure_outcome(exc: BaseException) -> Outcome:
         return Outcome.CIRCUIT_OPEN
     if isinstance(exc, TimeoutError):
         return Outcome.TIMEOUT
-    if classify(exc) is ErrorClass.REJECTED:
+    if classify(exc) in _CALLERS:
         return Outcome.REJECTED
     return Outcome.FALLBACK
 
@@ -32,8 +41,9 @@ def failure_outcome(exc: BaseException) -> Outcome:
 class FallbackLayer:
     """Turns failures into the policy's fallback value; sets the call's final outcome."""
 
-    def __init__(self, failure_log: FailureLog) -> None:
+    def __init__(self, failure_log: FailureLog, *, strict: bool = False) -> None:
         self._log = failure_log
+        self._strict = strict
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         policy = method.policy
@@ -41,6 +51,7 @@ class FallbackLayer:
         normalise_empty = policy.kind is Kind.CONSUME
         single_item = policy.single_item
         log = self._log
+        strict = self._strict
         current_task = asyncio.current_task
         ok, not_found, retried = Outcome.OK, Outcome.NOT_FOUND, Outcome.RETRIED
 
@@ -67,13 +78,17 @@ class FallbackLayer:
 
         def failed(call: Call, exc: BaseException) -> Any:
             call.error = exc
+            kind = classify(exc)
             call.outcome = failure_outcome(exc)
+            if kind in _CALLERS and (strict or strict_forced()):
+                raise exc
             log.failure(
                 store=method.store_name,
                 method=method.label,
                 error_type=error_type(exc),
                 outcome=call.outcome.value,
                 message=safe_message(exc),
+                level=logging.ERROR if kind is ErrorClass.PROGRAMMING else logging.WARNING,
             )
             return make_fallback()
 

@@ -104,6 +104,9 @@ class MetricsLayer:
             started = call.started
             try:
                 result = await inner(call)
+            except Exception:  # strict mode: a rejected call raised, its outcome set
+                observe(call, call.loop.time() - started)
+                raise
             except BaseException:
                 call.outcome = Outcome.CANCELLED
                 observe(call, call.loop.time() - started)

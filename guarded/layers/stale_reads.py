@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from ..call import Call, MethodSetup, Service
+from ..classify import is_programming_error
 from ..durability import Durability
 from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time
 from ..outcome import Outcome
@@ -202,6 +203,8 @@ class StaleReadLayer:
             try:
                 result = await inner(call)
             except Exception as exc:
+                if is_programming_error(exc):
+                    raise  # a bug, not an outage: rejected, never hidden behind a stale value
                 found, value = await held_value(key)
                 if not found and cache is not None and cache_key is not None and cache_key in cache:
                     found, value = True, cache.get(cache_key)
@@ -255,6 +258,8 @@ class StaleReadLayer:
             try:
                 result = await inner(call)
             except Exception as exc:
+                if is_programming_error(exc):
+                    raise  # a bug, not an outage: rejected, never hidden behind a stale value
                 held = held_values(scope) + await held_in_buffer(scope)
                 cached = cache.get(cache_key) if cache is not None and cache_key is not None else None
                 if cached is None and not held:

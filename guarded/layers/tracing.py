@@ -90,6 +90,9 @@ class TracingLayer:
             token = otel_context.attach(trace.set_span_in_context(span))
             try:
                 result = await inner(call)
+            except Exception:  # strict mode: a rejected call raised, its outcome set
+                _finish(span, call)
+                raise
             except BaseException as exc:
                 span.set_attribute(names.SPAN_ATTR_OUTCOME, "cancelled")
                 span.set_attribute(names.SPAN_ATTR_ATTEMPTS, call.attempts)

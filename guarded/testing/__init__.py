@@ -1,4 +1,6 @@
-"""Testing tools for StateStore implementers.
+"""Testing tools for StateStore implementers and for code that uses a guarded store.
+
+:func:`strict` makes every guard raise the caller's bugs instead of degrading (strict mode).
 
 :func:`run_contracts` checks a store against every contract of the specification and returns a
 :class:`ContractReport`; :class:`StateStoreContract` runs the same contracts as pytest tests
@@ -30,6 +32,7 @@ from .faulty import (
     FaultyStore,
     fault_injector,
 )
+from .strict import strict
 
 if TYPE_CHECKING:
     from .pytest_contract import StateStoreContract
@@ -62,4 +65,5 @@ __all__ = [
     "run_contract",
     "run_contracts",
     "select_contracts",
+    "strict",
 ]

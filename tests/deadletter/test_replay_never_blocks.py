@@ -447,13 +447,14 @@ async def test_a_held_key_that_failed_is_still_superseded_by_a_newer_direct_writ
 # --- end to end: guard(InMemoryStateStore) --------------------------------------------------------
 
 
-async def test_through_the_guard_bad_calls_are_parked_and_every_good_held_write_is_delivered(
+@pytest.mark.lenient
+async def test_through_the_guard_bad_calls_are_rejected_and_every_good_held_write_is_delivered(
     tmp_path: Path,
 ) -> None:
-    """The issue's scenario through ``guard()``: during an outage, ``save_event()`` joins a batch of
-    100 good events (the whole batch is held), ``mark_binding_terminal("t", "c", "x")`` is held,
-    then 100 memory states of other keys. After recovery one drain delivers all 200 good writes and
-    parks the two bad calls with their reasons."""
+    """The issue's scenario through ``guard()``: during an outage, ``save_event()`` among a batch
+    of 100 good events and ``mark_binding_terminal("t", "c", "x")`` are the caller's bugs: rejected
+    at the call (issue 14), never held, so they can neither block nor join a replay. The 200 good
+    writes are held, and after recovery one drain delivers them all."""
     inner = InMemoryStateStore()
     faulty = FaultyStore(inner, FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
     registry = CollectorRegistry()
@@ -473,7 +474,9 @@ async def test_through_the_guard_bad_calls_are_parked_and_every_good_held_write_
             assert await store.save_memory_state(f"k{number}", {"v": number}) is None
         buffer = control.dead_letters
         assert buffer is not None
-        assert buffer.depth == 202  # every write held: the backend is down
+        assert buffer.depth == 200  # every good write held: the backend is down; the bad ones not
+        assert control.stats()[("save_event", "rejected")] == 1
+        assert control.stats()[("mark_binding_terminal", "rejected")] == 1
         assert len(await store.load_history("t")) == 100  # read-your-writes hides nothing now
 
         fault_injector(faulty).plan = FaultPlan()  # the backend is back
@@ -483,15 +486,6 @@ async def test_through_the_guard_bad_calls_are_parked_and_every_good_held_write_
         assert [item.payload["i"] for item in await inner.load_history("t")] == list(range(100))
         for number in range(100):
             assert await inner.load_memory_state(f"k{number}") == {"v": number}
-        reasons = {write.method: write.reason for write in await buffer.parked()}
-        assert reasons == {
-            "save_event": "the call does not bind to save_event(): missing a required argument: 'event'",
-            "mark_binding_terminal": "the call does not bind to mark_binding_terminal(): "
-            "too many positional arguments",
-        }
-        parked = registry.get_sample_value(
-            "guarded_deadletter_parked_total", {"store": "e2e", "method": "save_event"}
-        )
-        assert parked == 1
+        assert await buffer.parked() == []
     finally:
         await control.aclose()

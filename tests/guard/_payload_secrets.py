@@ -182,7 +182,7 @@ def id_cases() -> list[Case]:
             ),
         ),
         Case("save_trajectory", lambda s: s.save_trajectory("t", SURROGATE_TEXT, {"ok": 1})),
-        Case("save_trajectory", lambda s: s.save_trajectory("t", "s", Opaque())),
+        Case("save_trajectory", lambda s: s.save_trajectory("t", "s", {KEY: Opaque()})),
         Case(
             "save_planner_event",
             lambda s: s.save_planner_event("t", PlannerEvent("x", 1.0, 1, thought=SURROGATE_TEXT)),

@@ -12,7 +12,14 @@ from prometheus_client import CollectorRegistry
 from guarded.backends.memory import InMemoryStateStore
 from guarded.failure_log import FailureLog
 from guarded.guard import guard
-from guarded.models import RemoteBinding, StateUpdate, SteeringEvent, TaskContextSnapshot, TaskState
+from guarded.models import (
+    PlannerEvent,
+    RemoteBinding,
+    StateUpdate,
+    SteeringEvent,
+    TaskContextSnapshot,
+    TaskState,
+)
 from guarded.testing import Fault, FaultPlan, FaultyStore
 from tests.broken_stores import BrokenStore
 
@@ -65,7 +72,7 @@ CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any], Any]] = [
     ("save_trajectory", ("t1", "s1", {"steps": []}), {}, None),
     ("get_trajectory", ("t1", "s1"), {}, None),
     ("list_traces", ("s1",), {}, []),
-    ("save_planner_event", ("t1", {"event_type": "step", "ts": 1.0}), {}, None),
+    ("save_planner_event", ("t1", PlannerEvent("step", 1.0)), {}, None),
     ("list_planner_events", ("t1",), {}, []),
     ("get_events", ("t1",), {}, []),
     ("list_task_updates", ("s1",), {}, []),
@@ -152,6 +159,7 @@ async def test_found_values_are_returned_unchanged() -> None:
     assert await store.load_planner_state("tok") is None  # consumed
 
 
+@pytest.mark.lenient
 @pytest.mark.parametrize(
     ("method", "args"),
     [
@@ -231,6 +239,7 @@ def test_suppressed_failures_are_counted_in_the_next_record(caplog: pytest.LogCa
     assert "3 similar suppressed" in records[1].getMessage()
 
 
+@pytest.mark.lenient
 @pytest.mark.asyncio
 async def test_logs_never_contain_payload_contents(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)

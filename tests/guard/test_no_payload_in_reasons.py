@@ -17,6 +17,7 @@ from guarded.guard import controller, guard
 from ._payload_secrets import SECRET, exercise, guard_config
 
 
+@pytest.mark.lenient
 @pytest.mark.asyncio
 @pytest.mark.parametrize("spill", [True, False], ids=["spill", "memory"])
 async def test_no_secret_in_parked_reasons_logs_or_metrics(
@@ -28,6 +29,7 @@ async def test_no_secret_in_parked_reasons_logs_or_metrics(
         await exercise(store, registry, caplog)
 
 
+@pytest.mark.lenient
 @pytest.mark.asyncio
 async def test_a_5000_digit_integer_is_parked_with_its_reason(tmp_path: Path) -> None:
     """Before: ``rejected`` and nothing kept (the dead-letter file could not encode it)."""
@@ -46,6 +48,7 @@ async def test_a_5000_digit_integer_is_parked_with_its_reason(tmp_path: Path) ->
         assert "7777" not in parked.reason
 
 
+@pytest.mark.lenient
 @pytest.mark.asyncio
 async def test_a_parked_reason_names_keys_by_position_and_type(tmp_path: Path) -> None:
     registry = CollectorRegistry()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg.exceptions as pg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -269,6 +270,7 @@ async def run_example(
     assert injector.hanging == 0
 
 
+@pytest.mark.lenient
 @settings(
     max_examples=40,
     deadline=None,

@@ -152,6 +152,7 @@ async def test_caller_span_is_the_parent(exporter: InMemorySpanExporter, provide
     assert guarded_span.parent.span_id == parent.get_span_context().span_id
 
 
+@pytest.mark.lenient
 @pytest.mark.asyncio
 async def test_no_payload_contents_in_spans(exporter: InMemorySpanExporter, provider: TracerProvider) -> None:
     plan = FaultPlan.script(
@@ -203,6 +204,7 @@ async def test_cancelled_call_span(exporter: InMemorySpanExporter, provider: Tra
 # --- metrics ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.lenient
 @pytest.mark.asyncio
 async def test_calls_are_counted_by_outcome() -> None:
     registry = CollectorRegistry()
@@ -274,6 +276,7 @@ async def test_no_exemplars_when_spans_do_not_record() -> None:
     assert calls(registry, "load_history", "ok") == 1
 
 
+@pytest.mark.lenient
 @pytest.mark.asyncio
 async def test_labels_are_bounded_and_never_ids(
     exporter: InMemorySpanExporter, provider: TracerProvider

@@ -1,0 +1,165 @@
+"""Check a call before it enters the chain: the caller's bugs are the caller's (issue 14).
+
+A call whose arguments do not bind to the method's signature, or that passes an argument of the
+wrong type (a string where a ``StoredEvent`` belongs, a list where a mapping does), would fail in
+the backend — or, worse, be queued, acknowledged and parked later, or held and replayed for ever.
+:func:`argument_check` builds, once per guarded method, a function that refuses such a call with
+:class:`~guarded.errors.CallerError` before anything else sees it.
+
+The signature is the backend's own. A backend that says nothing about its arguments (a delegating
+wrapper whose methods take ``*args, **kwargs``, a mock without a spec) is checked against the
+StateStore protocol's signature of the method. Which arguments are records, and of which type,
+is a column of the policy table (:attr:`guarded.policy.MethodPolicy.arguments`). A record is
+accepted when it is an instance of guarded's model or PenguiFlow's, or when it has every field
+the stores read (the codec reads attributes).
+
+The ordinary call (positional arguments within the signature's range, no keywords) costs one
+comparison of lengths and one ``isinstance`` per record argument.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .codec import CODECS, DEFAULT_TYPES, installed_types
+from .errors import CallerError
+from .policy import Argument, MethodPolicy
+from .protocol import CAPABILITIES, LEGACY_ALIASES
+
+Check = Callable[[tuple[Any, ...], Mapping[str, Any]], None]
+"""Raises :class:`~guarded.errors.CallerError` when a call's ``(args, kwargs)`` are wrong."""
+
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def argument_check(label: str, method: object, policy: MethodPolicy) -> Check | None:
+    """The check of the calls of ``method`` (the backend's callable, ``None`` when unknown),
+    guarded as ``label`` with ``policy``; ``None`` when there is nothing to check."""
+    signature = _informative_signature(method) or protocol_signature(policy.alias_of or policy.name)
+    bind = _binder(label, signature) if signature is not None else None
+    checks = [_argument_check(label, argument) for argument in policy.arguments]
+    if bind is None and not checks:
+        return None
+
+    def check(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        if bind is not None:
+            bind(args, kwargs)
+        for check_argument in checks:
+            check_argument(args, kwargs)
+
+    return check
+
+
+def protocol_signature(name: str) -> inspect.Signature | None:
+    """The StateStore protocol's signature of method ``name`` (its target's for a legacy alias),
+    without ``self``; ``None`` for a method the protocol does not define."""
+    name = LEGACY_ALIASES.get(name, name)
+    for capability in CAPABILITIES:
+        if name in capability.methods:
+            found = getattr(capability.protocol, name, None)
+            if callable(found):
+                signature = inspect.signature(found)
+                return signature.replace(parameters=list(signature.parameters.values())[1:])
+    return None
+
+
+def _informative_signature(method: object) -> inspect.Signature | None:
+    """``method``'s signature, unless it has none or only ``*args, **kwargs`` (it says nothing)."""
+    if method is None or not callable(method):
+        return None
+    try:
+        signature = inspect.signature(method)
+    except (TypeError, ValueError):
+        return None
+    parameters = signature.parameters.values()
+    if all(parameter.kind in _VARIADIC for parameter in parameters) and parameters:
+        return None
+    return signature
+
+
+def _binder(label: str, signature: inspect.Signature) -> Check:
+    parameters = list(signature.parameters.values())
+    positional = [parameter for parameter in parameters if parameter.kind in _POSITIONAL]
+    least = sum(1 for parameter in positional if parameter.default is inspect.Parameter.empty)
+    most = (
+        float("inf")
+        if any(parameter.kind is inspect.Parameter.VAR_POSITIONAL for parameter in parameters)
+        else len(positional)
+    )
+    keyword_required = any(
+        parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is inspect.Parameter.empty
+        for parameter in parameters
+    )
+    full_bind = signature.bind
+
+    def bind(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        if not kwargs and not keyword_required and least <= len(args) <= most:
+            return  # the ordinary call: nothing to look up
+        try:
+            full_bind(*args, **kwargs)
+        except TypeError as exc:
+            raise CallerError(f"{label}(): {exc}") from None
+
+    return bind
+
+
+def _argument_check(label: str, argument: Argument) -> Check:
+    name, index = argument.name, argument.index
+    accepts, expected = _acceptor(argument.expects)
+
+    def check(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        if name in kwargs:
+            value = kwargs[name]
+        elif len(args) > index:
+            value = args[index]
+        else:
+            return  # not passed: it has a default, or the backend's signature names it otherwise
+        if not argument.many:
+            if not accepts(value):
+                raise CallerError(f"{label}(): argument {name!r} must be {expected}, got {_type(value)}")
+            return
+        if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+            raise CallerError(
+                f"{label}(): argument {name!r} must be a sequence (list or tuple) of "
+                f"{argument.expects}, got {_type(value)}"
+            )
+        for position, item in enumerate(value):
+            if not accepts(item):
+                raise CallerError(
+                    f"{label}(): argument '{name}[{position}]' must be {expected}, got {_type(item)}"
+                )
+
+    return check
+
+
+def _acceptor(expects: str) -> tuple[Callable[[Any], bool], str]:
+    """Whether a value is what ``expects`` names, and how a message names it."""
+    if expects == "mapping":
+        return (lambda value: isinstance(value, Mapping)), "a mapping (a dict)"
+    if expects == "trajectory":
+        return _is_trajectory, "a mapping or an object with serialise() (PenguiFlow's Trajectory)"
+    return _record_acceptor(expects)
+
+
+@functools.cache
+def _record_acceptor(record: str) -> tuple[Callable[[Any], bool], str]:
+    fields = tuple(field.name for field in CODECS[record].fields)
+    classes = tuple({getattr(DEFAULT_TYPES, record), getattr(installed_types(), record)})
+
+    def accepts(value: Any) -> bool:
+        return isinstance(value, classes) or all(hasattr(value, field) for field in fields)
+
+    return accepts, f"a {record} (guarded.models, PenguiFlow's, or an object with its fields)"
+
+
+def _is_trajectory(value: Any) -> bool:
+    return isinstance(value, Mapping) or callable(getattr(value, "serialise", None))
+
+
+def _type(value: Any) -> str:
+    """The type of ``value``, never the value: messages may be logged."""
+    return type(value).__qualname__
