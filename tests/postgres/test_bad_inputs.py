@@ -304,3 +304,52 @@ async def test_a_key_too_long_for_its_index_is_parked_not_retried_forever(make_s
         [parked] = await dead_letters.parked()
         assert parked.method == "save_memory_state"
         assert "54000" in parked.reason
+
+
+BAD_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any], str]] = [
+    ("load_memory_state", ("k",), {"extra": 1}, "unexpected keyword argument 'extra'"),
+    ("save_memory_state", ("k",), {}, "missing a required argument: 'state'"),
+    ("save_event", ("not an event",), {}, "argument 'event' must be a StoredEvent"),
+]
+
+
+@pytest.mark.lenient
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("method", "args", "kwargs", "message"), BAD_CALLS)
+async def test_a_callers_bug_is_rejected_and_logged_never_held_or_sent(
+    make_store: StoreFactory,
+    method: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    message: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 14: the issue's three bad calls, against the real store with the default guard."""
+    registry = CollectorRegistry()
+    backend = await make_store()
+    async with guard(backend, registry=registry) as store:
+        assert await getattr(store, method)(*args, **kwargs) is None
+        await controller(store).flush()
+        dead_letters = controller(store).dead_letters
+        assert dead_letters is not None
+        assert (dead_letters.depth, await dead_letters.parked()) == (0, [])
+    samples = {
+        sample.labels["outcome"]: sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name == "guarded_store_calls_total" and sample.value
+    }
+    assert samples == {"rejected": 1}
+    [record] = [record for record in caplog.records if record.levelname == "ERROR"]
+    assert message in record.getMessage()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("method", "args", "kwargs", "message"), BAD_CALLS)
+async def test_in_strict_mode_a_callers_bug_raises(
+    make_store: StoreFactory, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], message: str
+) -> None:
+    backend = await make_store()
+    async with guard(backend, registry=CollectorRegistry()) as store:  # the suite runs strict
+        with pytest.raises(TypeError, match=message):
+            await getattr(store, method)(*args, **kwargs)
