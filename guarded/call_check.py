@@ -13,8 +13,8 @@ is a column of the policy table (:attr:`guarded.policy.MethodPolicy.arguments`).
 accepted when it is an instance of guarded's model or PenguiFlow's, or when it has every field
 the stores read (the codec reads attributes).
 
-The ordinary call (positional arguments within the signature's range, no keywords) costs one
-comparison of lengths and one ``isinstance`` per record argument.
+A call is checked without building a ``BoundArguments`` (a few set and length comparisons, and
+one ``isinstance`` per record argument); ``Signature.bind`` runs only to word a refusal.
 """
 
 from __future__ import annotations
@@ -83,24 +83,46 @@ def _informative_signature(method: object) -> inspect.Signature | None:
 
 def _binder(label: str, signature: inspect.Signature) -> Check:
     parameters = list(signature.parameters.values())
-    positional = [parameter for parameter in parameters if parameter.kind in _POSITIONAL]
-    least = sum(1 for parameter in positional if parameter.default is inspect.Parameter.empty)
-    most = (
-        float("inf")
-        if any(parameter.kind is inspect.Parameter.VAR_POSITIONAL for parameter in parameters)
-        else len(positional)
-    )
-    keyword_required = any(
-        parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is inspect.Parameter.empty
+    positional = [parameter.name for parameter in parameters if parameter.kind in _POSITIONAL]
+    least = sum(
+        1
         for parameter in parameters
+        if parameter.kind in _POSITIONAL and parameter.default is inspect.Parameter.empty
+    )  # the required positional parameters come first: Python's syntax says so
+    kinds = {parameter.kind for parameter in parameters}
+    most = float("inf") if inspect.Parameter.VAR_POSITIONAL in kinds else len(positional)
+    any_keyword = inspect.Parameter.VAR_KEYWORD in kinds
+    by_keyword = frozenset(
+        parameter.name
+        for parameter in parameters
+        if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    )
+    keyword_required = tuple(
+        parameter.name
+        for parameter in parameters
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is inspect.Parameter.empty
     )
     full_bind = signature.bind
 
+    def binds(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+        count = len(args)
+        if not least <= count <= most and not (count < least and kwargs):
+            return False
+        if not kwargs:
+            return count >= least and not keyword_required
+        if not any_keyword and not kwargs.keys() <= by_keyword:
+            return False
+        return (
+            not any(name in kwargs for name in positional[:count])
+            and all(name in kwargs for name in positional[count:least])
+            and all(name in kwargs for name in keyword_required)
+        )
+
     def bind(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-        if not kwargs and not keyword_required and least <= len(args) <= most:
-            return  # the ordinary call: nothing to look up
+        if binds(args, kwargs):
+            return
         try:
-            full_bind(*args, **kwargs)
+            full_bind(*args, **kwargs)  # for Python's own words; binds() never refuses a good call
         except TypeError as exc:
             raise CallerError(f"{label}(): {exc}") from None
 
