@@ -7,7 +7,7 @@ the backend — or, worse, be queued, acknowledged and parked later, or held and
 :class:`~guarded.errors.CallerError` before anything else sees it.
 
 The signature is the backend's own. A backend that says nothing about its arguments (a delegating
-wrapper whose methods take ``*args, **kwargs``, a mock without a spec) is checked against the
+wrapper whose methods take ``*args, **kwargs``) is checked against the
 StateStore protocol's signature of the method. Which arguments are records, and of which type,
 is a column of the policy table (:attr:`guarded.policy.MethodPolicy.arguments`). A record is
 accepted when it is an instance of guarded's model or PenguiFlow's, or when it has every field
@@ -27,19 +27,18 @@ from typing import Any
 from .codec import CODECS, DEFAULT_TYPES, installed_types
 from .errors import CallerError
 from .policy import Argument, MethodPolicy
-from .protocol import CAPABILITIES, LEGACY_ALIASES
+from .protocol import LEGACY_ALIASES
 
 Check = Callable[[tuple[Any, ...], Mapping[str, Any]], None]
 """Raises :class:`~guarded.errors.CallerError` when a call's ``(args, kwargs)`` are wrong."""
 
-_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
 def argument_check(label: str, method: object, policy: MethodPolicy) -> Check | None:
     """The check of the calls of ``method`` (the backend's callable, ``None`` when unknown),
     guarded as ``label`` with ``policy``; ``None`` when there is nothing to check."""
-    signature = _informative_signature(method) or protocol_signature(policy.alias_of or policy.name)
+    signature = own_signature(method) or protocol_signature(policy.name)
     bind = _binder(label, signature) if signature is not None else None
     checks = [_argument_check(label, argument) for argument in policy.arguments]
     if bind is None and not checks:
@@ -54,29 +53,50 @@ def argument_check(label: str, method: object, policy: MethodPolicy) -> Check | 
     return check
 
 
+@functools.cache
+def protocol_signatures() -> Mapping[str, inspect.Signature]:
+    """The signatures (without ``self``) of the methods of the StateStore protocol and its
+    capabilities, and of the ``ArtifactStore``; legacy aliases as their targets."""
+    from . import protocol
+    from .models import ArtifactStore
+
+    classes: list[type] = [ArtifactStore]
+    classes.extend(
+        found
+        for found in vars(protocol).values()
+        if isinstance(found, type) and found.__module__ == protocol.__name__
+    )
+    found: dict[str, inspect.Signature] = {}
+    for cls in classes:
+        for name, member in vars(cls).items():
+            if name.startswith("_") or not inspect.iscoroutinefunction(member):
+                continue
+            signature = inspect.signature(member)
+            parameters = list(signature.parameters.values())[1:]
+            found.setdefault(name, signature.replace(parameters=parameters))
+    for alias, target in LEGACY_ALIASES.items():
+        if target in found:
+            found.setdefault(alias, found[target])
+    return found
+
+
 def protocol_signature(name: str) -> inspect.Signature | None:
-    """The StateStore protocol's signature of method ``name`` (its target's for a legacy alias),
-    without ``self``; ``None`` for a method the protocol does not define."""
-    name = LEGACY_ALIASES.get(name, name)
-    for capability in CAPABILITIES:
-        if name in capability.methods:
-            found = getattr(capability.protocol, name, None)
-            if callable(found):
-                signature = inspect.signature(found)
-                return signature.replace(parameters=list(signature.parameters.values())[1:])
-    return None
+    """The protocol's signature of method ``name`` (see :func:`protocol_signatures`), or ``None``
+    for a method the protocols do not define."""
+    return protocol_signatures().get(name)
 
 
-def _informative_signature(method: object) -> inspect.Signature | None:
-    """``method``'s signature, unless it has none or only ``*args, **kwargs`` (it says nothing)."""
+def own_signature(method: object) -> inspect.Signature | None:
+    """``method``'s signature, unless it has none or takes anything (``*args`` and ``**kwargs``:
+    a wrapper or a proxy, whose signature says nothing of what the call needs)."""
     if method is None or not callable(method):
         return None
     try:
         signature = inspect.signature(method)
     except (TypeError, ValueError):
         return None
-    parameters = signature.parameters.values()
-    if all(parameter.kind in _VARIADIC for parameter in parameters) and parameters:
+    kinds = {parameter.kind for parameter in signature.parameters.values()}
+    if inspect.Parameter.VAR_POSITIONAL in kinds and inspect.Parameter.VAR_KEYWORD in kinds:
         return None
     return signature
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import math
 import time
@@ -13,6 +12,7 @@ from enum import Enum
 from typing import Any
 
 from ..batching import bulk_call, bulk_method_for, bulk_methods_of
+from ..call_check import own_signature, protocol_signature
 from ..classify import CircuitOpenError, ErrorClass, classify, error_type, safe_message
 from ..errors import GuardedError, InvalidPayloadError
 from ..idempotency import KEPT_ARGUMENTS, replayed_call
@@ -281,43 +281,17 @@ async def call_bulk_sender(
 # --- calls that can never succeed ------------------------------------------------------------------
 
 
-@functools.cache
-def protocol_signatures() -> Mapping[str, inspect.Signature]:
-    """The signatures (without ``self``) of the write methods of the StateStore protocol and its
-    capabilities, and of the ``ArtifactStore`` puts; legacy aliases as their targets."""
-    from .. import protocol
-    from ..models import ArtifactStore
-
-    classes: list[type] = [ArtifactStore]
-    classes.extend(
-        found
-        for found in vars(protocol).values()
-        if isinstance(found, type) and found.__module__ == protocol.__name__
-    )
-    found: dict[str, inspect.Signature] = {}
-    for cls in classes:
-        for name, member in vars(cls).items():
-            if name.startswith("_") or not inspect.iscoroutinefunction(member):
-                continue
-            signature = inspect.signature(member)
-            parameters = list(signature.parameters.values())[1:]
-            found.setdefault(name, signature.replace(parameters=parameters))
-    for alias, target in protocol.LEGACY_ALIASES.items():
-        if target in found:
-            found.setdefault(alias, found[target])
-    return found
-
-
 class CallCheck:
     """Tells a held call that can never succeed, before it is sent.
 
     With the ``target`` store, a method it lacks and a call that does not bind to the method's own
     signature (``inspect.signature(getattr(target, method)).bind(*args, **kwargs)``) are certain:
     :meth:`problem` says why, and the entry is parked at once. Without one, a call is checked
-    against the protocol's signature of its method (:func:`protocol_signatures`), and so is a
-    store method that takes anything (``*args, **kwargs``: a wrapper or proxy); a backend may
-    accept more than the protocol, so such a call is only :meth:`doubtful`: it is sent alone, and
-    parked when the store then refuses it with a ``TypeError``.
+    against the protocol's signature of its method
+    (:func:`guarded.call_check.protocol_signatures`), and so is a store method that takes anything
+    (``*args, **kwargs``: a wrapper or proxy); a backend may accept more than the protocol, so such
+    a call is only :meth:`doubtful`: it is sent alone, and parked when the store then refuses it
+    with a ``TypeError``.
     """
 
     def __init__(self, target: object | None = None) -> None:
@@ -340,16 +314,8 @@ class CallCheck:
         found = self._signatures.get(method)
         if found is not None:
             return found
-        own: inspect.Signature | None = None
-        if self.target is not None:
-            try:
-                own = inspect.signature(getattr(self.target, method))
-            except (TypeError, ValueError, AttributeError):
-                own = None
-        if own is not None and not _takes_anything(own):
-            found = (own, True)
-        else:
-            found = (protocol_signatures().get(method), False)
+        own = own_signature(getattr(self.target, method, None)) if self.target is not None else None
+        found = (own, True) if own is not None else (protocol_signature(method), False)
         self._signatures[method] = found
         return found
 
@@ -389,11 +355,6 @@ class CallCheck:
         return None if self.exact(method) else self.binding_problem(method, *call)
 
 
-def _takes_anything(signature: inspect.Signature) -> bool:
-    kinds = {parameter.kind for parameter in signature.parameters.values()}
-    return inspect.Parameter.VAR_POSITIONAL in kinds and inspect.Parameter.VAR_KEYWORD in kinds
-
-
 __all__ = [
     "BULK_FORMS",
     "REPLAY_BACKOFF_BASE",
@@ -414,7 +375,6 @@ __all__ = [
     "call_sender",
     "describe_failure",
     "judge",
-    "protocol_signatures",
     "replay_backoff",
     "store_sender",
 ]
