@@ -10,6 +10,11 @@ served, and the exit status is 2. Rows of a file that cannot be read (a column o
 text that is not UTF-8, a call that is not JSON) never stop a command: they are left out, counted,
 and listed by ``list --quarantined`` (a guard or ``replay`` moves them to the file's quarantine
 table). Payload contents are never printed unless ``list --show-payload`` asks for them.
+
+``replay`` shows progress (counts and rate) on stderr while it sends, and Ctrl-C says how many
+writes were replayed and how many still wait. Exit codes follow :mod:`guarded.cli_support`: 0
+success, 1 writes left behind (parked, remaining, or files held by live processes), 2 user error
+or an unreadable file, 3 the store's backend is unreachable, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -17,31 +22,55 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import glob
 import json
+import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
 from .batching import bulk_methods_of
-from .cli_check import UsageError, build_store, close_store, load_factory
+from .cli_check import build_store, close_store, load_factory
+from .cli_support import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_USAGE,
+    Column,
+    CommandError,
+    Progress,
+    UnreachableError,
+    UsageError,
+    console,
+    error_line,
+    format_age,
+    format_bytes,
+    interrupted,
+    note,
+    positive_number,
+    render_table,
+    report,
+    whole_number,
+)
 from .config import DeadLetterConfig
 from .deadletter import (
     DeadLetter,
     DeadLetterBuffer,
     ParkedWrite,
     QuarantinedRow,
+    ReplayResult,
     ReplaySummary,
     SpillFile,
     SpillFileError,
     SpillFileLockedError,
     store_sender,
 )
+from .deadletter.replay import Send, SendBulk
 from .deadletter.slots import slot_files
 from .deadletter.spill import SpillTotals, holder_pid, is_locked
 
@@ -67,8 +96,13 @@ def register(subparsers: Subparsers) -> None:
     )
     commands = parser.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
 
-    def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text, description=help_text)
+    def add(name: str, help_text: str, description: str | None = None) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name,
+            help=help_text,
+            description=description or help_text[0].upper() + help_text[1:] + ".",
+            epilog="See docs/cli.md for the exit codes every guarded command shares.",
+        )
         sub.add_argument(
             "--path", required=True, metavar="PATH", help="the configured spill path (its slot files too)"
         )
@@ -83,7 +117,9 @@ def register(subparsers: Subparsers) -> None:
         action="store_true",
         help="list the rows that could not be read instead (with --show-payload: their raw bytes)",
     )
-    listing.add_argument("--limit", type=int, default=50, metavar="N", help="at most N rows (default 50)")
+    listing.add_argument(
+        "--limit", type=whole_number(0), default=50, metavar="N", help="at most N rows (default 50)"
+    )
     listing.add_argument(
         "--show-payload", action="store_true", help="include each write's encoded call (payload contents)"
     )
@@ -93,14 +129,28 @@ def register(subparsers: Subparsers) -> None:
         handler=run_stats
     )
 
-    replay = add("replay", "replay waiting writes into the store a factory builds")
+    replay = add(
+        "replay",
+        "replay waiting writes into the store a factory builds",
+        "Replay the waiting writes of the spill files into the store a factory builds, in order per key "
+        "and stream, paced to --rate. Shows progress (writes replayed of those waiting, and the rate) on "
+        "stderr; Ctrl-C stops and says how many were replayed and how many still wait (nothing is lost). "
+        "Exit 0 when every write was replayed, 1 when some are left (parked, failing, or in files held "
+        "by live processes), 3 when the store's backend cannot be reached.",
+    )
     replay.add_argument(
         "--store",
         required=True,
         metavar="MODULE:CALLABLE",
         help="factory returning the store (sync or async), e.g. myapp.stores:create_store",
     )
-    replay.add_argument("--rate", type=float, default=None, metavar="R", help="writes per second at most")
+    replay.add_argument(
+        "--rate",
+        type=positive_number,
+        default=None,
+        metavar="R",
+        help="writes per second at most (default: the dead-letter replay_rate, 500)",
+    )
     replay.add_argument(
         "--include-parked", action="store_true", help="first move parked writes back to the waiting ones"
     )
@@ -119,7 +169,12 @@ def register(subparsers: Subparsers) -> None:
     )
     replay.set_defaults(handler=run_replay)
 
-    purge = add("purge", "delete waiting and/or parked writes (data loss: needs --yes)")
+    purge = add(
+        "purge",
+        "delete waiting and/or parked writes (data loss: needs --yes)",
+        "Delete the waiting, parked and/or quarantined writes of the spill files for good. Needs --yes; "
+        "skips files held by live processes (exit 1).",
+    )
     purge.add_argument("--pending", action="store_true", help="delete the waiting writes")
     purge.add_argument("--parked", action="store_true", help="delete the parked writes")
     purge.add_argument(
@@ -129,45 +184,32 @@ def register(subparsers: Subparsers) -> None:
     purge.set_defaults(handler=run_purge)
 
 
-def _error(message: str) -> None:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+def _error(message: str, hint: str | None = None) -> None:
+    print(error_line(message, hint), file=sys.stderr, flush=True)
 
 
-def _age(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"
+_age = format_age
+_size = format_bytes
+
+UNRECORDED_ERROR = "backend error (type not recorded)"
+"""What ``list`` shows for a write held with the error ``fallback``: the guard recorded the
+outcome a read would have had, not the error. A write held that way failed with an error that
+was neither a timeout, an open circuit nor bad data, and its type was not kept."""
 
 
-def _size(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count:.1f} GiB"
-
-
-def _cell(value: object, width: int) -> str:
-    text = "-" if value is None else str(value).replace("\n", " ")
-    return text if len(text) <= width else text[: width - 1] + "…"
+def error_text(stored: str | None) -> str | None:
+    """The error of a held write as ``list`` shows it (see :data:`UNRECORDED_ERROR`)."""
+    if stored == "fallback":
+        return UNRECORDED_ERROR
+    return stored
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], widths: Sequence[int]) -> str:
-    lines = ["  ".join(f"{header:<{width}}" for header, width in zip(headers, widths, strict=True)).rstrip()]
-    for row in rows:
-        cells = [_cell(value, width) for value, width in zip(row, widths, strict=True)]
-        lines.append(
-            "  ".join(f"{cell:<{width}}" for cell, width in zip(cells, widths, strict=True)).rstrip()
-        )
-    return "\n".join(lines)
+    """The rows under their headers; long cells are cut to ``widths`` (and, on a terminal, every
+    column shrinks so the table fits its width)."""
+    width = console().width if sys.stdout.isatty() else None
+    columns = [Column(header, size) for header, size in zip(headers, widths, strict=True)]
+    return render_table(columns, rows, width=width)
 
 
 # --- the files of a path ---------------------------------------------------------------------------
@@ -183,6 +225,8 @@ class _File:
     target: str | None = None
     in_use: bool = False
     pid: int | None = None
+    waiting: int = 0
+    """Writes waiting in the file when the command looked (for progress)."""
 
 
 class _Failures:
@@ -201,8 +245,14 @@ def _slot_files(base: str) -> list[_File]:
     found = [_File(slot, path) for slot, path in slot_files(base)]
     if not found:
         if os.path.isdir(base):
-            raise UsageError(f"{base!r} is a directory; give the spill path (a file name)")
-        raise UsageError(f"no dead-letter spill file at {base!r}")
+            raise UsageError(
+                f"{base!r} is a directory",
+                "give the configured spill path (a file name), e.g. DIR/NAME.sqlite",
+            )
+        raise UsageError(
+            f"no dead-letter spill file at {base!r}",
+            "give the path the guard was configured with ({name} replaced); 'guarded dlq stats' works too",
+        )
     for file in found:
         file.in_use = is_locked(file.path)
         file.pid = holder_pid(file.path) if file.in_use else None
@@ -257,7 +307,7 @@ def _pending_dict(entry: DeadLetter, file: _File, now: float, show_payload: bool
         "enqueued_at": entry.enqueued_at,
         "age_seconds": round(max(0.0, now - entry.enqueued_at), 3),
         "size": entry.size,
-        "error": entry.error,
+        "error": error_text(entry.error),
     }
     if show_payload:
         found["call"] = entry.call
@@ -319,8 +369,6 @@ _Listed = list[DeadLetter] | list[ParkedWrite] | list[QuarantinedRow]
 
 
 def _list(args: argparse.Namespace) -> int:
-    if args.limit < 0:
-        raise UsageError("--limit must not be negative")
     files = _slot_files(args.path)
     failures = _Failures()
     now = time.time()
@@ -366,12 +414,8 @@ def _list(args: argparse.Namespace) -> int:
         print(json.dumps(document, ensure_ascii=False))
         return status
     where = f"{args.path}" + (f" ({len(files)} files)" if len(files) > 1 else "")
-    for file, count in unreadable:
-        print(
-            f"{PROG}: note: {count} row(s) of {file.path!r} could not be read and are not listed; "
-            "see 'list --quarantined'",
-            file=sys.stderr,
-        )
+    for file, bad in unreadable:
+        note(f"{bad} row(s) of {file.path!r} could not be read and are not listed; see 'list --quarantined'")
     if not rows:
         print(f"no {kind} {'rows' if args.quarantined else 'writes'} in {where}")
         return status
@@ -489,9 +533,9 @@ def _stats(args: argparse.Namespace) -> int:
             totals[name] += document[name]
         if file_totals.pending:
             oldest = max(oldest, document["oldest_age_seconds"])
-        for method, count, size in methods:
+        for method, pending, size in methods:
             counts = by_method.setdefault(method, {"pending": 0, "bytes": 0})
-            counts["pending"] += count
+            counts["pending"] += pending
             counts["bytes"] += size
     aside = _set_aside(args.path)
     summary: dict[str, Any] = {
@@ -562,18 +606,27 @@ def _writable(
     args: argparse.Namespace, failures: _Failures, *, target: str | None, check_targets: bool
 ) -> tuple[list[_File], int]:
     """The files a writer may take (readable, not held by a live process, of ``target`` when
-    ``check_targets``) and how many are held by live processes (one error line each)."""
+    ``check_targets``) and how many are held by live processes (one error line each). Each
+    file's ``waiting`` is its count of pending writes (plus parked ones with ``--include-parked``)."""
     free: list[_File] = []
     busy = 0
+    include_parked = bool(getattr(args, "include_parked", False))
+
+    def waiting(spill: SpillFile) -> int:
+        totals = spill.totals()
+        return totals.pending + (totals.parked if include_parked else 0)
+
     for file in _slot_files(args.path):
-        if _read(file, failures, lambda spill: True) is None:
+        found = _read(file, failures, waiting)
+        if found is None:
             continue
+        file.waiting = found
         if file.in_use:
             busy += 1
             who = f" (pid {file.pid})" if file.pid else ""
             _error(
-                f"dead-letter spill file {file.path!r} is in use by another process{who}; "
-                "stop that process first (list and stats work while it runs)"
+                f"dead-letter spill file {file.path!r} is in use by another process{who}",
+                "stop that process first (list and stats work while it runs)",
             )
             continue
         free.append(file)
@@ -583,15 +636,49 @@ def _writable(
             free = [file for file in free if file.target in (None, target)]
         elif len(recorded) > 1:
             raise UsageError(
-                "the files record more than one backend target ("
-                + ", ".join(recorded)
-                + "); choose one with --target"
+                "the files record more than one backend target: " + ", ".join(recorded),
+                "choose one with --target",
             )
     return free, busy
 
 
+def _counted(store: Any, state: _Replay) -> tuple[Send, SendBulk | None]:
+    """The store's senders, advancing the progress by each write the store took and keeping the
+    last failure not followed by a success (to tell a backend that is down)."""
+    send, send_bulk = store_sender(store)
+    progress = state.progress
+
+    async def counted(method: str, call_args: tuple[Any, ...], kwargs: dict[str, Any]) -> ReplayResult:
+        try:
+            result = await send(method, call_args, kwargs)
+        except Exception as exc:
+            state.failure = exc
+            raise
+        if result is ReplayResult.OK:
+            state.failure = None
+            progress.advance(1, detail=method)
+        return result
+
+    if send_bulk is None:
+        return counted, None
+    bulk = send_bulk
+
+    async def counted_bulk(method: str, calls: list[Any]) -> ReplayResult:
+        try:
+            result = await bulk(method, calls)
+        except Exception as exc:
+            state.failure = exc
+            raise
+        if result is ReplayResult.OK:
+            state.failure = None
+            progress.advance(len(calls), detail=method)
+        return result
+
+    return counted, counted_bulk
+
+
 async def _replay_file(
-    file: _File, args: argparse.Namespace, store: Any, quarantined: list[int]
+    file: _File, args: argparse.Namespace, store: Any, state: _Replay
 ) -> tuple[ReplaySummary | None, int, int, str | None]:
     buffer = _pinned(file.path)
     try:
@@ -599,14 +686,33 @@ async def _replay_file(
         if buffer.spill_path is None:
             return None, 0, 0, buffer.spill_error or f"cannot open {file.path!r}"
         unparked = await buffer.unpark() if args.include_parked else 0
-        send, send_bulk = store_sender(store)
+        send, send_bulk = _counted(store, state)
         summary = await buffer.replay(
             send, send_bulk=send_bulk, bulk_methods=bulk_methods_of(store), rate=args.rate, target=store
         )
-        quarantined.append((await buffer.stats()).quarantined_total)
+        state.quarantined.append((await buffer.stats()).quarantined_total)
         return summary, waiting, unparked, None
     finally:
         await buffer.aclose()
+
+
+class _NotRecovered(logging.Filter):
+    """Drops the buffer's "holds N waiting write(s) from an earlier run" warning: the command
+    opens the file because it holds writes, and reports them itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return getattr(record, "event", None) != "deadletter_recovered"
+
+
+@contextlib.contextmanager
+def _quiet_recovery() -> Iterator[None]:
+    logger = logging.getLogger("guarded.deadletter")
+    quiet = _NotRecovered()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _pinned(path: str) -> DeadLetterBuffer:
@@ -618,35 +724,86 @@ def _pinned(path: str) -> DeadLetterBuffer:
     )
 
 
+@dataclass
+class _Replay:
+    """What a replay has done so far (read after Ctrl-C too)."""
+
+    progress: Progress
+    target: str | None = None
+    done: list[tuple[_File, ReplaySummary, int, int]] = field(default_factory=list)
+    quarantined: list[int] = field(default_factory=list)
+    failure: BaseException | None = None
+    """The last send that failed, unless a send succeeded since."""
+
+    @property
+    def backend_down(self) -> bool:
+        """The pass said so, or the last sends failed to reach the backend."""
+        from guarded.backends.postgres.cli_target import is_unreachable
+
+        if any(summary.backend_down for _, summary, _, _ in self.done):
+            return True
+        return self.failure is not None and is_unreachable(self.failure)
+
+
 async def _replay(
-    args: argparse.Namespace, files: Sequence[_File], failures: _Failures, quarantined: list[int]
-) -> list[tuple[_File, ReplaySummary, int, int]]:
+    args: argparse.Namespace, files: Sequence[_File], failures: _Failures, state: _Replay
+) -> None:
     factory = load_factory(args.store)
     store = await build_store(factory, args.store)
-    done: list[tuple[_File, ReplaySummary, int, int]] = []
+    target = getattr(store, "target_identity", None)
+    state.target = target if isinstance(target, str) else None
+    state.progress.start()
     try:
         for file in files:
-            summary, waiting, unparked, error = await _replay_file(file, args, store, quarantined)
+            summary, waiting, unparked, error = await _replay_file(file, args, store, state)
             if summary is None:
                 failures.report(file, error or f"cannot open {file.path!r}")
                 continue
-            done.append((file, summary, waiting, unparked))
+            state.done.append((file, summary, waiting, unparked))
+            if state.backend_down:
+                break  # the other files wait for the backend too
     finally:
+        state.progress.close()
         await close_store(store)
-    return done
+
+
+def _still_waiting(files: Sequence[_File]) -> int:
+    """Writes waiting in ``files`` now (read-only; unreadable files count as none)."""
+    left = 0
+    for file in files:
+        with contextlib.suppress(Exception):
+            reader = SpillFile.open_read_only(file.path)
+            try:
+                left += reader.totals().pending
+            finally:
+                reader.close()
+    return left
 
 
 def _replay_command(args: argparse.Namespace) -> int:
-    if args.rate is not None and args.rate <= 0:
-        raise UsageError("--rate must be positive")
     failures = _Failures()
     files, busy = _writable(args, failures, target=args.target, check_targets=True)
     sys.path.insert(0, os.path.abspath(args.app_dir))
-    quarantined: list[int] = []
-    done = asyncio.run(_replay(args, files, failures, quarantined)) if files else []
+    total = sum(file.waiting for file in files)
+    state = _Replay(Progress("replay", total=total, unit="writes"))
+    if files:
+        try:
+            with _quiet_recovery():
+                asyncio.run(_replay(args, files, failures, state))
+        except KeyboardInterrupt:
+            left = _still_waiting(files)
+            raise interrupted(
+                f"replayed {state.progress.summary()} before Ctrl-C; {left:,} write(s) still wait in "
+                f"{args.path} (nothing was lost); run 'guarded dlq replay' again to continue"
+            ) from None
+    done = state.done
+    quarantined = state.quarantined
+    visited = {file.path for file, _, _, _ in done}
+    unvisited = sum(file.waiting for file in files if file.path not in visited)
     replayed = sum(summary.replayed for _, summary, _, _ in done)
     parked = sum(summary.parked for _, summary, _, _ in done)
-    remaining = sum(summary.remaining for _, summary, _, _ in done)
+    remaining = sum(summary.remaining for _, summary, _, _ in done) + unvisited
+    down = state.backend_down
     waiting = sum(count for _, _, count, _ in done)
     unparked = sum(count for _, _, _, count in done)
     stopped = any(summary.stopped_early for _, summary, _, _ in done)
@@ -659,6 +816,8 @@ def _replay_command(args: argparse.Namespace) -> int:
         "parked": parked,
         "remaining": remaining,
         "stopped_early": stopped,
+        "backend_down": down,
+        "target": state.target,
         "last_error": errors[-1] if errors else None,
         "quarantined": sum(quarantined),
         "skipped_in_use": busy,
@@ -691,9 +850,20 @@ def _replay_command(args: argparse.Namespace) -> int:
             print("  stopped early: the store still fails; run replay again later")
         if errors:
             print(f"  last error:  {errors[-1]}")
+    if down:
+        where = f" ({state.target})" if state.target else ""
+        why = f": {errors[-1]}" if errors else ""
+        return report(
+            UnreachableError(
+                f"the store's backend{where} is not answering; the replay stopped{why}; {remaining:,} "
+                f"write(s) still wait in {args.path} (nothing was lost)",
+                "bring the backend back, then run 'guarded dlq replay' again",
+                target=state.target,
+            )
+        )
     if failures.count:
-        return 2
-    return 1 if remaining or parked or busy else 0
+        return EXIT_USAGE
+    return EXIT_PROBLEM if remaining or parked or busy else EXIT_OK
 
 
 async def _purge(
@@ -715,18 +885,21 @@ async def _purge(
 
 def _purge_command(args: argparse.Namespace) -> int:
     if not (args.pending or args.parked or args.quarantined):
-        raise UsageError("choose what to delete: --pending, --parked and/or --quarantined")
+        raise UsageError("nothing to purge was chosen", "add --pending, --parked and/or --quarantined")
     if not args.yes:
-        raise UsageError("purging deletes writes for good; add --yes to confirm")
+        raise UsageError("purging deletes writes for good", "add --yes to confirm")
     failures = _Failures()
     files, busy = _writable(args, failures, target=None, check_targets=False)
-    removed = (
-        asyncio.run(
-            _purge(files, failures, pending=args.pending, parked=args.parked, quarantined=args.quarantined)
+    with _quiet_recovery():
+        removed = (
+            asyncio.run(
+                _purge(
+                    files, failures, pending=args.pending, parked=args.parked, quarantined=args.quarantined
+                )
+            )
+            if files
+            else 0
         )
-        if files
-        else 0
-    )
     if args.json:
         print(
             json.dumps(
@@ -752,22 +925,21 @@ def _purge_command(args: argparse.Namespace) -> int:
         )
         print(f"purged {removed} {what} write(s) from {len(files)} file(s) of {args.path}")
     if failures.count:
-        return 2
-    return 1 if busy else 0
+        return EXIT_USAGE
+    return EXIT_PROBLEM if busy else EXIT_OK
 
 
 def _handle(command: Any, args: argparse.Namespace) -> int:
     try:
         return int(command(args))
-    except UsageError as exc:
-        _error(str(exc))
-        return 2
+    except CommandError as exc:
+        return report(exc)
     except SpillFileLockedError as exc:
-        _error(f"{exc}; stop that process first (list and stats work while it runs)")
-        return 1
+        _error(str(exc), "stop that process first (list and stats work while it runs)")
+        return EXIT_PROBLEM
     except SpillFileError as exc:
-        _error(str(exc))
-        return 2
+        _error(str(exc), "check --path: it must be a guarded dead-letter spill file")
+        return EXIT_USAGE
 
 
 def run_list(args: argparse.Namespace) -> int:

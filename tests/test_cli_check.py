@@ -32,7 +32,10 @@ def test_broken_store_exits_1_and_names_the_failing_contracts() -> None:
     completed = guarded("check", "tests.broken_stores:make_broken_store")
     assert completed.returncode == 1, completed.stderr
     out = completed.stdout
-    assert out.startswith("capabilities of tests.broken_stores.BrokenStore:\n")
+    assert out.startswith(
+        "scratch: a new in-memory store, nothing was persisted\n\n"
+        "capabilities of tests.broken_stores.BrokenStore:\n"
+    )
     assert "  planner_state          yes      save_planner_state, load_planner_state" in out
     assert "legacy aliases: save_task_update, list_task_updates, get_events" in out
     summary = f"{len(CONTRACTS) - len(BROKEN_CONTRACTS)} passed, {len(BROKEN_CONTRACTS)} failed, 0 errors"
@@ -109,7 +112,6 @@ def test_the_store_is_closed(factory: str, store_type: str, message: str) -> Non
             "module 'tests.broken_stores' has no attribute 'make_nothing'",
         ),
         (["tests.broken_stores:NOT_CALLABLE"], "'tests.broken_stores:NOT_CALLABLE' is a int, not a callable"),
-        (["tests.broken_stores:make_failing_factory"], "failed: ConnectionRefusedError: database is down"),
         (
             ["tests.broken_stores:make_memory_store", "--only", "planner_stat"],
             "unknown contract or capability",
@@ -119,8 +121,31 @@ def test_the_store_is_closed(factory: str, store_type: str, message: str) -> Non
 def test_usage_and_import_errors_exit_2(args: list[str], message: str) -> None:
     completed = guarded("check", *args)
     assert completed.returncode == 2, completed.stdout + completed.stderr
-    assert message in completed.stderr
+    [line] = completed.stderr.splitlines()
+    assert line.startswith("error: ")
+    assert message in line
+    assert "; hint: " in line
     assert completed.stdout == ""
+
+
+def test_a_factory_that_cannot_reach_its_backend_exits_3() -> None:
+    completed = guarded("check", "tests.broken_stores:make_failing_factory")
+    assert completed.returncode == 3, completed.stdout + completed.stderr
+    assert completed.stderr == (
+        "error: cannot reach the store's backend: calling 'tests.broken_stores:make_failing_factory' failed: "
+        "ConnectionRefusedError: database is down; hint: check that the store's backend is up and the "
+        "factory's connection settings\n"
+    )
+    assert completed.stdout == ""
+
+
+def test_an_unknown_store_is_checked_with_a_warning() -> None:
+    completed = guarded("check", "tests.broken_stores:make_minimal_store", "--json")
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr.startswith(
+        "warning: guarded check cannot verify where tests.broken_stores.MinimalStore keeps its data"
+    )
+    assert json.loads(completed.stdout)["scratch"]["kind"] == "unverified"
 
 
 def test_main_returns_argparse_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from guarded.cli_support import duration, port, print_error, whole_number
 from guarded.testing.postgres import EmbeddedPostgresError
 
 from .report import render_verdict
@@ -20,20 +21,6 @@ from .schedule import NAMED_SCHEDULES, ScheduleError, parse_schedule
 
 if TYPE_CHECKING:
     from guarded.cli import Subparsers
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
 
 
 def register(subparsers: Subparsers) -> None:
@@ -55,17 +42,25 @@ def register(subparsers: Subparsers) -> None:
         ),
     )
     parser.add_argument(
-        "--duration", type=_positive, default=30.0, metavar="SECONDS", help="workload duration (default 30)"
+        "--duration",
+        type=duration(),
+        default=30.0,
+        metavar="DURATION",
+        help="workload duration, e.g. 30s or 5m (default 30s)",
     )
     parser.add_argument(
-        "--concurrency", type=_count, default=16, metavar="N", help="concurrent agent sessions (default 16)"
+        "--concurrency",
+        type=whole_number(1),
+        default=16,
+        metavar="N",
+        help="concurrent agent sessions (default 16)",
     )
     parser.add_argument(
         "--faults", default="default", metavar="SCHEDULE", help=f"a named schedule ({names}) or a spec"
     )
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=port,
         default=DEFAULT_METRICS_PORT,
         metavar="PORT",
         help=f"serve /metrics on this port (default {DEFAULT_METRICS_PORT}; 0 picks a free one)",
@@ -113,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         parse_schedule(options.faults, options.duration)
     except ScheduleError as exc:
-        print(f"guarded demo: {exc}", file=sys.stderr)
+        print_error(f"--faults: {exc}", "see 'guarded demo --help' and docs/demo.md for the schedule syntax")
         return 2
     try:
         result = asyncio.run(run_demo(options))

@@ -156,10 +156,12 @@ def test_replay_into_a_factory_store(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert pending(path) == 0
 
 
-def test_replay_into_a_failing_store_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_into_a_store_whose_backend_is_down_exits_3(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "dlq.db"
     prepare(path, parked=0)
-    code, out, _ = run(
+    code, out, err = run(
         capsys,
         "dlq",
         "replay",
@@ -170,7 +172,8 @@ def test_replay_into_a_failing_store_exits_1(tmp_path: Path, capsys: pytest.Capt
         "--json",
     )
     document = json.loads(out)
-    assert code == 1
+    assert code == 3  # the backend is unreachable (docs/cli.md)
+    assert err.startswith("error: the store's backend is not answering; the replay stopped: ")
     assert document["replayed"] == 0
     assert document["remaining"] == 4
     assert document["stopped_early"]
@@ -259,7 +262,10 @@ def test_writers_refuse_a_file_held_by_a_live_buffer(
         (["dlq", "stats", "--path", "{foreign}"], "not a guarded dead-letter spill file"),
         (["dlq", "replay", "--path", "{spill}", "--store", "no_such_module_xyz:make"], "cannot import"),
         (["dlq", "replay", "--path", "{spill}", "--store", "nocolon"], "invalid factory"),
-        (["dlq", "replay", "--path", "{spill}", "--store", "m:f", "--rate", "0"], "--rate must be positive"),
+        (
+            ["dlq", "replay", "--path", "{spill}", "--store", "m:f", "--rate", "0"],
+            "--rate: must be a positive number",
+        ),
         (["dlq", "list", "--path", "{spill}", "--limit", "-1"], "--limit"),
     ],
 )

@@ -61,6 +61,8 @@ def test_a_schedule_that_does_not_fit_is_a_usage_error(
 
 def test_flags_are_validated_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--duration", "0"]) == 2
-    assert "must be positive" in capsys.readouterr().err
+    assert "must be longer than zero" in capsys.readouterr().err
     assert main(["demo", "--concurrency", "0"]) == 2
     assert "must be at least 1" in capsys.readouterr().err
+    assert main(["demo", "--metrics-port", "99999"]) == 2
+    assert "'99999' is not a port number" in capsys.readouterr().err

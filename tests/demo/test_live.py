@@ -7,6 +7,7 @@ import io
 
 import pytest
 from prometheus_client import CollectorRegistry
+from rich.console import Console
 
 from guarded.backends.memory import InMemoryStateStore
 from guarded.demo.live import LineView, LiveView, format_seconds, render_frame, status_line
@@ -14,6 +15,7 @@ from guarded.demo.status import Status, StatusSampler
 from guarded.guard import controller, guard
 from guarded.layers.metrics import guard_instruments
 from guarded.models import StoredEvent
+from tests.cli.terminal import Screen
 
 
 def test_latencies_read_as_bucket_bounds() -> None:
@@ -66,12 +68,15 @@ def status(elapsed: float, faults: list[str], events: list[tuple[float, str]] | 
 @pytest.mark.asyncio
 async def test_the_live_view_redraws_in_place_and_the_line_view_reports_faults() -> None:
     out = io.StringIO()
-    live = LiveView(out, lambda: status(1.0, []), header="demo")
+    console = Console(file=out, width=100, height=40, force_terminal=True)
+    live = LiveView(out, lambda: status(1.0, []), header="demo", console=console)
     live.draw()
-    first = out.getvalue()
     live.draw()
-    assert not first.startswith("\x1b[") or first.startswith("\x1b[J")
-    assert out.getvalue()[len(first) :].startswith(f"\x1b[{len(first.splitlines())}F\x1b[J")
+    live.stop()
+    screen = Screen(100, 40)  # what the escape codes leave on a terminal (tests/cli/test_live_view.py)
+    screen.feed(out.getvalue())
+    assert screen.lines()[0] == "demo"
+    assert screen.count("circuit OPEN") == 1
 
     lines = io.StringIO()
     started = [(1.5, "kill started")]

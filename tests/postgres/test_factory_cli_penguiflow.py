@@ -150,7 +150,7 @@ async def test_pg_commands(pg_dsn: str, schema_name: str, raw: asyncpg.Connectio
         return run_cli("pg", *argv, "--dsn", pg_dsn, "--schema", schema_name)
 
     code, out = await asyncio.to_thread(cli, "status")
-    assert code == 1
+    assert code == 4  # migrations pending (docs/cli.md)
     assert "pending  0001_initial" in out
     assert "pending  0002_logical_time" in out
     code, out = await asyncio.to_thread(cli, "migrate")
@@ -178,7 +178,7 @@ def test_pg_command_usage_errors() -> None:
     code, _ = run_cli("pg", "status", "--schema", "Not-Valid", "--dsn", "postgresql://x@127.0.0.1:1/x")
     assert code == 2
     code, _ = run_cli("pg", "migrate", "--schema", "ok", "--dsn", "postgresql://x@127.0.0.1:1/x")
-    assert code == 1  # cannot connect: reported, not a traceback
+    assert code == 3  # cannot connect: reported, naming the target, not a traceback
 
 
 @pytest.mark.asyncio
