@@ -12,7 +12,7 @@ REQUIREMENTS := requirements/penguiflow.txt requirements/penguiflow-support.txt
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := test
-.PHONY: test lint format install bench demo tools clean distclean
+.PHONY: test lint format install bench demo tools assets clean distclean
 
 ## test: install if needed, lint, type-check, run the test suite
 test: lint tools
@@ -27,6 +27,13 @@ demo: $(STAMP)
 tools:
 	@scripts/ensure-prometheus.sh
 	@scripts/ensure-node-tools.sh
+
+## assets: regenerate grafana/ from dashboards/, then refresh the package's copy in guarded/assets/
+## (grafana/ and otel-collector.yaml, which `guarded assets export` ships; tests/assets/ checks it)
+assets: $(STAMP)
+	$(PY) -m dashboards
+	$(PY) -m dashboards --grafana-dir guarded/assets/grafana
+	cp otel-collector.yaml guarded/assets/otel-collector.yaml
 
 ## lint: ruff check, ruff format --check, mypy --strict
 lint: $(STAMP)
