@@ -1,4 +1,8 @@
-"""Batching of append-only writes (``save_event``, ``save_update``, ``save_planner_event``).
+"""Batching of writes: a queue per method, written in bulk by a writer its owner supplies.
+
+The batcher knows nothing of stores or methods: the owner (the guard's durability, reading the
+policy table) says which methods it submits, which of them are ``ordered``, and how a batch of
+them is written.
 
 A :class:`Batcher` writes queued writes in bulk through a *writer* its owner supplies; the owner
 decides what a failed flush means (retry, dead-letter) and reports each write's outcome. Two ways
@@ -14,8 +18,8 @@ of acknowledging a write, per write:
   ``max_delay`` seconds (one timer per queue; ``max_delay=0`` flushes on the next iteration).
 
 Either way a flush takes up to ``max_batch`` writes in queue order, and at most
-``max_concurrent_flushes`` flushes of one method run at once (one for methods in
-:data:`ORDERED_METHODS`, whose reads follow insertion order). Writes of one method are handed to the
+``max_concurrent_flushes`` flushes of one method run at once (one for the methods the owner
+declares ``ordered``, whose reads follow insertion order). Writes of one method are handed to the
 writer in submission order.
 
 The batcher promises that every queued write is either handed to the writer or, when
@@ -44,12 +48,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
-import inspect
 import itertools
 import logging
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -57,46 +60,10 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from . import telemetry_names as names
 from .config import BatchConfig
-from .idempotency import KEPT_ARGUMENTS, WRITE_KEY_ARGUMENT, item_keys
-from .logical_time import WRITE_TIME_ARGUMENT, kept_write_time, logical_times, next_logical_time
 from .outcome import Outcome
-from .protocol import (
-    StateStore,
-    SupportsConversationBindings,
-    SupportsMemoryState,
-    SupportsPlannerEvents,
-    SupportsPlannerState,
-    SupportsTasks,
-    SupportsTrajectories,
-)
 from .store_gauge import StoreTotalGauge, store_total_gauge
 
 logger = logging.getLogger("guarded.batching")
-
-BATCHED_METHODS: tuple[str, ...] = ("save_event", "save_update", "save_planner_event")
-"""The append-only methods a batcher takes."""
-
-ORDERED_METHODS = frozenset({"save_update", "save_planner_event"})
-"""Appends whose reads follow insertion order (``list_updates`` and its ``since_id`` cursor,
-``list_planner_events``): flushed one batch at a time so concurrent inserts cannot commit out of
-order. ``save_event`` reads order by timestamp and keeps ``max_concurrent_flushes``."""
-
-BULK_METHODS: Mapping[str, str] = {
-    "save_event": "save_events",
-    "save_update": "save_updates",
-    "save_planner_event": "save_planner_events",
-    "save_memory_state": "save_memory_states",
-    "save_task": "save_tasks",
-    "save_trajectory": "save_trajectories",
-    "save_remote_binding": "save_remote_bindings",
-    "mark_binding_terminal": "mark_bindings_terminal",
-    "save_planner_state": "save_planner_states",
-}
-"""The bulk backend method that writes many calls of a write method at once, when the backend has
-it: batched appends use it for flushes, and replays and drains for every method here. A bulk form
-takes one list: of the single call's argument for one-parameter methods, else of tuples of the
-single call's arguments in signature order. Items are applied in list order (a later write of a
-last-write-wins key wins)."""
 
 _CANCEL_GRACE = 1.0
 """Seconds :meth:`Batcher.aclose` waits for cancelled flushes to unwind after its timeout."""
@@ -273,8 +240,10 @@ class Batcher:
         *,
         store_name: str,
         registry: CollectorRegistry = REGISTRY,
+        ordered: Collection[str] = (),
     ) -> None:
         self.config = config
+        self._ordered = frozenset(ordered)
         self.store_name = store_name
         self._writer = writer
         self._max_batch = config.max_batch
@@ -447,7 +416,7 @@ class Batcher:
     # --- flushing -----------------------------------------------------------------------------------
 
     def _limit(self, mq: _MethodQueue) -> int:
-        return 1 if mq.method in ORDERED_METHODS else self._max_flushes
+        return 1 if mq.method in self._ordered else self._max_flushes
 
     def _on_timer(self, mq: _MethodQueue) -> None:
         mq.timer = None
@@ -656,114 +625,4 @@ class Batcher:
         return unwritten
 
 
-# --- helpers for the owner's writer -----------------------------------------------------------------
-
-
-def _parameters(function: Callable[..., Any]) -> tuple[str, ...]:
-    return tuple(name for name in inspect.signature(function).parameters if name != "self")
-
-
-_SINGLE_PARAMETERS: dict[str, tuple[str, ...]] = {
-    "save_event": _parameters(StateStore.save_event),
-    "save_update": _parameters(SupportsTasks.save_update),
-    "save_planner_event": _parameters(SupportsPlannerEvents.save_planner_event),
-    "save_memory_state": _parameters(SupportsMemoryState.save_memory_state),
-    "save_task": _parameters(SupportsTasks.save_task),
-    "save_trajectory": _parameters(SupportsTrajectories.save_trajectory),
-    "save_remote_binding": _parameters(StateStore.save_remote_binding),
-    "mark_binding_terminal": _parameters(SupportsConversationBindings.mark_binding_terminal),
-    "save_planner_state": _parameters(SupportsPlannerState.save_planner_state),
-}
-
-
-def bulk_method_for(store: object, method: str) -> str | None:
-    """The name of ``store``'s bulk form of ``method`` (``save_event`` → ``save_events`` ...), or
-    ``None`` when ``method`` has no bulk form or ``store`` does not offer it."""
-    bulk = BULK_METHODS.get(method)
-    if bulk is None or not callable(getattr(store, bulk, None)):
-        return None
-    return bulk
-
-
-def _argument(write: PendingWrite, index: int, name: str) -> Any:
-    if index < len(write.args):
-        return write.args[index]
-    try:
-        return write.kwargs[name]
-    except KeyError:
-        raise TypeError(f"{write.method}() call without its {name!r} argument") from None
-
-
-def bulk_methods_of(store: object) -> frozenset[str]:
-    """The write methods whose bulk form ``store`` offers (what a replay may group)."""
-    return frozenset(method for method in BULK_METHODS if bulk_method_for(store, method) is not None)
-
-
-@dataclass(frozen=True, slots=True)
-class BulkReplay:
-    """The bulk call that replays kept single calls of one method, with what they kept."""
-
-    args: tuple[Any, ...]
-    """Positional arguments of the bulk method."""
-    item_keys: tuple[str, ...] | None
-    """The item key of each call (:data:`~guarded.idempotency.WRITE_KEY_ARGUMENT`); ``None``
-    unless every call has one."""
-    logical_times: tuple[int, ...] | None
-    """The logical time of each call (:data:`~guarded.logical_time.WRITE_TIME_ARGUMENT`; a call
-    kept without one gets a new time); ``None`` when no call has one."""
-
-    @contextlib.contextmanager
-    def context(self) -> Iterator[None]:
-        """Set the item keys and logical times for the bulk call made inside the block."""
-        with item_keys(self.item_keys), logical_times(self.logical_times):
-            yield
-
-
-def bulk_call(method: str, calls: Sequence[tuple[tuple[Any, ...], Mapping[str, Any]]]) -> BulkReplay:
-    """The bulk call that replays ``calls`` (kept single calls of ``method``)."""
-    keys: list[str] = []
-    times: list[int | None] = []
-    writes = []
-    for args, kwargs in calls:
-        if WRITE_KEY_ARGUMENT in kwargs:
-            keys.append(str(kwargs[WRITE_KEY_ARGUMENT]))
-        times.append(kept_write_time(kwargs.get(WRITE_TIME_ARGUMENT)))
-        if KEPT_ARGUMENTS & kwargs.keys():
-            kwargs = {name: value for name, value in kwargs.items() if name not in KEPT_ARGUMENTS}
-        writes.append(PendingWrite(method, args, kwargs, None, 0, 0.0))
-    timed = any(time is not None for time in times)
-    return BulkReplay(
-        bulk_args(method, writes),
-        tuple(keys) if keys and len(keys) == len(writes) else None,
-        tuple(next_logical_time() if time is None else time for time in times) if timed else None,
-    )
-
-
-def bulk_args(method: str, writes: Sequence[PendingWrite]) -> tuple[Any, ...]:
-    """Positional arguments of the bulk call that writes ``writes`` (single calls of ``method``).
-
-    ``save_events(events)`` and ``save_updates(updates)`` take the list of single-call arguments;
-    ``save_planner_events(items)`` takes ``(trace_id, event)`` pairs.
-    """
-    parameters = _SINGLE_PARAMETERS.get(method)
-    if parameters is None:
-        raise ValueError(f"{method!r} has no bulk form; methods with one are {tuple(BULK_METHODS)}")
-    if len(parameters) == 1:
-        name = parameters[0]
-        return ([_argument(write, 0, name) for write in writes],)
-    return ([tuple(_argument(write, i, name) for i, name in enumerate(parameters)) for write in writes],)
-
-
-__all__ = [
-    "BATCHED_METHODS",
-    "BULK_METHODS",
-    "ORDERED_METHODS",
-    "Batcher",
-    "BulkReplay",
-    "PendingWrite",
-    "Writer",
-    "bulk_args",
-    "bulk_call",
-    "bulk_method_for",
-    "bulk_methods_of",
-]
+__all__ = ["Batcher", "PendingWrite", "Writer"]

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
-from .batching import bulk_methods_of
+from .bulk_forms import bulk_methods_of
 from .cli_check import build_store, close_store, load_factory
 from .cli_support import (
     EXIT_OK,

@@ -20,8 +20,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from .batching import Batcher, PendingWrite, bulk_args, bulk_call, bulk_method_for, bulk_methods_of
+from .batching import Batcher, PendingWrite
 from .breaker import BreakerState, CircuitBreaker
+from .bulk_forms import bulk_args, bulk_call, bulk_method_for, bulk_methods_of
 from .classify import ErrorClass, classify, error_type, safe_message
 from .codec import record_types_of
 from .config import GuardConfig
@@ -30,6 +31,7 @@ from .errors import InvalidPayloadError
 from .failure_log import operational_errors
 from .idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_call
 from .outcome import Outcome
+from .policy import PolicyTable
 from .stale import StaleCache
 
 logger = logging.getLogger("guarded.durability")
@@ -46,10 +48,6 @@ _DRAIN_PAUSE = 0.05
 _DRAIN_MAX_PAUSE = 1.0
 _DRAIN_BATCH = 1000
 """Held writes a drain sends in one bulk call, at most."""
-KEYED_APPENDS = frozenset({"save_planner_event"})
-"""Appends without a natural id: each write gets a key of its own, used by its flush, kept with it
-when it is dead-lettered and used again by its replay (:data:`guarded.idempotency.ITEM_KEYS`), so a
-backend that honours keys stores it once even when an acknowledgement was lost."""
 _OK, _DEAD_LETTERED, _REJECTED = Outcome.OK, Outcome.DEAD_LETTERED, Outcome.REJECTED
 
 
@@ -73,13 +71,18 @@ class Durability:
         registry: CollectorRegistry,
         breaker: CircuitBreaker,
         run: InternalCall,
+        policies: PolicyTable | None = None,
     ) -> None:
+        policies = policies if policies is not None else PolicyTable.for_state_store()
         self.target = target
         self.config = config
         self.store_name = store_name
         self.breaker = breaker
         self._run = run
         self._operational = operational_errors(registry)
+        self._keyed_appends = frozenset(policy.name for policy in policies if policy.item_keys)
+        """Appends whose writes each get a key of their own, used by the flush, kept with the write
+        when it is held and used again by its replay (:data:`guarded.idempotency.ITEM_KEYS`)."""
         self.buffer: DeadLetterBuffer | None = (
             DeadLetterBuffer(
                 config.dead_letter,
@@ -92,7 +95,13 @@ class Durability:
             else None
         )
         self.batcher: Batcher | None = (
-            Batcher(config.batching, self._write_batch, store_name=store_name, registry=registry)
+            Batcher(
+                config.batching,
+                self._write_batch,
+                store_name=store_name,
+                registry=registry,
+                ordered=[policy.name for policy in policies if policy.ordered],
+            )
             if config.batching.enabled and self.buffer is not None
             else None
         )
@@ -190,13 +199,13 @@ class Durability:
 
     def _item_keys(self, writes: Sequence[PendingWrite]) -> tuple[str, ...] | None:
         """The per-item keys of a flush of ``writes`` (one method), ``None`` when it needs none."""
-        if not writes or writes[0].method not in KEYED_APPENDS:
+        if not writes or writes[0].method not in self._keyed_appends:
             return None
         return tuple(map(self._write_key, writes))
 
     def kept_kwargs(self, write: PendingWrite) -> Mapping[str, Any]:
         """The arguments a write is kept with: a keyed append carries the item key of its flush."""
-        if write.method not in KEYED_APPENDS:
+        if write.method not in self._keyed_appends:
             return write.kwargs
         return {**write.kwargs, WRITE_KEY_ARGUMENT: self._write_key(write)}
 

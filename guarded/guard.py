@@ -66,7 +66,7 @@ STATE_STORE_METHODS = frozenset(
 store offers is guarded even when only a call could tell it is async (a lambda, a sync function
 returning a coroutine): the guarded call awaits what it returns when that is awaitable."""
 
-ARTIFACT_STORE_METHODS = frozenset({"put_bytes", "put_text", "get", "get_ref", "exists", "list", "delete"})
+ARTIFACT_STORE_METHODS = frozenset(policy.name for policy in PolicyTable.for_artifact_store())
 """The ArtifactStore protocol's methods, for the guarded ``artifact_store`` as above."""
 
 REQUIRED_METHODS: tuple[str, ...] = next(cap.methods for cap in CAPABILITIES if cap.required)
@@ -170,6 +170,7 @@ class GuardCore:
                 registry=registry,
                 breaker=self.breaker,
                 run=self.run_internal,
+                policies=policies,
             )
             degraded_layers = [
                 StaleReadLayer(self.durability, policies),
@@ -592,6 +593,7 @@ class _ArtifactSide:
                 registry=core.registry,
                 breaker=core.breaker,
                 run=self._run,
+                policies=PolicyTable.for_artifact_store(),
             )
         artifact_core = GuardCore(
             inner,

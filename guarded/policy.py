@@ -7,10 +7,12 @@ and users can override any entry or add methods through :class:`PolicyTable`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
+
+from .protocol import LEGACY_ALIASES
 
 ArgGetter = Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
 
@@ -51,6 +53,20 @@ class Fallback(str, Enum):
         if self is Fallback.FALSE:
             return lambda: False
         return lambda: None
+
+
+class LocalFallback(str, Enum):
+    """What a guarded artifact store does with the copies it keeps in process (artifacts the
+    backend could not take, :mod:`guarded.layers.artifact_fallback`)."""
+
+    PUT = "put"
+    """A write: kept in process (and held for replay) when the backend cannot take it."""
+    READ = "read"
+    """A read: answered from the copies kept in process first."""
+    LIST = "list"
+    """A listing: merged with the copies kept in process."""
+    DELETE = "delete"
+    """A delete: of the copy kept in process, and of a held put of it, too."""
 
 
 def arg(name: str, index: int) -> ArgGetter:
@@ -144,6 +160,23 @@ class MethodPolicy:
     inferred: bool = False
     arguments: tuple[Argument, ...] = ()
     """The arguments whose type is checked before the call enters the chain."""
+    bulk_form: str | None = None
+    """Of a write: the backend method that writes many of its calls at once, when the backend has
+    it (``save_events``). Batch flushes, replays and drains use it. It takes one list, applied in
+    list order (a later write of a last-write-wins key wins): of the call's argument when
+    :attr:`bulk_item` names one parameter, else of tuples of the arguments it names, in order."""
+    bulk_item: tuple[str, ...] = ()
+    """The parameters of this method each item of :attr:`bulk_form` carries, in signature order."""
+    ordered: bool = False
+    """Of a batched append: its reads follow insertion order (a ``since_id`` cursor), so its
+    batches are written one at a time, never concurrently."""
+    item_keys: bool = False
+    """Of an append without a natural id: each write gets a key of its own, kept with it when held,
+    so a backend that honours keys stores it once even when an acknowledgement was lost."""
+    memory_health: bool = False
+    """The write (an upsert) or read of agent memory whose ``health`` the memory health gauge follows."""
+    local_fallback: LocalFallback | None = None
+    """Of an artifact store method: what it does with the copies kept in process."""
 
 
 def _key(*getters: ArgGetter) -> ArgGetter:
@@ -179,6 +212,8 @@ def _policies() -> list[MethodPolicy]:
             value=arg("event", 0),
             ids=Ids(trace_id=_event_trace),
             arguments=(Argument("event", 0, "StoredEvent"),),
+            bulk_form="save_events",
+            bulk_item=("event",),
         ),
         MethodPolicy(
             "save_events",
@@ -203,6 +238,8 @@ def _policies() -> list[MethodPolicy]:
             lww_key=binding_key,
             ids=Ids(trace_id=attr_of(_binding, 0, "trace_id"), task_id=attr_of(_binding, 0, "task_id")),
             arguments=(Argument(_binding, 0, "RemoteBinding"),),
+            bulk_form="save_remote_bindings",
+            bulk_item=(_binding,),
         ),
         MethodPolicy(
             "mark_binding_terminal",
@@ -210,6 +247,8 @@ def _policies() -> list[MethodPolicy]:
             dead_letter=True,
             lww_key=_key(arg("trace_id", 0), arg("context_id", 1), arg("task_id", 2)),
             ids=Ids(trace_id=arg("trace_id", 0), task_id=arg("task_id", 2)),
+            bulk_form="mark_bindings_terminal",
+            bulk_item=("trace_id", "context_id", "task_id"),
         ),
         MethodPolicy(
             "find_binding", Kind.READ, single_item=True, ids=Ids(session_id=arg("router_session_id", 0))
@@ -225,6 +264,8 @@ def _policies() -> list[MethodPolicy]:
             lww_key=arg("token", 0),
             value=arg("payload", 1),
             arguments=(Argument("payload", 1, "mapping"),),
+            bulk_form="save_planner_states",
+            bulk_item=("token", "payload"),
         ),
         MethodPolicy(
             "load_planner_state",
@@ -242,6 +283,9 @@ def _policies() -> list[MethodPolicy]:
             lww_key=arg("key", 0),
             value=arg("state", 1),
             arguments=(Argument("state", 1, "mapping"),),
+            bulk_form="save_memory_states",
+            bulk_item=("key", "state"),
+            memory_health=True,
         ),
         MethodPolicy(
             "load_memory_state",
@@ -250,6 +294,7 @@ def _policies() -> list[MethodPolicy]:
             merge_from="save_memory_state",
             merge=Merge.LATEST,
             read_key=arg("key", 0),
+            memory_health=True,
         ),
         MethodPolicy(
             "save_task",
@@ -260,6 +305,8 @@ def _policies() -> list[MethodPolicy]:
             value=arg("state", 0),
             ids=Ids(session_id=_state_session, task_id=_state_task, trace_id=attr_of("state", 0, "trace_id")),
             arguments=(Argument("state", 0, "TaskState"),),
+            bulk_form="save_tasks",
+            bulk_item=("state",),
         ),
         MethodPolicy(
             "list_tasks",
@@ -282,6 +329,9 @@ def _policies() -> list[MethodPolicy]:
                 session_id=_update_session, task_id=_update_task, trace_id=attr_of("update", 0, "trace_id")
             ),
             arguments=(Argument("update", 0, "StateUpdate"),),
+            bulk_form="save_updates",
+            bulk_item=("update",),
+            ordered=True,
         ),
         MethodPolicy(
             "list_updates",
@@ -320,6 +370,8 @@ def _policies() -> list[MethodPolicy]:
             value=arg("trajectory", 2),
             ids=Ids(trace_id=arg("trace_id", 0), session_id=arg("session_id", 1)),
             arguments=(Argument("trajectory", 2, "trajectory"),),
+            bulk_form="save_trajectories",
+            bulk_item=("trace_id", "session_id", "trajectory"),
         ),
         MethodPolicy(
             "get_trajectory",
@@ -340,6 +392,10 @@ def _policies() -> list[MethodPolicy]:
             value=arg("event", 1),
             ids=Ids(trace_id=_trace_arg),
             arguments=(Argument("event", 1, "PlannerEvent"),),
+            bulk_form="save_planner_events",
+            bulk_item=("trace_id", "event"),
+            ordered=True,
+            item_keys=True,
         ),
         MethodPolicy(
             "list_planner_events",
@@ -374,23 +430,20 @@ LIFECYCLE_METHODS = frozenset(
 metrics tooling): passed through unguarded, so their errors and duration stay visible to the code
 that calls them."""
 
-ALIASES: dict[str, str] = {
-    "save_task_update": "save_update",
-    "list_task_updates": "list_updates",
-    "get_events": "list_planner_events",
-}
+ALIASES: Mapping[str, str] = LEGACY_ALIASES
 """Legacy names (spec 000 "Compatibility Adapters"): each takes its target's policy."""
 
 
 def _artifact_policies() -> list[MethodPolicy]:
+    put, read = LocalFallback.PUT, LocalFallback.READ
     return [
-        MethodPolicy("put_bytes", Kind.UPSERT),
-        MethodPolicy("put_text", Kind.UPSERT),
-        MethodPolicy("get", Kind.READ, single_item=True),
-        MethodPolicy("get_ref", Kind.READ, single_item=True),
-        MethodPolicy("exists", Kind.READ, Fallback.FALSE),
-        MethodPolicy("list", Kind.READ, Fallback.EMPTY_LIST),
-        MethodPolicy("delete", Kind.DELETE, Fallback.FALSE),
+        MethodPolicy("put_bytes", Kind.UPSERT, value=arg("data", 0), local_fallback=put),
+        MethodPolicy("put_text", Kind.UPSERT, value=arg("text", 0), local_fallback=put),
+        MethodPolicy("get", Kind.READ, single_item=True, local_fallback=read),
+        MethodPolicy("get_ref", Kind.READ, single_item=True, local_fallback=read),
+        MethodPolicy("exists", Kind.READ, Fallback.FALSE, local_fallback=read),
+        MethodPolicy("list", Kind.READ, Fallback.EMPTY_LIST, local_fallback=LocalFallback.LIST),
+        MethodPolicy("delete", Kind.DELETE, Fallback.FALSE, local_fallback=LocalFallback.DELETE),
     ]
 
 
@@ -439,10 +492,12 @@ class PolicyTable:
         """The table of the ArtifactStore methods of a guarded store's ``artifact_store``: a put the
         backend cannot take is dead-lettered (kept in process and held for replay, see
         :mod:`guarded.layers.artifact_fallback`)."""
-        policies = {policy.name: policy for policy in _artifact_policies()}
-        for put in ("put_bytes", "put_text"):
-            policies[put] = replace(policies[put], dead_letter=True)
-        return cls(policies)
+        return cls(
+            {
+                policy.name: replace(policy, dead_letter=policy.local_fallback is LocalFallback.PUT)
+                for policy in _artifact_policies()
+            }
+        )
 
     def get(self, name: str) -> MethodPolicy:
         """The policy of ``name``: explicit entry, else its alias target's, else inferred."""
@@ -470,6 +525,10 @@ class PolicyTable:
                     patch["repeat_safe"] = patch["kind"] is not Kind.CONSUME
                 table._policies[name] = replace(base, **patch, inferred=False)
         return table
+
+    def __iter__(self) -> Iterator[MethodPolicy]:
+        """The table's own entries (not its aliases, nor inferred policies)."""
+        return iter(self._policies.values())
 
     def merges_from(self, write: str) -> frozenset[Merge]:
         """How the reads of the table see the held writes of ``write`` (empty when none does)."""

@@ -9,7 +9,7 @@ import pytest
 
 from guarded import logical_time
 from guarded.backends.memory import InMemoryStateStore
-from guarded.batching import bulk_call
+from guarded.bulk_forms import bulk_call
 from guarded.idempotency import WRITE_KEY_ARGUMENT, current_item_keys, replayed_call
 from guarded.logical_time import (
     WRITE_TIME_ARGUMENT,

@@ -51,6 +51,7 @@ from typing import Any, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from ..bulk_forms import BATCHED_BULK_FORMS
 from ..classify import error_type
 from ..codec import DEFAULT_TYPES, JSONObject, RecordTypes, check_text
 from ..config import DeadLetterConfig
@@ -66,7 +67,6 @@ from .entries import (
 )
 from .gate import KeyGate, Slot
 from .replay import (
-    BULK_FORMS,
     REPLAY_FAILURE_STREAK,
     Attempt,
     Call,
@@ -1746,7 +1746,7 @@ class DeadLetterBuffer:
         send: Send,
         *,
         send_bulk: SendBulk | None = None,
-        bulk_methods: Collection[str] = tuple(BULK_FORMS),
+        bulk_methods: Collection[str] = BATCHED_BULK_FORMS,
         rate: float | None = None,
         batch: int | None = None,
         target: object | None = None,

@@ -39,6 +39,7 @@ from ..codec import (
 )
 from ..codec.records import JSON, OPT_TEXT, TEXT, FieldKind, nested, optional
 from ..errors import InvalidPayloadError
+from ..protocol import LEGACY_ALIASES
 from ..steering import sanitize_steering_event
 
 ARGS = "args"
@@ -215,8 +216,10 @@ CALL_SPECS: dict[str, CallSpec] = {
 """Argument specs of the known write methods (``guarded.protocol``, the Postgres backend, and the
 ``ArtifactStore`` puts)."""
 
-CALL_ALIASES: dict[str, str] = {"save_task_update": "save_update"}
-"""Legacy write methods encoded like their targets."""
+CALL_ALIASES: dict[str, str] = {
+    alias: target for alias, target in LEGACY_ALIASES.items() if target in CALL_SPECS
+}
+"""Legacy write methods (``save_task_update``) encoded like their targets."""
 
 
 def spec_for(method: str) -> CallSpec | None:

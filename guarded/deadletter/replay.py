@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from ..batching import bulk_call, bulk_method_for, bulk_methods_of
+from ..bulk_forms import bulk_call, bulk_method_for, bulk_methods_of
 from ..call_check import own_signature, protocol_signature
 from ..classify import CircuitOpenError, ErrorClass, classify, error_type, safe_message
 from ..errors import GuardedError, InvalidPayloadError
@@ -206,14 +206,9 @@ def judge(exc: BaseException) -> ReplayResult:
     return ReplayResult.RETRY_LATER
 
 
-BULK_FORMS: dict[str, str] = {"save_event": "save_events"}
-"""Methods :func:`store_sender` groups into a bulk write, and the bulk method of the store; the
-default ``bulk_methods`` of :meth:`~guarded.deadletter.DeadLetterBuffer.replay`."""
-
-
 def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
     """A sender (and a bulk sender when the store has bulk forms, see
-    :func:`guarded.batching.bulk_methods_of`) that replays into a plain store.
+    :func:`guarded.bulk_forms.bulk_methods_of`) that replays into a plain store.
 
     A method the store lacks is rejected (parked), exceptions are judged by :func:`judge`.
     """
@@ -356,7 +351,6 @@ class CallCheck:
 
 
 __all__ = [
-    "BULK_FORMS",
     "REPLAY_BACKOFF_BASE",
     "REPLAY_BACKOFF_MAX",
     "REPLAY_FAILURE_STREAK",

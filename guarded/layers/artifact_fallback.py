@@ -36,24 +36,23 @@ from ..deadletter import DeadLetterBuffer
 from ..durability import Durability
 from ..failure_log import FailureLog
 from ..outcome import Outcome
+from ..policy import ArgGetter, LocalFallback, PolicyTable
 from .fallback import failure_outcome
 
 logger = logging.getLogger("guarded.artifacts")
 
-ARTIFACT_PUTS = ("put_bytes", "put_text")
+ARTIFACT_PUTS = tuple(
+    policy.name for policy in PolicyTable.for_artifact_store() if policy.local_fallback is LocalFallback.PUT
+)
 """The artifact writes: kept in process and dead-lettered when the backend cannot take them."""
-
-_CONTENT = {"put_bytes": "data", "put_text": "text"}
 _OVERHEAD = 1024
 """Bytes added to the estimate of a held put for its JSON envelope and short arguments."""
 
 
-def held_size(method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+def held_size(content: Any, kwargs: Mapping[str, Any]) -> int:
     """An upper estimate of what a held put takes in the spill file (its encoded call): the
-    content as base64 (``put_bytes``) or JSON text (``put_text``), plus the other arguments."""
-    name = _CONTENT.get(method, "data")
-    content = args[0] if args else kwargs.get(name)
-    others = {key: value for key, value in kwargs.items() if key != name}
+    ``content`` as base64 (bytes) or JSON text (a string), plus the other arguments."""
+    others = {key: value for key, value in kwargs.items() if value is not content}
     try:
         size = _OVERHEAD + len(json.dumps(others, default=str, ensure_ascii=False).encode("utf-8", "replace"))
     except (TypeError, ValueError, RecursionError):  # the buffer refuses such arguments anyway
@@ -90,6 +89,8 @@ class LocalArtifactFallbackLayer:
         self._next_stamp = itertools.count(1).__next__
         """Call-order stamps of the artifact writes (the artifact buffer's only writer)."""
         self._admission = asyncio.Lock()
+        self._content_of: dict[str, ArgGetter] = {}
+        """The content argument of each put (its policy's ``value``), for the size of a held put."""
 
     @property
     def buffer(self) -> DeadLetterBuffer | None:
@@ -99,11 +100,12 @@ class LocalArtifactFallbackLayer:
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         name = method.policy.name
         local = self.local
+        kind = method.policy.local_fallback
 
-        if name in ARTIFACT_PUTS:
+        if kind is LocalFallback.PUT:
             return self._wrap_put(inner, method)
 
-        if name in ("get", "get_ref", "exists"):
+        if kind is LocalFallback.READ:
             read_locally = getattr(local, name)
 
             async def read(call: Call) -> Any:
@@ -115,10 +117,10 @@ class LocalArtifactFallbackLayer:
 
             return read
 
-        if name == "delete":
+        if kind is LocalFallback.DELETE:
             return self._wrap_delete(inner)
 
-        if name == "list":
+        if kind is LocalFallback.LIST:
 
             async def listing(call: Call) -> Any:
                 found = await inner(call)
@@ -134,6 +136,8 @@ class LocalArtifactFallbackLayer:
 
     def _wrap_put(self, inner: Service, method: MethodSetup) -> Service:
         name = method.policy.name
+        if method.policy.value is not None:
+            self._content_of[name] = method.policy.value
         put_locally = getattr(self.local, name)
         durability = self.durability if method.policy.dead_letter else None
         buffer = durability.buffer if durability is not None else None
@@ -176,7 +180,9 @@ class LocalArtifactFallbackLayer:
         artifact_id = _artifact_id(ref)
         if durability is None or buffer is None or artifact_id is None:
             return False
-        size = held_size(name, call.args, call.kwargs)
+        content_of = self._content_of.get(name)
+        content = content_of(call.args, call.kwargs) if content_of is not None else None
+        size = held_size(content, call.kwargs)
         async with self._admission:  # one admission at a time: the cap is never overshot
             stats = await buffer.stats()
             held = max(stats.disk_bytes, stats.memory_bytes)

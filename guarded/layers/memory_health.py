@@ -30,26 +30,20 @@ from ..policy import ArgGetter
 from ..rate_limited_log import RateLimitedLog
 from ..telemetry.memory_health import DEFAULT_MAX_KEYS, MemoryHealthTracker, memory_health_tracker
 
-MEMORY_WRITE = "save_memory_state"
-
 
 class MemoryHealthLayer:
-    """Tracks the ``health`` of memory states per key for the memory health gauge."""
+    """Tracks the ``health`` of memory states per key for the memory health gauge: the write and the
+    read of the methods whose policy says :attr:`~guarded.policy.MethodPolicy.memory_health`."""
 
-    def __init__(
-        self,
-        registry: CollectorRegistry = REGISTRY,
-        *,
-        write_method: str = MEMORY_WRITE,
-        max_keys: int = DEFAULT_MAX_KEYS,
-    ) -> None:
+    def __init__(self, registry: CollectorRegistry = REGISTRY, *, max_keys: int = DEFAULT_MAX_KEYS) -> None:
         self._registry = registry
-        self._write = write_method
         self._max_keys = max_keys
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         policy = method.policy
-        if policy.name == self._write and policy.lww_key is not None and policy.value is not None:
+        if not policy.memory_health:
+            return inner
+        if policy.lww_key is not None and policy.value is not None:
             key_of, state_of = policy.lww_key, policy.value
             tracker = self._tracker(method)
 
@@ -59,7 +53,7 @@ class MemoryHealthLayer:
                 return result
 
             return saved
-        if policy.merge_from == self._write and policy.read_key is not None:
+        if policy.read_key is not None:
             read_key = policy.read_key
             tracker = self._tracker(method)
 

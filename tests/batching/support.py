@@ -10,7 +10,8 @@ from typing import Any, TypeVar, overload
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
-from guarded.batching import Batcher, PendingWrite, Writer, bulk_args, bulk_method_for
+from guarded.batching import Batcher, PendingWrite, Writer
+from guarded.bulk_forms import bulk_args, bulk_method_for
 from guarded.config import BatchConfig
 from guarded.models import StoredEvent
 

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from guarded import GuardConfig, controller, guard
 from guarded.backends.memory import InMemoryStateStore
-from guarded.batching import bulk_methods_of
+from guarded.bulk_forms import bulk_methods_of
 from guarded.classify import CircuitOpenError, ErrorClass
 from guarded.config import DeadLetterConfig
 from guarded.deadletter import (
