@@ -31,6 +31,7 @@ COMMANDS: tuple[str, ...] = (
     "guarded.cli_dlq",
     "guarded.backends.postgres.cli",
     "guarded.demo.cli",
+    "guarded.cli_assets",
 )
 """Modules that each register one subcommand, in the order ``--help`` lists them."""
 

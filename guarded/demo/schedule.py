@@ -58,12 +58,20 @@ NAMED_SCHEDULES: Mapping[str, str] = {
     "default": (
         "kill@8%,slow@15%,pause-fail@30%,bad@42%,restart@50%,cross-worker@65%,kill@75%,overload@80%,bad@85%"
     ),
+    "quick": (
+        "bad@5%,kill@12%:8%,restart@25%:15%,slow@48%:12%,pause-fail@62%:12%,overload@76%:10%,cross-worker@88%:10%"
+    ),
     "restart-only": "restart@40%",
     "kills-only": "kill@20%:2,kill@50%:2,kill@80%:1",
     "slow-only": "slow@30%,pause-fail@60%",
     "load-only": "overload@20%:5,cross-worker@60%",
 }
 """Schedules selectable by name with ``--faults NAME``."""
+
+DEFAULT_SCHEDULE_SECONDS = 30.0
+"""The run ``default`` is written for (its faults last seconds, not a share of the run). A shorter
+run given ``default`` gets ``quick``: the same kinds, one at a time, each lasting a share of the
+run, so ``guarded demo --duration 10`` fits and every fault has room to show its effect."""
 
 
 class ScheduleError(ValueError):
@@ -100,9 +108,19 @@ def _amount(text: str, run_seconds: float, what: str) -> float:
     return number * run_seconds / 100 if match["unit"] == "%" else number
 
 
+def effective_schedule(spec: str, run_seconds: float) -> str:
+    """The schedule a run of ``run_seconds`` uses for ``spec``: ``quick`` for ``default`` in a run
+    shorter than :data:`DEFAULT_SCHEDULE_SECONDS`, otherwise ``spec`` itself."""
+    if spec.strip() == "default" and run_seconds < DEFAULT_SCHEDULE_SECONDS:
+        return "quick"
+    return spec
+
+
 def parse_schedule(spec: str, run_seconds: float) -> list[PlannedFault]:
     """The faults of ``spec`` (a name from :data:`NAMED_SCHEDULES` or a spec string) for a run of
-    ``run_seconds``, ordered by start; :class:`ScheduleError` says what is wrong."""
+    ``run_seconds``, ordered by start; :class:`ScheduleError` says what is wrong. ``default``
+    means ``quick`` in a short run (:func:`effective_schedule`)."""
+    spec = effective_schedule(spec, run_seconds)
     text = NAMED_SCHEDULES.get(spec.strip(), spec)
     faults: list[PlannedFault] = []
     for raw in (part.strip() for part in text.split(",")):
@@ -136,9 +154,11 @@ def parse_schedule(spec: str, run_seconds: float) -> list[PlannedFault]:
 
 __all__ = [
     "DEFAULT_DURATIONS",
+    "DEFAULT_SCHEDULE_SECONDS",
     "NAMED_SCHEDULES",
     "FaultKind",
     "PlannedFault",
     "ScheduleError",
+    "effective_schedule",
     "parse_schedule",
 ]

@@ -1,9 +1,10 @@
-"""The committed Grafana provisioning files parse and refer to the uids the dashboards use."""
+"""The committed Grafana provisioning files parse, refer to the uids the dashboards use, read their
+URLs from Grafana's environment, and are mounted beside the user's own as the docs show."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 import yaml
@@ -11,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from dashboards import build, provisioning
 from dashboards.output import DASHBOARDS_DIR, GRAFANA_DIR
+from guarded.assets import PROMETHEUS_URL_VARIABLE, TEMPO_URL_VARIABLE
 from guarded.call_stats import call_stats
 
 REPO = GRAFANA_DIR.parent
@@ -58,7 +60,15 @@ def test_exemplars_link_to_the_tempo_data_source_by_the_label_guarded_writes() -
 def test_tempo_links_back_to_prometheus() -> None:
     tempo = _by_uid()[provisioning.TEMPO_UID]
     assert tempo["jsonData"]["tracesToMetrics"]["datasourceUid"] == provisioning.PROMETHEUS_UID
-    assert tempo["url"].startswith("http://")
+
+
+def test_the_data_source_urls_are_grafana_environment_references() -> None:
+    """Grafana expands ``$NAME`` / ``${NAME}`` in provisioning values from its environment."""
+    sources = _by_uid()
+    assert sources[provisioning.PROMETHEUS_UID]["url"] == "${GUARDED_PROMETHEUS_URL}"
+    assert sources[provisioning.TEMPO_UID]["url"] == "${GUARDED_TEMPO_URL}"
+    text = (GRAFANA_DIR / provisioning.DATASOURCES_FILE).read_text(encoding="utf-8")
+    assert "http://" not in text.split("apiVersion:", 1)[1], "a hard-coded URL in the data sources"
 
 
 def test_the_dashboard_provider_loads_the_generated_directory() -> None:
@@ -68,16 +78,16 @@ def test_the_dashboard_provider_loads_the_generated_directory() -> None:
     assert provider["type"] == "file"
     path = PurePosixPath(provider["options"]["path"])
     mount = PurePosixPath(provisioning.GRAFANA_MOUNT)
-    # grafana/ mounted at GRAFANA_MOUNT: the provider reads grafana/dashboards/ ...
+    # grafana/ mounted at GRAFANA_MOUNT, a directory of its own: the provider reads grafana/dashboards/
     assert path.relative_to(mount).as_posix() == DASHBOARDS_DIR
-    # ... and GF_PATHS_PROVISIONING points at grafana/provisioning/, where these files are.
-    provisioning_dir = PurePosixPath(provisioning.PROVISIONING_PATH).relative_to(mount).as_posix()
-    assert (
-        GRAFANA_DIR / provisioning_dir / "dashboards" / Path(provisioning.DASHBOARD_PROVIDER_FILE).name
-    ).is_file()
-    assert (
-        GRAFANA_DIR / provisioning_dir / "datasources" / Path(provisioning.DATASOURCES_FILE).name
-    ).is_file()
+    assert not mount.is_relative_to(provisioning.PROVISIONING_PATH)
+    # The two provisioning files are single files for Grafana's own provisioning directories.
+    for relative, kind in (
+        (provisioning.DASHBOARD_PROVIDER_FILE, "dashboards"),
+        (provisioning.DATASOURCES_FILE, "datasources"),
+    ):
+        assert (GRAFANA_DIR / relative).is_file()
+        assert PurePosixPath(relative).parent == PurePosixPath("provisioning", kind)
     files = sorted((GRAFANA_DIR / DASHBOARDS_DIR).glob("*.json"))
     assert [json.loads(file.read_text(encoding="utf-8"))["uid"] for file in files] == sorted(
         dashboard["uid"] for dashboard in build.all_dashboards()
@@ -85,9 +95,19 @@ def test_the_dashboard_provider_loads_the_generated_directory() -> None:
 
 
 def test_the_docs_show_the_mounts_the_provisioning_expects() -> None:
+    """Our files go beside the user's: a directory of their own and one file per provisioning kind,
+    never a replacement of Grafana's provisioning directory (``GF_PATHS_PROVISIONING``)."""
     docs = (REPO / "docs" / "dashboards.md").read_text(encoding="utf-8")
-    assert f":{provisioning.GRAFANA_MOUNT}" in docs
-    assert f"GF_PATHS_PROVISIONING={provisioning.PROVISIONING_PATH}" in docs
+    assert f"/grafana:{provisioning.GRAFANA_MOUNT}:ro" in docs
+    for relative in (provisioning.DATASOURCES_FILE, provisioning.DASHBOARD_PROVIDER_FILE):
+        inside = PurePosixPath(provisioning.PROVISIONING_PATH) / PurePosixPath(relative).relative_to(
+            "provisioning"
+        )
+        assert f"/grafana/{relative}:{inside}:ro" in docs, inside
+    assert "GF_PATHS_PROVISIONING=" not in docs
+    assert "GF_PATHS_PROVISIONING:" not in docs
+    for variable in (PROMETHEUS_URL_VARIABLE, TEMPO_URL_VARIABLE):
+        assert variable in docs
     for dashboard in build.all_dashboards():
         assert dashboard["title"] in docs
         for panel in build.panels(dashboard):
