@@ -1,0 +1,235 @@
+"""Every protocol method of ``guard(PostgresStateStore)`` against raw asyncpg running the same SQL.
+
+For each method of :data:`~benchmarks.workload.PROTOCOL_METHODS` (arguments from
+:func:`~benchmarks.workload.calls`), three series on the same server and tables, interleaved call
+by call in rounds (round 1 of every series, then round 2, ...), medians per call:
+
+* ``raw asyncpg``: the statements the bare store sends for one call of the method, exactly as it
+  sends them (SQL text and arguments recorded with asyncpg's query logger), replayed on a plain
+  asyncpg pool of the same size (one connection acquired per call, as the store does; the pool's
+  reset on release is asyncpg's, not the store's, and both pay it). Arguments are prepared in
+  advance, so this is the floor: server, network and asyncpg's own work, no encoding or validation.
+* ``bare store``: ``PostgresStateStore``'s method.
+* ``guard``: the same method of ``guard(store)`` with the default configuration. Appends the guard
+  batches (``save_event``, ``save_update``, ``save_planner_event``) return once their batch is
+  committed (``ack="commit"``), so with one caller each call waits for its own flush.
+
+Writes repeat one item (idempotent inserts, upserts of one key). ``load_planner_state`` consumes
+its row, so each of its calls is preceded, untimed, by the store's ``save_planner_state`` SQL.
+Rows that reads look up are written once before timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from prometheus_client import CollectorRegistry
+
+from guarded import controller, guard
+from guarded.backends.postgres import PoolSettings, PostgresStateStore
+
+from .guard_report import render_table
+from .workload import PROTOCOL_METHODS, MethodCall, calls
+
+SECTION = "postgres protocol"
+TITLE = "guard(PostgresStateStore) against raw asyncpg running the same SQL, every protocol method, per call"
+SCHEMA = "bench_protocol"
+CALLS_PER_ROUND = 20
+"""Calls of one series per round."""
+ROUNDS = 15
+
+AsyncCall = Callable[[], Awaitable[Any]]
+Statement = tuple[str, tuple[Any, ...]]
+
+
+class QueryRecorder:
+    """Collects the statements (SQL text, arguments) the store's connections send while on."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.statements: list[Statement] = []
+
+    async def install(self, conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(self._logged)
+
+    def _logged(self, record: Any) -> None:
+        if self.recording:
+            self.statements.append((record.query, tuple(record.args or ())))
+
+    async def record(self, call: AsyncCall) -> list[Statement]:
+        self.statements = []
+        self.recording = True
+        try:
+            await call()
+            for _ in range(3):  # the logger runs in a callback scheduled after the statement
+                await asyncio.sleep(0)
+        finally:
+            self.recording = False
+        return [statement for statement in self.statements if not statement[0].startswith(POOL_RESET)]
+
+
+@dataclass
+class MethodSeries:
+    method: str
+    raw: AsyncCall
+    bare: AsyncCall
+    guarded: AsyncCall
+    statements: list[Statement]
+    prepare: AsyncCall | None = None
+    samples: dict[str, list[float]] = field(default_factory=lambda: {"raw": [], "bare": [], "guard": []})
+
+    def median_us(self, name: str) -> float:
+        return statistics.median(self.samples[name]) * 1e6
+
+
+def _bound(target: Any, method: str, arguments: MethodCall) -> AsyncCall:
+    function = getattr(target, method)
+    return lambda: function(*arguments.args, **arguments.kwargs)
+
+
+POOL_RESET = "SELECT pg_advisory_unlock_all()"
+"""How asyncpg's pool resets a released connection (logged too; the raw pool sends it on its own)."""
+
+
+def _replay(pool: asyncpg.Pool, statements: Sequence[Statement]) -> AsyncCall:
+    """The statements on one connection of ``pool``, acquired and released as the store does."""
+
+    async def run() -> None:
+        async with pool.acquire() as conn:
+            for query, args in statements:
+                if args:
+                    await conn.fetch(query, *args)
+                else:  # as the store sent it: simple protocol (it may hold several commands)
+                    await conn.execute(query)
+
+    return run
+
+
+async def build(
+    store: PostgresStateStore,
+    proxy: Any,
+    raw: asyncpg.Connection,
+    recorder: QueryRecorder,
+    methods: Sequence[str],
+) -> list[MethodSeries]:
+    """Seed the rows reads look up, record each method's statements, and bind the three series."""
+    table = calls()
+    for method in methods:  # writes first, so reads find their rows
+        if method.startswith(("save_", "mark_")):
+            await _bound(store, method, table[method])()
+    built = []
+    planner_save = await recorder.record(_bound(store, "save_planner_state", table["save_planner_state"]))
+    for method in methods:
+        arguments = table[method]
+        if method == "load_planner_state":
+            await _replay(raw, planner_save)()
+        statements = await recorder.record(_bound(store, method, arguments))
+        if not statements:
+            raise RuntimeError(f"{method}: the store sent no statement the query logger saw")
+        built.append(
+            MethodSeries(
+                method,
+                raw=_replay(raw, statements),
+                bare=_bound(store, method, arguments),
+                guarded=_bound(proxy, method, arguments),
+                statements=statements,
+                prepare=_replay(raw, planner_save) if method == "load_planner_state" else None,
+            )
+        )
+    return built
+
+
+async def measure(series: Sequence[MethodSeries], *, rounds: int, per_round: int) -> None:
+    """Rounds of every (method, series), ``per_round`` calls each; one warm-up round untimed."""
+    clock = time.perf_counter
+    for round_number in range(rounds + 1):
+        for entry in series:
+            for name, call in (("raw", entry.raw), ("bare", entry.bare), ("guard", entry.guarded)):
+                spent = 0.0
+                for _ in range(per_round):
+                    if entry.prepare is not None:
+                        await entry.prepare()
+                    started = clock()
+                    await call()
+                    spent += clock() - started
+                if round_number:
+                    entry.samples[name].append(spent / per_round)
+
+
+def format_table(series: Sequence[MethodSeries]) -> str:
+    header = (
+        "method",
+        "statements",
+        "raw asyncpg µs",
+        "bare store µs",
+        "x raw",
+        "guard µs",
+        "x raw",
+        "guard - bare µs",
+    )
+    body = []
+    for entry in series:
+        raw, bare, guarded = (entry.median_us(name) for name in ("raw", "bare", "guard"))
+        body.append(
+            (
+                entry.method,
+                str(len(entry.statements)),
+                f"{raw:.0f}",
+                f"{bare:.0f}",
+                f"{bare / raw:.2f}",
+                f"{guarded:.0f}",
+                f"{guarded / raw:.2f}",
+                f"{guarded - bare:+.0f}",
+            )
+        )
+    return "\n".join([f"== {TITLE} ==", "", *render_table(header, body, left=1)])
+
+
+async def run(
+    dsn: str,
+    *,
+    rounds: int = ROUNDS,
+    per_round: int = CALLS_PER_ROUND,
+    methods: Sequence[str] = PROTOCOL_METHODS,
+) -> tuple[list[MethodSeries], str]:
+    """Measure every method against ``dsn`` (schema ``bench_protocol`` is reset); series and table."""
+    started = time.perf_counter()
+    setup = await asyncpg.connect(dsn)
+    try:
+        await setup.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    finally:
+        await setup.close()
+    recorder = QueryRecorder()
+    store = await PostgresStateStore.connect(
+        dsn,
+        schema=SCHEMA,
+        registry=CollectorRegistry(),
+        stats_interval=None,
+        pool=PoolSettings(min_size=2, max_size=2, init=recorder.install),
+    )
+    raw = await asyncpg.create_pool(dsn, min_size=2, max_size=2)
+    assert raw is not None
+    proxy = guard(store, name="bench-protocol", registry=CollectorRegistry())
+    try:
+        series = await build(store, proxy, raw, recorder, methods)
+        await measure(series, rounds=rounds, per_round=per_round)
+    finally:
+        await controller(proxy).aclose()
+        await raw.close()
+        await store.close()
+    text = format_table(series) + (
+        f"\n\nmedian over {rounds} interleaved rounds of {per_round} calls per series; "
+        "raw asyncpg replays the "
+        "bare store's recorded statements with prepared arguments (the floor); took "
+        f"{time.perf_counter() - started:.0f} s"
+    )
+    return series, text
+
+
+__all__ = ["SECTION", "run"]
