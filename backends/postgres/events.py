@@ -20,6 +20,7 @@ from json.encoder import encode_basestring
 from typing import Any
 
 import asyncpg
+import orjson
 
 from guarded.codec import RecordTypes
 from guarded.errors import InvalidPayloadError
@@ -27,10 +28,13 @@ from guarded.models import GLOBAL_TRACE_ID
 
 from .connection import Connection, Database
 from .json_codec import (
+    ORJSON_AGREES,
     check_text,
     dump_canonical_pair,
+    fixed_float,
     from_db_text,
     loads_json,
+    orjson_ready,
     to_db_text,
     to_float,
 )
@@ -40,6 +44,10 @@ EventRow = tuple[str, float, str, str | None, str | None, bytes, str]
 """(trace_id, ts, kind, node_name, node_id, event_fp, payload)."""
 
 _MISSING = object()
+_orjson_dumps = orjson.dumps
+_SORT_KEYS = orjson.OPT_SORT_KEYS
+_OrjsonError = orjson.JSONEncodeError
+_sha256 = hashlib.sha256
 
 
 def _field(event: Any, name: str) -> Any:
@@ -61,9 +69,17 @@ def _json_string(value: str | None) -> str:
 def encode_event(event: Any) -> EventRow:
     """Validate ``event`` and return its row; raise :class:`InvalidPayloadError` naming the field.
 
-    This is the hot path of bulk writes: one canonical and one order-preserving serialisation of
-    the payload, and the fingerprint text assembled around the canonical payload exactly as
-    ``json.dumps({...}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` would.
+    This is the hot path of bulk writes. The fingerprint hashes the canonical JSON of
+    ``{kind, node_id, node_name, payload, trace_id, ts}`` exactly as ``json.dumps({...},
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` writes it; the stored payload
+    keeps its key order.
+
+    Usually (:func:`~.json_codec.orjson_ready` payloads and a ``ts`` without exponent) one walk
+    checks the payload and ``orjson`` writes two texts: the whole identity document with sorted
+    keys, hashed as it comes (no separate canonical payload, no string assembly, no re-encoding),
+    and the stored payload. Otherwise the C encoder writes the canonical and stored payload texts
+    and the identity is assembled around them: the same bytes, as ``tests/postgres/
+    test_event_encoding_pins.py`` checks against rows written before this path existed.
     """
     raw_trace = _field(event, "trace_id")
     trace_id = (None if raw_trace is None else _text(raw_trace, "trace_id")) or GLOBAL_TRACE_ID
@@ -72,19 +88,42 @@ def encode_event(event: Any) -> EventRow:
     raw_name, raw_id = _field(event, "node_name"), _field(event, "node_id")
     node_name = None if raw_name is None else _text(raw_name, "node_name")
     node_id = None if raw_id is None else _text(raw_id, "node_id")
-    canonical, payload = dump_canonical_pair(_field(event, "payload"), "payload")
-    identity = (
-        f'{{"kind":{encode_basestring(kind)},"node_id":{_json_string(node_id)},'
-        f'"node_name":{_json_string(node_name)},"payload":{canonical},'
-        f'"trace_id":{encode_basestring(trace_id)},"ts":{float.__repr__(ts)}}}'
-    )
+    raw_payload = _field(event, "payload")
+    fingerprint = payload = None
+    if ORJSON_AGREES and type(raw_payload) is dict and fixed_float(ts):
+        try:
+            if not orjson_ready(raw_payload):
+                raise _OrjsonError
+            identity = _orjson_dumps(
+                {
+                    "kind": kind,
+                    "node_id": node_id,
+                    "node_name": node_name,
+                    "payload": raw_payload,
+                    "trace_id": trace_id,
+                    "ts": ts,
+                },
+                option=_SORT_KEYS,
+            )
+            payload = _orjson_dumps(raw_payload).decode()
+            fingerprint = _sha256(identity).digest()
+        except (_OrjsonError, RecursionError):  # see orjson_ready: the C encoder's way decides
+            payload = None
+    if payload is None or fingerprint is None:
+        canonical, payload = dump_canonical_pair(raw_payload, "payload")
+        identity_text = (
+            f'{{"kind":{encode_basestring(kind)},"node_id":{_json_string(node_id)},'
+            f'"node_name":{_json_string(node_name)},"payload":{canonical},'
+            f'"trace_id":{encode_basestring(trace_id)},"ts":{float.__repr__(ts)}}}'
+        )
+        fingerprint = _sha256(identity_text.encode("utf-8")).digest()
     return (
         to_db_text(trace_id),
         ts,
         to_db_text(kind),
         None if node_name is None else to_db_text(node_name),
         None if node_id is None else to_db_text(node_id),
-        hashlib.sha256(identity.encode("utf-8")).digest(),
+        fingerprint,
         payload,
     )
 
