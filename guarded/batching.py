@@ -50,7 +50,6 @@ import contextlib
 import heapq
 import itertools
 import logging
-import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,6 +60,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from . import telemetry_names as names
 from .config import BatchConfig
 from .outcome import Outcome
+from .per_registry import PerRegistry
 from .store_gauge import StoreTotalGauge, store_total_gauge
 
 logger = logging.getLogger("guarded.batching")
@@ -114,49 +114,45 @@ class _Instruments:
     failed: Counter
 
 
-_instruments: weakref.WeakKeyDictionary[CollectorRegistry, _Instruments] = weakref.WeakKeyDictionary()
+def _build_instruments(registry: CollectorRegistry) -> _Instruments:
+    labels = [names.LABEL_STORE, names.LABEL_METHOD]
+    return _Instruments(
+        size=Histogram(
+            names.BATCH_SIZE,
+            "Writes per batch flush.",
+            labels,
+            buckets=names.BATCH_SIZE_BUCKETS,
+            registry=registry,
+        ),
+        duration=Histogram(
+            names.BATCH_FLUSH_DURATION,
+            "Time one batch flush took, writer included.",
+            labels,
+            buckets=names.CALL_DURATION_BUCKETS,
+            registry=registry,
+        ),
+        pending=store_total_gauge(
+            registry,
+            names.BATCH_PENDING,
+            "Acknowledged writes queued or being flushed (lost if the process dies now).",
+            lambda batcher: batcher.pending,
+        ),
+        capacity=store_total_gauge(
+            registry,
+            names.BATCH_CAPACITY,
+            "Writes the batcher holds at most (queue_size); pending at this value: the queue is full.",
+            lambda batcher: batcher.config.queue_size,
+        ),
+        failed=Counter(
+            names.BATCH_FAILED_WRITES,
+            "Writes a batch writer raised on: answered fallback and not kept (lost).",
+            labels,
+            registry=registry,
+        ),
+    )
 
 
-def _instruments_for(registry: CollectorRegistry) -> _Instruments:
-    found = _instruments.get(registry)
-    if found is None:
-        labels = [names.LABEL_STORE, names.LABEL_METHOD]
-        found = _Instruments(
-            size=Histogram(
-                names.BATCH_SIZE,
-                "Writes per batch flush.",
-                labels,
-                buckets=names.BATCH_SIZE_BUCKETS,
-                registry=registry,
-            ),
-            duration=Histogram(
-                names.BATCH_FLUSH_DURATION,
-                "Time one batch flush took, writer included.",
-                labels,
-                buckets=names.CALL_DURATION_BUCKETS,
-                registry=registry,
-            ),
-            pending=store_total_gauge(
-                registry,
-                names.BATCH_PENDING,
-                "Acknowledged writes queued or being flushed (lost if the process dies now).",
-                lambda batcher: batcher.pending,
-            ),
-            capacity=store_total_gauge(
-                registry,
-                names.BATCH_CAPACITY,
-                "Writes the batcher holds at most (queue_size); pending at this value: the queue is full.",
-                lambda batcher: batcher.config.queue_size,
-            ),
-            failed=Counter(
-                names.BATCH_FAILED_WRITES,
-                "Writes a batch writer raised on: answered fallback and not kept (lost).",
-                labels,
-                registry=registry,
-            ),
-        )
-        _instruments[registry] = found
-    return found
+_instruments_for: PerRegistry[_Instruments] = PerRegistry(_build_instruments)
 
 
 # --- the batcher ------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from . import telemetry_names as names
 from .call_stats import DurationSeries
 from .classify import ErrorClass
 from .errors import GuardedError
+from .per_registry import PerRegistry
 
 if TYPE_CHECKING:
     from .config import BulkheadConfig
@@ -264,15 +265,13 @@ class _BulkheadCollector(Collector):
         yield CounterMetricFamily(names.BULKHEAD_TIMEOUTS, "", labels=[names.LABEL_STORE, names.LABEL_METHOD])
 
 
-_collectors: weakref.WeakKeyDictionary[CollectorRegistry, _BulkheadCollector] = weakref.WeakKeyDictionary()
-
-
-def _collector_for(registry: CollectorRegistry) -> _BulkheadCollector:
-    found = _collectors.get(registry)
-    if found is None:
-        found = _collectors[registry] = _BulkheadCollector()
-        registry.register(found)
+def _registered_collector(registry: CollectorRegistry) -> _BulkheadCollector:
+    found = _BulkheadCollector()
+    registry.register(found)
     return found
+
+
+_collector_for: PerRegistry[_BulkheadCollector] = PerRegistry(_registered_collector)
 
 
 __all__ = [

@@ -10,17 +10,17 @@ worst shifts one observation between two consecutive scrapes.
 from __future__ import annotations
 
 import time
-import weakref
 from bisect import bisect_left
 from collections.abc import Iterator
 
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 
 from . import telemetry_names as names
 from .outcome import Outcome
+from .per_registry import PerRegistry
 
 _OUTCOMES = tuple(outcome.value for outcome in Outcome)
 
@@ -128,14 +128,11 @@ def _format_bound(bound: float) -> str:
     return repr(float(bound))
 
 
-_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, CallStats] = weakref.WeakKeyDictionary()
-
-
-def call_stats(registry: CollectorRegistry = REGISTRY) -> CallStats:
-    """The call statistics exported through ``registry``, registered on first use."""
-    found = _by_registry.get(registry)
-    if found is None:
-        found = CallStats()
-        registry.register(_CallStatsCollector(found))
-        _by_registry[registry] = found
+def _exported_call_stats(registry: CollectorRegistry) -> CallStats:
+    found = CallStats()
+    registry.register(_CallStatsCollector(found))
     return found
+
+
+call_stats: PerRegistry[CallStats] = PerRegistry(_exported_call_stats)
+"""The call statistics exported through a registry, registered on first use."""

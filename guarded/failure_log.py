@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Callable
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from . import telemetry_names as names
 from .classify import operational_condition
+from .per_registry import PerRegistry
 from .rate_limited_log import RateLimitedLog
 
 logger = logging.getLogger("guarded")
@@ -81,12 +81,5 @@ class OperationalErrors:
         return condition
 
 
-_operational: weakref.WeakKeyDictionary[CollectorRegistry, OperationalErrors] = weakref.WeakKeyDictionary()
-
-
-def operational_errors(registry: CollectorRegistry = REGISTRY) -> OperationalErrors:
-    """The operational-error counter of ``registry``, created on first use and shared by every guard."""
-    found = _operational.get(registry)
-    if found is None:
-        found = _operational[registry] = OperationalErrors(registry)
-    return found
+operational_errors: PerRegistry[OperationalErrors] = PerRegistry(OperationalErrors)
+"""The operational-error counter of a registry, created on first use and shared by every guard."""

@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from . import telemetry_names as names
+from .per_registry import PerRegistry
 
 
 class StoreSource(Protocol):
@@ -50,15 +51,14 @@ class StoreTotalGauge(Collector):
         yield GaugeMetricFamily(self.name, "", labels=[names.LABEL_STORE])
 
 
-_Gauges = weakref.WeakKeyDictionary[CollectorRegistry, dict[str, StoreTotalGauge]]
-_gauges: _Gauges = weakref.WeakKeyDictionary()
+_gauges: PerRegistry[dict[str, StoreTotalGauge]] = PerRegistry(lambda registry: {})
 
 
 def store_total_gauge(
     registry: CollectorRegistry, name: str, documentation: str, value: Callable[[Any], float]
 ) -> StoreTotalGauge:
     """The gauge ``name`` of ``registry``, registered on first use and shared afterwards."""
-    by_name = _gauges.setdefault(registry, {})
+    by_name = _gauges(registry)
     found = by_name.get(name)
     if found is None:
         found = by_name[name] = StoreTotalGauge(name, documentation, value)

@@ -11,7 +11,6 @@ names are a fixed set.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from guarded import telemetry_names as names
+from guarded.per_registry import PerRegistry
 
 ACQUIRE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Pool acquire waits are normally sub-millisecond; the tail shows pool exhaustion."""
@@ -44,87 +44,81 @@ class PgMetricFamilies:
     schema_expected_version: Gauge
 
 
-_families: dict[int, tuple[CollectorRegistry, PgMetricFamilies]] = {}
-_families_lock = threading.Lock()
+def _families(registry: CollectorRegistry) -> PgMetricFamilies:
+    families = PgMetricFamilies(
+        pool_size=Gauge(
+            names.GUARDED_PG_POOL_SIZE,
+            "Connections open in the store's asyncpg pool.",
+            _STORE_LABELS,
+            registry=registry,
+        ),
+        pool_max_size=Gauge(
+            names.GUARDED_PG_POOL_MAX_SIZE,
+            "Configured maximum size of the store's asyncpg pool.",
+            _STORE_LABELS,
+            registry=registry,
+        ),
+        pool_in_use=Gauge(
+            names.GUARDED_PG_POOL_IN_USE,
+            "Pool connections checked out right now.",
+            _STORE_LABELS,
+            registry=registry,
+        ),
+        acquire_seconds=Histogram(
+            names.GUARDED_PG_POOL_ACQUIRE_SECONDS,
+            "Time waited to acquire a pool connection.",
+            _STORE_LABELS,
+            buckets=ACQUIRE_BUCKETS,
+            registry=registry,
+        ),
+        connection_errors=Counter(
+            names.GUARDED_PG_CONNECTION_ERRORS_TOTAL,
+            "Operations that lost their database connection.",
+            _STORE_LABELS,
+            registry=registry,
+        ),
+        table_rows=Gauge(
+            names.GUARDED_PG_TABLE_ROWS,
+            "Estimated live rows per table (sampled periodically).",
+            _TABLE_LABELS,
+            registry=registry,
+        ),
+        table_size_bytes=Gauge(
+            names.GUARDED_PG_TABLE_SIZE_BYTES,
+            "On-disk size per table including indexes and TOAST (sampled periodically).",
+            _TABLE_LABELS,
+            registry=registry,
+        ),
+        table_stats_timestamp=Gauge(
+            names.GUARDED_PG_TABLE_STATS_TIMESTAMP,
+            "Unix time of the last successful table sample.",
+            _STORE_LABELS,
+            registry=registry,
+        ),
+        cleanup_deleted=Counter(
+            names.GUARDED_PG_CLEANUP_DELETED_ROWS_TOTAL,
+            "Rows deleted by cleanup().",
+            _TABLE_LABELS,
+            registry=registry,
+        ),
+        schema_version=Gauge(
+            names.GUARDED_PG_MIGRATION_VERSION,
+            "Migration version of the schema the store runs against.",
+            _STORE_LABELS,
+            registry=registry,
+        ),
+        schema_expected_version=Gauge(
+            names.GUARDED_PG_SCHEMA_EXPECTED_VERSION,
+            "Newest migration version the running code knows.",
+            _STORE_LABELS,
+            registry=registry,
+        ),
+    )
+    return families
 
 
-def families_for(registry: CollectorRegistry) -> PgMetricFamilies:
-    """The metric families registered in ``registry`` (created on first use)."""
-    with _families_lock:
-        entry = _families.get(id(registry))
-        if entry is not None and entry[0] is registry:
-            return entry[1]
-        families = PgMetricFamilies(
-            pool_size=Gauge(
-                names.GUARDED_PG_POOL_SIZE,
-                "Connections open in the store's asyncpg pool.",
-                _STORE_LABELS,
-                registry=registry,
-            ),
-            pool_max_size=Gauge(
-                names.GUARDED_PG_POOL_MAX_SIZE,
-                "Configured maximum size of the store's asyncpg pool.",
-                _STORE_LABELS,
-                registry=registry,
-            ),
-            pool_in_use=Gauge(
-                names.GUARDED_PG_POOL_IN_USE,
-                "Pool connections checked out right now.",
-                _STORE_LABELS,
-                registry=registry,
-            ),
-            acquire_seconds=Histogram(
-                names.GUARDED_PG_POOL_ACQUIRE_SECONDS,
-                "Time waited to acquire a pool connection.",
-                _STORE_LABELS,
-                buckets=ACQUIRE_BUCKETS,
-                registry=registry,
-            ),
-            connection_errors=Counter(
-                names.GUARDED_PG_CONNECTION_ERRORS_TOTAL,
-                "Operations that lost their database connection.",
-                _STORE_LABELS,
-                registry=registry,
-            ),
-            table_rows=Gauge(
-                names.GUARDED_PG_TABLE_ROWS,
-                "Estimated live rows per table (sampled periodically).",
-                _TABLE_LABELS,
-                registry=registry,
-            ),
-            table_size_bytes=Gauge(
-                names.GUARDED_PG_TABLE_SIZE_BYTES,
-                "On-disk size per table including indexes and TOAST (sampled periodically).",
-                _TABLE_LABELS,
-                registry=registry,
-            ),
-            table_stats_timestamp=Gauge(
-                names.GUARDED_PG_TABLE_STATS_TIMESTAMP,
-                "Unix time of the last successful table sample.",
-                _STORE_LABELS,
-                registry=registry,
-            ),
-            cleanup_deleted=Counter(
-                names.GUARDED_PG_CLEANUP_DELETED_ROWS_TOTAL,
-                "Rows deleted by cleanup().",
-                _TABLE_LABELS,
-                registry=registry,
-            ),
-            schema_version=Gauge(
-                names.GUARDED_PG_MIGRATION_VERSION,
-                "Migration version of the schema the store runs against.",
-                _STORE_LABELS,
-                registry=registry,
-            ),
-            schema_expected_version=Gauge(
-                names.GUARDED_PG_SCHEMA_EXPECTED_VERSION,
-                "Newest migration version the running code knows.",
-                _STORE_LABELS,
-                registry=registry,
-            ),
-        )
-        _families[id(registry)] = (registry, families)
-        return families
+families_for: PerRegistry[PgMetricFamilies] = PerRegistry(_families)
+"""The metric families registered in a registry (created on first use)."""
 
 
 class StoreMetrics:

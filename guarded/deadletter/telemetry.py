@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .. import telemetry_names as names
+from ..per_registry import PerRegistry
 
 logger = logging.getLogger("guarded.deadletter")
 
@@ -212,17 +213,14 @@ class _Collector(Collector):
         yield GaugeMetricFamily(names.DLQ_SPILL_AVAILABLE, "", labels=store)
 
 
-_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, DeadLetterTelemetry] = weakref.WeakKeyDictionary()
-
-
-def deadletter_telemetry(registry: CollectorRegistry = REGISTRY) -> DeadLetterTelemetry:
-    """The dead-letter telemetry of ``registry``, registered on first use and shared by every buffer."""
-    found = _by_registry.get(registry)
-    if found is None:
-        found = DeadLetterTelemetry()
-        registry.register(_Collector(found))
-        _by_registry[registry] = found
+def _registered_telemetry(registry: CollectorRegistry) -> DeadLetterTelemetry:
+    found = DeadLetterTelemetry()
+    registry.register(_Collector(found))
     return found
+
+
+deadletter_telemetry: PerRegistry[DeadLetterTelemetry] = PerRegistry(_registered_telemetry)
+"""The dead-letter telemetry of a registry, registered on first use and shared by every buffer."""
 
 
 class DropLog:

@@ -11,7 +11,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .. import telemetry_names as names
 from ..breaker import BreakerState, CircuitBreaker
@@ -19,6 +19,7 @@ from ..call import Call, MethodSetup, Service
 from ..call_stats import CallStats, DurationSeries, call_stats
 from ..failure_log import OperationalErrors, operational_errors
 from ..outcome import Outcome
+from ..per_registry import PerRegistry
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,31 +30,27 @@ class GuardInstruments:
     operational: OperationalErrors
 
 
-_instruments: weakref.WeakKeyDictionary[CollectorRegistry, GuardInstruments] = weakref.WeakKeyDictionary()
+def _guard_instruments(registry: CollectorRegistry) -> GuardInstruments:
+    return GuardInstruments(
+        stats=call_stats(registry),
+        circuit_state=Gauge(
+            names.CIRCUIT_STATE,
+            "Circuit breaker state: 1 for the current state, 0 for the others.",
+            [names.LABEL_STORE, names.LABEL_STATE],
+            registry=registry,
+        ),
+        circuit_transitions=Counter(
+            names.CIRCUIT_TRANSITIONS,
+            "Circuit breaker state changes.",
+            [names.LABEL_STORE, "from_state", "to_state"],
+            registry=registry,
+        ),
+        operational=operational_errors(registry),
+    )
 
 
-def guard_instruments(registry: CollectorRegistry = REGISTRY) -> GuardInstruments:
-    """The guard's instruments in ``registry``, created on first use and shared by every guard."""
-    found = _instruments.get(registry)
-    if found is None:
-        found = GuardInstruments(
-            stats=call_stats(registry),
-            circuit_state=Gauge(
-                names.CIRCUIT_STATE,
-                "Circuit breaker state: 1 for the current state, 0 for the others.",
-                [names.LABEL_STORE, names.LABEL_STATE],
-                registry=registry,
-            ),
-            circuit_transitions=Counter(
-                names.CIRCUIT_TRANSITIONS,
-                "Circuit breaker state changes.",
-                [names.LABEL_STORE, "from_state", "to_state"],
-                registry=registry,
-            ),
-            operational=operational_errors(registry),
-        )
-        _instruments[registry] = found
-    return found
+guard_instruments: PerRegistry[GuardInstruments] = PerRegistry(_guard_instruments)
+"""The guard's instruments in a registry, created on first use and shared by every guard."""
 
 
 def publish_breaker_state(instruments: GuardInstruments, store: str, breaker: CircuitBreaker) -> None:

@@ -13,13 +13,13 @@ import asyncio
 import inspect
 import logging
 import math
-import weakref
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from .. import telemetry_names as names
 from ..classify import error_type, safe_message
+from ..per_registry import PerRegistry
 from ..rate_limited_log import RateLimitedLog
 
 TASK_SINK_ERRORS = names.TASK_SINK_ERRORS
@@ -31,20 +31,18 @@ REASON_ERROR = "error"
 DEFAULT_TIMEOUT = 1.0
 """Seconds a guarded sink may spend on one event."""
 
-_counters: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
+
+def _sink_errors(registry: CollectorRegistry) -> Counter:
+    return Counter(
+        TASK_SINK_ERRORS,
+        "Task telemetry events a sink failed to take (raised or timed out).",
+        [LABEL_SINK, LABEL_REASON],
+        registry=registry,
+    )
 
 
-def sink_errors_counter(registry: CollectorRegistry = REGISTRY) -> Counter:
-    """The ``guarded_task_sink_errors_total`` counter of ``registry``, registered on first use."""
-    found = _counters.get(registry)
-    if found is None:
-        found = _counters[registry] = Counter(
-            TASK_SINK_ERRORS,
-            "Task telemetry events a sink failed to take (raised or timed out).",
-            [LABEL_SINK, LABEL_REASON],
-            registry=registry,
-        )
-    return found
+sink_errors_counter: PerRegistry[Counter] = PerRegistry(_sink_errors)
+"""The ``guarded_task_sink_errors_total`` counter of a registry, registered on first use."""
 
 
 class GuardedTaskTelemetrySink:

@@ -19,7 +19,6 @@ statistics): updates happen on the event loop and cost a few dictionary operatio
 from __future__ import annotations
 
 import logging
-import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Mapping
 from enum import Enum
@@ -29,6 +28,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .. import telemetry_names as names
+from ..per_registry import PerRegistry
 
 logger = logging.getLogger("guarded.telemetry")
 
@@ -145,9 +145,13 @@ class _MemoryHealthCollector(Collector):
         )
 
 
-_collectors: weakref.WeakKeyDictionary[CollectorRegistry, _MemoryHealthCollector] = (
-    weakref.WeakKeyDictionary()
-)
+def _registered_collector(registry: CollectorRegistry) -> _MemoryHealthCollector:
+    collector = _MemoryHealthCollector()
+    registry.register(collector)
+    return collector
+
+
+_collector_for: PerRegistry[_MemoryHealthCollector] = PerRegistry(_registered_collector)
 
 
 def memory_health_tracker(
@@ -155,10 +159,7 @@ def memory_health_tracker(
 ) -> MemoryHealthTracker:
     """The tracker of ``store`` exported through ``registry`` (shared by every guard of that
     name on that registry; ``max_keys`` applies when it is created)."""
-    collector = _collectors.get(registry)
-    if collector is None:
-        collector = _collectors[registry] = _MemoryHealthCollector()
-        registry.register(collector)
+    collector = _collector_for(registry)
     tracker = collector.trackers.get(store)
     if tracker is None:
         tracker = collector.trackers[store] = MemoryHealthTracker(store, max_keys=max_keys)

@@ -6,12 +6,12 @@ Labels are bounded (``event_type``, ``outcome``, ``task_type``, ``mode``, each f
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from .. import telemetry_names as names
+from ..per_registry import PerRegistry
 from .events import read_task_event
 from .in_flight import InFlightLabels, InFlightTasks
 
@@ -26,14 +26,7 @@ class TaskInstruments:
     tasks: InFlightTasks
 
 
-_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, TaskInstruments] = weakref.WeakKeyDictionary()
-
-
-def task_instruments(registry: CollectorRegistry = REGISTRY) -> TaskInstruments:
-    """The task metrics in ``registry``, registered on first use."""
-    found = _by_registry.get(registry)
-    if found is not None:
-        return found
+def _task_instruments(registry: CollectorRegistry) -> TaskInstruments:
     in_flight = Gauge(
         names.TASKS_IN_FLIGHT,
         "Tasks spawned and not yet completed, failed or cancelled, by the labels of their spawn.",
@@ -44,7 +37,7 @@ def task_instruments(registry: CollectorRegistry = REGISTRY) -> TaskInstruments:
     def adjust(labels: InFlightLabels, delta: int) -> None:
         in_flight.labels(*labels).inc(delta)
 
-    found = _by_registry[registry] = TaskInstruments(
+    return TaskInstruments(
         events=Counter(
             names.TASK_EVENTS,
             "PenguiFlow task telemetry events.",
@@ -61,7 +54,10 @@ def task_instruments(registry: CollectorRegistry = REGISTRY) -> TaskInstruments:
         in_flight=in_flight,
         tasks=InFlightTasks(adjust),
     )
-    return found
+
+
+task_instruments: PerRegistry[TaskInstruments] = PerRegistry(_task_instruments)
+"""The task metrics in a registry, registered on first use."""
 
 
 class PrometheusTaskTelemetrySink:

@@ -1,0 +1,39 @@
+"""One object per Prometheus registry: the instruments every guard of a registry shares.
+
+prometheus-client refuses a second metric of the same name in one registry, so each family of
+guarded's metrics is built once per registry, on first use, and shared by every guard, buffer and
+batcher that reports through it. A registry that is collected takes its objects with it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from prometheus_client import REGISTRY, CollectorRegistry
+
+T = TypeVar("T")
+
+
+class PerRegistry(Generic[T]):
+    """``per_registry(registry)`` returns the object ``build(registry)`` made for ``registry`` the
+    first time it was asked for (the process's default registry when none is given)."""
+
+    def __init__(self, build: Callable[[CollectorRegistry], T]) -> None:
+        self._build = build
+        self._built: weakref.WeakKeyDictionary[CollectorRegistry, T] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def __call__(self, registry: CollectorRegistry = REGISTRY) -> T:
+        found = self._built.get(registry)
+        if found is None:
+            with self._lock:  # two threads building at once would register a metric twice
+                found = self._built.get(registry)
+                if found is None:
+                    found = self._built[registry] = self._build(registry)
+        return found
+
+
+__all__ = ["PerRegistry"]
