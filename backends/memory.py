@@ -56,6 +56,7 @@ from guarded.codec import (
     to_json_object,
 )
 from guarded.errors import InvalidPayloadError
+from guarded.local_artifacts import InMemoryArtifactStore
 from guarded.logical_time import LOGICAL_TIMES, current_logical_times
 from guarded.models import (
     GLOBAL_TRACE_ID,
@@ -69,8 +70,6 @@ from guarded.models import (
     Trajectory,
 )
 from guarded.steering import sanitize_steering_event
-
-from .memory_artifacts import InMemoryArtifactStore
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from opentelemetry.trace import TracerProvider
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from . import telemetry_names as names
-from .backends.memory_artifacts import InMemoryArtifactStore
 from .breaker import BreakerState, CircuitBreaker
 from .bulkhead import Bulkhead, bulkhead_for
 from .call import Call, Layer, MethodSetup, Service
@@ -42,6 +41,7 @@ from .layers.dead_letter import DeadLetterLayer
 from .layers.memory_health import MemoryHealthLayer
 from .layers.metrics import GuardInstruments, guard_instruments, publish_breaker_state
 from .layers.stale_reads import StaleReadLayer
+from .local_artifacts import InMemoryArtifactStore
 from .models import ArtifactRetentionConfig
 from .outcome import Outcome
 from .policy import LIFECYCLE_METHODS, Kind, MethodPolicy, PolicyTable

@@ -28,13 +28,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from guarded.backends.memory_artifacts import InMemoryArtifactStore
-
 from ..call import Call, MethodSetup, Service
 from ..classify import ErrorClass, classify, error_type, safe_message
 from ..deadletter import DeadLetterBuffer
 from ..durability import Durability
 from ..failure_log import FailureLog
+from ..local_artifacts import InMemoryArtifactStore
 from ..outcome import Outcome
 from ..policy import ArgGetter, LocalFallback, PolicyTable
 from .fallback import failure_outcome
