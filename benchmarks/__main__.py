@@ -1,115 +1,152 @@
-"""``python -m benchmarks [--dsn DSN] [--section NAME] [--repeats N]``: run the benchmark sections.
+"""``python -m benchmarks [--quick] [--dsn DSN] [--section NAME] [--repeats N]``: run the benchmark sections.
 
-Sections run in order: ``guard`` (the guard's per-call cost against a bare store and a naive
-composition of tenacity + purgatory + OpenTelemetry + prometheus-client, on the in-memory
-store), ``postgres`` (the Postgres backend against raw asyncpg) and ``durability`` (group commit
-at 1 to 1,000 writers against unbatched writes and ``COPY``, caller latency from call to commit,
-the dead-letter spill rate of held upserts, and the drain of held upserts and events after an
-outage). Without ``--dsn`` an embedded PostgreSQL server (``guarded.testing.postgres``) is
-started for the PostgreSQL sections and removed afterwards; the durability section stops and
-restarts it (with ``--dsn`` it starts one of its own for that). Exit status 1 when a target is
-missed (only with ``--strict``).
+Sections run in order:
+
+* ``guard``: the guard's added cost per call on every protocol method over an in-memory null
+  backend, beside a lean hand-written stack and a tenacity one, and a fail-fast read with the
+  breaker open (no PostgreSQL).
+* ``protocol``: every protocol method of ``guard(PostgresStateStore)`` and of the bare store
+  against raw asyncpg running the same SQL.
+* ``postgres``: bulk insert against ``COPY`` of rows built with the store's own encoding,
+  ``load_history`` of 10,000 events, planner pauses; bare store and guard.
+* ``durability``: group commit of ``guard(store)`` at 1 to 1,000 writers against unbatched writes
+  and ``COPY`` (store encoding), caller latency from call to commit, the dead-letter spill rate
+  of held upserts and the drain of held upserts and events after an outage.
+
+Without ``--dsn`` an embedded PostgreSQL server (``guarded.testing.postgres``) is started for the
+PostgreSQL sections and removed afterwards; the durability section stops and restarts it (with
+``--dsn`` it starts one of its own for that). Every figure is printed with its target beside it.
+``--quick``: fewer repetitions and smaller workloads, for a fast pass. Exit status 1 when a target
+is missed (only with ``--strict``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import platform
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import durability_bench, guard_bench, postgres_bench
+from . import durability_bench, guard_bench, postgres_bench, postgres_protocol
 from .guard_report import format_section
-from .side_by_side import Row, format_table
+from .side_by_side import format_table
 
 if TYPE_CHECKING:
     from guarded.testing.postgres import EmbeddedPostgres
 
-GUARD_SECTION = "guard"
-DURABILITY_SECTION = durability_bench.SECTION
+GUARD = "guard"
+PROTOCOL = "protocol"
+POSTGRES = postgres_bench.SECTION
+DURABILITY = durability_bench.SECTION
+SECTIONS = (GUARD, PROTOCOL, POSTGRES, DURABILITY)
+POSTGRES_SECTIONS = (PROTOCOL, POSTGRES, DURABILITY)
 
 
-@dataclass(frozen=True, slots=True)
-class Section:
-    name: str
-    run: Callable[..., Awaitable[list[Row]]]
-    needs_postgres: bool = True
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
-SECTIONS: list[Section] = [
-    Section(postgres_bench.SECTION, postgres_bench.run),
-]
-"""Every benchmark section, in the order they run."""
-
-
-async def run_sections(
-    sections: Sequence[Section],
+async def run_postgres(
+    sections: Sequence[str],
     dsn: str,
-    repeats: int,
     *,
-    durability: bool = False,
+    repeats: int,
+    quick: bool,
+    tiny: bool = False,
     server: EmbeddedPostgres | None = None,
-) -> tuple[list[Row], durability_bench.Report | None]:
-    rows: list[Row] = []
-    for section in sections:
-        print(f"running {section.name} ...", file=sys.stderr, flush=True)
-        rows += await section.run(dsn, repeats=repeats)
-    report = None
-    if durability:
-        print(f"running {DURABILITY_SECTION} ...", file=sys.stderr, flush=True)
+) -> tuple[list[str], bool]:
+    """The PostgreSQL sections' printed tables, and whether every target was met."""
+    printed: list[str] = []
+    met = True
+    if PROTOCOL in sections:
+        _say(f"running {PROTOCOL} ...")
+        rounds, per_round = (postgres_protocol.ROUNDS, postgres_protocol.CALLS_PER_ROUND)
+        if quick:
+            rounds, per_round = (1, 2) if tiny else (3, 5)
+        _, text = await postgres_protocol.run(dsn, rounds=rounds, per_round=per_round)
+        printed.append(text)
+    if POSTGRES in sections:
+        _say(f"running {POSTGRES} ...")
+        rows = await postgres_bench.run(
+            dsn, repeats=repeats, events=200 if tiny else 2_000 if quick else 10_000
+        )
+        printed.append(
+            f"== postgres: bulk, history and pauses, median of {repeats} runs ==\n\n" + format_table(rows)
+        )
+        met &= all(row.met is not False for row in rows)
+    if DURABILITY in sections:
+        _say(f"running {DURABILITY} ...")
+        if tiny:
+            durability_bench.configure_tiny()
+        elif quick:
+            durability_bench.configure_quick()
         report = await durability_bench.run(dsn, repeats=repeats, server=server)
-    return rows, report
+        printed.append(durability_bench.format_report(report))
+        met &= all(verdict.passed for verdict in report.verdicts)
+    return printed, met
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--dsn", help="PostgreSQL to use (default: start an embedded server)")
+    parser.add_argument("--section", action="append", choices=SECTIONS, help="run only these (repeatable)")
     parser.add_argument(
-        "--section",
-        action="append",
-        choices=[GUARD_SECTION, *(section.name for section in SECTIONS), DURABILITY_SECTION],
-        help="run only these",
+        "--repeats", type=int, help="timed runs per PostgreSQL benchmark (default 7, quick 3)"
     )
-    parser.add_argument("--repeats", type=int, default=7, help="timed runs per benchmark (median reported)")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions, smaller workloads")
+    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the smoke test's sizes
     parser.add_argument(
         "--durable", action="store_true", help="embedded server with fsync/synchronous_commit on"
     )
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a row misses its target")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a figure misses its target")
     args = parser.parse_args(argv)
-    sections = [section for section in SECTIONS if not args.section or section.name in args.section]
-    missed_guard = False
-    if not args.section or GUARD_SECTION in args.section:
-        print(f"running {GUARD_SECTION} ...", file=sys.stderr, flush=True)
-        guard_result = asyncio.run(guard_bench.run())
-        print(format_section(guard_result), end="\n\n", flush=True)
-        missed_guard = not all(verdict.passed for verdict in guard_result.verdicts)
-    durability = not args.section or DURABILITY_SECTION in args.section
-    if not sections and not durability:
-        return 1 if args.strict and missed_guard else 0
-
-    if args.dsn:
-        rows, report = asyncio.run(run_sections(sections, args.dsn, args.repeats, durability=durability))
-        where = "given server"
-    else:
-        from guarded.testing.postgres import embedded_postgres
-
-        with embedded_postgres(durable=args.durable) as server:
-            rows, report = asyncio.run(
-                run_sections(sections, server.dsn, args.repeats, durability=durability, server=server)
+    args.quick |= args.tiny
+    sections = args.section or list(SECTIONS)
+    repeats = args.repeats or (1 if args.tiny else 3 if args.quick else 7)
+    started = time.perf_counter()
+    print(
+        f"guarded benchmarks ({'quick' if args.quick else 'full'}): Python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs, {platform.platform(terse=True)}",
+        end="\n\n",
+        flush=True,
+    )
+    met = True
+    if GUARD in sections:
+        _say(f"running {GUARD} ...")
+        if args.tiny:
+            result = asyncio.run(guard_bench.run(repetitions=1, budget=0.0005, most=100))
+        elif args.quick:
+            result = asyncio.run(guard_bench.run(repetitions=3, budget=0.005, most=2_000))
+        else:
+            result = asyncio.run(guard_bench.run())
+        print(format_section(result), end="\n\n", flush=True)
+        met &= all(verdict.passed for verdict in result.verdicts)
+    wanted = [section for section in POSTGRES_SECTIONS if section in sections]
+    if wanted:
+        if args.dsn:
+            printed, pg_met = asyncio.run(
+                run_postgres(wanted, args.dsn, repeats=repeats, quick=args.quick, tiny=args.tiny)
             )
-        where = "embedded server, " + ("durable" if args.durable else "fsync=off synchronous_commit=off")
-    print(f"guarded benchmarks: median of {args.repeats} runs; {where}; Python {platform.python_version()}")
-    if rows:
-        print(format_table(rows))
-    missed = [row for row in rows if row.met is False]
-    missed_durability = False
-    if report is not None:
-        print(("\n" if rows else "") + durability_bench.format_report(report))
-        missed_durability = not all(verdict.passed for verdict in report.verdicts)
-    return 1 if args.strict and (missed or missed_guard or missed_durability) else 0
+            where = "given server"
+        else:
+            from guarded.testing.postgres import embedded_postgres
+
+            with embedded_postgres(durable=args.durable) as server:
+                printed, pg_met = asyncio.run(
+                    run_postgres(
+                        wanted, server.dsn, repeats=repeats, quick=args.quick, tiny=args.tiny, server=server
+                    )
+                )
+            where = "embedded server, " + ("durable" if args.durable else "fsync=off synchronous_commit=off")
+        print(f"PostgreSQL: {where}", end="\n\n")
+        print("\n\n".join(printed), flush=True)
+        met &= pg_met
+    print(f"\nbench took {time.perf_counter() - started:.0f} s")
+    return 1 if args.strict and not met else 0
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ Tracing = Literal["none", "off", "on"]
 Stack = Literal["bare", "guard", "lean", "naive", "open"]
 AsyncMethod = Callable[..., Awaitable[Any]]
 
+HAND_AND_GUARD: tuple[Stack, ...] = ("guard", "lean", "naive")
 QUIET_MODES: tuple[Tracing, ...] = ("none", "off")
 """Tracing modes in which spans do not record (the targets apply)."""
 TRACING_LABELS: dict[Tracing, str] = {"none": "no provider", "off": "ALWAYS_OFF", "on": "ALWAYS_ON"}
@@ -185,10 +186,10 @@ async def build_series(methods: Sequence[str]) -> list[Series]:
         arguments = table[method]
         series.append(await _stack(method, "bare", "none", arguments, breakers))
         for tracing in QUIET_MODES:
-            for stack in ("guard", "lean", "naive"):
+            for stack in HAND_AND_GUARD:
                 series.append(await _stack(method, stack, tracing, arguments, breakers))
         if method in RECORDING_METHODS:
-            for stack in ("guard", "lean", "naive"):
+            for stack in HAND_AND_GUARD:
                 series.append(await _stack(method, stack, "on", arguments, breakers))
         if method in OPEN_BREAKER_METHODS:
             series.append(await _stack(method, "open", "none", arguments, breakers))
@@ -311,8 +312,7 @@ def method_rows(series: Sequence[Series], methods: Sequence[str]) -> list[Method
         bare = _find(series, method, "bare").median_us
         for tracing in QUIET_MODES:
             added = {
-                stack: _find(series, method, stack, tracing).median_us - bare
-                for stack in ("guard", "lean", "naive")
+                stack: _find(series, method, stack, tracing).median_us - bare for stack in HAND_AND_GUARD
             }
             summary.append(
                 MethodRow(

@@ -6,10 +6,11 @@ indexes and defaults), so the ratio is the price of the store: strict validation
 escape, fingerprints, record objects.
 
 * **bulk insert**: ``save_events`` (batches of 1,000) against ``COPY`` of the same rows built
-  with the spec's recipe (``json.dumps`` of the payload, SHA-256 of ``json.dumps(...,
-  sort_keys=True)`` for the fingerprint). A second row shows ``COPY`` of rows built in advance
-  (database time only).
-* **single save_event** against one ``INSERT ... ON CONFLICT DO NOTHING`` of the same row.
+  with the store's own encoding (:func:`~guarded.backends.postgres.events.encode_events`, timed
+  in). A second row shows ``COPY`` of rows built in advance (database time only).
+
+Every protocol method one call at a time, through the guard and against raw asyncpg running the
+same SQL, is :mod:`benchmarks.postgres_protocol`.
 * **load_history** of 10,000 events against a raw ``SELECT`` of the same columns, its payloads
   decoded with ``json.loads`` (and, for reference, asyncpg's ``json`` type codec, and the fetch
   alone with payloads left as text).
@@ -20,14 +21,15 @@ Times are medians of ``repeats`` runs after a warm-up.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 import asyncpg
 from prometheus_client import CollectorRegistry
 
+from guarded import controller, guard
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
+from guarded.backends.postgres.events import encode_events
 from guarded.idempotency import idempotency_key
 from guarded.models import StoredEvent
 
@@ -69,33 +71,6 @@ def make_events(count: int, trace_id: str = "bench-trace") -> list[StoredEvent]:
     ]
 
 
-def spec_row(event: StoredEvent) -> tuple[Any, ...]:
-    """The row of ``event`` built the way spec 000's example ``save_event`` builds it."""
-    trace_id = event.trace_id or "__global__"
-    raw = json.dumps(
-        {
-            "trace_id": trace_id,
-            "ts": event.ts,
-            "kind": event.kind,
-            "node_name": event.node_name,
-            "node_id": event.node_id,
-            "payload": dict(event.payload),
-        },
-        ensure_ascii=False,
-        sort_keys=True,
-        default=str,
-    )
-    return (
-        trace_id,
-        event.ts,
-        event.kind,
-        event.node_name,
-        event.node_id,
-        hashlib.sha256(raw.encode("utf-8")).digest(),
-        json.dumps(dict(event.payload)),
-    )
-
-
 async def run(dsn: str, *, repeats: int = 7, events: int = 10_000) -> list[Row]:
     """Run every Postgres benchmark against ``dsn`` and return the rows (schemas ``bench*`` are reset)."""
     setup = await asyncpg.connect(dsn)
@@ -112,18 +87,19 @@ async def run(dsn: str, *, repeats: int = 7, events: int = 10_000) -> list[Row]:
     )
     raw = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
     assert raw is not None
+    proxy = guard(store, name="bench-postgres", registry=CollectorRegistry())
     try:
         await raw.execute(
             f"CREATE SCHEMA {RAW}; "
             f"CREATE TABLE {RAW}.flow_events (LIKE {SCHEMA}.flow_events INCLUDING ALL); "
             f"CREATE TABLE {RAW}.planner_pauses (LIKE {SCHEMA}.planner_pauses INCLUDING ALL)"
         )
-        rows = await _bulk(store, raw, events, repeats)
-        rows += await _single(store, raw, repeats)
-        rows += await _history(store, raw, dsn, events, repeats)
-        rows += await _pauses(store, raw, repeats)
+        rows = await _bulk(store, proxy, raw, events, repeats)
+        rows += await _history(store, proxy, raw, dsn, events, repeats)
+        rows += await _pauses(store, proxy, raw, repeats)
         return rows
     finally:
+        await controller(proxy).aclose()
         await raw.close()
         await store.close()
 
@@ -132,26 +108,32 @@ async def _truncate(raw: asyncpg.Pool) -> None:
     await raw.execute(f"TRUNCATE {SCHEMA}.flow_events; TRUNCATE {RAW}.flow_events")
 
 
-async def _bulk(store: PostgresStateStore, raw: asyncpg.Pool, count: int, repeats: int) -> list[Row]:
+async def _bulk(
+    store: PostgresStateStore, proxy: Any, raw: asyncpg.Pool, count: int, repeats: int
+) -> list[Row]:
     events = make_events(count)
-    prebuilt = [spec_row(event) for event in events]
+    prebuilt = encode_events(events)
 
     async def ours() -> None:
         for start in range(0, count, 1_000):
             await store.save_events(events[start : start + 1_000])
 
+    async def guarded() -> None:
+        for start in range(0, count, 1_000):
+            await proxy.save_events(events[start : start + 1_000])
+
     async def copy_rows(records: list[tuple[Any, ...]]) -> None:
         async with raw.acquire() as conn:
             await conn.copy_records_to_table("flow_events", schema_name=RAW, columns=COLUMNS, records=records)
 
-    async def raw_copy_spec() -> None:
-        await copy_rows([spec_row(event) for event in events])
+    async def raw_copy_encoded() -> None:
+        await copy_rows(encode_events(events))
 
     async def raw_copy_prebuilt() -> None:
         await copy_rows(prebuilt)
 
     times = await medians(
-        {"ours": ours, "spec": raw_copy_spec, "prebuilt": raw_copy_prebuilt},
+        {"ours": ours, "guard": guarded, "encoded": raw_copy_encoded, "prebuilt": raw_copy_prebuilt},
         repeats=repeats,
         setup=lambda: _truncate(raw),
     )
@@ -159,16 +141,25 @@ async def _bulk(store: PostgresStateStore, raw: asyncpg.Pool, count: int, repeat
     return [
         Row(
             SECTION,
-            name,
-            times["ours"],
-            times["spec"],
-            "COPY, rows built per spec",
+            f"{name}, guard(store)",
+            times["guard"],
+            times["encoded"],
+            "COPY, rows by the store's encode_events",
             0.8,
             higher_is_better=True,
         ),
         Row(
             SECTION,
-            name,
+            f"{name}, bare store",
+            times["ours"],
+            times["encoded"],
+            "COPY, rows by the store's encode_events",
+            0.8,
+            higher_is_better=True,
+        ),
+        Row(
+            SECTION,
+            f"{name}, bare store",
             times["ours"],
             times["prebuilt"],
             "COPY, rows prebuilt (db only)",
@@ -177,36 +168,8 @@ async def _bulk(store: PostgresStateStore, raw: asyncpg.Pool, count: int, repeat
     ]
 
 
-async def _single(store: PostgresStateStore, raw: asyncpg.Pool, repeats: int) -> list[Row]:
-    events = make_events(200, trace_id="single-trace")
-    insert = (
-        f"INSERT INTO {RAW}.flow_events ({', '.join(COLUMNS)}) VALUES ($1, $2, $3, $4, $5, $6, $7) "
-        "ON CONFLICT DO NOTHING"
-    )
-
-    async def ours() -> None:
-        for event in events:
-            await store.save_event(event)
-
-    async def raw_insert() -> None:
-        for event in events:
-            await raw.execute(insert, *spec_row(event))
-
-    times = await medians({"ours": ours, "raw": raw_insert}, repeats=repeats, setup=lambda: _truncate(raw))
-    per_call = {name: seconds / len(events) for name, seconds in times.items()}
-    return [
-        Row(
-            SECTION,
-            "single save_event (per call)",
-            per_call["ours"],
-            per_call["raw"],
-            "asyncpg INSERT ON CONFLICT",
-        )
-    ]
-
-
 async def _history(
-    store: PostgresStateStore, raw: asyncpg.Pool, dsn: str, count: int, repeats: int
+    store: PostgresStateStore, proxy: Any, raw: asyncpg.Pool, dsn: str, count: int, repeats: int
 ) -> list[Row]:
     await _truncate(raw)
     await store.save_events(make_events(count))
@@ -217,6 +180,10 @@ async def _history(
 
     async def ours() -> None:
         loaded = await store.load_history("bench-trace")
+        assert len(loaded) == count
+
+    async def guarded() -> None:
+        loaded = await proxy.load_history("bench-trace")
         assert len(loaded) == count
 
     async def raw_select_loads() -> None:
@@ -234,16 +201,32 @@ async def _history(
 
     try:
         times = await medians(
-            {"ours": ours, "loads": raw_select_loads, "codec": raw_select_codec, "fetch": raw_fetch_only},
+            {
+                "ours": ours,
+                "guard": guarded,
+                "loads": raw_select_loads,
+                "codec": raw_select_codec,
+                "fetch": raw_fetch_only,
+            },
             repeats=repeats,
         )
     finally:
         await codec_pool.close()
     name = f"load_history {count:,} events"
     return [
-        Row(SECTION, name, times["ours"], times["loads"], "SELECT + json.loads per row", 1.5),
-        Row(SECTION, name, times["ours"], times["codec"], "SELECT, asyncpg json codec"),
-        Row(SECTION, name, times["ours"], times["fetch"], "SELECT, payloads left as text"),
+        Row(
+            SECTION,
+            f"{name}, guard(store)",
+            times["guard"],
+            times["loads"],
+            "SELECT + json.loads per row",
+            1.5,
+        ),
+        Row(
+            SECTION, f"{name}, bare store", times["ours"], times["loads"], "SELECT + json.loads per row", 1.5
+        ),
+        Row(SECTION, f"{name}, bare store", times["ours"], times["codec"], "SELECT, asyncpg json codec"),
+        Row(SECTION, f"{name}, bare store", times["ours"], times["fetch"], "SELECT, payloads left as text"),
     ]
 
 
@@ -251,7 +234,7 @@ async def _json_codec(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-async def _pauses(store: PostgresStateStore, raw: asyncpg.Pool, repeats: int) -> list[Row]:
+async def _pauses(store: PostgresStateStore, proxy: Any, raw: asyncpg.Pool, repeats: int) -> list[Row]:
     payload = {
         "trajectory": {
             "version": 1,
@@ -276,6 +259,11 @@ async def _pauses(store: PostgresStateStore, raw: asyncpg.Pool, repeats: int) ->
             await store.save_planner_state(f"tok-{index}", payload)
             assert await store.load_planner_state(f"tok-{index}") is not None
 
+    async def guarded() -> None:
+        for index in range(rounds):
+            await proxy.save_planner_state(f"tok-{index}", payload)
+            assert await proxy.load_planner_state(f"tok-{index}") is not None
+
     async def ours_keyed() -> None:
         for index in range(rounds):
             await store.save_planner_state(f"tok-{index}", payload)
@@ -288,15 +276,18 @@ async def _pauses(store: PostgresStateStore, raw: asyncpg.Pool, repeats: int) ->
             text = await raw.fetchval(take, f"tok-{index}")
             assert json.loads(text) is not None
 
-    times = await medians({"ours": ours, "keyed": ours_keyed, "raw": raw_round_trips}, repeats=repeats)
+    times = await medians(
+        {"ours": ours, "guard": guarded, "keyed": ours_keyed, "raw": raw_round_trips}, repeats=repeats
+    )
     per_round = {name: seconds / rounds for name, seconds in times.items()}
     baseline = "asyncpg INSERT + DELETE RETURNING"
     return [
-        Row(SECTION, "pause save + consume", per_round["ours"], per_round["raw"], baseline),
+        Row(SECTION, "pause save + consume, guard(store)", per_round["guard"], per_round["raw"], baseline),
+        Row(SECTION, "pause save + consume, bare store", per_round["ours"], per_round["raw"], baseline),
         Row(
             SECTION, "pause save + consume (idempotency key)", per_round["keyed"], per_round["raw"], baseline
         ),
     ]
 
 
-__all__ = ["SECTION", "make_events", "run", "spec_row"]
+__all__ = ["SECTION", "make_events", "run"]

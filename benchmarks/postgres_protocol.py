@@ -114,7 +114,7 @@ def _replay(pool: asyncpg.Pool, statements: Sequence[Statement]) -> AsyncCall:
 async def build(
     store: PostgresStateStore,
     proxy: Any,
-    raw: asyncpg.Connection,
+    raw: asyncpg.Pool,
     recorder: QueryRecorder,
     methods: Sequence[str],
 ) -> list[MethodSeries]:

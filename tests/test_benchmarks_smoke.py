@@ -1,0 +1,46 @@
+"""The bench runs end to end on token sizes and reports every protocol method with its targets.
+
+Not a timed test: figures of a run this small mean nothing. It only keeps ``make bench`` from
+rotting: every section runs against a real embedded PostgreSQL, and the report has a row for every
+method of the protocol in the guard table and in the PostgreSQL table.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from benchmarks.__main__ import main
+from benchmarks.workload import PROTOCOL_METHODS, NullStore, calls
+from guarded.protocol import CAPABILITIES
+
+
+def test_every_protocol_method_has_a_benchmarked_call() -> None:
+    called = {method for capability in CAPABILITIES for method in capability.methods} - {"artifact_store"}
+    assert set(PROTOCOL_METHODS) == called
+    assert set(calls()) == called
+    assert all(callable(getattr(NullStore(), method)) for method in called)
+
+
+def test_tiny_run_reports_every_method_and_target(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--tiny"]) == 0
+    report = capsys.readouterr().out
+
+    guard_table, _, rest = report.partition("PostgreSQL: embedded server")
+    protocol_table, _, rest = rest.partition("== postgres: bulk")
+    for method in PROTOCOL_METHODS:
+        rows = re.findall(rf"^{method}\s.*$", guard_table, flags=re.MULTILINE)
+        assert any("no provider" in row for row in rows), method
+        assert any("ALWAYS_OFF" in row for row in rows), method
+        assert re.search(rf"^{method}\s+\d", protocol_table, flags=re.MULTILINE), method
+    for target in (
+        "guard added µs (target <= 5)",
+        "guard/lean added (target <= 0.33)",
+        "fail-fast read with the breaker open <= 10 µs/call",
+        "raw asyncpg µs",
+        "COPY, rows by the store's encode_events",
+        "batched save_event >= 0.8x COPY (store encoding) at 10 writers",
+        "caller latency, call to commit",
+    ):
+        assert target in report, target
