@@ -12,8 +12,8 @@
   deadline (:class:`~guarded.bulkhead.BulkheadTimeoutError`, nothing sent) is handled so too,
   except that it never counts against the backend (:func:`counts_against_backend`).
 - **Park** (:attr:`ErrorClass.REJECTED`): errors about the data itself, which no wait can fix —
-  :class:`~guarded.errors.InvalidPayloadError`, SQLSTATE classes 22 data exception and 23
-  integrity constraint violation, 54 program limit exceeded (a key too long for its index).
+  :class:`~guarded.errors.InvalidPayloadError`, a ``ValueError``, and what a backend's classifier
+  says is about the values (PostgreSQL: SQLSTATE classes 22, 23 and 54).
 - **The caller's bug** (:attr:`ErrorClass.PROGRAMMING`): a call that does not bind to the
   method's signature or passes the wrong type (:class:`~guarded.errors.CallerError`, raised before
   the call reaches the backend), and a ``TypeError`` or ``AttributeError`` the backend raises.
@@ -23,10 +23,11 @@
 
 Operational and retry-now conditions that need an operator's attention are also named by
 :func:`operational_condition`, a small fixed set counted in
-``guarded_store_operational_errors_total{store, method, condition}``. The table of SQLSTATE
-classes is in docs/durability.md ("What a failure means").
+``guarded_store_operational_errors_total{store, method, condition}``.
 
-asyncpg errors are classified by their ``sqlstate`` attribute, so asyncpg is not imported here.
+The core knows no database: a backend supplies an :class:`ErrorClassifier` for its driver's
+errors and registers it (:func:`register_classifier`); the PostgreSQL backend's reads SQLSTATEs
+(:mod:`guarded.backends.postgres.errors`, its table in docs/durability.md "What a failure means").
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from enum import Enum
+from typing import Protocol
 
 from . import telemetry_names as names
 from .errors import CallerError, GuardedError, InvalidPayloadError, SteeringValidationError
@@ -70,60 +72,47 @@ SYSTEM_ERROR = "system_error"
 OPERATIONAL_CONDITIONS = names.OPERATIONAL_CONDITIONS
 """Every value of the ``condition`` label, defined once in :mod:`guarded.telemetry_names`."""
 
-Handling = tuple[ErrorClass, str | None]
-"""How a SQLSTATE is handled, and the operational condition it is counted as (``None``: not counted)."""
 
-_RETRY, _HOLD, _PARK = ErrorClass.RETRYABLE, ErrorClass.OPERATIONAL, ErrorClass.REJECTED
+class ErrorClassifier(Protocol):
+    """What a backend knows of its own errors (its driver's exceptions, its server's codes).
 
-SQLSTATE_HANDLING: dict[str, Handling] = {
-    # retry now
-    "40001": (_RETRY, None),  # serialization_failure
-    "40P01": (_RETRY, None),  # deadlock_detected
-    "55P03": (_RETRY, None),  # lock_not_available (lock_timeout)
-    "57014": (_RETRY, None),  # query_canceled (statement_timeout)
-    "57P01": (_RETRY, SERVER_UNAVAILABLE),  # admin_shutdown
-    "57P02": (_RETRY, SERVER_UNAVAILABLE),  # crash_shutdown
-    "57P03": (_RETRY, SERVER_UNAVAILABLE),  # cannot_connect_now (starting up, in recovery)
-    "53300": (_RETRY, TOO_MANY_CONNECTIONS),  # too_many_connections
-    "53400": (_RETRY, INSUFFICIENT_RESOURCES),  # configuration_limit_exceeded
-    # hold and replay
-    "42P01": (_HOLD, UNDEFINED_OBJECT),  # undefined_table
-    "42703": (_HOLD, UNDEFINED_OBJECT),  # undefined_column
-    "42704": (_HOLD, UNDEFINED_OBJECT),  # undefined_object (a type, an index, a constraint)
-    "42883": (_HOLD, UNDEFINED_OBJECT),  # undefined_function
-    "3F000": (_HOLD, UNDEFINED_OBJECT),  # invalid_schema_name (no such schema)
-    "3D000": (_HOLD, UNDEFINED_OBJECT),  # invalid_catalog_name (no such database)
-    "57P04": (_HOLD, UNDEFINED_OBJECT),  # database_dropped
-    "42501": (_HOLD, INSUFFICIENT_PRIVILEGE),  # insufficient_privilege (a missing grant)
-    "25006": (_HOLD, READ_ONLY),  # read_only_sql_transaction (a standby, default_transaction_read_only)
-}
-"""SQLSTATEs handled apart from the rest of their class."""
+    Each method answers for an exception it recognises and returns ``None`` for any other, which
+    the core then judges by its generic rules. The PostgreSQL backend's
+    (:data:`guarded.backends.postgres.errors.POSTGRES_ERRORS`) reads SQLSTATEs.
+    """
 
-SQLSTATE_CLASS_HANDLING: dict[str, Handling] = {
-    "08": (_RETRY, None),  # connection_exception
-    "57": (_RETRY, SERVER_UNAVAILABLE),  # operator_intervention (the rest of it)
-    "28": (_HOLD, INSUFFICIENT_PRIVILEGE),  # invalid_authorization_specification (wrong password)
-    "42": (_HOLD, SCHEMA_MISMATCH),  # syntax_error_or_access_rule_violation (the rest of it)
-    "53": (_HOLD, INSUFFICIENT_RESOURCES),  # insufficient_resources (disk full, out of memory)
-    "58": (_HOLD, SYSTEM_ERROR),  # system_error (an I/O error)
-    "22": (_PARK, None),  # data_exception
-    "23": (_PARK, None),  # integrity_constraint_violation
-    "54": (_PARK, None),  # program_limit_exceeded (an index row too large)
-}
-"""SQLSTATE classes (the code's first two characters); any other class is :attr:`ErrorClass.FATAL`.
+    def error_class(self, exc: BaseException) -> ErrorClass | None:
+        """How the guard treats ``exc``."""
+        ...
 
-Class 42 is about the statement and the schema, never the values bound to it (asyncpg sends
-values as parameters): a statement that does not match the schema is fixed by a migration or a
-deploy, so its writes are held. Classes 22, 23 and 54 are about the values: parked."""
+    def condition(self, exc: BaseException) -> str | None:
+        """The operational condition ``exc`` reports (one of :data:`OPERATIONAL_CONDITIONS`)."""
+        ...
 
-NOT_SENT_SQLSTATES = frozenset({"08001", "08004", "57P03", "53300"})
-"""Connection could not be established: the request never reached the server."""
+    def reached_backend(self, exc: BaseException) -> bool | None:
+        """``False`` when the request provably never reached the backend."""
+        ...
+
+    def describe(self, exc: BaseException) -> str | None:
+        """A description of ``exc`` fit for logs (never text that may quote a payload)."""
+        ...
 
 
-def sqlstate_handling(code: str) -> Handling:
-    """How the guard handles SQLSTATE ``code``, and the operational condition it counts it as."""
-    found = SQLSTATE_HANDLING.get(code) or SQLSTATE_CLASS_HANDLING.get(code[:2])
-    return found if found is not None else (ErrorClass.FATAL, None)
+_classifiers: tuple[ErrorClassifier, ...] = ()
+
+
+def register_classifier(classifier: ErrorClassifier) -> None:
+    """Have :func:`classify` and its siblings consult ``classifier`` (once, however often it is
+    registered). A backend registers its own when it is imported; a store declaring one in an
+    ``error_classifier`` attribute has it registered by :func:`guarded.guard`."""
+    global _classifiers
+    if classifier not in _classifiers:
+        _classifiers = (*_classifiers, classifier)
+
+
+def classifiers() -> tuple[ErrorClassifier, ...]:
+    """The registered classifiers, in the order they are consulted."""
+    return _classifiers
 
 
 class CircuitOpenError(GuardedError):
@@ -142,11 +131,6 @@ class BackendNotReachedError(GuardedError, ConnectionError):
     reached_backend = False
 
 
-def sqlstate(exc: BaseException) -> str | None:
-    code = getattr(exc, "sqlstate", None)
-    return code if isinstance(code, str) else None
-
-
 def classify(exc: BaseException) -> ErrorClass:
     """Classify ``exc`` for the retry layer and the breaker.
 
@@ -158,14 +142,13 @@ def classify(exc: BaseException) -> ErrorClass:
         return declared
     if isinstance(exc, InvalidPayloadError):
         return ErrorClass.REJECTED
-    code = sqlstate(exc)
-    if code is not None:
-        return sqlstate_handling(code)[0]
+    for classifier in _classifiers:
+        found = classifier.error_class(exc)
+        if found is not None:
+            return found
     if isinstance(exc, TimeoutError | asyncio.TimeoutError | ConnectionError | EOFError):
         return ErrorClass.RETRYABLE
     if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError | PermissionError):
-        return ErrorClass.RETRYABLE
-    if type(exc).__name__ in {"InterfaceError", "ConnectionDoesNotExistError", "InternalClientError"}:
         return ErrorClass.RETRYABLE
     if isinstance(exc, TypeError | AttributeError):
         return ErrorClass.PROGRAMMING
@@ -204,8 +187,11 @@ def operational_condition(exc: BaseException) -> str | None:
     ``None`` for anything else: a condition an operator should hear about, whether the call is
     retried now (a server shutting down, too many connections) or held and replayed (a missing
     table, a missing grant, a read-only database)."""
-    code = sqlstate(exc)
-    return sqlstate_handling(code)[1] if code is not None else None
+    for classifier in _classifiers:
+        found = classifier.condition(exc)
+        if found is not None:
+            return found
+    return None
 
 
 def reached_backend(exc: BaseException) -> bool:
@@ -216,10 +202,11 @@ def reached_backend(exc: BaseException) -> bool:
     declared = getattr(exc, "reached_backend", None)
     if isinstance(declared, bool):
         return declared
-    if isinstance(exc, ConnectionRefusedError | socket.gaierror):
-        return False
-    code = sqlstate(exc)
-    return not (code is not None and code in NOT_SENT_SQLSTATES)
+    for classifier in _classifiers:
+        found = classifier.reached_backend(exc)
+        if found is not None:
+            return found
+    return not isinstance(exc, ConnectionRefusedError | socket.gaierror)
 
 
 def safe_message(exc: BaseException) -> str:
@@ -228,15 +215,16 @@ def safe_message(exc: BaseException) -> str:
 
     Our own errors and OS/timeout errors carry controlled text: a rejected payload's reason and
     path never copy a value or a mapping key (see :class:`~guarded.errors.InvalidPayloadError`),
-    a steering validation error names only the fields of the spec. A database error is described
-    by its SQLSTATE (its message may quote a row). A programming error keeps its message: the
-    guard's own :class:`~guarded.errors.CallerError` names the method, the argument and a type,
-    and Python's ``TypeError``/``AttributeError`` name types and attributes, so the bug can be
-    found. Anything else is described only by its type.
+    a steering validation error names only the fields of the spec. A backend's classifier
+    describes its own errors (PostgreSQL's by SQLSTATE: the message may quote a row). A
+    programming error keeps its message: the guard's own :class:`~guarded.errors.CallerError`
+    names the method, the argument and a type, and Python's ``TypeError``/``AttributeError`` name
+    types and attributes, so the bug can be found. Anything else is described only by its type.
     """
-    code = sqlstate(exc)
-    if code is not None:
-        return f"SQLSTATE {code}"
+    for classifier in _classifiers:
+        found = classifier.describe(exc)
+        if found is not None:
+            return found
     if isinstance(exc, InvalidPayloadError | SteeringValidationError | CallerError):
         return str(exc)[:300]
     if isinstance(exc, TypeError | AttributeError):

@@ -19,6 +19,7 @@ from . import telemetry_names as names
 from .breaker import BreakerState, CircuitBreaker
 from .bulkhead import Bulkhead, bulkhead_for
 from .call import Call, Layer, MethodSetup, Service
+from .classify import register_classifier
 from .codec import RecordTypes, record_types_of
 from .config import GuardConfig, build_config
 from .deadletter import DeadLetterBuffer
@@ -75,6 +76,10 @@ logger = logging.getLogger("guarded")
 
 _CLOSE_AT_LEAST = 0.5
 """Seconds ``aclose()`` gives the wrapped store's own close when the drain used the budget."""
+
+ERROR_CLASSIFIER = "error_classifier"
+"""A backend names its :class:`~guarded.classify.ErrorClassifier` in this attribute; the guard
+registers it, so its driver's errors are classified by what the backend knows of them."""
 
 HONOURS_IDEMPOTENCY_KEY = "honours_idempotency_key"
 """A backend sets this class attribute to ``True`` when it honours
@@ -157,6 +162,9 @@ class GuardCore:
         own calls and the guarded artifact store (``None``: no limit)."""
         self.failure_log = failure_log or FailureLog(config.logging.interval)
         self.honours_idempotency_key = bool(getattr(target, HONOURS_IDEMPOTENCY_KEY, False))
+        classifier = getattr(target, ERROR_CLASSIFIER, None)
+        if classifier is not None:
+            register_classifier(classifier)
         self.label_prefix = label_prefix
         tracer = trace.get_tracer(names.TRACER_NAME, tracer_provider=tracer_provider)
         db_system = getattr(target, "db_system_name", None)

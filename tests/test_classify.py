@@ -16,17 +16,19 @@ import pytest
 from asyncpg import exceptions as pg
 
 from guarded import telemetry_names as names
-from guarded.classify import (
+from guarded.backends.postgres.errors import (
     NOT_SENT_SQLSTATES,
-    OPERATIONAL_CONDITIONS,
     SQLSTATE_CLASS_HANDLING,
     SQLSTATE_HANDLING,
+    sqlstate_handling,
+)
+from guarded.classify import (
+    OPERATIONAL_CONDITIONS,
     ErrorClass,
     classify,
     operational_condition,
     reached_backend,
     safe_message,
-    sqlstate_handling,
 )
 from guarded.errors import InvalidPayloadError
 

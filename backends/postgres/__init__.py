@@ -6,6 +6,7 @@ command line (``guarded pg migrate|status|cleanup``).
 
 from .artifacts import ArtifactLimitError, ArtifactTooLargeError, PostgresArtifactStore
 from .connection import PoolSettings
+from .errors import POSTGRES_ERRORS, PostgresErrors  # first: registers the error classifier
 from .migrations import MigrationError, MigrationStatus, SchemaNotMigratedError, SchemaTooNewError
 from .options import RetentionPolicy
 from .retention import CleanupReport
@@ -19,8 +20,10 @@ __all__ = [
     "InvalidSchemaNameError",
     "MigrationError",
     "MigrationStatus",
+    "POSTGRES_ERRORS",
     "PoolSettings",
     "PostgresArtifactStore",
+    "PostgresErrors",
     "PostgresStateStore",
     "RetentionPolicy",
     "SchemaNotMigratedError",

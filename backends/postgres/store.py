@@ -52,6 +52,7 @@ from .artifacts import PostgresArtifactStore
 from .bindings import Bindings, encode_binding, encode_binding_key
 from .bulk import encode_items
 from .connection import Database, PoolSettings, create_pool, pool_settings
+from .errors import POSTGRES_ERRORS
 from .events import Events, encode_event, encode_events
 from .json_codec import check_text, refusing
 from .memory_state import MemoryStates
@@ -464,6 +465,8 @@ class PostgresStateStore:
 
     honours_idempotency_key = True
     """A consume is safe to retry under one idempotency key: the guard retries it."""
+    error_classifier = POSTGRES_ERRORS
+    """How the guard classifies this store's errors (:mod:`.errors`: SQLSTATEs)."""
     recovers_unanswered_consumes = True
     """A consume recovers a pause consumed by a key whose answer was lost (see :mod:`.pauses`)."""
 

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+import guarded.backends.postgres  # noqa: F401 - registers the PostgreSQL error classifier
 from guarded.backends.memory import InMemoryStateStore
 from guarded.config import BreakerConfig, RetryConfig
 from guarded.errors import InvalidPayloadError

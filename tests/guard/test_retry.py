@@ -10,6 +10,7 @@ import pytest
 import tenacity
 from prometheus_client import CollectorRegistry
 
+import guarded.backends.postgres  # noqa: F401 - registers the PostgreSQL error classifier
 import guarded.layers.retry as retry_module
 from guarded.backends.memory import InMemoryStateStore
 from guarded.classify import BackendNotReachedError, ErrorClass, classify, reached_backend
