@@ -399,10 +399,10 @@ async def check(
 ) -> int:
     """Build the store in a scratch namespace, report its capabilities, run the contracts, drop
     the namespace (unless ``keep``), close the store; return the exit status."""
-    factory = load_factory(spec)
     scratch = scratch or Scratch.create(keep=keep)
     keep = scratch.keep
     try:
+        factory = load_factory(spec)
         with _environment(scratch.environment()):
             store = await build_store(factory, spec)
             try:

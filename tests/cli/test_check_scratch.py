@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -108,6 +110,8 @@ def test_keep_leaves_the_scratch_schema_for_inspection(pg_dsn: str, schema_name:
             await conn.close()
 
     asyncio.run(drop())
+    assert Path(scratch["spill_directory"]).is_dir()
+    shutil.rmtree(scratch["spill_directory"])
 
 
 def test_a_guarded_store_is_checked_in_the_scratch_schema_too(pg_dsn: str, schema_name: str) -> None:

@@ -8,6 +8,7 @@ import math
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -274,4 +275,20 @@ def test_promtool_cases_help_prints_usage_and_writes_nothing(tmp_path: Path) -> 
     )
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.startswith("usage: python -m tests.alerts.promtool_cases")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("factory", "code"),
+    [("tests.no_such_module:make", EXIT_USAGE), ("tests.cli.factories:memory_store", 0)],
+)
+def test_check_leaves_no_temporary_directory_behind(
+    factory: str,
+    code: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert in_process(capsys, "check", factory, "--only", "core").code == code
     assert list(tmp_path.iterdir()) == []
