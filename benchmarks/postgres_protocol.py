@@ -1,8 +1,9 @@
 """Every protocol method of ``guard(PostgresStateStore)`` against raw asyncpg running the same SQL.
 
 For each method of :data:`~benchmarks.workload.PROTOCOL_METHODS` (arguments from
-:func:`~benchmarks.workload.calls`), three series on the same server and tables, interleaved call
-by call in rounds (round 1 of every series, then round 2, ...), medians per call:
+:func:`~benchmarks.workload.calls`), three series on the same server and tables. Each round runs
+:data:`CALLS_PER_ROUND` calls of every series of every method in turn; the reported figure is the
+median over the rounds of the mean time per call, so a busier stretch hits every series alike:
 
 * ``raw asyncpg``: the statements the bare store sends for one call of the method, exactly as it
   sends them (SQL text and arguments recorded with asyncpg's query logger), replayed on a plain
@@ -14,8 +15,10 @@ by call in rounds (round 1 of every series, then round 2, ...), medians per call
   batches (``save_event``, ``save_update``, ``save_planner_event``) return once their batch is
   committed (``ack="commit"``), so with one caller each call waits for its own flush.
 
-Writes repeat one item (idempotent inserts, upserts of one key). ``load_planner_state`` consumes
-its row, so each of its calls is preceded, untimed, by the store's ``save_planner_state`` SQL.
+Writes repeat one item (idempotent inserts, upserts of one key; ``save_planner_event`` appends to
+a trace of its own, so what ``list_planner_events`` reads stays the same). ``load_planner_state``
+consumes its row, so each of its calls is preceded, untimed, by the store's ``save_planner_state``
+SQL.
 Rows that reads look up are written once before timing.
 """
 
@@ -35,7 +38,7 @@ from guarded import controller, guard
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
 
 from .guard_report import render_table
-from .workload import PROTOCOL_METHODS, MethodCall, calls
+from .workload import PROTOCOL_METHODS, MethodCall, calls, seeds
 
 SECTION = "postgres protocol"
 TITLE = "guard(PostgresStateStore) against raw asyncpg running the same SQL, every protocol method, per call"
@@ -120,9 +123,8 @@ async def build(
 ) -> list[MethodSeries]:
     """Seed the rows reads look up, record each method's statements, and bind the three series."""
     table = calls()
-    for method in methods:  # writes first, so reads find their rows
-        if method.startswith(("save_", "mark_")):
-            await _bound(store, method, table[method])()
+    for seed in seeds():  # writes first, so reads find their rows
+        await _bound(store, seed.method, seed)()
     built = []
     planner_save = await recorder.record(_bound(store, "save_planner_state", table["save_planner_state"]))
     for method in methods:

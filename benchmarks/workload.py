@@ -39,6 +39,9 @@ PROTOCOL_METHODS: tuple[str, ...] = tuple(
 """Every called method of the protocol, in the order capability reports list them."""
 
 TRACE, SESSION, TASK = "bench-trace", "bench-session", "bench-task"
+APPEND_TRACE = "bench-trace-appends"
+"""Where the benchmarked ``save_planner_event`` appends: planner events are not deduplicated, so
+appending to :data:`TRACE` would grow what ``list_planner_events`` reads during the run."""
 CREATED = datetime(2025, 3, 1, 12, 30, 15, tzinfo=UTC)
 
 
@@ -124,8 +127,17 @@ class MethodCall:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+def seeds() -> list[MethodCall]:
+    """Writes to make before timing, so that every read of :func:`calls` finds its rows."""
+    return [
+        *(call for call in calls().values() if call.method.startswith(("save_", "mark_"))),
+        MethodCall("save_planner_event", (TRACE, planner_event())),
+    ]
+
+
 def calls() -> dict[str, MethodCall]:
-    """One call of every :data:`PROTOCOL_METHODS` method, reads addressed to the rows the writes make."""
+    """One call of every :data:`PROTOCOL_METHODS` method, reads addressed to the rows the writes
+    make (with :func:`seeds`); writes repeat one item, each idempotent except ``save_planner_event``."""
     bound = binding()
     table = [
         MethodCall("save_event", (event(),)),
@@ -144,7 +156,7 @@ def calls() -> dict[str, MethodCall]:
         MethodCall("save_trajectory", (TRACE, SESSION, TRAJECTORY)),
         MethodCall("get_trajectory", (TRACE, SESSION)),
         MethodCall("list_traces", (SESSION,)),
-        MethodCall("save_planner_event", (TRACE, planner_event())),
+        MethodCall("save_planner_event", (APPEND_TRACE, planner_event())),
         MethodCall("list_planner_events", (TRACE,)),
         MethodCall(
             "find_binding",
@@ -267,4 +279,4 @@ class NullStore:
         return None
 
 
-__all__ = ["PROTOCOL_METHODS", "MethodCall", "NullStore", "calls", "event"]
+__all__ = ["PROTOCOL_METHODS", "MethodCall", "NullStore", "calls", "event", "seeds"]
