@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from . import durability_bench, guard_bench, postgres_bench, postgres_protocol
-from .guard_report import format_section
+from .guard_report import Verdict, format_section
 from .side_by_side import format_table
 
 if TYPE_CHECKING:
@@ -58,10 +58,12 @@ async def run_postgres(
     quick: bool,
     tiny: bool = False,
     server: EmbeddedPostgres | None = None,
-) -> tuple[list[str], bool]:
-    """The PostgreSQL sections' printed tables, and whether every target was met."""
+) -> tuple[list[str], bool, list[Verdict]]:
+    """The PostgreSQL sections' printed tables, whether every target was met, and the verdicts on
+    issue 15's targets."""
     printed: list[str] = []
     met = True
+    issue: list[Verdict] = []
     if PROTOCOL in sections:
         _say(f"running {PROTOCOL} ...")
         rounds, per_round = (postgres_protocol.ROUNDS, postgres_protocol.CALLS_PER_ROUND)
@@ -87,7 +89,8 @@ async def run_postgres(
         report = await durability_bench.run(dsn, repeats=repeats, server=server)
         printed.append(durability_bench.format_report(report))
         met &= all(verdict.passed for verdict in report.verdicts)
-    return printed, met
+        issue += [verdict for verdict in report.verdicts if "COPY" in verdict.target]
+    return printed, met, issue
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -115,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     met = True
+    issue: list[Verdict] = []
     if GUARD in sections:
         _say(f"running {GUARD} ...")
         if args.tiny:
@@ -125,10 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = asyncio.run(guard_bench.run())
         print(format_section(result), end="\n\n", flush=True)
         met &= all(verdict.passed for verdict in result.verdicts)
+        issue += result.verdicts
     wanted = [section for section in POSTGRES_SECTIONS if section in sections]
     if wanted:
         if args.dsn:
-            printed, pg_met = asyncio.run(
+            printed, pg_met, pg_issue = asyncio.run(
                 run_postgres(wanted, args.dsn, repeats=repeats, quick=args.quick, tiny=args.tiny)
             )
             where = "given server"
@@ -136,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from guarded.testing.postgres import embedded_postgres
 
             with embedded_postgres(durable=args.durable) as server:
-                printed, pg_met = asyncio.run(
+                printed, pg_met, pg_issue = asyncio.run(
                     run_postgres(
                         wanted, server.dsn, repeats=repeats, quick=args.quick, tiny=args.tiny, server=server
                     )
@@ -145,6 +150,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"PostgreSQL: {where}", end="\n\n")
         print("\n\n".join(printed), flush=True)
         met &= pg_met
+        issue += pg_issue
+    if issue:
+        print("\n== issue 15 done-when targets, this run (medians) ==\n")
+        for verdict in issue:
+            print(
+                f"{'met' if verdict.passed else 'NOT MET':>7}  {verdict.target}: {'; '.join(verdict.details)}"
+            )
     print(f"\nbench took {time.perf_counter() - started:.0f} s")
     return 1 if args.strict and not met else 0
 

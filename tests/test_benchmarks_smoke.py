@@ -42,5 +42,6 @@ def test_tiny_run_reports_every_method_and_target(capsys: pytest.CaptureFixture[
         "COPY, rows by the store's encode_events",
         "batched save_event >= 0.8x COPY (store encoding) at 10 writers",
         "caller latency, call to commit",
+        "issue 15 done-when targets, this run",
     ):
         assert target in report, target
