@@ -45,7 +45,7 @@ TITLE = "guard(PostgresStateStore) against raw asyncpg running the same SQL, eve
 SCHEMA = "bench_protocol"
 CALLS_PER_ROUND = 20
 """Calls of one series per round."""
-ROUNDS = 15
+ROUNDS = 30
 
 AsyncCall = Callable[[], Awaitable[Any]]
 Statement = tuple[str, tuple[Any, ...]]
