@@ -17,7 +17,8 @@ Without ``--dsn`` an embedded PostgreSQL server (``guarded.testing.postgres``) i
 PostgreSQL sections and removed afterwards; the durability section stops and restarts it (with
 ``--dsn`` it starts one of its own for that). Every figure is printed with its target beside it.
 ``--quick``: fewer repetitions and smaller workloads, for a fast pass. Exit status 1 when a target
-is missed (only with ``--strict``).
+is missed (only with ``--strict``). Where a guarded call's time goes: ``python -m
+benchmarks.guard_profile --method NAME``.
 """
 
 from __future__ import annotations

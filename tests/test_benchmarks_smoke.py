@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from benchmarks import guard_profile
 from benchmarks.__main__ import main
 from benchmarks.workload import PROTOCOL_METHODS, NullStore, calls
 from guarded.protocol import CAPABILITIES
@@ -45,3 +46,8 @@ def test_tiny_run_reports_every_method_and_target(capsys: pytest.CaptureFixture[
         "issue 15 done-when targets, this run",
     ):
         assert target in report, target
+
+
+def test_profile_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert guard_profile.main(["--method", "load_memory_state", "--calls", "200", "--top", "3"]) == 0
+    assert "per call" in capsys.readouterr().out
