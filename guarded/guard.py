@@ -180,10 +180,11 @@ class GuardCore:
                 run=self.run_internal,
                 policies=policies,
             )
+            ports = self.durability.ports()
             degraded_layers = [
-                StaleReadLayer(self.durability, policies),
-                DeadLetterLayer(self.durability, self.failure_log),
-                BatchingLayer(self.durability),
+                StaleReadLayer(ports, policies),
+                DeadLetterLayer(ports, self.failure_log),
+                BatchingLayer(ports),
                 *degraded_layers,
             ]
         self.layers: list[Layer] = [
@@ -620,7 +621,7 @@ class _ArtifactSide:
                 LocalArtifactFallbackLayer(
                     self.local,
                     core.failure_log,
-                    self.durability,
+                    self.durability.ports() if self.durability is not None else None,
                     spill_max_bytes=config.artifacts.spill_max_bytes,
                 )
             ],

@@ -20,19 +20,27 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from .batching import Batcher, PendingWrite
-from .breaker import BreakerState, CircuitBreaker
-from .bulk_forms import bulk_args, bulk_call, bulk_method_for, bulk_methods_of
-from .classify import ErrorClass, classify, error_type, safe_message
-from .codec import record_types_of
-from .config import GuardConfig
-from .deadletter import DeadLetterBuffer, ReplayResult
-from .errors import InvalidPayloadError
-from .failure_log import operational_errors
-from .idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_call
-from .outcome import Outcome
-from .policy import PolicyTable
-from .stale import StaleCache
+from ..batching import Batcher, PendingWrite
+from ..breaker import BreakerState, CircuitBreaker
+from ..bulk_forms import bulk_args, bulk_call, bulk_method_for, bulk_methods_of
+from ..classify import ErrorClass, classify, error_type, safe_message
+from ..codec import record_types_of
+from ..config import GuardConfig
+from ..deadletter import DeadLetterBuffer, ReplayResult
+from ..errors import InvalidPayloadError
+from ..failure_log import operational_errors
+from ..idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_call
+from ..outcome import Outcome
+from ..policy import PolicyTable
+from ..stale import StaleCache
+from .ports import (
+    DirectWriteGate,
+    DurabilityPorts,
+    HeldWriteKeeper,
+    HeldWriteLookups,
+    Lifecycle,
+    WriteQueue,
+)
 
 logger = logging.getLogger("guarded.durability")
 
@@ -127,6 +135,23 @@ class Durability:
                 store_name,
                 extra={"event": "deadletter_memory_only", "store": store_name},
             )
+
+    def ports(self) -> DurabilityPorts:
+        """The narrow interfaces the guard's layers receive (:mod:`.ports`)."""
+        buffer = self.buffer
+        return DurabilityPorts(
+            lifecycle=Lifecycle(lambda: self.opened, self.open),
+            next_stamp=self.next_stamp,
+            queue=WriteQueue(self.batcher) if self.batcher is not None else None,
+            keeper=(
+                HeldWriteKeeper(self.dead_letter, self.park, self.kept_kwargs, buffer)
+                if buffer is not None
+                else None
+            ),
+            lookups=HeldWriteLookups(buffer) if buffer is not None else None,
+            gate=DirectWriteGate(buffer) if buffer is not None else None,
+            cache=self.cache,
+        )
 
     # --- start-up ----------------------------------------------------------------------------
 

@@ -6,10 +6,10 @@ A ``put_bytes`` / ``put_text`` that fails for a reason other than bad data:
 * stores the artifact in a bounded in-process store and returns its (valid, content-addressed)
   reference, so PenguiFlow never receives ``None`` where it expects an ``ArtifactRef``, and reads
   of it in this process (``get``, ``get_ref``, ``exists``, ``list``) are answered from there;
-* when the guard has an artifact :class:`~guarded.durability.Durability` and the policy marks
-  the put ``dead_letter``, is also held by its dead-letter buffer (committed to the artifact
-  spill file before the caller returns), keyed by the artifact id, and replayed into the
-  backend's artifact store when it recovers; the id is content-addressed, so the replayed put
+* when the guard has an artifact durability (:class:`~guarded.durability.DurabilityPorts`) and
+  the policy marks the put ``dead_letter``, is also held by its dead-letter buffer (committed to
+  the artifact spill file before the caller returns), keyed by the artifact id, and replayed into
+  the backend's artifact store when it recovers; the id is content-addressed, so the replayed put
   yields the reference the caller already has. Outcome ``dead_lettered``;
 * else (no durability, or the held artifacts would exceed ``artifacts.spill_max_bytes``, or the
   buffer cannot take it) stays in this process only: outcome ``fallback``, logged.
@@ -30,8 +30,7 @@ from typing import Any
 
 from ..call import Call, MethodSetup, Service
 from ..classify import ErrorClass, classify, error_type, safe_message
-from ..deadletter import DeadLetterBuffer
-from ..durability import Durability
+from ..durability import DurabilityPorts
 from ..failure_log import FailureLog
 from ..local_artifacts import InMemoryArtifactStore
 from ..outcome import Outcome
@@ -75,13 +74,17 @@ class LocalArtifactFallbackLayer:
         self,
         local: InMemoryArtifactStore,
         failure_log: FailureLog,
-        durability: Durability | None = None,
+        ports: DurabilityPorts | None = None,
         *,
         spill_max_bytes: int = 0,
     ) -> None:
         self.local = local
         self._log = failure_log
-        self.durability = durability if durability is not None and spill_max_bytes > 0 else None
+        ports = ports if spill_max_bytes > 0 else None
+        self._lifecycle = ports.lifecycle if ports is not None else None
+        self._keeper = ports.keeper if ports is not None else None
+        self._lookups = ports.lookups if ports is not None else None
+        self._gate = ports.gate if ports is not None else None
         self.spill_max_bytes = spill_max_bytes
         self.kept_in_process_only = 0
         """Puts the backend could not take that were kept in this process only (not held durably)."""
@@ -90,11 +93,6 @@ class LocalArtifactFallbackLayer:
         self._admission = asyncio.Lock()
         self._content_of: dict[str, ArgGetter] = {}
         """The content argument of each put (its policy's ``value``), for the size of a held put."""
-
-    @property
-    def buffer(self) -> DeadLetterBuffer | None:
-        """The dead-letter buffer holding artifact puts, ``None`` without one."""
-        return self.durability.buffer if self.durability is not None else None
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         name = method.policy.name
@@ -138,14 +136,15 @@ class LocalArtifactFallbackLayer:
         if method.policy.value is not None:
             self._content_of[name] = method.policy.value
         put_locally = getattr(self.local, name)
-        durability = self.durability if method.policy.dead_letter else None
-        buffer = durability.buffer if durability is not None else None
+        held_here = method.policy.dead_letter
+        lifecycle = self._lifecycle if held_here else None
+        keeper = self._keeper if held_here else None
         next_stamp = self._next_stamp
         log = self._log
 
         async def put(call: Call) -> Any:
-            if durability is not None:
-                await durability.open()  # once: what a previous process left starts replaying
+            if lifecycle is not None:
+                await lifecycle.ensure_open()  # once: what a previous process left starts replaying
             stamp = next_stamp()
             try:
                 result = await inner(call)
@@ -165,31 +164,30 @@ class LocalArtifactFallbackLayer:
                 )
                 return ref
             artifact_id = _artifact_id(result)
-            if buffer is not None and artifact_id is not None:
+            if keeper is not None and artifact_id is not None:
                 # The backend has it now: a held put of the same content need not be replayed.
-                await buffer.supersede(name, artifact_id, stamp)
+                await keeper.supersede(name, artifact_id, stamp)
             return result
 
         return put
 
     async def _hold(self, name: str, call: Call, ref: Any, stamp: int, exc: BaseException) -> bool:
         """Dead-letter a put kept locally, within ``spill_max_bytes``; whether it is held."""
-        durability = self.durability
-        buffer = self.buffer
+        keeper, lookups = self._keeper, self._lookups
         artifact_id = _artifact_id(ref)
-        if durability is None or buffer is None or artifact_id is None:
+        if keeper is None or lookups is None or artifact_id is None:
             return False
         content_of = self._content_of.get(name)
         content = content_of(call.args, call.kwargs) if content_of is not None else None
         size = held_size(content, call.kwargs)
         async with self._admission:  # one admission at a time: the cap is never overshot
-            stats = await buffer.stats()
+            stats = await lookups.stats()
             held = max(stats.disk_bytes, stats.memory_bytes)
             if held + size > self.spill_max_bytes:
                 self._kept_in_process_only(name, size, held)
                 return False
             try:
-                kept = await durability.dead_letter(
+                kept = await keeper.hold(
                     name,
                     call.args,
                     call.kwargs,
@@ -201,7 +199,7 @@ class LocalArtifactFallbackLayer:
             except Exception:
                 logger.exception(
                     "an artifact put could not be dead-lettered; it is kept in this process only",
-                    extra={"event": "artifact_not_held", "store": durability.store_name, "method": name},
+                    extra={"event": "artifact_not_held", "store": lookups.store_name, "method": name},
                 )
                 kept = False
         if not kept:
@@ -227,33 +225,32 @@ class LocalArtifactFallbackLayer:
 
     def _wrap_delete(self, inner: Service) -> Service:
         local = self.local
-        durability = self.durability
-        buffer = self.buffer
+        lifecycle, lookups, gate = self._lifecycle, self._lookups, self._gate
         next_stamp = self._next_stamp
 
         async def delete(call: Call) -> Any:
-            if durability is not None:
-                await durability.open()  # held puts of a previous process are known before a delete
+            if lifecycle is not None:
+                await lifecycle.ensure_open()  # held puts of a previous process are known first
             deleted_locally = bool(local.count) and await local.delete(*call.args, **call.kwargs)
             artifact_id = call.args[0] if call.args else call.kwargs.get("artifact_id")
-            if buffer is None or buffer.is_empty or not isinstance(artifact_id, str):
+            if lookups is None or gate is None or lookups.is_empty or not isinstance(artifact_id, str):
                 return await inner(call) or deleted_locally
             # Take held puts of the artifact out of the buffer so no replay brings it back: first
             # wait for a replay of it in flight, and hold replays of it off until the delete ends.
             stamp = next_stamp()
-            slots = [slot for slot in (buffer.slot(put, artifact_id) for put in ARTIFACT_PUTS) if slot]
+            slots = [slot for slot in (gate.slot(put, artifact_id) for put in ARTIFACT_PUTS) if slot]
             entered = []
             try:
                 for slot in slots:
-                    if not buffer.gate.try_enter_direct(slot, stamp):
-                        await buffer.gate.enter_direct(slot, stamp)
+                    if not gate.try_enter(slot, stamp):
+                        await gate.enter(slot, stamp)
                     entered.append(slot)
                 taken = False
                 for put in ARTIFACT_PUTS:
-                    taken = await buffer.take(put, artifact_id) is not None or taken
+                    taken = await lookups.take(put, artifact_id) is not None or taken
                 return await inner(call) or deleted_locally or taken
             finally:
                 for slot in entered:
-                    buffer.gate.leave_direct(slot, stamp)
+                    gate.leave(slot, stamp)
 
         return delete

@@ -17,32 +17,34 @@ from typing import Any
 
 from ..batching import PendingWrite
 from ..call import Call, MethodSetup, Service
-from ..durability import Durability
+from ..durability import DurabilityPorts
 from ..outcome import Outcome
 
 
 class BatchingLayer:
     """Hands batch-eligible writes to the guard's batcher (group commit or write-behind)."""
 
-    def __init__(self, durability: Durability) -> None:
-        self._durability = durability
+    def __init__(self, ports: DurabilityPorts) -> None:
+        self._lifecycle = ports.lifecycle
+        self._queue = ports.queue
+        self._keeper = ports.keeper
+        self._next_stamp = ports.next_stamp
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
-        durability = self._durability
-        batcher = durability.batcher
+        queue, keeper = self._queue, self._keeper
         policy = method.policy
-        if batcher is None or not policy.batch:
+        if queue is None or keeper is None or not queue.takes(policy):
             return inner
         name = policy.alias_of or policy.name
         scope_of = policy.scope_key
-        next_stamp = durability.next_stamp
-        submit = batcher.submit
+        next_stamp = self._next_stamp
+        ensure_open = self._lifecycle.ensure_open
+        submit, hold, kept_kwargs = queue.submit, keeper.hold, keeper.kept_kwargs
         commit = method.settings.ack == "commit"
         ok = Outcome.OK
 
         async def batched(call: Call) -> Any:
-            if not durability.opened:
-                await durability.open()
+            await ensure_open()
             scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
             loop = call.loop
             write = PendingWrite(
@@ -60,10 +62,10 @@ class BatchingLayer:
                     if outcome is not ok:
                         call.outcome = outcome
                 return None
-            kept = await durability.dead_letter(
+            kept = await hold(
                 name,
                 call.args,
-                durability.kept_kwargs(write),
+                kept_kwargs(write),
                 key=None,
                 scope=write.scope,
                 stamp=write.stamp,

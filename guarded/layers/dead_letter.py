@@ -18,7 +18,7 @@ from typing import Any
 
 from ..call import Call, MethodSetup, Service
 from ..classify import ErrorClass, classify, error_type, safe_message
-from ..durability import Durability
+from ..durability import DurabilityPorts
 from ..failure_log import FailureLog
 from ..layers.fallback import failure_outcome
 from ..logical_time import LOGICAL_TIMES as logical_times
@@ -29,24 +29,28 @@ from ..outcome import Outcome
 class DeadLetterLayer:
     """Keeps failed dead-letter-eligible writes (policy ``dead_letter``) that are not batched."""
 
-    def __init__(self, durability: Durability, failure_log: FailureLog) -> None:
-        self._durability = durability
+    def __init__(self, ports: DurabilityPorts, failure_log: FailureLog) -> None:
+        self._lifecycle = ports.lifecycle
+        self._keeper = ports.keeper
+        self._gate = ports.gate
+        self._queue = ports.queue
+        self._next_stamp = ports.next_stamp
         self._log = failure_log
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
-        durability = self._durability
+        keeper, gate, queue = self._keeper, self._gate, self._queue
         policy = method.policy
-        batched = policy.batch and durability.batcher is not None
-        if durability.buffer is None or not policy.dead_letter or batched:
+        if keeper is None or gate is None or not policy.dead_letter:
             return inner
-        buffer = durability.buffer
+        if queue is not None and queue.takes(policy):
+            return inner  # the write queue's owner holds what a batch could not write
         name = policy.name
         key_of, scope_of = policy.lww_key, policy.scope_key
-        next_stamp = durability.next_stamp
+        next_stamp = self._next_stamp
+        ensure_open = self._lifecycle.ensure_open
+        hold, park, supersede = keeper.hold, keeper.park, keeper.supersede
+        slot_of, try_enter, enter, leave = gate.slot, gate.try_enter, gate.enter, gate.leave
         log = self._log
-
-        gate = buffer.gate
-        slot_of = buffer.slot
 
         async def keyed(call: Call) -> Any:
             stamp = next_stamp()
@@ -59,30 +63,29 @@ class DeadLetterLayer:
                 slot = slot_of(name, key) if key is not None else None
                 if slot is None:
                     return await write(call, stamp, key)
-                if not gate.try_enter_direct(slot, stamp):
-                    await gate.enter_direct(slot, stamp)
+                if not try_enter(slot, stamp):
+                    await enter(slot, stamp)
                 try:
                     return await write(call, stamp, key)
                 finally:
-                    gate.leave_direct(slot, stamp)
+                    leave(slot, stamp)
             finally:
                 logical_times.reset(token)
 
         async def write(call: Call, stamp: int, key: Any) -> Any:
-            if not durability.opened:
-                await durability.open()
+            await ensure_open()
             try:
                 result = await inner(call)
             except Exception as exc:
                 kind = classify(exc)
                 if kind is ErrorClass.REJECTED:
-                    await durability.park(name, call.args, call.kwargs, exc)
+                    await park(name, call.args, call.kwargs, exc)
                     raise
                 if kind is ErrorClass.PROGRAMMING:
                     raise  # a bug: rejected and logged, never held for replay
                 scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
                 times = logical_times.get()
-                kept = await durability.dead_letter(
+                kept = await hold(
                     name,
                     call.args,
                     call.kwargs if times is None else {**call.kwargs, WRITE_TIME_ARGUMENT: times[0]},
@@ -106,7 +109,7 @@ class DeadLetterLayer:
             if key is not None:
                 # Even with nothing held: the buffer remembers the newest successful write of the
                 # key, so an older write of it that fails later is discarded, not replayed.
-                await buffer.supersede(name, key, stamp)
+                await supersede(name, key, stamp)
             return result
 
         if key_of is not None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..call import Call, MethodSetup, Service
 from ..classify import is_programming_error
-from ..durability import Durability
+from ..durability import DurabilityPorts
 from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time
 from ..outcome import Outcome
 from ..policy import ArgGetter, Kind, Merge, PolicyTable
@@ -36,8 +36,8 @@ class StaleReadLayer:
     """Read-your-writes and stale-if-error for reads with a ``merge`` policy; keeps the cache
     up to date from the writes those reads see."""
 
-    def __init__(self, durability: Durability, policies: PolicyTable) -> None:
-        self._durability = durability
+    def __init__(self, ports: DurabilityPorts, policies: PolicyTable) -> None:
+        self._ports = ports
         self._policies = policies
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
@@ -57,7 +57,7 @@ class StaleReadLayer:
         return self._wrap_list(inner, method, value_of)
 
     def _wrap_write(self, inner: Service, method: MethodSetup) -> Service:
-        cache = self._durability.cache
+        cache = self._ports.cache
         policy = method.policy
         key_of, value_of = policy.lww_key, policy.value
         if cache is None or key_of is None or value_of is None:
@@ -78,11 +78,11 @@ class StaleReadLayer:
     def _wrap_take(
         self, inner: Service, write: str, key_of: ArgGetter | None, value_of: ArgGetter
     ) -> Service:
-        durability = self._durability
-        if durability.buffer is None or key_of is None:
+        ports = self._ports
+        lookups, gate, keeper = ports.lookups, ports.gate, ports.keeper
+        if lookups is None or gate is None or keeper is None or key_of is None:
             return inner
-        buffer = durability.buffer
-        gate, next_stamp = buffer.gate, durability.next_stamp
+        next_stamp, ensure_open = ports.next_stamp, ports.lifecycle.ensure_open
         # One consume of a held token at a time: per slot, a lock and how many consumes use it.
         turns: dict[Hashable, tuple[asyncio.Lock, list[int]]] = {}
         removals: set[asyncio.Task[None]] = set()
@@ -95,7 +95,7 @@ class StaleReadLayer:
                 users[0] -= 1
                 if users[0] == 0 and turns.get(slot) is turn:
                     del turns[slot]
-            gate.leave_direct(slot, stamp)
+            gate.leave(slot, stamp)
 
         async def remove(
             key: Any,
@@ -106,7 +106,7 @@ class StaleReadLayer:
             saved_at: int | None,
         ) -> None:
             try:
-                await buffer.take(write, key)
+                await lookups.take(write, key)
                 if unconsumed is not None:
                     # The backend may hold a copy (a save whose answer was lost reached it): hold
                     # the consume and replay it, else that copy could be resumed a second time. It
@@ -114,7 +114,7 @@ class StaleReadLayer:
                     kwargs = unconsumed.kwargs
                     if saved_at is not None:
                         kwargs = {**kwargs, WRITE_TIME_ARGUMENT: saved_at}
-                    await durability.dead_letter(
+                    await keeper.hold(
                         unconsumed.method.policy.name,
                         unconsumed.args,
                         kwargs,
@@ -126,27 +126,26 @@ class StaleReadLayer:
             except Exception:  # the entry stays: it may be replayed, and so resumed again
                 logger.exception(
                     "a resumed pause could not be removed from the dead-letter buffer",
-                    extra={"event": "deadletter_take_failed", "store": buffer.store_name, "method": write},
+                    extra={"event": "deadletter_take_failed", "store": lookups.store_name, "method": write},
                 )
             finally:
                 leave(slot, stamp, turn, True)
 
         async def consume(call: Call) -> Any:
-            if not durability.opened:
-                await durability.open()
+            await ensure_open()
             key = key_of(call.args, call.kwargs)
-            slot = buffer.slot(write, key) if key is not None else None
+            slot = gate.slot(write, key) if key is not None else None
             if slot is None:
                 return await inner(call)
             # Registered as the newest write of the key: a replay of it already in flight finishes
             # first (the write is then in the backend, not held), and none starts until this is done.
             stamp = next_stamp()
-            if not gate.try_enter_direct(slot, stamp):
-                await gate.enter_direct(slot, stamp)
+            if not gate.try_enter(slot, stamp):
+                await gate.enter(slot, stamp)
             turn: tuple[asyncio.Lock, list[int]] | None = None
             holding = handed_over = False
             try:
-                if await buffer.latest_for_key(write, key) is None:
+                if await lookups.latest_for_key(write, key) is None:
                     return await inner(call)  # nothing held: the backend's answer
                 # A held pause leaves the buffer only once a consume returns it: one consume of it
                 # at a time; a consume cancelled or failing meanwhile leaves it for the next.
@@ -156,7 +155,7 @@ class StaleReadLayer:
                 turn[1][0] += 1
                 await turn[0].acquire()
                 holding = True
-                taken = await buffer.latest_for_key(write, key)
+                taken = await lookups.latest_for_key(write, key)
                 if taken is None:
                     return await inner(call)  # the consume before this one returned it
                 held = value_of(*taken)
@@ -184,20 +183,19 @@ class StaleReadLayer:
     def _wrap_latest(
         self, inner: Service, write: str, key_of: ArgGetter | None, value_of: ArgGetter
     ) -> Service:
-        durability = self._durability
-        buffer, cache = durability.buffer, durability.cache
+        ports = self._ports
+        lookups, cache, ensure_open = ports.lookups, ports.cache, ports.lifecycle.ensure_open
         if key_of is None:
             return inner
 
         async def held_value(key: Any) -> tuple[bool, Any]:
-            if buffer is None or buffer.is_empty:
+            if lookups is None or lookups.is_empty:
                 return False, None
-            held = await buffer.latest_for_key(write, key)
+            held = await lookups.latest_for_key(write, key)
             return (False, None) if held is None else (True, value_of(*held))
 
         async def latest(call: Call) -> Any:
-            if not durability.opened:
-                await durability.open()
+            await ensure_open()
             key = key_of(call.args, call.kwargs)
             cache_key = (write, key) if key is not None and _hashable(key) else None
             try:
@@ -212,7 +210,7 @@ class StaleReadLayer:
                     raise
                 call.error, call.outcome = exc, Outcome.STALE
                 return value
-            if buffer is not None and not buffer.is_empty:
+            if lookups is not None and not lookups.is_empty:
                 found, value = await held_value(key)
                 if found:
                     result = value
@@ -223,37 +221,37 @@ class StaleReadLayer:
         return latest
 
     def _wrap_list(self, inner: Service, method: MethodSetup, value_of: ArgGetter) -> Service:
-        durability = self._durability
-        buffer, cache, batcher = durability.buffer, durability.cache, durability.batcher
+        ports = self._ports
+        lookups, cache, queue = ports.lookups, ports.cache, ports.queue
+        ensure_open = ports.lifecycle.ensure_open
         policy = method.policy
         write = policy.merge_from
         scope_of = policy.scope_key
         assert write is not None
         if scope_of is None:
             return inner
-        write_batched = self._policies.get(write).batch and batcher is not None
+        write_batched = queue is not None and queue.takes(self._policies.get(write))
         merge = _list_merger(policy.merge_id)
         name = policy.name
 
         def held_values(scope: str) -> list[Any]:
             values: list[Any] = []
-            if write_batched and batcher is not None:
-                values.extend(value_of(w.args, w.kwargs) for w in batcher.pending_for_scope(write, scope))
+            if write_batched and queue is not None:
+                values.extend(value_of(w.args, w.kwargs) for w in queue.pending_for_scope(write, scope))
             return values
 
         async def held_in_buffer(scope: str) -> list[Any]:
-            if buffer is None or buffer.is_empty:
+            if lookups is None or lookups.is_empty:
                 return []
-            return [value_of(*held) for held in await buffer.pending_for_scope(write, scope)]
+            return [value_of(*held) for held in await lookups.pending_for_scope(write, scope)]
 
         async def listed(call: Call) -> Any:
-            if not durability.opened:
-                await durability.open()
+            await ensure_open()
             scope = scope_of(call.args, call.kwargs)
             if not isinstance(scope, str):
                 return await inner(call)
-            if write_batched and batcher is not None:
-                await batcher.flush_scope(write, scope)
+            if write_batched and queue is not None:
+                await queue.flush_scope(write, scope)
             cache_key = _call_key(name, call.args, call.kwargs)
             try:
                 result = await inner(call)

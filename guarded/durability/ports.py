@@ -1,0 +1,153 @@
+"""The narrow interfaces the guard's layers receive from its durability (issue 15, item 2).
+
+:class:`~guarded.durability.owner.Durability` owns the batcher, the dead-letter buffer, the stale
+cache, the lifecycle and the replay; a layer gets only the ports it uses, each a few bound methods:
+
+* :class:`Lifecycle`: open the durable parts once, before a call that needs them;
+* :class:`WriteQueue`: submit a write to the batcher, flush or list what waits for a scope, and
+  say which writes it takes (so no layer guesses what write-behind takes);
+* :class:`HeldWriteKeeper`: hold a write that failed, park bad data, forget held writes a direct
+  write superseded;
+* :class:`HeldWriteLookups`: what the dead-letter buffer holds for a key or a scope, and taking a
+  held pause out of it;
+* :class:`DirectWriteGate`: order a direct write of a key against replays of it.
+
+Each port binds its owner's methods once: calling through a port adds no frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..batching import Batcher, PendingWrite
+from ..deadletter import DeadLetterBuffer, DeadLetterStats
+from ..deadletter.gate import Slot
+from ..deadletter.replay import Call as Held
+from ..policy import MethodPolicy
+from ..stale import StaleCache
+
+
+class Lifecycle:
+    """Opens the durable parts once: the spill file is claimed and held writes of a previous
+    process start replaying before the first call that needs them."""
+
+    __slots__ = ("_is_open", "_open")
+
+    def __init__(self, is_open: Callable[[], bool], open_: Callable[[], Awaitable[None]]) -> None:
+        self._is_open = is_open
+        self._open = open_
+
+    async def ensure_open(self) -> None:
+        """Return at once when open, else open (once, whoever asks)."""
+        if not self._is_open():
+            await self._open()
+
+
+class WriteQueue:
+    """The batcher, as the batching and read layers see it."""
+
+    __slots__ = ("flush_scope", "pending_for_scope", "submit")
+
+    def __init__(self, batcher: Batcher) -> None:
+        self.submit: Callable[..., Awaitable[bool]] = batcher.submit
+        """``submit(write, deadline=...)``: queue ``write``; ``False`` when no room came in time."""
+        self.flush_scope: Callable[[str, str], Awaitable[None]] = batcher.flush_scope
+        """Write out what waits for one trace or session (before a read of it)."""
+        self.pending_for_scope: Callable[[str, str], list[PendingWrite]] = batcher.pending_for_scope
+        """The writes of a method waiting for one trace or session."""
+
+    @staticmethod
+    def takes(policy: MethodPolicy) -> bool:
+        """Whether the queue takes the calls of ``policy``'s method (they never reach the layers
+        that hold single writes: a failed batch is held by the owner)."""
+        return policy.batch
+
+
+class HeldWriteKeeper:
+    """Keeps writes that failed (held for replay), parks bad data, drops superseded writes."""
+
+    __slots__ = ("hold", "kept_kwargs", "park", "supersede")
+
+    def __init__(
+        self,
+        hold: Callable[..., Awaitable[bool]],
+        park: Callable[[str, tuple[Any, ...], Mapping[str, Any], BaseException], Awaitable[None]],
+        kept_kwargs: Callable[[PendingWrite], Mapping[str, Any]],
+        buffer: DeadLetterBuffer,
+    ) -> None:
+        self.hold = hold
+        """``hold(method, args, kwargs, key=, scope=, stamp=, error=)``: keep a failed write for
+        replay; ``False`` when it cannot be kept (it is parked as bad data)."""
+        self.park = park
+        """Park a write the backend refused as bad data, with its reason."""
+        self.kept_kwargs = kept_kwargs
+        """The arguments a batched write is kept with."""
+        self.supersede: Callable[[str, Any, int], Awaitable[int]] = buffer.supersede
+        """A direct write of a key succeeded: drop held writes of the key stamped before it."""
+
+
+class HeldWriteLookups:
+    """What the dead-letter buffer holds, for the reads that show it."""
+
+    __slots__ = ("_buffer", "latest_for_key", "pending_for_scope", "stats", "store_name", "take")
+
+    def __init__(self, buffer: DeadLetterBuffer) -> None:
+        self._buffer = buffer
+        self.store_name = buffer.store_name
+        self.latest_for_key: Callable[[str, Any], Awaitable[Held | None]] = buffer.latest_for_key
+        """The newest held write of a key, or ``None``."""
+        self.pending_for_scope: Callable[[str, str], Awaitable[Sequence[Held]]] = buffer.pending_for_scope
+        """The held writes of a method for one trace or session, oldest first."""
+        self.take: Callable[[str, Any], Awaitable[Held | None]] = buffer.take
+        """Take the newest held write of a key out of the buffer (a resumed pause)."""
+        self.stats: Callable[[], Awaitable[DeadLetterStats]] = buffer.stats
+        """How much is held (depth, bytes in memory and on disk)."""
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing is held (the lookups can be skipped)."""
+        return self._buffer.is_empty
+
+
+class DirectWriteGate:
+    """Orders a direct write of a key against replays of the same key
+    (:class:`~guarded.deadletter.gate.KeyGate`): a replay in flight finishes first, and none starts
+    until the direct write is done."""
+
+    __slots__ = ("enter", "leave", "slot", "try_enter")
+
+    def __init__(self, buffer: DeadLetterBuffer) -> None:
+        gate = buffer.gate
+        self.slot: Callable[[str, Any], Slot | None] = buffer.slot
+        """The slot of a method's key (``None`` when the key cannot have one)."""
+        self.try_enter: Callable[[Slot, int], bool] = gate.try_enter_direct
+        self.enter: Callable[[Slot, int], Awaitable[None]] = gate.enter_direct
+        self.leave: Callable[[Slot, int], None] = gate.leave_direct
+
+
+@dataclass(frozen=True, slots=True)
+class DurabilityPorts:
+    """Every port of one guard's durability; ``None`` where the part is off (no batcher, no
+    dead-letter buffer, no stale cache)."""
+
+    lifecycle: Lifecycle
+    next_stamp: Callable[[], int]
+    """Call-order stamps: a direct write supersedes held writes of its key with older stamps."""
+    queue: WriteQueue | None
+    keeper: HeldWriteKeeper | None
+    lookups: HeldWriteLookups | None
+    gate: DirectWriteGate | None
+    cache: StaleCache | None
+
+
+__all__ = [
+    "DirectWriteGate",
+    "DurabilityPorts",
+    "Held",
+    "HeldWriteKeeper",
+    "HeldWriteLookups",
+    "Lifecycle",
+    "WriteQueue",
+]
