@@ -35,7 +35,6 @@ from ..failure_log import FailureLog
 from ..local_artifacts import InMemoryArtifactStore
 from ..outcome import Outcome
 from ..policy import ArgGetter, LocalFallback, PolicyTable
-from .fallback import failure_outcome
 
 logger = logging.getLogger("guarded.artifacts")
 
@@ -194,7 +193,7 @@ class LocalArtifactFallbackLayer:
                     key=artifact_id,
                     scope=None,
                     stamp=stamp,
-                    error=failure_outcome(exc).value,
+                    error=error_type(exc),
                 )
             except Exception:
                 logger.exception(

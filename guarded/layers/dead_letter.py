@@ -20,7 +20,6 @@ from ..call import Call, MethodSetup, Service
 from ..classify import ErrorClass, classify, error_type, safe_message
 from ..durability import DurabilityPorts
 from ..failure_log import FailureLog
-from ..layers.fallback import failure_outcome
 from ..logical_time import LOGICAL_TIMES as logical_times
 from ..logical_time import WRITE_TIME_ARGUMENT, next_logical_time
 from ..outcome import Outcome
@@ -92,7 +91,7 @@ class DeadLetterLayer:
                     key=key,
                     scope=scope if isinstance(scope, str) else None,
                     stamp=stamp,
-                    error=failure_outcome(exc).value,
+                    error=error_type(exc),
                 )
                 if not kept:
                     raise
