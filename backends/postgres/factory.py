@@ -9,7 +9,8 @@ async. Two callables are offered::
 * :func:`create_store` (async): connects, applies migrations, returns a ready store.
 * :func:`create_store_lazy` (sync): returns at once; the pool opens on the first call.
 
-Environment variables (all optional; durations in seconds, ``none`` disables a timeout):
+Environment variables (all optional; durations as the command line takes them: ``30s``, ``15m``,
+``12h``, ``30d``, ``1h30m`` or a plain number of seconds; ``none`` disables a timeout):
 
 =====================================  ===========================================================
 ``GUARDED_PG_DSN``                     connection string; else ``DATABASE_URL``; else asyncpg's
@@ -44,6 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from guarded.durations import DURATION_EXAMPLES, parse_duration
 from guarded.models import ArtifactRetentionConfig
 
 from .connection import PoolSettings
@@ -84,12 +86,12 @@ def _number(
     if nullable and raw.lower() == "none":
         return None
     try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigurationError(f"{PREFIX}{name}={raw!r} is not a number of seconds") from None
-    if not value > 0 or value == float("inf"):
-        raise ConfigurationError(f"{PREFIX}{name}={raw!r} must be a positive number")
-    return value
+        return parse_duration(raw)
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"{PREFIX}{name}={raw!r}: {exc}; write a duration such as {DURATION_EXAMPLES} "
+            "(a plain number is seconds)"
+        ) from None
 
 
 def _integer(env: Mapping[str, str], name: str, default: int) -> int:

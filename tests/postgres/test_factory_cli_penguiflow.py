@@ -75,6 +75,24 @@ def test_config_from_env_reads_every_setting() -> None:
     assert config_from_env({"DATABASE_URL": "postgresql://fallback"}).dsn == "postgresql://fallback"
 
 
+def test_durations_accept_units_as_the_command_line_does() -> None:
+    config = config_from_env(
+        {
+            "GUARDED_PG_RETENTION_EVENTS": "30d",
+            "GUARDED_PG_RETENTION_UPDATES": "12h",
+            "GUARDED_PG_PAUSE_TTL": "1h30m",
+            "GUARDED_PG_STATEMENT_TIMEOUT": "500ms",
+        }
+    )
+    retention = config.options["retention"]
+    assert retention is not None
+    assert (retention.events_max_age, retention.updates_max_age) == (30 * 86400, 12 * 3600)
+    assert config.options["pause_ttl"] == 5400
+    assert config.pool.statement_timeout == 0.5
+    with pytest.raises(ConfigurationError, match=r"GUARDED_PG_PAUSE_TTL='-5m'.*30s, 15m, 12h or 30d"):
+        config_from_env({"GUARDED_PG_PAUSE_TTL": "-5m"})
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [
