@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -46,13 +47,15 @@ async def medians(
     """Median wall time of each operation over ``repeats`` rounds (``setup`` runs untimed before each run).
 
     The operations alternate within every round, so a slower or busier stretch of the machine
-    affects all of them alike instead of skewing one side of a comparison.
+    affects all of them alike instead of skewing one side of a comparison. Garbage is collected
+    (untimed) before each run, so no operation pays for the collection of another's garbage.
     """
     samples: dict[str, list[float]] = {name: [] for name in operations}
     for round_number in range(warmup + repeats):
         for name, operation in operations.items():
             if setup is not None:
                 await setup()
+            gc.collect()  # the previous operation's garbage is not this one's cost
             started = time.perf_counter()
             await operation()
             if round_number >= warmup:
