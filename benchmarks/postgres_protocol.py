@@ -10,6 +10,9 @@ median over the rounds of the mean time per call, so a busier stretch hits every
   asyncpg pool of the same size (one connection acquired per call, as the store does; the pool's
   reset on release is asyncpg's, not the store's, and both pay it). Arguments are prepared in
   advance, so this is the floor: server, network and asyncpg's own work, no encoding or validation.
+* ``raw, no reset`` (reference): the same on a pool created with a no-op ``reset``, so a
+  released connection costs no reset round trip (``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN
+  *; RESET ALL``): what a store that keeps no session state could save per call.
 * ``bare store``: ``PostgresStateStore``'s method.
 * ``guard``: the same method of ``guard(store)`` with the default configuration. Appends the guard
   batches (``save_event``, ``save_update``, ``save_planner_event``) return once their batch is
@@ -81,11 +84,14 @@ class QueryRecorder:
 class MethodSeries:
     method: str
     raw: AsyncCall
+    raw_no_reset: AsyncCall
     bare: AsyncCall
     guarded: AsyncCall
     statements: list[Statement]
     prepare: AsyncCall | None = None
-    samples: dict[str, list[float]] = field(default_factory=lambda: {"raw": [], "bare": [], "guard": []})
+    samples: dict[str, list[float]] = field(
+        default_factory=lambda: {"raw": [], "raw_no_reset": [], "bare": [], "guard": []}
+    )
 
     def median_us(self, name: str) -> float:
         return statistics.median(self.samples[name]) * 1e6
@@ -98,6 +104,10 @@ def _bound(target: Any, method: str, arguments: MethodCall) -> AsyncCall:
 
 POOL_RESET = "SELECT pg_advisory_unlock_all()"
 """How asyncpg's pool resets a released connection (logged too; the raw pool sends it on its own)."""
+
+
+async def _no_reset(conn: asyncpg.Connection) -> None:
+    return None
 
 
 def _replay(pool: asyncpg.Pool, statements: Sequence[Statement]) -> AsyncCall:
@@ -118,6 +128,7 @@ async def build(
     store: PostgresStateStore,
     proxy: Any,
     raw: asyncpg.Pool,
+    raw_no_reset: asyncpg.Pool,
     recorder: QueryRecorder,
     methods: Sequence[str],
 ) -> list[MethodSeries]:
@@ -138,6 +149,7 @@ async def build(
             MethodSeries(
                 method,
                 raw=_replay(raw, statements),
+                raw_no_reset=_replay(raw_no_reset, statements),
                 bare=_bound(store, method, arguments),
                 guarded=_bound(proxy, method, arguments),
                 statements=statements,
@@ -152,7 +164,12 @@ async def measure(series: Sequence[MethodSeries], *, rounds: int, per_round: int
     clock = time.perf_counter
     for round_number in range(rounds + 1):
         for entry in series:
-            for name, call in (("raw", entry.raw), ("bare", entry.bare), ("guard", entry.guarded)):
+            for name, call in (
+                ("raw", entry.raw),
+                ("raw_no_reset", entry.raw_no_reset),
+                ("bare", entry.bare),
+                ("guard", entry.guarded),
+            ):
                 spent = 0.0
                 for _ in range(per_round):
                     if entry.prepare is not None:
@@ -169,6 +186,7 @@ def format_table(series: Sequence[MethodSeries]) -> str:
         "method",
         "statements",
         "raw asyncpg µs",
+        "raw, no reset µs",
         "bare store µs",
         "x raw",
         "guard µs",
@@ -177,12 +195,15 @@ def format_table(series: Sequence[MethodSeries]) -> str:
     )
     body = []
     for entry in series:
-        raw, bare, guarded = (entry.median_us(name) for name in ("raw", "bare", "guard"))
+        raw, no_reset, bare, guarded = (
+            entry.median_us(name) for name in ("raw", "raw_no_reset", "bare", "guard")
+        )
         body.append(
             (
                 entry.method,
                 str(len(entry.statements)),
                 f"{raw:.0f}",
+                f"{no_reset:.0f}",
                 f"{bare:.0f}",
                 f"{bare / raw:.2f}",
                 f"{guarded:.0f}",
@@ -216,13 +237,16 @@ async def run(
         pool=PoolSettings(min_size=2, max_size=2, init=recorder.install),
     )
     raw = await asyncpg.create_pool(dsn, min_size=2, max_size=2)
+    raw_no_reset = await asyncpg.create_pool(dsn, min_size=2, max_size=2, reset=_no_reset)
     assert raw is not None
+    assert raw_no_reset is not None
     proxy = guard(store, name="bench-protocol", registry=CollectorRegistry())
     try:
-        series = await build(store, proxy, raw, recorder, methods)
+        series = await build(store, proxy, raw, raw_no_reset, recorder, methods)
         await measure(series, rounds=rounds, per_round=per_round)
     finally:
         await controller(proxy).aclose()
+        await raw_no_reset.close()
         await raw.close()
         await store.close()
     text = format_table(series) + (
