@@ -102,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--repeats", type=int, help="timed runs per PostgreSQL benchmark (default 7, quick 3)"
     )
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, smaller workloads")
+    parser.add_argument(
+        "--detail", action="store_true", help="guard section: every series (median, min..max, calls) too"
+    )
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the smoke test's sizes
     parser.add_argument(
         "--durable", action="store_true", help="embedded server with fsync/synchronous_commit on"
@@ -128,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = asyncio.run(guard_bench.run(repetitions=3, budget=0.005, most=2_000))
         else:
             result = asyncio.run(guard_bench.run())
-        print(format_section(result), end="\n\n", flush=True)
+        print(format_section(result, detail=args.detail), end="\n\n", flush=True)
         met &= all(verdict.passed for verdict in result.verdicts)
         issue += result.verdicts
     wanted = [section for section in POSTGRES_SECTIONS if section in sections]
