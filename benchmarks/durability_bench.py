@@ -6,7 +6,7 @@ series that are compared with each other are interleaved (repetition 1 of every 
 repetition 2, ...) and medians are reported, so a busier stretch of a shared machine affects
 every side of a ratio alike.
 
-1. **Group commit** (the guard's default, ``BatchConfig(ack="commit")``): :data:`WRITERS`
+1. **Group commit** (the guard's default, ``BatchConfig(ack="commit")``): ``WRITERS``
    concurrent writers, one trace each, each awaiting its own ``save_event`` calls of small events
    in a loop. Per number of writers, on a freshly truncated table each time and with the same
    events:
@@ -14,6 +14,10 @@ every side of a ratio alike.
    * ``group commit``: ``guard(store)`` with the default configuration. A call returns once the
      batch holding its event is committed, so the time of each awaited call is the caller's
      latency from call to commit (p50 / p99 over every timed repetition).
+   * ``group commit, pipelined``: the same guard configuration and events, but each writer sends
+     all its calls at once and awaits them together (every call still returns at commit): the
+     batcher sees deep queues, so this is the guard's throughput when the event loop, not the
+     round trip of a lone write, is the limit.
    * ``unbatched``: ``GuardConfig(batching=BatchConfig(enabled=False))``, the same writers and
      the same number of writes: every call waits for its own ``INSERT``.
    * ``COPY``: the same events encoded exactly as the store encodes them
@@ -80,6 +84,7 @@ from .durability_workload import (
     COPY,
     DRAIN_CALLERS,
     GROUP_COMMIT,
+    PIPELINED,
     SCHEMA,
     SECTION,
     UNBATCHED,
@@ -94,6 +99,7 @@ from .durability_workload import (
     configure_quick,
     configure_tiny,
     drive,
+    drive_pipelined,
     percentile,
     save_calls,
     writer_events,
@@ -110,14 +116,16 @@ def _guarded_run(
     registry: CollectorRegistry,
     groups: Sequence[Sequence[StoredEvent]],
     closers: list[Callable[[], Awaitable[None]]],
+    driver: Callable[..., Awaitable[None]] = drive,
 ) -> Callable[[list[float]], Awaitable[None]]:
-    """A guard over ``store`` whose writers save ``groups``; its ``aclose`` goes to ``closers``."""
+    """A guard over ``store`` whose writers save ``groups`` (one by one, or with ``driver``); its
+    ``aclose`` goes to ``closers``."""
     proxy = guard(store, name=name, config=config, registry=registry)
     calls = save_calls(proxy.save_event, groups)
     closers.append(controller(proxy).aclose)
 
     async def run(latencies: list[float]) -> None:
-        await drive(calls, latencies)
+        await driver(calls, latencies)
         _check_healthy(name, proxy)
 
     return run
@@ -136,11 +144,16 @@ def build_levels(store: PostgresStateStore, closers: list[Callable[[], Awaitable
         groups = writer_events(writers, total, f"w{writers}")
         registry = CollectorRegistry()
         batched_run = _guarded_run(store, f"gc-{writers}", GuardConfig(), registry, groups, closers)
+        pipelined_registry = CollectorRegistry()
+        pipelined_run = _guarded_run(
+            store, f"pipelined-{writers}", GuardConfig(), pipelined_registry, groups, closers, drive_pipelined
+        )
         unbatched_run = _guarded_run(
             store, f"unbatched-{writers}", unbatched, CollectorRegistry(), groups, closers
         )
         series = {
             GROUP_COMMIT: Series(GROUP_COMMIT, writers, total, batched_run, registry),
+            PIPELINED: Series(PIPELINED, writers, total, pipelined_run, pipelined_registry),
             UNBATCHED: Series(UNBATCHED, writers, total, unbatched_run),
             COPY: Series(COPY, writers, total, _copy_run(store, [e for group in groups for e in group])),
         }

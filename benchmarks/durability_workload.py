@@ -64,6 +64,7 @@ SPILL_TARGET = 10_000.0
 UPSERT_DRAIN_TARGET = 5_000.0
 
 GROUP_COMMIT = "group commit"
+PIPELINED = "group commit, pipelined"
 UNBATCHED = "unbatched"
 COPY = "COPY"
 BARE = "bare store"
@@ -203,6 +204,23 @@ async def drive(
                 record(clock() - started)
 
     await asyncio.gather(*(caller(group) for group in calls))
+
+
+async def drive_pipelined(
+    calls: Sequence[Sequence[Callable[[], Awaitable[Any]]]], latencies: list[float] | None = None
+) -> None:
+    """Every call of every group in flight at once (each writer sends its writes as a burst and
+    awaits them together); every call's duration, call to commit, goes to ``latencies``."""
+    clock = time.perf_counter
+    record = latencies.append if latencies is not None else None
+
+    async def one(call: Callable[[], Awaitable[Any]]) -> None:
+        started = clock()
+        await call()
+        if record is not None:
+            record(clock() - started)
+
+    await asyncio.gather(*(one(call) for group in calls for call in group))
 
 
 def save_calls(save: Callable[[Any], Awaitable[Any]], groups: Sequence[Sequence[Any]]) -> list[list[Any]]:

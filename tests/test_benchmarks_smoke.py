@@ -41,7 +41,8 @@ def test_tiny_run_reports_every_method_and_target(capsys: pytest.CaptureFixture[
         "fail-fast read with the breaker open <= 10 µs/call",
         "raw asyncpg µs",
         "COPY, rows by the store's encode_events",
-        "batched save_event >= 0.8x COPY (store encoding) at 10 writers",
+        "batched save_event >= 0.8x COPY (store encoding) at 10 writers, each awaiting its write",
+        "batched save_event >= 0.8x COPY (store encoding) at 10 writers, pipelined",
         "caller latency, call to commit",
         "issue 15 done-when targets, this run",
     ):
