@@ -247,6 +247,9 @@ class StaleConfig(_Frozen):
 
     enabled: bool = True
     max_entries: int = Field(10_000, ge=0)
+    max_bytes: int = Field(64 * 1024 * 1024, ge=0)
+    """Estimated bytes of the values held (see :func:`guarded.stale.estimate_size`); a value above
+    an eighth of this is not kept. ``0`` keeps nothing."""
 
 
 class MethodConfig(_Frozen):

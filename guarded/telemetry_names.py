@@ -299,3 +299,7 @@ GUARDED_PG_SCHEMA_EXPECTED_VERSION = "guarded_pg_schema_expected_version"
 store, schema). A schema whose :data:`GUARDED_PG_MIGRATION_VERSION` is above this value on some
 process is being served by code older than its schema (version skew)."""
 PG_METRIC_NAMES = (*PG_METRIC_NAMES, GUARDED_PG_SCHEMA_EXPECTED_VERSION)
+
+STALE_BYTES = "guarded_stale_cache_bytes"
+"""Gauge: estimated bytes of the values held for stale-if-error reads (``stale.max_bytes`` bounds
+it), by store; the companion of :data:`STALE_ENTRIES`."""

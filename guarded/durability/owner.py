@@ -114,7 +114,12 @@ class Durability:
             else None
         )
         self.cache: StaleCache | None = (
-            StaleCache(config.stale.max_entries, store_name=store_name, registry=registry)
+            StaleCache(
+                config.stale.max_entries,
+                max_bytes=config.stale.max_bytes,
+                store_name=store_name,
+                registry=registry,
+            )
             if config.stale.enabled
             else None
         )
