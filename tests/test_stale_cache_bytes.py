@@ -7,9 +7,12 @@ import gc
 import json
 import sys
 import tracemalloc
+from collections import OrderedDict
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from guarded.config import StaleConfig, build_config
@@ -180,3 +183,39 @@ def test_the_estimate_is_within_a_factor_of_what_tracemalloc_sees(build: Any) ->
     value, held = _held_by(build)
     ratio = estimate_size(value) / held
     assert 0.5 <= ratio <= 3, ratio
+
+
+operations = st.lists(
+    st.tuples(st.sampled_from(["put", "get", "discard"]), st.integers(0, 7), st.integers(0, 3_000)),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(operations, st.integers(1, 6), st.integers(0, 40_000))
+def test_the_cache_is_a_least_recently_used_map_under_both_bounds(
+    steps: list[tuple[str, int, int]], max_entries: int, max_bytes: int
+) -> None:
+    """Against a model: an ordered map, most recently used last, trimmed from the front; after
+    every step the cache holds the model's keys (so it evicted the ones the model did) and their
+    estimated bytes."""
+    cache = StaleCache(max_entries, max_bytes=max_bytes, registry=CollectorRegistry())
+    model: OrderedDict[int, str] = OrderedDict()
+    for operation, key, length in steps:
+        if operation == "put":
+            value = _text(length)
+            model.pop(key, None)
+            if estimate_size(value) <= max_bytes // LARGEST_SHARE:
+                model[key] = value
+                while len(model) > max_entries or sum(map(estimate_size, model.values())) > max_bytes:
+                    model.popitem(last=False)
+            cache.put(key, value)
+        elif operation == "get":
+            assert cache.get(key) == model.get(key)
+            if key in model:
+                model.move_to_end(key)
+        else:
+            cache.discard(key)
+            model.pop(key, None)
+        assert [k for k in range(8) if k in cache] == sorted(model)
+        assert cache.bytes == sum(map(estimate_size, model.values()))
