@@ -210,6 +210,9 @@ async def measure_levels(
                 started = time.perf_counter()
                 await drive(groups, [])
                 level.harness.append((time.perf_counter() - started) / level.writes)
+                started = time.perf_counter()
+                await drive_pipelined(groups, [])
+                level.pipelined_harness.append((time.perf_counter() - started) / level.writes)
         if round_number == warmup - 1:
             for level in levels:
                 for entry in level.series.values():
@@ -295,6 +298,9 @@ async def run(dsn: str, *, repeats: int = 7, server: EmbeddedPostgres | None = N
         + ", ".join(
             f"{statistics.median(level.harness) * 1e6:.1f} µs/write at {level.writers:,}" for level in levels
         )
+        + " (pipelined: "
+        + ", ".join(f"{statistics.median(level.pipelined_harness) * 1e6:.1f}" for level in levels)
+        + ")"
         + "; the store's row encoding (COPY series) "
         + f"{_encode_cost(levels) * 1e6:.1f} µs/event.",
     ]

@@ -299,6 +299,8 @@ class Level:
     series: dict[str, Series]
     harness: list[float] = field(default_factory=list)
     """Seconds per write of the writers alone (awaiting a no-op), per repetition."""
+    pipelined_harness: list[float] = field(default_factory=list)
+    """The same for the pipelined writers."""
 
 
 @dataclass
