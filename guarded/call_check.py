@@ -24,6 +24,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .classify import redact_quoted
 from .codec import CODECS, DEFAULT_TYPES, installed_types
 from .errors import CallerError
 from .policy import Argument, MethodPolicy
@@ -92,7 +93,9 @@ def own_signature(method: object) -> inspect.Signature | None:
     if method is None or not callable(method):
         return None
     try:
-        signature = inspect.signature(method)
+        # The signature of what is called: a decorator's wrapper may supply arguments itself
+        # (a connection, a tenant), so the wrapped function's parameters are not the caller's.
+        signature = inspect.signature(method, follow_wrapped=False)
     except (TypeError, ValueError):
         return None
     kinds = {parameter.kind for parameter in signature.parameters.values()}
@@ -109,6 +112,12 @@ def _binder(label: str, signature: inspect.Signature) -> Check:
         for parameter in parameters
         if parameter.kind in _POSITIONAL and parameter.default is inspect.Parameter.empty
     )  # the required positional parameters come first: Python's syntax says so
+    least_by_position = sum(
+        1
+        for parameter in parameters
+        if parameter.kind is inspect.Parameter.POSITIONAL_ONLY
+        and parameter.default is inspect.Parameter.empty
+    )  # never given by keyword (a keyword of that name goes to **kwargs)
     kinds = {parameter.kind for parameter in parameters}
     most = float("inf") if inspect.Parameter.VAR_POSITIONAL in kinds else len(positional)
     any_keyword = inspect.Parameter.VAR_KEYWORD in kinds
@@ -130,7 +139,7 @@ def _binder(label: str, signature: inspect.Signature) -> Check:
             return False
         if not kwargs:
             return count >= least and not keyword_required
-        if not any_keyword and not kwargs.keys() <= by_keyword:
+        if count < least_by_position or (not any_keyword and not kwargs.keys() <= by_keyword):
             return False
         return (
             not any(name in kwargs for name in positional[:count])
@@ -144,7 +153,7 @@ def _binder(label: str, signature: inspect.Signature) -> Check:
         try:
             full_bind(*args, **kwargs)  # for Python's own words; binds() never refuses a good call
         except TypeError as exc:
-            raise CallerError(f"{label}(): {exc}") from None
+            raise CallerError(f"{label}(): {redact_quoted(str(exc))}") from None
 
     return bind
 
@@ -193,13 +202,23 @@ def _record_acceptor(record: str) -> tuple[Callable[[Any], bool], str]:
     classes = tuple({getattr(DEFAULT_TYPES, record), getattr(installed_types(), record)})
 
     def accepts(value: Any) -> bool:
-        return isinstance(value, classes) or all(hasattr(value, field) for field in fields)
+        if isinstance(value, classes):
+            return True
+        try:
+            return all(hasattr(value, field) for field in fields)
+        except Exception:  # an attribute that raises something else than AttributeError
+            return False
 
     return accepts, f"a {record} (guarded.models, PenguiFlow's, or an object with its fields)"
 
 
 def _is_trajectory(value: Any) -> bool:
-    return isinstance(value, Mapping) or callable(getattr(value, "serialise", None))
+    if isinstance(value, Mapping):
+        return True
+    try:
+        return callable(getattr(value, "serialise", None))
+    except Exception:  # an attribute that raises something else than AttributeError
+        return False
 
 
 def _type(value: Any) -> str:

@@ -33,6 +33,7 @@ errors and registers it (:func:`register_classifier`); the PostgreSQL backend's 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from enum import Enum
 from typing import Protocol
@@ -71,6 +72,9 @@ SCHEMA_MISMATCH = "schema_mismatch"
 SYSTEM_ERROR = "system_error"
 OPERATIONAL_CONDITIONS = names.OPERATIONAL_CONDITIONS
 """Every value of the ``condition`` label, defined once in :mod:`guarded.telemetry_names`."""
+
+
+_BY_VALUE = {kind.value: kind for kind in ErrorClass}
 
 
 class ErrorClassifier(Protocol):
@@ -134,12 +138,14 @@ class BackendNotReachedError(GuardedError, ConnectionError):
 def classify(exc: BaseException) -> ErrorClass:
     """Classify ``exc`` for the retry layer and the breaker.
 
-    An exception may declare its class in an ``error_class`` attribute (an :class:`ErrorClass`),
-    as the guard's own :class:`~guarded.bulkhead.BulkheadTimeoutError` does.
+    An exception may declare its class in an ``error_class`` attribute (an :class:`ErrorClass` or
+    its value), as the guard's own :class:`~guarded.bulkhead.BulkheadTimeoutError` does.
     """
     declared = getattr(exc, "error_class", None)
     if isinstance(declared, ErrorClass):
         return declared
+    if isinstance(declared, str) and declared in _BY_VALUE:
+        return _BY_VALUE[declared]
     if isinstance(exc, InvalidPayloadError):
         return ErrorClass.REJECTED
     for classifier in _classifiers:
@@ -228,10 +234,28 @@ def safe_message(exc: BaseException) -> str:
     if isinstance(exc, InvalidPayloadError | SteeringValidationError | CallerError):
         return str(exc)[:300]
     if isinstance(exc, TypeError | AttributeError):
-        return str(exc)[:300]
+        return redact_quoted(str(exc))[:300]
     if isinstance(exc, GuardedError | OSError | TimeoutError | asyncio.TimeoutError):
         return str(exc)[:200]
     return ""
+
+
+_QUOTED = re.compile(r"'([^']*)'")
+
+
+def redact_quoted(text: str) -> str:
+    """``text`` with every quoted name that is not a Python identifier replaced by ``'…'``.
+
+    Python's ``TypeError``/``AttributeError`` messages quote names: of parameters, attributes and
+    types, which are code, and useful to find the bug. A name that is no identifier came from data
+    (a payload's key splatted as ``**state`` into a call, ``'ssn_123-45-6789'``): redacted.
+    """
+
+    def keep(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return match.group(0) if name.isidentifier() and len(name) <= 64 else "'…'"
+
+    return _QUOTED.sub(keep, text)
 
 
 def error_type(exc: BaseException) -> str:

@@ -57,6 +57,15 @@ class CallerError(GuardedError, TypeError):
     """
 
 
+class WriteRefusedError(GuardedError):
+    """A write of a batch that the backend refused as bad data or with a programming error: it is
+    parked with its reason (``guarded dlq list --parked``). The caller's call ends ``rejected``;
+    in strict mode this is raised to it."""
+
+    error_class = "rejected"
+    counts_against_backend = False
+
+
 class SteeringValidationError(ValueError):
     """A steering payload does not satisfy its event type's required fields (spec 000).
 

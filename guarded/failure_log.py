@@ -37,10 +37,12 @@ class FailureLog:
         outcome: str,
         message: str,
         level: int = logging.WARNING,
+        distinct: bool = False,
     ) -> None:
-        """Log one failure of ``method`` (at ``level``: ERROR for a programming error)."""
+        """Log one failure of ``method`` (at ``level``: ERROR for a programming error). With
+        ``distinct``, failures of one error type with different messages are rate-limited apart."""
         self._log.log(
-            (method, error_type),
+            (method, error_type, message[:100]) if distinct else (method, error_type),
             level,
             "statestore %s failed on store %r: %s%s; returned %s",
             method,

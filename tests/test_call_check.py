@@ -20,6 +20,8 @@ SIGNATURES = [
     "def f(*, a, b=None): pass",
     "def f(a, /, b): pass",
     "def f(a, /, b=1, *, c): pass",
+    "def f(a, /, **kw): pass",
+    "def f(a, b=1, /, *args, k): pass",
     "def f(a, *args): pass",
     "def f(a, **kw): pass",
     "def f(a, b=2, *args, k=3): pass",

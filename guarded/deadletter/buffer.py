@@ -1877,15 +1877,15 @@ class DeadLetterBuffer:
         if outcome.result is ReplayResult.OK:
             tally.replayed += await self._replayed([entry], tally.epoch)
             self._succeeded(entry.method, tally)
+        elif outcome.unknown_method(entry.method):
+            await self._park_now(entry, f"the store has no method {entry.method!r}", tally)
+        elif doubt is not None and isinstance(outcome.error, TypeError):
+            await self._park_now(entry, doubt, tally)  # the call's own fault, said in our words
         elif outcome.result is ReplayResult.REJECTED:
             self._answered(entry.method, tally)
             await self._park_now(entry, outcome.reason or "rejected by the backend", tally)
         elif outcome.refused_by_breaker:
             self._stop(tally, outcome.reason)
-        elif outcome.unknown_method(entry.method):
-            await self._park_now(entry, f"the store has no method {entry.method!r}", tally)
-        elif doubt is not None and isinstance(outcome.error, TypeError):
-            await self._park_now(entry, doubt, tally)
         else:
             self._send_failed(entry, outcome, tally)
 

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from ..batching import Batcher, PendingWrite
 from ..breaker import BreakerState, CircuitBreaker
 from ..bulk_forms import bulk_args, bulk_call, bulk_method_for, bulk_methods_of
-from ..classify import ErrorClass, classify, error_type, safe_message
+from ..classify import ErrorClass, classify, error_type, is_programming_error, safe_message
 from ..codec import record_types_of
 from ..config import GuardConfig
 from ..deadletter import DeadLetterBuffer, ReplayResult
@@ -31,7 +31,8 @@ from ..errors import InvalidPayloadError
 from ..failure_log import operational_errors
 from ..idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_call
 from ..outcome import Outcome
-from ..policy import PolicyTable
+from ..policy import ALIASES, PolicyTable
+from ..rate_limited_log import RateLimitedLog
 from ..stale import StaleCache
 from .ports import (
     DirectWriteGate,
@@ -43,6 +44,9 @@ from .ports import (
 )
 
 logger = logging.getLogger("guarded.durability")
+
+_REFUSED = frozenset({ErrorClass.REJECTED, ErrorClass.PROGRAMMING})
+"""What no wait fixes: bad data, and a bug of the backend's. Parked, never held for replay."""
 
 InternalCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]]
 """Runs ``method(*args, **kwargs)`` on the backend through breaker, retry and timeout; raises."""
@@ -88,6 +92,11 @@ class Durability:
         self.breaker = breaker
         self._run = run
         self._operational = operational_errors(registry)
+        self._bugs = RateLimitedLog(config.logging.interval, log=logger)
+        self._aliases_of: dict[str, list[str]] = {}
+        for alias, method in ALIASES.items():
+            self._aliases_of.setdefault(method, []).append(alias)
+        self._offered_names: dict[str, str] = {}
         self._keyed_appends = frozenset(policy.name for policy in policies if policy.item_keys)
         """Appends whose writes each get a key of their own, used by the flush, kept with the write
         when it is held and used again by its replay (:data:`guarded.idempotency.ITEM_KEYS`)."""
@@ -220,9 +229,40 @@ class Durability:
     async def park(
         self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], exc: BaseException
     ) -> None:
-        """Park a write the backend rejected as bad data, with its reason; never replayed."""
+        """Park a write the backend refused (bad data, or a bug of the backend's: a ``TypeError``,
+        an ``AttributeError``), with its reason; never replayed automatically."""
         if self.buffer is not None:
             await self.buffer.park(method, args, kwargs, reason=f"{error_type(exc)}: {safe_message(exc)}")
+
+    def _log_bug(self, method: str, exc: BaseException, doing: str) -> None:
+        """An ERROR record for a programming error the backend raised on a write the guard
+        ``doing`` (written in a batch, replayed): the write is parked with its reason."""
+        self._bugs.log(
+            (method, error_type(exc), safe_message(exc)[:100]),
+            logging.ERROR,
+            "statestore %s %s on store %r failed with a programming error: %s (%s); parked",
+            method,
+            doing,
+            self.store_name,
+            error_type(exc),
+            safe_message(exc),
+            extra={"event": "statestore_programming_error", "store": self.store_name, "method": method},
+        )
+
+    def _offered(self, method: str) -> str:
+        """The name the store answers ``method`` by: the method itself, else a legacy alias of it
+        the store has (a store with only ``save_task_update`` gets its updates, written and held
+        under ``save_update`` so reads of either name see them, by that name)."""
+        found = self._offered_names.get(method)
+        if found is None:
+            found = method
+            if not callable(getattr(self.target, method, None)):
+                for alias in self._aliases_of.get(method, ()):
+                    if callable(getattr(self.target, alias, None)):
+                        found = alias
+                        break
+            self._offered_names[method] = found
+        return found
 
     def _write_key(self, write: PendingWrite) -> str:
         return self._write_key_prefix + str(write.stamp)
@@ -288,7 +328,7 @@ class Durability:
                     await self._run(bulk, bulk_args(method, writes), {})
                 return [_OK] * len(writes)
             except Exception as exc:
-                if classify(exc) is not ErrorClass.REJECTED:
+                if classify(exc) not in _REFUSED:
                     return await self._dead_letter_writes([(write, exc) for write in writes])
                 # One bad write rejects the whole bulk call: write one by one to find it.
         return await self._write_singles(writes)
@@ -302,9 +342,11 @@ class Durability:
             async with limit:
                 try:
                     with item_keys(self._item_keys((write,))):
-                        await self._run(write.method, write.args, write.kwargs)
+                        await self._run(self._offered(write.method), write.args, write.kwargs)
                 except Exception as exc:
-                    if classify(exc) is ErrorClass.REJECTED:
+                    if classify(exc) in _REFUSED:
+                        if is_programming_error(exc):
+                            self._log_bug(write.method, exc, "written in a batch")
                         await self.park(write.method, write.args, write.kwargs, exc)
                         outcomes[index] = _REJECTED
                     else:
@@ -335,9 +377,11 @@ class Durability:
     async def _send(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ReplayResult:
         try:
             with replayed_call(kwargs):
-                await self._run(method, args, kwargs)
+                await self._run(self._offered(method), args, kwargs)
         except Exception as exc:
             self._operational.count(self.store_name, method, exc)
+            if is_programming_error(exc):
+                self._log_bug(method, exc, "replayed")
             raise
         return ReplayResult.OK
 

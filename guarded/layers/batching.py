@@ -18,6 +18,7 @@ from typing import Any
 from ..batching import PendingWrite
 from ..call import Call, MethodSetup, Service
 from ..durability import DurabilityPorts
+from ..errors import WriteRefusedError
 from ..outcome import Outcome
 
 
@@ -41,7 +42,7 @@ class BatchingLayer:
         ensure_open = self._lifecycle.ensure_open
         submit, hold, kept_kwargs = queue.submit, keeper.hold, keeper.kept_kwargs
         commit = method.settings.ack == "commit"
-        ok = Outcome.OK
+        ok, rejected = Outcome.OK, Outcome.REJECTED
 
         async def batched(call: Call) -> Any:
             await ensure_open()
@@ -59,6 +60,11 @@ class BatchingLayer:
             if await submit(write, deadline=call.deadline):
                 if write.done is not None:
                     outcome = await write.done
+                    if outcome is rejected:
+                        raise WriteRefusedError(
+                            f"{name}: the backend refused the write; it is parked with its reason "
+                            "(guarded dlq list --parked)"
+                        )
                     if outcome is not ok:
                         call.outcome = outcome
                 return None

@@ -24,6 +24,8 @@ from ..logical_time import LOGICAL_TIMES as logical_times
 from ..logical_time import WRITE_TIME_ARGUMENT, next_logical_time
 from ..outcome import Outcome
 
+_REFUSED = frozenset({ErrorClass.REJECTED, ErrorClass.PROGRAMMING})
+
 
 class DeadLetterLayer:
     """Keeps failed dead-letter-eligible writes (policy ``dead_letter``) that are not batched."""
@@ -76,12 +78,12 @@ class DeadLetterLayer:
             try:
                 result = await inner(call)
             except Exception as exc:
-                kind = classify(exc)
-                if kind is ErrorClass.REJECTED:
+                if classify(exc) in _REFUSED:
+                    # Bad data, or a bug of the backend's (a TypeError, an AttributeError): no wait
+                    # fixes it, so it is never held for replay; parked with its reason, it can be
+                    # replayed once the bug is fixed (guarded dlq replay --parked).
                     await park(name, call.args, call.kwargs, exc)
                     raise
-                if kind is ErrorClass.PROGRAMMING:
-                    raise  # a bug: rejected and logged, never held for replay
                 scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
                 times = logical_times.get()
                 kept = await hold(

@@ -82,13 +82,15 @@ class FallbackLayer:
             call.outcome = failure_outcome(exc)
             if kind in _CALLERS and (strict or strict_forced()):
                 raise exc
+            bug = kind is ErrorClass.PROGRAMMING
             log.failure(
                 store=method.store_name,
                 method=method.label,
                 error_type=error_type(exc),
                 outcome=call.outcome.value,
                 message=safe_message(exc),
-                level=logging.ERROR if kind is ErrorClass.PROGRAMMING else logging.WARNING,
+                level=logging.ERROR if bug else logging.WARNING,
+                distinct=bug,  # each bug's own message is logged, not only the first of its type
             )
             return make_fallback()
 
