@@ -209,37 +209,19 @@ def orjson_ready(value: dict[str, Any]) -> bool:
     :func:`fixed_float`. ``orjson`` may still refuse the value (an integer beyond 64 bits, a lone
     surrogate, nesting beyond 255 levels): callers catch :class:`orjson.JSONEncodeError`.
     """
-    for key, item in value.items():
-        if type(key) is not str:
-            return False
-        kind = type(item)
-        if kind in _ORJSON_SCALARS:
-            continue
-        if kind is float:
-            if not (_MIN_FIXED <= abs(item) < _MAX_FIXED or item == 0.0):
-                return False
-        elif kind is dict:
-            if not orjson_ready(item):
-                return False
-        elif kind is not list or not _orjson_ready_list(item):
-            return False
-    return True
+    return all(type(key) is str and _orjson_ready_item(item) for key, item in value.items())
 
 
-def _orjson_ready_list(value: list[Any]) -> bool:
-    for item in value:
-        kind = type(item)
-        if kind in _ORJSON_SCALARS:
-            continue
-        if kind is float:
-            if not (_MIN_FIXED <= abs(item) < _MAX_FIXED or item == 0.0):
-                return False
-        elif kind is dict:
-            if not orjson_ready(item):
-                return False
-        elif kind is not list or not _orjson_ready_list(item):
-            return False
-    return True
+def _orjson_ready_item(item: Any) -> bool:
+    kind = type(item)
+    if kind in _ORJSON_SCALARS:
+        return True
+    if kind is float:
+        magnitude: float = abs(item)
+        return _MIN_FIXED <= magnitude < _MAX_FIXED or magnitude == 0.0
+    if kind is dict:
+        return orjson_ready(item)
+    return kind is list and all(map(_orjson_ready_item, item))
 
 
 def _orjson_agrees() -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from benchmarks.postgres_bench import make_events
 from guarded.backends.postgres import PostgresStateStore
 from guarded.config import BatchConfig, BreakerConfig, GuardConfig, RetryConfig, StaleConfig
 from guarded.guard import controller, guard
@@ -26,29 +27,8 @@ EVENTS = 100_000
 
 
 def _events(trace_id: str, count: int) -> list[StoredEvent]:
-    """PenguiFlow-shaped runtime events (as benchmarks/postgres_bench.py makes them)."""
-    return [
-        StoredEvent(
-            trace_id=trace_id,
-            ts=1_702_857_600.0 + index * 0.001,
-            kind="node_success",
-            node_name="llm_node",
-            node_id=f"llm_node_{index % 97}",
-            payload={
-                "ts": 1_702_857_600.0 + index * 0.001,
-                "event": "node_success",
-                "node_name": "llm_node",
-                "node_id": f"llm_node_{index % 97}",
-                "trace_id": trace_id,
-                "latency_ms": 1523.45 + index,
-                "q_depth_in": 0,
-                "q_depth_out": 2,
-                "attempt": 1,
-                "trace_cancelled": False,
-            },
-        )
-        for index in range(count)
-    ]
+    """PenguiFlow-shaped runtime events, as the benchmarks make them."""
+    return make_events(count, trace_id)
 
 
 def _config(**stale: Any) -> GuardConfig:
