@@ -64,11 +64,18 @@ _OK, _DEAD_LETTERED, _REJECTED = Outcome.OK, Outcome.DEAD_LETTERED, Outcome.REJE
 
 
 def target_identity(target: object) -> str | None:
-    """What a spill file records as the backend its writes belong to: the store's own
-    ``target_identity`` (host, database, schema; never credentials), or ``None`` for a store that
-    does not say (its files are then taken to belong to any such store on the same path)."""
+    """The store's own ``target_identity`` (host, database, schema; never credentials), or
+    ``None`` for a store that does not say."""
     found = getattr(target, "target_identity", None)
     return found if isinstance(found, str) and found else None
+
+
+def spill_target(target: object, store_name: str) -> str:
+    """What a spill file records as the backend its writes belong to: the store's own
+    :func:`target_identity`, else the guard's name. Two guards of different names over stores
+    that do not say where they write (two tenants' in-memory or custom stores) never replay each
+    other's held writes, even when given one spill path."""
+    return target_identity(target) or f"guard:{store_name}"
 
 
 class Durability:
@@ -106,7 +113,7 @@ class Durability:
                 store_name=store_name,
                 registry=registry,
                 types=record_types_of(target),
-                target=target_identity(target),
+                target=spill_target(target, store_name),
             )
             if config.dead_letter.enabled
             else None
