@@ -501,7 +501,7 @@ class Durability:
             why,
             count,
             where,
-            ": those in memory are lost" if at_risk else "; the next guard on this spill path replays them",
+            ": those in memory are lost" if at_risk else "; the next guard of this store on this spill path replays them",
             extra={"event": "guard_not_closed", "store": self.store_name, "undelivered": count},
         )
 
@@ -608,8 +608,8 @@ class Durability:
         self.closed = True
         if kept:
             logger.warning(
-                "closing store %r with %d undelivered writes kept in %s; the next guard on this spill "
-                "path delivers them",
+                "closing store %r with %d undelivered writes kept in %s; the next guard of this store "
+                "on this spill path delivers them",
                 self.store_name,
                 kept,
                 path,
