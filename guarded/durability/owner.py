@@ -501,7 +501,9 @@ class Durability:
             why,
             count,
             where,
-            ": those in memory are lost" if at_risk else "; the next guard of this store on this spill path replays them",
+            ": those in memory are lost"
+            if at_risk
+            else "; the next guard of this store on this spill path replays them",
             extra={"event": "guard_not_closed", "store": self.store_name, "undelivered": count},
         )
 
