@@ -66,6 +66,7 @@ def _settings_model() -> type[BaseSettings]:
             case_sensitive=False,
             extra="ignore",
             env_parse_none_str="none",
+            env_ignore_empty=True,  # GUARDED_STRICT= (set, empty) means unset, as in a shell
             hide_input_in_errors=True,
         )
 

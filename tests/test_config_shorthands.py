@@ -304,3 +304,15 @@ def test_a_bad_value_in_the_environment_names_its_variable(
     with pytest.raises(ValidationError, match=message) as caught:
         GuardConfig()
     assert "input_value" not in str(caught.value)
+
+
+def test_a_variable_set_empty_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``GUARDED_STRICT=`` (a shell's way to clear a setting) leaves the default, never a
+    validation error at guard() time (found by an adversarial review)."""
+    monkeypatch.setenv("GUARDED_STRICT", "")
+    monkeypatch.setenv("GUARDED_TIMEOUT__DEADLINE", "")
+    config = GuardConfig()
+    assert config.strict is False
+    assert config.timeout.deadline == GuardConfig.model_construct().timeout.deadline
+    monkeypatch.setenv("GUARDED_STRICT", "1")
+    assert GuardConfig().strict is True
