@@ -14,6 +14,7 @@ from guarded.batching import Batcher, PendingWrite, Writer
 from guarded.bulk_forms import bulk_args, bulk_method_for
 from guarded.config import BatchConfig
 from guarded.models import StoredEvent
+from tests.support.aio import settle  # noqa: F401 - shared, re-exported
 
 LONG = 60.0
 """A delay no test waits out: flushes happen only for the reason under test."""
@@ -108,9 +109,3 @@ def make(
         BatchConfig(**fields), writer, store_name=store_name, registry=registry or CollectorRegistry()
     )
     return batcher, writer
-
-
-async def settle(rounds: int = 5) -> None:
-    """Let ready callbacks and tasks run a few loop iterations."""
-    for _ in range(rounds):
-        await asyncio.sleep(0)

@@ -8,24 +8,11 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from guarded.backends.memory import InMemoryStateStore
-from guarded.call import Call, MethodSetup
-from guarded.config import BreakerConfig, GuardConfig, TimeoutConfig
+from guarded.call import Call
+from guarded.config import BreakerConfig
 from guarded.models import StoredEvent
-from guarded.policy import PolicyTable
-
-
-def method_setup(
-    method: str = "load_memory_state", *, attempt: float = 2.0, deadline: float = 5.0
-) -> MethodSetup:
-    """What a layer knows about ``method`` of a store named ``"s"``."""
-    config = GuardConfig(timeout=TimeoutConfig(attempt=attempt, deadline=deadline))
-    policy = PolicyTable.for_state_store().get(method)
-    return MethodSetup("s", method, policy, config.for_method(method, critical=False))
-
-
-def new_call(setup: MethodSetup, *args: Any) -> Call:
-    loop = asyncio.get_running_loop()
-    return Call(setup, args, {}, loop, loop.time())
+from tests.support.aio import settle  # noqa: F401 - shared, re-exported
+from tests.support.layers import method_setup, new_call  # noqa: F401 - shared, re-exported
 
 
 class Scripted:
@@ -53,12 +40,6 @@ class Scripted:
 
     def finish(self, name: str) -> None:
         self._gate(name).set()
-
-
-async def settle(rounds: int = 5) -> None:
-    """Let every ready task run a few steps."""
-    for _ in range(rounds):
-        await asyncio.sleep(0)
 
 
 class SlowStore(InMemoryStateStore):

@@ -1,0 +1,35 @@
+"""Building one method's :class:`~guarded.call.MethodSetup` and :class:`~guarded.call.Call`, to
+drive a single layer without a guard around it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from guarded.call import Call, MethodSetup
+from guarded.config import GuardConfig, RetryConfig, TimeoutConfig
+from guarded.policy import PolicyTable
+
+
+def method_setup(
+    method: str = "load_memory_state",
+    *,
+    attempt: float = 2.0,
+    deadline: float = 5.0,
+    max_attempts: int = 3,
+    honours_idempotency_key: bool = False,
+) -> MethodSetup:
+    """What a layer knows about ``method`` of a store named ``"s"``."""
+    config = GuardConfig(
+        timeout=TimeoutConfig(attempt=attempt, deadline=deadline, critical_deadline=deadline),
+        retry=RetryConfig(max_attempts=max_attempts, critical_max_attempts=max_attempts),
+    )
+    policy = PolicyTable.for_state_store().get(method)
+    settings = config.for_method(method, critical=policy.critical)
+    return MethodSetup("s", method, policy, settings, honours_idempotency_key=honours_idempotency_key)
+
+
+def new_call(setup: MethodSetup, *args: Any, **kwargs: Any) -> Call:
+    """A call of ``setup``'s method starting now on the running loop."""
+    loop = asyncio.get_running_loop()
+    return Call(setup, args, kwargs, loop, loop.time())
