@@ -16,13 +16,19 @@ from opentelemetry.trace import TracerProvider
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from . import telemetry_names as names
+from .artifact_side import (
+    ARTIFACT_STORE_METHODS,
+    artifact_durability,
+    artifact_spill_path,
+    guarded_artifact_property,
+)
 from .breaker import BreakerState, CircuitBreaker
 from .bulkhead import Bulkhead, bulkhead_for
 from .call import Call, Layer, MethodSetup, Service
 from .classify import register_classifier
-from .codec import RecordTypes, record_types_of
 from .config import GuardConfig, build_config
-from .deadletter import DeadLetterBuffer
+from .controller import GuardController, controller
+from .cores import core_of, register
 from .durability import Durability
 from .entry import entry_point
 from .failure_log import FailureLog
@@ -35,15 +41,12 @@ from .layers import (
     TimeoutLayer,
     TracingLayer,
 )
-from .layers.artifact_fallback import LocalArtifactFallbackLayer
 from .layers.batching import BatchingLayer
 from .layers.call_check import CallCheckLayer
 from .layers.dead_letter import DeadLetterLayer
 from .layers.memory_health import MemoryHealthLayer
 from .layers.metrics import GuardInstruments, guard_instruments, publish_breaker_state
 from .layers.stale_reads import StaleReadLayer
-from .local_artifacts import InMemoryArtifactStore
-from .models import ArtifactRetentionConfig
 from .policy import LIFECYCLE_METHODS, MethodPolicy, PolicyTable
 from .protocol import CAPABILITIES, LEGACY_ALIASES
 from .proxy import CallShape, build_proxy_class, call_shape, public_names
@@ -66,15 +69,11 @@ STATE_STORE_METHODS = frozenset(
 store offers is guarded even when only a call could tell it is async (a lambda, a sync function
 returning a coroutine): the guarded call awaits what it returns when that is awaitable."""
 
-ARTIFACT_STORE_METHODS = frozenset(policy.name for policy in PolicyTable.for_artifact_store())
-"""The ArtifactStore protocol's methods, for the guarded ``artifact_store`` as above."""
 
 REQUIRED_METHODS: tuple[str, ...] = next(cap.methods for cap in CAPABILITIES if cap.required)
 
 logger = logging.getLogger("guarded")
 
-_CLOSE_AT_LEAST = 0.5
-"""Seconds ``aclose()`` gives the wrapped store's own close when the drain used the budget."""
 
 ERROR_CLASSIFIER = "error_classifier"
 """A backend names its :class:`~guarded.classify.ErrorClassifier` in this attribute; the guard
@@ -94,10 +93,10 @@ class GuardedStore:
     """Base class of every guard proxy (see :func:`guard`). Holds nothing of its own."""
 
     async def __aenter__(self) -> Any:
-        durability = _cores[self].durability
+        durability = _core(self).durability
         if durability is not None:
             await durability.open()
-        artifacts = _artifact_durability(_cores[self], create=True)
+        artifacts = artifact_durability(_core(self), create=True)
         if artifacts is not None:
             await artifacts.open()  # artifacts a previous process held start replaying
         return self
@@ -106,7 +105,7 @@ class GuardedStore:
         await controller(self).aclose()
 
     def __repr__(self) -> str:
-        core = _cores[self]
+        core = _core(self)
         return f"<guarded {core.name!r} over {core.target!r}>"
 
 
@@ -114,7 +113,10 @@ class GuardedArtifactStore(GuardedStore):
     """Base class of the proxy returned by a guarded store's ``artifact_store``."""
 
 
-_cores: weakref.WeakKeyDictionary[GuardedStore, GuardCore] = weakref.WeakKeyDictionary()
+def _core(proxy: GuardedStore) -> GuardCore:
+    found = core_of(proxy)
+    assert found is not None, "every proxy is registered when it is made"
+    return found
 
 
 class GuardCore:
@@ -357,7 +359,7 @@ def guard(
         durable=True,
         protocol_methods=STATE_STORE_METHODS | frozenset(policies or ()),
     )
-    proxy = _make_proxy(core, GuardedStore)
+    proxy = make_proxy(core, GuardedStore)
     if core.durability is not None:
         # A guard never closed says so, with what it had not delivered, when it is collected or
         # the interpreter exits (its event loop's shutdown is watched by the durability itself).
@@ -430,7 +432,28 @@ def _guarded_names(core: GuardCore) -> list[str]:
     return found
 
 
-def _make_proxy(core: GuardCore, base: type[GuardedStore]) -> GuardedStore:
+def _guard_artifact_store(core: GuardCore, inner: object, layers: list[Layer]) -> tuple[GuardCore, object]:
+    """The guard of ``core``'s backend's artifact store: its core (sharing the store's breaker,
+    bulkhead and failure log: the same backend) and its proxy."""
+    artifact_core = GuardCore(
+        inner,
+        name=core.name,
+        config=core.config,
+        policies=PolicyTable.for_artifact_store(),
+        registry=core.registry,
+        tracer_provider=core.tracer_provider,
+        extra_layers=core.extra_layers,
+        label_prefix="artifact_store.",
+        protocol_methods=ARTIFACT_STORE_METHODS,
+        breaker=core.breaker,
+        bulkhead=core.bulkhead,
+        failure_log=core.failure_log,
+        degraded_layers=layers,
+    )
+    return artifact_core, make_proxy(artifact_core, GuardedArtifactStore)
+
+
+def make_proxy(core: GuardCore, base: type[GuardedStore]) -> GuardedStore:
     target = core.target
     listed = set(public_names(target))
     methods = {}
@@ -442,7 +465,7 @@ def _make_proxy(core: GuardCore, base: type[GuardedStore]) -> GuardedStore:
             methods[name] = method
     special: dict[str, property] = {}
     if base is GuardedStore and inspect.getattr_static(target, "artifact_store", None) is not None:
-        special["artifact_store"] = _guarded_artifact_property(core)
+        special["artifact_store"] = guarded_artifact_property(core, _guard_artifact_store)
     cls = build_proxy_class(
         target,
         methods=methods,
@@ -452,274 +475,23 @@ def _make_proxy(core: GuardCore, base: type[GuardedStore]) -> GuardedStore:
         resolve=core.resolve,
     )
     proxy: GuardedStore = cls()
-    _cores[proxy] = core
+    register(proxy, core)
     return proxy
 
 
-def _guarded_artifact_property(core: GuardCore) -> property:
-    side = _ArtifactSide(core)
-    _artifact_sides[core] = side
-    return property(lambda self: side.proxy())
-
-
-def artifact_spill_path(path: str | None) -> str | None:
-    """The spill file of held artifact puts beside the dead-letter file ``path``: ``-artifacts``
-    added to its name (``dlq-{name}.sqlite`` → ``dlq-{name}-artifacts.sqlite``)."""
-    if path is None:
-        return None
-    root, ext = os.path.splitext(path)
-    if not ext or os.sep in ext:
-        root, ext = path, ""
-    return f"{root}-artifacts{ext}"
-
-
-_ARTIFACT_SPILL_SLACK = 1024 * 1024
-"""Room above ``artifacts.spill_max_bytes`` in the artifact buffer's own caps, so the estimate
-the admission check uses can never make the buffer drop an artifact it admitted."""
-
-
-class _ArtifactTarget:
-    """The backend's artifact store as the artifact durability sees it: the same methods, the
-    record types of the store, and a target identity of its own (its spill file is adopted only by
-    a guard over the same artifact store, never mixed with the store's other writes; ``None`` when
-    the store has no identity, as for its other writes)."""
-
-    def __init__(self, inner: object, identity: str | None, types: RecordTypes) -> None:
-        self._inner = inner
-        self.target_identity = identity
-        self.types = types
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-class _ArtifactSide:
-    """What a guard keeps for its backend's ``artifact_store``: the in-process copies, the
-    durability of held puts (one per guard, created with the first guarded artifact store) and the
-    guarded proxy (rebuilt when the backend hands out another artifact store object)."""
-
-    def __init__(self, core: GuardCore) -> None:
-        self._core = weakref.ref(core)  # the side is found by its core: no reference back
-        config = core.config
-        self.local = InMemoryArtifactStore(
-            ArtifactRetentionConfig(
-                max_session_bytes=config.artifacts.local_max_bytes,
-                max_trace_bytes=config.artifacts.local_max_bytes,
-            )
-        )
-        self.durability: Durability | None = None
-        self._durable = config.dead_letter.enabled and config.artifacts.spill_max_bytes > 0
-        self._inner: object | None = None
-        self._proxy: GuardedStore | None = None
-        self._artifact_core: GuardCore | None = None
-
-    def proxy(self) -> GuardedStore | None:
-        """The guarded artifact store (``None`` when the backend has none)."""
-        core = self._core()
-        if core is None:
-            return None
-        inner = core.target.artifact_store  # type: ignore[attr-defined]
-        if inner is None:
-            return None
-        if self._proxy is not None and self._inner is inner:
-            return self._proxy
-        config = core.config
-        if self.durability is None and self._durable:
-            self.durability = Durability(
-                _ArtifactTarget(inner, _artifact_identity(core.target), record_types_of(core.target)),
-                _artifact_durability_config(config),
-                store_name=core.name,
-                registry=core.registry,
-                breaker=core.breaker,
-                run=self._run,
-                policies=PolicyTable.for_artifact_store(),
-            )
-        artifact_core = GuardCore(
-            inner,
-            name=core.name,
-            config=config,
-            policies=PolicyTable.for_artifact_store(),
-            registry=core.registry,
-            tracer_provider=core.tracer_provider,
-            extra_layers=core.extra_layers,
-            label_prefix="artifact_store.",
-            protocol_methods=ARTIFACT_STORE_METHODS,
-            breaker=core.breaker,
-            bulkhead=core.bulkhead,  # the same backend: the same limit
-            failure_log=core.failure_log,
-            degraded_layers=[
-                LocalArtifactFallbackLayer(
-                    self.local,
-                    core.failure_log,
-                    self.durability.ports() if self.durability is not None else None,
-                    spill_max_bytes=config.artifacts.spill_max_bytes,
-                )
-            ],
-        )
-        proxy = _make_proxy(artifact_core, GuardedArtifactStore)
-        self._inner, self._proxy, self._artifact_core = inner, proxy, artifact_core
-        return proxy
-
-    async def _run(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-        """Replays of held puts go to the current artifact store through breaker, retry, timeout."""
-        if self._artifact_core is None:
-            raise RuntimeError("no guarded artifact store to replay into")
-        return await self._artifact_core.run_internal(method, args, kwargs)
-
-
-_artifact_sides: weakref.WeakKeyDictionary[GuardCore, _ArtifactSide] = weakref.WeakKeyDictionary()
-
-
-def _artifact_identity(target: object) -> str | None:
-    """The target identity of the artifact spill file: the store's own with `` artifact_store``
-    added, or ``None`` for a store that has none (as its other spill files record none)."""
-    found = getattr(target, "target_identity", None)
-    return f"{found} artifact_store" if isinstance(found, str) and found else None
-
-
-def _artifact_durability_config(config: GuardConfig) -> GuardConfig:
-    """The configuration of the artifact durability: its own spill file, the artifact caps, no
-    batching and no stale cache (the in-process copies answer reads)."""
-    cap = config.artifacts.spill_max_bytes + _ARTIFACT_SPILL_SLACK
-    dead_letter = config.dead_letter
-    path = artifact_spill_path(dead_letter.path)
-    return config.model_copy(
-        update={
-            "dead_letter": dead_letter.model_copy(
-                update={
-                    "path": path,
-                    "max_disk_bytes": max(dead_letter.max_disk_bytes, cap),
-                    "max_memory_bytes": cap if path is None else min(dead_letter.max_memory_bytes, cap),
-                }
-            ),
-            "batching": config.batching.model_copy(update={"enabled": False}),
-            "stale": config.stale.model_copy(update={"enabled": False}),
-        }
-    )
-
-
-def _artifact_durability(core: GuardCore, *, create: bool = False) -> Durability | None:
-    """The durability of ``core``'s artifact puts; with ``create``, built when the backend has an
-    artifact store and none was built yet."""
-    side = _artifact_sides.get(core)
-    if side is None:
-        return None
-    if create and side.durability is None:
-        try:
-            side.proxy()
-        except Exception:  # the backend's artifact_store property failed: nothing to open then
-            logger.exception("guarding the artifact store failed", extra={"store": core.name})
-    return side.durability
-
-
-def controller(proxy: object) -> GuardController:
-    """The controls of a guard proxy: flush, close, breaker, statistics, policies."""
-    core = _cores.get(proxy) if isinstance(proxy, GuardedStore) else None
-    if core is None:
-        raise TypeError(f"{type(proxy).__qualname__} is not a guarded store (use guarded.guard(store))")
-    return GuardController(core)
-
-
-class GuardController:
-    """Operator controls of one guard, kept off the proxy so they never collide with store methods."""
-
-    def __init__(self, core: GuardCore) -> None:
-        self._core = core
-
-    @property
-    def name(self) -> str:
-        return self._core.name
-
-    @property
-    def config(self) -> GuardConfig:
-        return self._core.config
-
-    @property
-    def store(self) -> object:
-        """The wrapped store."""
-        return self._core.target
-
-    @property
-    def breaker(self) -> CircuitBreaker:
-        """The circuit breaker (``state``, ``force_open()``, ``disable()``, ``reset()``)."""
-        return self._core.breaker
-
-    @property
-    def bulkhead(self) -> Bulkhead | None:
-        """The concurrency limit in front of the backend (``limit``, ``in_use``, ``waiting``),
-        ``None`` when there is none (disabled, or a backend that declares no limit)."""
-        return self._core.bulkhead
-
-    def policy(self, method: str) -> MethodPolicy:
-        """The policy the guard applies to ``method``."""
-        return self._core.policies.get(method)
-
-    def stats(self) -> dict[tuple[str, str], int]:
-        """Calls made through this guard so far, by (method, outcome); artifact methods are
-        ``artifact_store.*``. The same numbers Prometheus scrapes as ``guarded_store_calls_total``."""
-        return self._core.instruments.stats.counts(self._core.name)
-
-    def guarded_methods(self) -> list[str]:
-        """Names of the store methods the guard wraps."""
-        return sorted(self._core.setups)
-
-    @property
-    def dead_letters(self) -> DeadLetterBuffer | None:
-        """The dead-letter buffer (``stats()``, ``entries()``, ``parked()``), ``None`` when disabled."""
-        durability = self._core.durability
-        return durability.buffer if durability is not None else None
-
-    async def flush(self) -> None:
-        """Hand every batched write to the backend now (what fails is dead-lettered)."""
-        if self._core.durability is not None:
-            await self._core.durability.flush()
-
-    @property
-    def artifact_dead_letters(self) -> DeadLetterBuffer | None:
-        """The dead-letter buffer of artifact puts (its own spill file), ``None`` until the guarded
-        ``artifact_store`` was first used, or when artifacts are not dead-lettered."""
-        durability = _artifact_durability(self._core)
-        return durability.buffer if durability is not None else None
-
-    async def drain(self, timeout: float | None = None) -> int:  # noqa: ASYNC109 - a budget
-        """Flush, then replay dead-lettered writes (artifact puts too) until none is left or
-        ``timeout`` seconds (default ``dead_letter.drain_timeout``) pass; returns how many remain."""
-        budget = self._core.config.dead_letter.drain_timeout if timeout is None else timeout
-        durabilities = [
-            durability
-            for durability in (self._core.durability, _artifact_durability(self._core))
-            if durability is not None
-        ]
-        remaining = await asyncio.gather(*(durability.drain(budget) for durability in durabilities))
-        return sum(remaining)
-
-    async def aclose(self) -> None:
-        """Flush batches and drain the dead-letter buffer within ``dead_letter.drain_timeout``
-        (what is left stays in the spill file for the next process), then close the wrapped store
-        when it has ``aclose()`` or ``close()``, within what is left of that budget (at least
-        half a second; a close still running then is cancelled and logged)."""
-        budget = self._core.config.dead_letter.drain_timeout
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        durabilities = [
-            durability
-            for durability in (self._core.durability, _artifact_durability(self._core))
-            if durability is not None
-        ]
-        # Artifact puts drain beside the other writes, within the same budget.
-        await asyncio.gather(*(durability.aclose(budget) for durability in durabilities))
-        for closer_name in ("aclose", "close"):
-            closer = getattr(self._core.target, closer_name, None)
-            if callable(closer):
-                result = closer()
-                if inspect.isawaitable(result):
-                    # The store's close gets what is left of the budget (at least
-                    # _CLOSE_AT_LEAST): on a server that never answers it would wait on it.
-                    left = max(started + budget - loop.time(), _CLOSE_AT_LEAST)
-                    try:
-                        await asyncio.wait_for(result, timeout=left)
-                    except TimeoutError:
-                        logger.warning(
-                            "store %r did not close within %.1fs; abandoned", self._core.name, left
-                        )
-                return
+__all__ = [
+    "ARTIFACT_STORE_METHODS",
+    "ERROR_CLASSIFIER",
+    "HONOURS_IDEMPOTENCY_KEY",
+    "RECOVERS_UNANSWERED_CONSUMES",
+    "STATE_STORE_METHODS",
+    "GuardController",
+    "GuardCore",
+    "GuardedArtifactStore",
+    "GuardedStore",
+    "artifact_spill_path",
+    "controller",
+    "core_of",
+    "guard",
+    "make_proxy",
+]
