@@ -198,6 +198,7 @@ async def run_cross_worker(
 async def _worker_b(dsn: str, schema: str, prefix: str, count: int, spill: str) -> dict[str, Any]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
+        "-P",  # the installed guarded, not a checkout that happens to be the current directory
         "-m",
         "guarded.demo.cross_worker",
         dsn,
