@@ -41,34 +41,37 @@ RAW = "bench_raw"
 COLUMNS = ("trace_id", "ts", "kind", "node_name", "node_id", "event_fp", "payload")
 
 
+def runtime_event(index: int, trace_id: str | None = "bench-trace") -> StoredEvent:
+    """An event shaped like PenguiFlow's runtime events (spec 000 "Payload Structure")."""
+    ts = 1_702_857_600.0 + index * 0.001
+    return StoredEvent(
+        trace_id=trace_id,
+        ts=ts,
+        kind="node_success",
+        node_name="llm_node",
+        node_id=f"llm_node_{index % 97}",
+        payload={
+            "ts": ts,
+            "event": "node_success",
+            "node_name": "llm_node",
+            "node_id": f"llm_node_{index % 97}",
+            "trace_id": trace_id,
+            "latency_ms": 1523.45 + index,
+            "q_depth_in": 0,
+            "q_depth_out": 2,
+            "q_depth_total": 2,
+            "outgoing": 3,
+            "queue_maxsize": 1000,
+            "attempt": 1,
+            "trace_inflight": 5,
+            "trace_cancelled": False,
+        },
+    )
+
+
 def make_events(count: int, trace_id: str = "bench-trace") -> list[StoredEvent]:
-    """Events shaped like PenguiFlow's runtime events (spec 000 "Payload Structure")."""
-    return [
-        StoredEvent(
-            trace_id=trace_id,
-            ts=1_702_857_600.0 + index * 0.001,
-            kind="node_success",
-            node_name="llm_node",
-            node_id=f"llm_node_{index % 97}",
-            payload={
-                "ts": 1_702_857_600.0 + index * 0.001,
-                "event": "node_success",
-                "node_name": "llm_node",
-                "node_id": f"llm_node_{index % 97}",
-                "trace_id": trace_id,
-                "latency_ms": 1523.45 + index,
-                "q_depth_in": 0,
-                "q_depth_out": 2,
-                "q_depth_total": 2,
-                "outgoing": 3,
-                "queue_maxsize": 1000,
-                "attempt": 1,
-                "trace_inflight": 5,
-                "trace_cancelled": False,
-            },
-        )
-        for index in range(count)
-    ]
+    """``count`` of :func:`runtime_event`, indexed from 0."""
+    return [runtime_event(index, trace_id) for index in range(count)]
 
 
 async def run(dsn: str, *, repeats: int = 7, events: int = 10_000) -> list[Row]:

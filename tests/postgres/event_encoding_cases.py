@@ -14,6 +14,7 @@ import types
 from collections import OrderedDict
 from typing import Any
 
+from benchmarks.postgres_bench import runtime_event
 from guarded.models import StoredEvent
 
 TRICKY_STRINGS = [
@@ -79,30 +80,7 @@ class Ratio(float):
 
 
 def _penguiflow(index: int, trace_id: str | None) -> StoredEvent:
-    ts = 1_702_857_600.0 + index * 0.001
-    return StoredEvent(
-        trace_id=trace_id,
-        ts=ts,
-        kind="node_success",
-        node_name="llm_node",
-        node_id=f"llm_node_{index % 97}",
-        payload={
-            "ts": ts,
-            "event": "node_success",
-            "node_name": "llm_node",
-            "node_id": f"llm_node_{index % 97}",
-            "trace_id": trace_id,
-            "latency_ms": 1523.45 + index,
-            "q_depth_in": 0,
-            "q_depth_out": 2,
-            "q_depth_total": 2,
-            "outgoing": 3,
-            "queue_maxsize": 1000,
-            "attempt": 1,
-            "trace_inflight": 5,
-            "trace_cancelled": False,
-        },
-    )
+    return runtime_event(index, trace_id)
 
 
 def _random_value(rng: random.Random, depth: int) -> Any:
