@@ -111,6 +111,7 @@ class _ArtifactSide:
                 breaker=core.breaker,
                 run=self._run,
                 policies=PolicyTable.for_artifact_store(),
+                failure_log=core.failure_log,
             )
         fallback = LocalArtifactFallbackLayer(
             self.local,

@@ -138,7 +138,7 @@ def _binder(label: str, signature: inspect.Signature) -> Check:
         if not least <= count <= most and not (count < least and kwargs):
             return False
         if not kwargs:
-            return count >= least and not keyword_required
+            return not keyword_required  # count >= least: checked above
         if count < least_by_position or (not any_keyword and not kwargs.keys() <= by_keyword):
             return False
         return (

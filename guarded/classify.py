@@ -17,8 +17,9 @@
 - **The caller's bug** (:attr:`ErrorClass.PROGRAMMING`): a call that does not bind to the
   method's signature or passes the wrong type (:class:`~guarded.errors.CallerError`, raised before
   the call reaches the backend), and a ``TypeError`` or ``AttributeError`` the backend raises.
-  Outcome ``rejected`` with an ERROR log record, never retried, held, parked or counted against
-  the backend; raised to the caller in strict mode (:mod:`guarded.strict_mode`).
+  Outcome ``rejected`` with an ERROR log record, never retried, held or counted against the
+  backend; a write the backend failed so is parked with its reason, to be replayed once the bug is
+  fixed; raised to the caller in strict mode (:mod:`guarded.strict_mode`).
 - Anything else (:attr:`ErrorClass.FATAL`): unknown errors, not retried, held.
 
 Operational and retry-now conditions that need an operator's attention are also named by
@@ -54,8 +55,8 @@ class ErrorClass(str, Enum):
     """Bad data: never retried, parked, never counted against the backend's health."""
     PROGRAMMING = "programming"
     """A programming error (wrong arguments, a wrong type, a ``TypeError`` or ``AttributeError``
-    in the backend): outcome ``rejected``, logged at ERROR, never retried, held, parked or counted
-    against the backend's health."""
+    in the backend): outcome ``rejected``, logged at ERROR, never retried, held or counted against
+    the backend's health; a write the backend failed so is parked."""
     FATAL = "fatal"
     """Unknown error: not retried, counts as a backend failure."""
 
@@ -114,11 +115,6 @@ def register_classifier(classifier: ErrorClassifier) -> None:
         _classifiers = (*_classifiers, classifier)
 
 
-def classifiers() -> tuple[ErrorClassifier, ...]:
-    """The registered classifiers, in the order they are consulted."""
-    return _classifiers
-
-
 class CircuitOpenError(GuardedError):
     """The circuit breaker refused the call without contacting the backend."""
 
@@ -165,9 +161,19 @@ def classify(exc: BaseException) -> ErrorClass:
 
 def is_programming_error(exc: BaseException) -> bool:
     """Whether ``exc`` is a programming error (:attr:`ErrorClass.PROGRAMMING`): the caller's
-    wrong call, or a ``TypeError``/``AttributeError`` of the backend. Never served stale, held or
-    parked: the call is rejected and logged at ERROR (raised in strict mode)."""
+    wrong call, or a ``TypeError``/``AttributeError`` of the backend. Never served stale or held:
+    the call is rejected and logged at ERROR (raised in strict mode)."""
     return classify(exc) is ErrorClass.PROGRAMMING
+
+
+NO_WAIT_FIXES = frozenset({ErrorClass.REJECTED, ErrorClass.PROGRAMMING})
+"""Bad data and bugs: no wait fixes them. The call ends ``rejected``; a write is parked with its
+reason, never held for replay; neither counts against the backend."""
+
+
+def no_wait_fixes(exc: BaseException) -> bool:
+    """Whether ``exc`` is bad data or a bug (:data:`NO_WAIT_FIXES`)."""
+    return classify(exc) in NO_WAIT_FIXES
 
 
 def counts_against_backend(exc: BaseException) -> bool:
@@ -182,10 +188,7 @@ def counts_against_backend(exc: BaseException) -> bool:
     declared = getattr(exc, "counts_against_backend", None)
     if isinstance(declared, bool):
         return declared
-    return classify(exc) not in _NOT_THE_BACKENDS
-
-
-_NOT_THE_BACKENDS = frozenset({ErrorClass.REJECTED, ErrorClass.PROGRAMMING})
+    return not no_wait_fixes(exc)
 
 
 def operational_condition(exc: BaseException) -> str | None:

@@ -180,6 +180,7 @@ class GuardCore:
                 breaker=self.breaker,
                 run=self.run_internal,
                 policies=policies,
+                failure_log=self.failure_log,
             )
             ports = self.durability.ports()
             degraded_layers = [

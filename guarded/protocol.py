@@ -224,6 +224,12 @@ LEGACY_ALIASES: dict[str, str] = {
 }
 """Legacy method names (spec 000 "Compatibility Adapters") and the method each stands for."""
 
+LEGACY_NAMES: dict[str, tuple[str, ...]] = {
+    method: tuple(alias for alias, target in LEGACY_ALIASES.items() if target == method)
+    for method in set(LEGACY_ALIASES.values())
+}
+"""The legacy names of each method that has some: what an older store may answer it by."""
+
 
 def missing_capabilities(store: object, methods: Sequence[str]) -> list[str]:
     """The names in ``methods`` that ``store`` lacks."""
@@ -314,6 +320,7 @@ def capabilities(store: object) -> CapabilityReport:
 __all__ = [
     "CAPABILITIES",
     "LEGACY_ALIASES",
+    "LEGACY_NAMES",
     "Capability",
     "CapabilityReport",
     "CapabilityStatus",

@@ -13,10 +13,10 @@ from typing import Any
 
 from ..bulk_forms import bulk_call, bulk_method_for, bulk_methods_of
 from ..call_check import own_signature, protocol_signature
-from ..classify import CircuitOpenError, ErrorClass, classify, error_type, safe_message
+from ..classify import CircuitOpenError, ErrorClass, classify, error_type, no_wait_fixes, safe_message
 from ..errors import GuardedError, InvalidPayloadError
 from ..idempotency import KEPT_ARGUMENTS, replayed_call
-from ..protocol import LEGACY_ALIASES
+from ..protocol import LEGACY_NAMES
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 """A decoded store call: ``(args, kwargs)``."""
@@ -202,8 +202,8 @@ class Attempt:
 
 def judge(exc: BaseException) -> ReplayResult:
     """How a replay treats a sender's exception: bad data is rejected, anything else retried later."""
-    if isinstance(exc, ReplayRejected) or classify(exc) in (ErrorClass.REJECTED, ErrorClass.PROGRAMMING):
-        return ReplayResult.REJECTED  # no wait fixes bad data or a bug: parked with the reason
+    if isinstance(exc, ReplayRejected) or no_wait_fixes(exc):
+        return ReplayResult.REJECTED  # bad data or a bug: parked with the reason
     return ReplayResult.RETRY_LATER
 
 
@@ -277,14 +277,6 @@ async def call_bulk_sender(
 # --- calls that can never succeed ------------------------------------------------------------------
 
 
-_ALIASES_OF: dict[str, tuple[str, ...]] = {
-    method: tuple(alias for alias, target in LEGACY_ALIASES.items() if target == method)
-    for method in set(LEGACY_ALIASES.values())
-}
-"""The legacy names a store may answer a method by (the guard writes ``save_update`` as
-``save_task_update`` to a store that only has that)."""
-
-
 class CallCheck:
     """Tells a held call that can never succeed, before it is sent.
 
@@ -308,7 +300,7 @@ class CallCheck:
         if not method.isidentifier() or method.startswith("_"):
             return "not a store method name"
         if self.target is not None and not any(
-            callable(getattr(self.target, name, None)) for name in (method, *_ALIASES_OF.get(method, ()))
+            callable(getattr(self.target, name, None)) for name in (method, *LEGACY_NAMES.get(method, ()))
         ):
             return f"the store has no method {method!r}"
         return None

@@ -23,16 +23,16 @@ from prometheus_client import CollectorRegistry
 from ..batching import Batcher, PendingWrite
 from ..breaker import BreakerState, CircuitBreaker
 from ..bulk_forms import bulk_args, bulk_call, bulk_method_for, bulk_methods_of
-from ..classify import ErrorClass, classify, error_type, is_programming_error, safe_message
+from ..classify import error_type, is_programming_error, no_wait_fixes, safe_message
 from ..codec import record_types_of
 from ..config import GuardConfig
 from ..deadletter import DeadLetterBuffer, ReplayResult
 from ..errors import InvalidPayloadError
-from ..failure_log import operational_errors
+from ..failure_log import FailureLog, operational_errors
 from ..idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_call
 from ..outcome import Outcome
-from ..policy import ALIASES, PolicyTable
-from ..rate_limited_log import RateLimitedLog
+from ..policy import PolicyTable
+from ..protocol import LEGACY_NAMES
 from ..stale import StaleCache
 from .ports import (
     DirectWriteGate,
@@ -44,9 +44,6 @@ from .ports import (
 )
 
 logger = logging.getLogger("guarded.durability")
-
-_REFUSED = frozenset({ErrorClass.REJECTED, ErrorClass.PROGRAMMING})
-"""What no wait fixes: bad data, and a bug of the backend's. Parked, never held for replay."""
 
 InternalCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]]
 """Runs ``method(*args, **kwargs)`` on the backend through breaker, retry and timeout; raises."""
@@ -91,6 +88,7 @@ class Durability:
         breaker: CircuitBreaker,
         run: InternalCall,
         policies: PolicyTable | None = None,
+        failure_log: FailureLog | None = None,
     ) -> None:
         policies = policies if policies is not None else PolicyTable.for_state_store()
         self.target = target
@@ -99,10 +97,7 @@ class Durability:
         self.breaker = breaker
         self._run = run
         self._operational = operational_errors(registry)
-        self._bugs = RateLimitedLog(config.logging.interval, log=logger)
-        self._aliases_of: dict[str, list[str]] = {}
-        for alias, method in ALIASES.items():
-            self._aliases_of.setdefault(method, []).append(alias)
+        self._failures = failure_log or FailureLog(config.logging.interval)
         self._offered_names: dict[str, str] = {}
         self._keyed_appends = frozenset(policy.name for policy in policies if policy.item_keys)
         """Appends whose writes each get a key of their own, used by the flush, kept with the write
@@ -241,19 +236,17 @@ class Durability:
         if self.buffer is not None:
             await self.buffer.park(method, args, kwargs, reason=f"{error_type(exc)}: {safe_message(exc)}")
 
-    def _log_bug(self, method: str, exc: BaseException, doing: str) -> None:
-        """An ERROR record for a programming error the backend raised on a write the guard
-        ``doing`` (written in a batch, replayed): the write is parked with its reason."""
-        self._bugs.log(
-            (method, error_type(exc), safe_message(exc)[:100]),
-            logging.ERROR,
-            "statestore %s %s on store %r failed with a programming error: %s (%s); parked",
-            method,
-            doing,
-            self.store_name,
-            error_type(exc),
-            safe_message(exc),
-            extra={"event": "statestore_programming_error", "store": self.store_name, "method": method},
+    def _log_bug(self, method: str, exc: BaseException) -> None:
+        """An ERROR record for a programming error the backend raised on a write the guard made
+        (a batch, a replay): the write is parked with its reason."""
+        self._failures.failure(
+            store=self.store_name,
+            method=method,
+            error_type=error_type(exc),
+            outcome="parked",
+            message=safe_message(exc),
+            level=logging.ERROR,
+            distinct=True,
         )
 
     def _offered(self, method: str) -> str:
@@ -264,7 +257,7 @@ class Durability:
         if found is None:
             found = method
             if not callable(getattr(self.target, method, None)):
-                for alias in self._aliases_of.get(method, ()):
+                for alias in LEGACY_NAMES.get(method, ()):
                     if callable(getattr(self.target, alias, None)):
                         found = alias
                         break
@@ -335,7 +328,7 @@ class Durability:
                     await self._run(bulk, bulk_args(method, writes), {})
                 return [_OK] * len(writes)
             except Exception as exc:
-                if classify(exc) not in _REFUSED:
+                if not no_wait_fixes(exc):
                     return await self._dead_letter_writes([(write, exc) for write in writes])
                 # One bad write rejects the whole bulk call: write one by one to find it.
         return await self._write_singles(writes)
@@ -351,9 +344,9 @@ class Durability:
                     with item_keys(self._item_keys((write,))):
                         await self._run(self._offered(write.method), write.args, write.kwargs)
                 except Exception as exc:
-                    if classify(exc) in _REFUSED:
+                    if no_wait_fixes(exc):
                         if is_programming_error(exc):
-                            self._log_bug(write.method, exc, "written in a batch")
+                            self._log_bug(write.method, exc)
                         await self.park(write.method, write.args, write.kwargs, exc)
                         outcomes[index] = _REJECTED
                     else:
@@ -388,7 +381,7 @@ class Durability:
         except Exception as exc:
             self._operational.count(self.store_name, method, exc)
             if is_programming_error(exc):
-                self._log_bug(method, exc, "replayed")
+                self._log_bug(method, exc)
             raise
         return ReplayResult.OK
 

@@ -29,12 +29,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..call import Call, MethodSetup, Service
-from ..classify import ErrorClass, classify, error_type, safe_message
+from ..classify import error_type, no_wait_fixes, safe_message
 from ..durability import DurabilityPorts
 from ..failure_log import FailureLog
 from ..local_artifacts import InMemoryArtifactStore
 from ..outcome import Outcome
-from ..policy import ArgGetter, LocalFallback, PolicyTable
+from ..policy import LocalFallback, PolicyTable
 
 logger = logging.getLogger("guarded.artifacts")
 
@@ -90,8 +90,6 @@ class LocalArtifactFallbackLayer:
         self._next_stamp = itertools.count(1).__next__
         """Call-order stamps of the artifact writes (the artifact buffer's only writer)."""
         self._admission = asyncio.Lock()
-        self._content_of: dict[str, ArgGetter] = {}
-        """The content argument of each put (its policy's ``value``), for the size of a held put."""
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         name = method.policy.name
@@ -132,8 +130,7 @@ class LocalArtifactFallbackLayer:
 
     def _wrap_put(self, inner: Service, method: MethodSetup) -> Service:
         name = method.policy.name
-        if method.policy.value is not None:
-            self._content_of[name] = method.policy.value
+        content_of = method.policy.value  # the put's content, for the size of a held put
         put_locally = getattr(self.local, name)
         held_here = method.policy.dead_letter
         lifecycle = self._lifecycle if held_here else None
@@ -148,11 +145,12 @@ class LocalArtifactFallbackLayer:
             try:
                 result = await inner(call)
             except Exception as exc:
-                if classify(exc) in (ErrorClass.REJECTED, ErrorClass.PROGRAMMING):
+                if no_wait_fixes(exc):
                     raise
                 ref = await put_locally(*call.args, **call.kwargs)
                 call.error = exc
-                held = await self._hold(name, call, ref, stamp, exc)
+                content = content_of(call.args, call.kwargs) if content_of is not None else None
+                held = await self._hold(name, call, ref, stamp, exc, content)
                 call.outcome = Outcome.DEAD_LETTERED if held else Outcome.FALLBACK
                 log.failure(
                     store=method.store_name,
@@ -170,14 +168,14 @@ class LocalArtifactFallbackLayer:
 
         return put
 
-    async def _hold(self, name: str, call: Call, ref: Any, stamp: int, exc: BaseException) -> bool:
+    async def _hold(
+        self, name: str, call: Call, ref: Any, stamp: int, exc: BaseException, content: Any
+    ) -> bool:
         """Dead-letter a put kept locally, within ``spill_max_bytes``; whether it is held."""
         keeper, lookups = self._keeper, self._lookups
         artifact_id = _artifact_id(ref)
         if keeper is None or lookups is None or artifact_id is None:
             return False
-        content_of = self._content_of.get(name)
-        content = content_of(call.args, call.kwargs) if content_of is not None else None
         size = held_size(content, call.kwargs)
         async with self._admission:  # one admission at a time: the cap is never overshot
             stats = await lookups.stats()

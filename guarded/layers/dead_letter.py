@@ -2,9 +2,9 @@
 
 Retries exhausted, breaker open, timeout: the write goes to the dead-letter buffer (outcome
 ``dead_lettered``) and the caller returns normally. Bad data (the backend rejected it) is parked
-with its reason and never retried; the caller sees outcome ``rejected``. A programming error (a
-``TypeError`` or ``AttributeError`` of the backend) is neither held nor parked: rejected and
-logged. After a direct write succeeds, older held writes of the same last-write-wins key are
+with its reason and never retried; the caller sees outcome ``rejected``. So is a programming
+error (a ``TypeError`` or ``AttributeError`` of the backend): parked, never held for replay, and
+logged at ERROR. After a direct write succeeds, older held writes of the same last-write-wins key are
 discarded, and a replay of the key already in flight finishes first
 (:class:`~guarded.deadletter.gate.KeyGate`), so a replay can never overwrite newer data. Each
 last-write-wins write carries the logical time of its call (:mod:`guarded.logical_time`), kept
@@ -17,14 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..call import Call, MethodSetup, Service
-from ..classify import ErrorClass, classify, error_type, safe_message
+from ..classify import error_type, no_wait_fixes, safe_message
 from ..durability import DurabilityPorts
 from ..failure_log import FailureLog
 from ..logical_time import LOGICAL_TIMES as logical_times
 from ..logical_time import WRITE_TIME_ARGUMENT, next_logical_time
 from ..outcome import Outcome
-
-_REFUSED = frozenset({ErrorClass.REJECTED, ErrorClass.PROGRAMMING})
 
 
 class DeadLetterLayer:
@@ -78,7 +76,7 @@ class DeadLetterLayer:
             try:
                 result = await inner(call)
             except Exception as exc:
-                if classify(exc) in _REFUSED:
+                if no_wait_fixes(exc):
                     # Bad data, or a bug of the backend's (a TypeError, an AttributeError): no wait
                     # fixes it, so it is never held for replay; parked with its reason, it can be
                     # replayed once the bug is fixed (guarded dlq replay --parked).

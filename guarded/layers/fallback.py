@@ -18,13 +18,19 @@ import logging
 from typing import Any
 
 from ..call import Call, MethodSetup, Service
-from ..classify import CircuitOpenError, ErrorClass, classify, error_type, safe_message
+from ..classify import (
+    NO_WAIT_FIXES,
+    CircuitOpenError,
+    ErrorClass,
+    classify,
+    error_type,
+    no_wait_fixes,
+    safe_message,
+)
 from ..failure_log import FailureLog
 from ..outcome import Outcome
 from ..policy import Kind
 from ..strict_mode import forced as strict_forced
-
-_CALLERS = frozenset({ErrorClass.REJECTED, ErrorClass.PROGRAMMING})
 
 
 def failure_outcome(exc: BaseException) -> Outcome:
@@ -33,7 +39,7 @@ def failure_outcome(exc: BaseException) -> Outcome:
         return Outcome.CIRCUIT_OPEN
     if isinstance(exc, TimeoutError):
         return Outcome.TIMEOUT
-    if classify(exc) in _CALLERS:
+    if no_wait_fixes(exc):
         return Outcome.REJECTED
     return Outcome.FALLBACK
 
@@ -80,7 +86,7 @@ class FallbackLayer:
             call.error = exc
             kind = classify(exc)
             call.outcome = failure_outcome(exc)
-            if kind in _CALLERS and (strict or strict_forced()):
+            if kind in NO_WAIT_FIXES and (strict or strict_forced()):
                 raise exc
             bug = kind is ErrorClass.PROGRAMMING
             log.failure(
