@@ -30,11 +30,14 @@ class Call:
         "kwargs",
         "loop",
         "method",
+        "held",
         "outcome",
+        "preloaded",
         "queued",
         "retries",
         "span",
         "started",
+        "ticket",
     )
 
     def __init__(
@@ -62,6 +65,15 @@ class Call:
         self.retries: list[tuple[int, str, float]] | None = None
         """(attempt that failed, error type, backoff in seconds) for each retry."""
         self.span: Span | None = None
+        self.preloaded: BaseException | None = None
+        """The failure of a first attempt made on the compiled success path
+        (:mod:`guarded.compiled`): the layered chain that takes the call over raises it as its
+        first attempt instead of calling the backend again."""
+        self.ticket: int | None = None
+        """The breaker's admission taken on the compiled success path, adopted by the breaker layer."""
+        self.held: Any = None
+        """What the dead-letter layer took before the backend call on the compiled success path
+        (its call stamp, key slot and logical-time token), adopted by that layer."""
 
     def note_retry(self, error_type: str, delay: float) -> None:
         if self.retries is None:

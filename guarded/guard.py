@@ -26,6 +26,7 @@ from .breaker import BreakerState, CircuitBreaker
 from .bulkhead import Bulkhead, bulkhead_for
 from .call import Call, Layer, MethodSetup, Service
 from .classify import register_classifier
+from .compiled import compile_method, preloadable
 from .config import GuardConfig, build_config
 from .controller import GuardController, controller
 from .cores import core_of, register
@@ -264,9 +265,11 @@ class GuardCore:
                 return result
 
             service = dynamic_backend
+        backend = service
+        service = preloadable(backend)
         for layer in reversed(layers):
             service = layer.wrap(service, setup)
-        return service
+        return compile_method(layers, setup, backend, service) or service
 
     def build_method(self, method: str) -> Callable[..., Any]:
         """The guarded coroutine function for ``target.method``."""

@@ -33,11 +33,13 @@ class Lifecycle:
     """Opens the durable parts once: the spill file is claimed and held writes of a previous
     process start replaying before the first call that needs them."""
 
-    __slots__ = ("_is_open", "_open")
+    __slots__ = ("_is_open", "_open", "is_open")
 
     def __init__(self, is_open: Callable[[], bool], open_: Callable[[], Awaitable[None]]) -> None:
         self._is_open = is_open
         self._open = open_
+        self.is_open = is_open
+        """Whether the durable parts are open (no call needs to open them)."""
 
     async def ensure_open(self) -> None:
         """Return at once when open, else open (once, whoever asks)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..batching import PendingWrite
 from ..call import Call, MethodSetup, Service
+from ..compiled import PASS, Hooks
 from ..durability import DurabilityPorts
 from ..errors import WriteRefusedError
 from ..outcome import Outcome
@@ -81,3 +82,10 @@ class BatchingLayer:
             return None
 
         return batched
+
+    def hooks(self, method: MethodSetup) -> Hooks | None:
+        """Nothing for a method the queue does not take; a batched write takes the chain."""
+        queue = self._queue
+        if queue is None or self._keeper is None or not queue.takes(method.policy):
+            return PASS
+        return None

@@ -8,6 +8,7 @@ from typing import Any
 from ..breaker import CircuitBreaker
 from ..call import Call, MethodSetup, Service
 from ..classify import CircuitOpenError, counts_against_backend
+from ..compiled import Hooks
 
 
 class CircuitBreakerLayer:
@@ -32,9 +33,13 @@ class CircuitBreakerLayer:
         counts = self._counts
 
         async def guarded_by_breaker(call: Call) -> Any:
-            ticket = breaker.allow()
+            ticket = call.ticket  # admitted on the compiled success path, whose attempt failed
             if ticket is None:
-                raise CircuitOpenError(f"circuit open for store {method.store_name!r}")
+                ticket = breaker.allow()
+                if ticket is None:
+                    raise CircuitOpenError(f"circuit open for store {method.store_name!r}")
+            else:
+                call.ticket = None
             try:
                 result = await inner(call)
             except Exception as exc:
@@ -51,3 +56,27 @@ class CircuitBreakerLayer:
             return result
 
         return guarded_by_breaker
+
+    def hooks(self, method: MethodSetup) -> Hooks:
+        """Admission before the call, its success recorded after (a refusal takes the chain)."""
+        allow, record, release = self.breaker.allow, self.breaker.record, self.breaker.release
+
+        def admit(call: Call) -> bool:
+            ticket = allow()
+            call.ticket = ticket
+            return ticket is not None
+
+        def give_back(call: Call) -> None:
+            ticket = call.ticket
+            call.ticket = None
+            if ticket is not None:
+                release(ticket)
+
+        def succeeded(call: Call, result: Any) -> Any:
+            ticket = call.ticket
+            call.ticket = None
+            assert ticket is not None
+            record(ticket, failed=False, duration=call.loop.time() - call.started - call.queued)
+            return result
+
+        return Hooks(before=admit, undo=give_back, after=succeeded)

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..bulkhead import Bulkhead, BulkheadTimeoutError
 from ..call import Call, MethodSetup, Service
+from ..compiled import Attempt
 
 
 class BulkheadLayer:
@@ -67,6 +68,8 @@ class BulkheadLayer:
                 raise refused(call, waited, stuck=bulkhead.successes == successes)
 
         async def admitted(call: Call) -> Any:
+            if call.preloaded is not None:
+                return await inner(call)  # admitted and released on the compiled success path
             if call.attempts > 1 and call.loop.time() > call.deadline - reserve:
                 raise refused(call, 0.0, stuck=False)  # a retry the deadline would cut short
             if try_acquire():
@@ -81,3 +84,21 @@ class BulkheadLayer:
             return result
 
         return admitted
+
+    def attempt_hooks(self, method: MethodSetup) -> Attempt:
+        """A free permit for the first attempt on the compiled success path (else the chain waits
+        in line for one)."""
+        bulkhead = self._bulkhead
+        if bulkhead is None:
+            return Attempt(attempt_timeout=None)
+
+        def succeeded() -> None:
+            bulkhead.successes += 1
+
+        return Attempt(
+            attempt_timeout=None,
+            acquire=bulkhead.try_acquire,
+            release=bulkhead.release,
+            succeeded=succeeded,
+            stats=bulkhead.stats(method.label),
+        )

@@ -8,10 +8,12 @@ fallback layer ends it ``rejected``. It adds no frame: its service is a plain fu
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..call import Call, MethodSetup, Service
 from ..call_check import argument_check
+from ..compiled import PASS, Hooks
 
 
 class CallCheckLayer:
@@ -21,11 +23,7 @@ class CallCheckLayer:
         self._target = target
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
-        try:
-            backend_method = getattr(self._target, method.policy.name, None)
-        except Exception:  # an attribute that fails to evaluate: the protocol's signature then
-            backend_method = None
-        check = argument_check(method.label, backend_method, method.policy)
+        check = self._check(method)
         if check is None:
             return inner
 
@@ -34,3 +32,22 @@ class CallCheckLayer:
             return inner(call)
 
         return checked
+
+    def hooks(self, method: MethodSetup) -> Hooks:
+        """The check before the backend call: a wrong call takes the chain, which rejects it."""
+        check = self._check(method)
+        if check is None:
+            return PASS
+
+        def checked(call: Call) -> bool:
+            check(call.args, call.kwargs)
+            return True
+
+        return Hooks(before=checked)
+
+    def _check(self, method: MethodSetup) -> Callable[[tuple[Any, ...], Mapping[str, Any]], None] | None:
+        try:
+            backend_method = getattr(self._target, method.policy.name, None)
+        except Exception:  # an attribute that fails to evaluate: the protocol's signature then
+            backend_method = None
+        return argument_check(method.label, backend_method, method.policy)

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..call import Call, MethodSetup, Service
 from ..classify import error_type, no_wait_fixes, safe_message
+from ..compiled import PASS, Hooks
 from ..durability import DurabilityPorts
 from ..failure_log import FailureLog
 from ..logical_time import LOGICAL_TIMES as logical_times
@@ -52,6 +53,16 @@ class DeadLetterLayer:
         log = self._log
 
         async def keyed(call: Call) -> Any:
+            held = call.held
+            if held is not None:  # stamped and let in on the compiled success path
+                call.held = None
+                stamp, slot, token, key = held
+                try:
+                    return await write(call, stamp, key)
+                finally:
+                    if slot is not None:
+                        leave(slot, stamp)
+                    logical_times.reset(token)
             stamp = next_stamp()
             # The logical time of the call: the backend refuses to let a write older than the
             # row's replace it, so a replay of this write never undoes a newer one.
@@ -114,3 +125,53 @@ class DeadLetterLayer:
         if key_of is not None:
             return keyed
         return lambda call: write(call, next_stamp(), None)
+
+    def hooks(self, method: MethodSetup) -> Hooks:
+        """The key's stamp, logical time and slot before the backend call (a slot a replay holds
+        takes the chain, which waits for it); older held writes of the key superseded after."""
+        keeper, gate, queue = self._keeper, self._gate, self._queue
+        policy = method.policy
+        is_open = self._lifecycle.is_open
+        if keeper is None or gate is None or not policy.dead_letter:
+            return PASS
+        if queue is not None and queue.takes(policy):
+            return PASS
+        key_of = policy.lww_key
+        if key_of is None:
+            return Hooks(before=lambda call: is_open())
+        name = policy.name
+        next_stamp, supersede = self._next_stamp, keeper.supersede
+        slot_of, try_enter, leave = gate.slot, gate.try_enter, gate.leave
+        set_time, reset_time = logical_times.set, logical_times.reset
+
+        def enter(call: Call) -> bool:
+            if not is_open():
+                return False
+            key = key_of(call.args, call.kwargs)
+            slot = slot_of(name, key) if key is not None else None
+            stamp = next_stamp()
+            if slot is not None and not try_enter(slot, stamp):
+                return False
+            call.held = (stamp, slot, set_time((next_logical_time(),)), key)
+            return True
+
+        def give_back(call: Call) -> None:
+            stamp, slot, token, _ = call.held
+            call.held = None
+            reset_time(token)
+            if slot is not None:
+                leave(slot, stamp)
+
+        async def superseded(call: Call, result: Any) -> Any:
+            stamp, slot, token, key = call.held
+            call.held = None
+            try:
+                if key is not None:
+                    await supersede(name, key, stamp)
+            finally:
+                reset_time(token)
+                if slot is not None:
+                    leave(slot, stamp)
+            return result
+
+        return Hooks(before=enter, undo=give_back, after=superseded, after_is_async=True)

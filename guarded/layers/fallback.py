@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..call import Call, MethodSetup, Service
+from ..compiled import Hooks
 from ..classify import (
     NO_WAIT_FIXES,
     CircuitOpenError,
@@ -53,13 +55,11 @@ class FallbackLayer:
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         policy = method.policy
-        make_fallback = policy.fallback.value_factory()
         normalise_empty = policy.kind is Kind.CONSUME
         single_item = policy.single_item
-        log = self._log
-        strict = self._strict
         current_task = asyncio.current_task
         ok, not_found, retried = Outcome.OK, Outcome.NOT_FOUND, Outcome.RETRIED
+        failed = self._failure_handler(method)
 
         async def must_not_throw(call: Call) -> Any:
             try:
@@ -82,6 +82,30 @@ class FallbackLayer:
                     call.outcome = retried
             return result
 
+        return must_not_throw
+
+    def hooks(self, method: MethodSetup) -> Hooks:
+        """The answer of a call that took the success path, and the answer to a failure of a hook
+        inside this layer."""
+        policy = method.policy
+        normalise_empty = policy.kind is Kind.CONSUME
+        single_item = policy.single_item
+        ok, not_found = Outcome.OK, Outcome.NOT_FOUND
+
+        def answered(call: Call, result: Any) -> Any:
+            if normalise_empty and result == {}:
+                result = None
+            if single_item and result is None and call.outcome is ok:
+                call.outcome = not_found
+            return result
+
+        return Hooks(after=answered, on_failure=self._failure_handler(method))
+
+    def _failure_handler(self, method: MethodSetup) -> Callable[[Call, BaseException], Any]:
+        make_fallback = method.policy.fallback.value_factory()
+        log = self._log
+        strict = self._strict
+
         def failed(call: Call, exc: BaseException) -> Any:
             call.error = exc
             kind = classify(exc)
@@ -100,4 +124,4 @@ class FallbackLayer:
             )
             return make_fallback()
 
-        return must_not_throw
+        return failed

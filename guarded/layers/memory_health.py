@@ -26,6 +26,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from ..call import Call, MethodSetup, Service
 from ..classify import error_type
+from ..compiled import PASS, Hooks
 from ..policy import ArgGetter
 from ..rate_limited_log import RateLimitedLog
 from ..telemetry.memory_health import DEFAULT_MAX_KEYS, MemoryHealthTracker, memory_health_tracker
@@ -40,30 +41,40 @@ class MemoryHealthLayer:
         self._max_keys = max_keys
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
+        hooks = self.hooks(method)
+        after = hooks.after
+        if after is None:
+            return inner
+
+        async def tracked(call: Call) -> Any:
+            return after(call, await inner(call))
+
+        return tracked
+
+    def hooks(self, method: MethodSetup) -> Hooks:
+        """The same bookkeeping after a call that took the success path."""
         policy = method.policy
         if not policy.memory_health:
-            return inner
+            return PASS
         if policy.lww_key is not None and policy.value is not None:
             key_of, state_of = policy.lww_key, policy.value
             tracker = self._tracker(method)
 
-            async def saved(call: Call) -> Any:
-                result = await inner(call)
+            def saved(call: Call, result: Any) -> Any:
                 _record_write(tracker, key_of, state_of, call)
                 return result
 
-            return saved
+            return Hooks(after=saved)
         if policy.read_key is not None:
             read_key = policy.read_key
             tracker = self._tracker(method)
 
-            async def loaded(call: Call) -> Any:
-                result = await inner(call)
+            def loaded(call: Call, result: Any) -> Any:
                 _record_read(tracker, read_key, call, result)
                 return result
 
-            return loaded
-        return inner
+            return Hooks(after=loaded)
+        return PASS
 
     def _tracker(self, method: MethodSetup) -> MemoryHealthTracker:
         return memory_health_tracker(method.store_name, self._registry, max_keys=self._max_keys)

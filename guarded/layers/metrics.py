@@ -17,6 +17,7 @@ from .. import telemetry_names as names
 from ..breaker import BreakerState, CircuitBreaker
 from ..call import Call, MethodSetup, Service
 from ..call_stats import CallStats, DurationSeries, call_stats
+from ..compiled import Hooks
 from ..failure_log import OperationalErrors, operational_errors
 from ..outcome import Outcome
 from ..per_registry import PerRegistry
@@ -116,3 +117,19 @@ class MetricsLayer:
             return result
 
         return measured
+
+    def hooks(self, method: MethodSetup) -> Hooks:
+        """One observation of a call that took the success path (one attempt, no span)."""
+        stats = self._stats
+        store, label = method.store_name, method.label
+        series: dict[Outcome, DurationSeries] = {}
+
+        def observed(call: Call, result: Any) -> Any:
+            outcome = call.outcome
+            found = series.get(outcome)
+            if found is None:
+                found = series[outcome] = stats.series(store, label, outcome.value)
+            found.observe(call.loop.time() - call.started)
+            return result
+
+        return Hooks(after=observed)

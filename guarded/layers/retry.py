@@ -28,6 +28,10 @@ _FIRST_BACKOFF = (
 class RetryLayer:
     """Retries retryable failures of repeat-safe calls (see module docs)."""
 
+    retry_boundary = True
+    """The layers after this one bound each attempt (:func:`guarded.compiled.compile_method`); a
+    first attempt needs nothing of this layer on the success path."""
+
     def __init__(self, config: RetryConfig) -> None:
         self._config = config
 

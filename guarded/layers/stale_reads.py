@@ -24,6 +24,7 @@ from typing import Any
 
 from ..call import Call, MethodSetup, Service
 from ..classify import is_programming_error
+from ..compiled import PASS, Hooks
 from ..durability import DurabilityPorts
 from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time
 from ..outcome import Outcome
@@ -56,22 +57,93 @@ class StaleReadLayer:
             return self._wrap_latest(inner, policy.merge_from, policy.read_key, value_of)
         return self._wrap_list(inner, method, value_of)
 
-    def _wrap_write(self, inner: Service, method: MethodSetup) -> Service:
+    def hooks(self, method: MethodSetup) -> Hooks | None:
+        """The success path of a read while nothing is held or queued for it (else the chain
+        merges what is), and the cache kept up to date after it; a consume takes the chain."""
+        policy = method.policy
+        if policy.kind in (Kind.UPSERT, Kind.APPEND):
+            remember = self._remembering(method)
+            return PASS if remember is None else Hooks(after=remember)
+        if policy.merge is None or policy.merge_from is None:
+            return PASS
+        if self._policies.get(policy.merge_from).value is None:
+            return PASS
+        if policy.merge is Merge.TAKE:
+            return None
+        ports = self._ports
+        lookups, cache, is_open = ports.lookups, ports.cache, ports.lifecycle.is_open
+        nothing_held = lookups is None
+
+        if policy.merge is Merge.LATEST:
+            key_of = policy.read_key
+            if key_of is None:
+                return PASS
+            write = policy.merge_from
+
+            def unmerged(call: Call) -> bool:
+                return is_open() and (nothing_held or lookups.is_empty)  # type: ignore[union-attr]
+
+            def cached(call: Call, result: Any) -> Any:
+                if cache is not None and result is not None:
+                    key = key_of(call.args, call.kwargs)
+                    if key is not None and _hashable(key):
+                        cache.put((write, key), result)
+                return result
+
+            return Hooks(before=unmerged, after=cached)
+
+        scope_of = policy.scope_key
+        if scope_of is None:
+            return PASS
+        write = policy.merge_from
+        queue = ports.queue
+        write_batched = queue is not None and queue.takes(self._policies.get(write))
+        pending_for_scope = queue.pending_for_scope if queue is not None else None
+        name = policy.name
+
+        def nothing_to_merge(call: Call) -> bool:
+            if not is_open() or not (nothing_held or lookups.is_empty):  # type: ignore[union-attr]
+                return False
+            if write_batched:
+                scope = scope_of(call.args, call.kwargs)
+                return not isinstance(scope, str) or not pending_for_scope(write, scope)  # type: ignore[misc]
+            return True
+
+        def listed(call: Call, result: Any) -> Any:
+            if cache is not None and isinstance(scope_of(call.args, call.kwargs), str):
+                cache_key = _call_key(name, call.args, call.kwargs)
+                if cache_key is not None:
+                    cache.put(cache_key, list(result))
+            return result
+
+        return Hooks(before=nothing_to_merge, after=listed)
+
+    def _remembering(self, method: MethodSetup) -> Callable[[Call, Any], Any] | None:
+        """Keeps the value of a successful write for the reads that answer it from the cache."""
         cache = self._ports.cache
         policy = method.policy
         key_of, value_of = policy.lww_key, policy.value
         if cache is None or key_of is None or value_of is None:
-            return inner
+            return None
         if Merge.LATEST not in self._policies.merges_from(policy.name):
-            return inner  # no read answers this write's value from the cache
+            return None  # no read answers this write's value from the cache
         name = policy.name
 
-        async def remembered(call: Call) -> Any:
-            result = await inner(call)
+        def remember(call: Call, result: Any) -> Any:
             key = key_of(call.args, call.kwargs)
             if key is not None and _hashable(key):
                 cache.put((name, key), value_of(call.args, call.kwargs))
             return result
+
+        return remember
+
+    def _wrap_write(self, inner: Service, method: MethodSetup) -> Service:
+        remember = self._remembering(method)
+        if remember is None:
+            return inner
+
+        async def remembered(call: Call) -> Any:
+            return remember(call, await inner(call))
 
         return remembered
 

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from ..call import Call, MethodSetup, Service
+from ..compiled import Attempt
 from ..watchdog import watchdog_for
 
 
@@ -25,6 +26,8 @@ class TimeoutLayer:
         """The event loop of the last call and its watchdog."""
 
         async def timed(call: Call) -> Any:
+            if call.preloaded is not None:
+                return await inner(call)  # timed on the compiled success path
             loop = call.loop
             task = current_task(loop)
             assert task is not None
@@ -54,3 +57,7 @@ class TimeoutLayer:
             return result
 
         return timed
+
+    def attempt_hooks(self, method: MethodSetup) -> Attempt:
+        """The first attempt's bound on the compiled success path (the same as :meth:`wrap`'s)."""
+        return Attempt(attempt_timeout=method.settings.attempt_timeout)

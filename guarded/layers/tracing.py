@@ -24,6 +24,7 @@ from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCod
 from .. import telemetry_names as names
 from ..call import Call, MethodSetup, Service
 from ..classify import error_type, safe_message
+from ..compiled import Hooks
 
 _UNKNOWN = object()
 
@@ -106,6 +107,17 @@ class TracingLayer:
                 span.end()
 
         return traced
+
+    def hooks(self, method: MethodSetup) -> Hooks:
+        """The success path only while no span could record (a recording span takes the chain)."""
+        tracing_off = self._tracing_off
+        api = trace
+        no_explicit_provider = self._provider is None and not self._provider_from_environment
+
+        def off(call: Call) -> bool:
+            return (no_explicit_provider and getattr(api, "_TRACER_PROVIDER", _UNKNOWN) is None) or tracing_off()
+
+        return Hooks(before=off)
 
 
 def _finish(span: trace.Span, call: Call) -> None:

@@ -1,0 +1,261 @@
+"""A guarded method's layers compiled into one coroutine for the success path (issue 15, item 1).
+
+Each layer keeps its own module and its ``wrap()``, the layered chain that handles every call the
+success path cannot. A layer also declares :class:`Hooks` for the success path: ``before`` (sync,
+before the backend call, in declared order: it may send the call to the chain instead),
+``after`` (after the backend answered, innermost first) and ``undo`` (give back what ``before``
+took when a later hook sends the call to the chain). :func:`compile_method` inlines them around
+the backend call with the attempt's own bounds (bulkhead permit, per-attempt timeout), so the
+common call runs in one frame.
+
+A failure leaves the success path for the chain: the attempt's own bounds are settled at once
+(the timeout's verdict, the permit given back), then the chain takes the call over with the
+failure *preloaded* (:attr:`Call.preloaded <guarded.call.Call.preloaded>`): the chain's first
+attempt raises it instead of calling the backend again, so retry, breaker, dead-letter, stale
+reads and fallback handle it in their declared order, exactly as if the chain had made that
+attempt. What a ``before`` hook took that the chain must keep (the breaker's admission, the
+dead-letter layer's stamp and key slot) is adopted by that layer's ``wrap()`` from the call.
+
+A layer that declares no hooks for a method, and does not leave the method alone, keeps the
+method on the chain: your own layers (``extra_layers``) never lose their place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .call import Call, Layer, MethodSetup, Service
+from .watchdog import watchdog_for
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """One layer's part of a method's success path (see the module docs)."""
+
+    before: Callable[[Call], bool] | None = None
+    """Before the backend call: ``False`` (or an exception) sends the call to the layered chain."""
+    undo: Callable[[Call], None] | None = None
+    """Gives back what ``before`` took when a later ``before`` sends the call to the chain."""
+    after: Callable[[Call, Any], Any] | None = None
+    """After the backend answered: returns the answer the caller gets (usually ``result``)."""
+    after_is_async: bool = False
+    """``after`` is a coroutine function (awaited)."""
+    on_failure: Callable[[Call, Exception], Any] | None = None
+    """The must-not-throw layer's answer to a failure of an ``after`` hook inside it."""
+
+
+PASS = Hooks()
+"""The hooks of a layer that leaves a method alone."""
+
+
+class Attempt:
+    """The attempt's own bounds on the success path: the bulkhead's permit and the per-attempt
+    timeout, declared by the layers inside retry (:meth:`attempt_bounds`)."""
+
+    __slots__ = ("acquire", "attempt_timeout", "release", "stats", "succeeded")
+
+    def __init__(
+        self,
+        *,
+        attempt_timeout: float | None,
+        acquire: Callable[[], bool] | None = None,
+        release: Callable[[], None] | None = None,
+        succeeded: Callable[[], None] | None = None,
+        stats: Any = None,
+    ) -> None:
+        self.attempt_timeout = attempt_timeout
+        self.acquire = acquire
+        self.release = release
+        self.succeeded = succeeded
+        self.stats = stats
+
+
+def compile_method(
+    layers: Sequence[Layer],
+    setup: MethodSetup,
+    backend: Service,
+    chain: Service,
+) -> Service | None:
+    """The compiled service of ``setup``'s method, or ``None`` when a layer keeps it on ``chain``.
+
+    ``layers`` are in declared order (outermost first); those inside the retry layer must declare
+    their attempt bounds (``attempt_hooks``), the others their :class:`Hooks`.
+    """
+    outer: list[Hooks] = []
+    attempt_timeout: float | None = None
+    acquire = release = succeeded = None
+    stats: Any = None
+    inside_retry = False
+    for layer in layers:
+        if getattr(layer, "retry_boundary", False):
+            inside_retry = True
+            continue
+        if inside_retry:
+            bounds = getattr(layer, "attempt_hooks", None)
+            found = bounds(setup) if bounds is not None else None
+            if found is None:
+                return None
+            if found.attempt_timeout is not None:
+                attempt_timeout = found.attempt_timeout
+            if found.acquire is not None:
+                acquire, release, succeeded, stats = found.acquire, found.release, found.succeeded, found.stats
+            continue
+        declare = getattr(layer, "hooks", None)
+        if declare is not None:
+            hooks = declare(setup)
+        else:
+            hooks = PASS if layer.wrap(_probe, setup) is _probe else None
+        if hooks is None:
+            return None
+        if hooks is not PASS:
+            outer.append(hooks)
+    if not inside_retry or attempt_timeout is None:
+        return None
+    return _build(setup, outer, backend, chain, attempt_timeout, acquire, release, succeeded, stats)
+
+
+def _build(
+    setup: MethodSetup,
+    outer: list[Hooks],
+    backend: Service,
+    chain: Service,
+    attempt_timeout: float,
+    acquire: Callable[[], bool] | None,
+    release: Callable[[], None] | None,
+    succeeded: Callable[[], None] | None,
+    stats: Any,
+) -> Service:
+    befores = tuple((hooks.before, hooks.undo) for hooks in outer if hooks.before is not None)
+    afters = tuple(
+        (hooks.after, hooks.after_is_async, hooks.on_failure)
+        for hooks in reversed(outer)
+        if hooks.after is not None or hooks.on_failure is not None
+    )
+    current_task = asyncio.current_task
+    label = setup.label
+    last: list[Any] = [None, None]
+    """The event loop of the last call and its watchdog."""
+
+    def leave_fast_path(call: Call, taken: int) -> None:
+        for _, undo in reversed(befores[:taken]):
+            if undo is not None:
+                undo(call)
+
+    async def compiled(call: Call) -> Any:
+        taken = 0
+        try:
+            for before, _ in befores:
+                if not before(call):
+                    break
+                taken += 1
+        except Exception:
+            pass  # the chain meets it again and handles it (a caller's bad call: rejected)
+        if taken < len(befores):
+            leave_fast_path(call, taken)
+            return await chain(call)
+        if acquire is not None:
+            if not acquire():
+                leave_fast_path(call, taken)
+                return await chain(call)
+            stats.immediate += 1
+        loop = call.loop
+        task = current_task(loop)
+        assert task is not None
+        if loop is last[0]:
+            dog = last[1]
+        else:
+            dog = watchdog_for(loop)
+            last[:] = loop, dog
+        when = call.started + attempt_timeout
+        dog.arm(call, task, when if when < call.deadline else call.deadline)
+        call.attempts = 1
+        try:
+            result = await backend(call)
+        except BaseException as exc:
+            return await _fail(call, exc, dog, task)
+        if dog.disarm(call) and task.uncancel() == 0:
+            return await _fail(call, None, dog, task)
+        if release is not None:
+            release()
+            succeeded()  # type: ignore[misc]
+        for after, is_async, on_failure in afters:
+            if after is None:
+                continue
+            try:
+                result = (await after(call, result)) if is_async else after(call, result)
+            except Exception as exc:
+                return await _after_failed(call, exc, after)
+        return result
+
+    async def _fail(call: Call, exc: BaseException | None, dog: Any, task: asyncio.Task[Any]) -> Any:
+        """The attempt failed: settle its bounds as the timeout and bulkhead layers do, then hand
+        the call to the chain with the failure preloaded."""
+        if exc is None:
+            failure: BaseException = TimeoutError(f"{label} timed out (the store swallowed the cancellation)")
+        else:
+            failure = exc
+            if dog.disarm(call) and task.uncancel() == 0:
+                if isinstance(exc, asyncio.CancelledError):
+                    failure = TimeoutError(f"{label} timed out")
+                    failure.__suppress_context__ = True
+                elif isinstance(exc, Exception):
+                    failure = TimeoutError(f"{label} timed out")
+                    failure.__cause__ = exc
+        if release is not None:
+            release()
+        call.preloaded = failure
+        call.attempts = 0
+        return await chain(call)
+
+    async def _after_failed(call: Call, exc: Exception, failed_hook: Any) -> Any:
+        """An ``after`` hook raised: the must-not-throw layer outside it answers, and the hooks
+        outside that one still run (metrics)."""
+        reached = False
+        handled = False
+        result: Any = None
+        for after, is_async, on_failure in afters:
+            if not reached:
+                reached = after is failed_hook
+                continue
+            if not handled:
+                if on_failure is None:
+                    continue
+                result = on_failure(call, exc)
+                handled = True
+                continue
+            if after is not None:
+                result = (await after(call, result)) if is_async else after(call, result)
+        if not handled:
+            raise exc
+        return result
+
+    return compiled
+
+
+def _probe(call: Call) -> Awaitable[Any]:
+    """An inner service handed to a layer without hooks: one that returns it leaves the method alone."""
+    raise AssertionError("never called")
+
+
+def preloadable(backend: Service) -> Service:
+    """``backend`` as the chain's innermost service: a call whose first attempt was made on the
+    compiled success path raises that attempt's failure instead of calling the backend again."""
+
+    def innermost(call: Call) -> Awaitable[Any]:
+        failure = call.preloaded
+        if failure is not None:
+            call.preloaded = None
+            return _raise(failure)
+        return backend(call)
+
+    return innermost
+
+
+async def _raise(failure: BaseException) -> Any:
+    raise failure
+
+
+__all__ = ["PASS", "Attempt", "Hooks", "compile_method", "preloadable"]
