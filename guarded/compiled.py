@@ -101,7 +101,8 @@ def compile_method(
             if found.attempt_timeout is not None:
                 attempt_timeout = found.attempt_timeout
             if found.acquire is not None:
-                acquire, release, succeeded, stats = found.acquire, found.release, found.succeeded, found.stats
+                acquire, release = found.acquire, found.release
+                succeeded, stats = found.succeeded, found.stats
             continue
         declare = getattr(layer, "hooks", None)
         if declare is not None:
@@ -181,7 +182,7 @@ def _build(
         if release is not None:
             release()
             succeeded()  # type: ignore[misc]
-        for after, is_async, on_failure in afters:
+        for after, is_async, _ in afters:
             if after is None:
                 continue
             try:

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..call import Call, MethodSetup, Service
-from ..compiled import Hooks
 from ..classify import (
     NO_WAIT_FIXES,
     CircuitOpenError,
@@ -29,6 +28,7 @@ from ..classify import (
     no_wait_fixes,
     safe_message,
 )
+from ..compiled import Hooks
 from ..failure_log import FailureLog
 from ..outcome import Outcome
 from ..policy import Kind

@@ -115,7 +115,8 @@ class TracingLayer:
         no_explicit_provider = self._provider is None and not self._provider_from_environment
 
         def off(call: Call) -> bool:
-            return (no_explicit_provider and getattr(api, "_TRACER_PROVIDER", _UNKNOWN) is None) or tracing_off()
+            unset = getattr(api, "_TRACER_PROVIDER", _UNKNOWN) is None
+            return (no_explicit_provider and unset) or tracing_off()
 
         return Hooks(before=off)
 

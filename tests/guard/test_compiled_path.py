@@ -1,0 +1,246 @@
+"""The compiled success path (issue 15, item 1) behaves exactly as the layered chain.
+
+A guarded method's layers run in one frame while the call succeeds; a failure is handed to the
+layered chain with the first attempt's failure preloaded (:mod:`guarded.compiled`). The promise:
+nothing a caller, the backend or an operator can see differs from the chain alone. The
+differential test runs the same random calls and faults through ``guard()`` twice, compiled and
+with compilation switched off, and compares every answer, every outcome counted, every call the
+backend got, and what the store holds at the end. The other tests break the hand-over points one
+by one: a retry after a failed first attempt, a timed-out first attempt, a caller's cancellation,
+a breaker's half-open probe, a held write's logical time, a read while something is held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from guarded import guard
+from guarded.backends.memory import InMemoryStateStore
+from guarded.call_stats import call_stats
+from guarded.cores import core_of
+from guarded.logical_time import LOGICAL_TIMES
+from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.lenient]
+
+guard_module = importlib.import_module("guarded.guard")  # the package's ``guard`` is the function
+
+SETTINGS: dict[str, Any] = {
+    "timeout": {"attempt": 0.05, "deadline": 0.4, "critical_deadline": 0.4},
+    "retry": {"initial_backoff": 0.001, "max_backoff": 0.002},
+    "spill_path": None,
+    "batching": False,
+}
+KEYS = ("k0", "k1", "k2")
+SEQUENCES = 12
+CALLS = 60
+
+
+def counts(registry: CollectorRegistry, store: str) -> Counter[tuple[str, str]]:
+    return Counter(call_stats(registry).counts(store))
+
+
+def plan(seed: int) -> FaultPlan:
+    return FaultPlan.random(
+        seed,
+        error_before=0.15,
+        error_after=0.1,
+        hang=0.05,
+        errors=(ConnectionResetError, TimeoutError, ValueError),
+    )
+
+
+def step(rng: random.Random, index: int) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    key = rng.choice(KEYS)
+    choice = rng.randrange(6)
+    if choice == 0:
+        return "save_memory_state", (key, {"version": index}), {}
+    if choice == 1:
+        return "load_memory_state", (key,), {}
+    if choice == 2:
+        return "save_planner_state", (f"token-{key}", {"step": index}), {}
+    if choice == 3:
+        return "load_planner_state", (f"token-{key}",), {}
+    if choice == 4:
+        return "get_trajectory", (f"trace-{key}", "session"), {}
+    return "list_traces", ("session",), {}
+
+
+async def run_sequence(seed: int, *, compiled: bool, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every answer and outcome count of one random sequence, and what the backend got and holds."""
+    with monkeypatch.context() as patch:
+        if not compiled:
+            patch.setattr(guard_module, "compile_method", lambda *args, **kwargs: None)
+        backend = InMemoryStateStore()
+        faulty = FaultyStore(backend, plan(seed))
+        registry = CollectorRegistry()
+        store = guard(faulty, name=f"diff-{seed}", registry=registry, **SETTINGS)
+        rng = random.Random(seed)
+        seen: list[Any] = []
+        async with store:
+            for index in range(CALLS):
+                method, args, kwargs = step(rng, index)
+                answer = await getattr(store, method)(*args, **kwargs)
+                seen.append((index, method, answer, sorted(counts(registry, f"diff-{seed}").items())))
+        injector = fault_injector(faulty)
+        seen.append(("backend calls", [(record.method, record.fault.kind) for record in injector.log]))
+        seen.append(("held", {key: await backend.load_memory_state(key) for key in KEYS}))
+    return seen
+
+
+@pytest.mark.parametrize("seed", range(SEQUENCES))
+async def test_compiled_and_chain_answer_alike_under_random_faults(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chain = await run_sequence(seed, compiled=False, monkeypatch=monkeypatch)
+    compiled = await run_sequence(seed, compiled=True, monkeypatch=monkeypatch)
+    for expected, got in zip(chain, compiled, strict=True):
+        assert got == expected, f"seed {seed}: the compiled path differs at {expected[0]}"
+
+
+def guarded_store(plan_: FaultPlan, **settings: Any) -> tuple[Any, InMemoryStateStore, CollectorRegistry]:
+    backend = InMemoryStateStore()
+    registry = CollectorRegistry()
+    options = {**SETTINGS, **settings}
+    store = guard(FaultyStore(backend, plan_), name="hand-over", registry=registry, **options)
+    return store, backend, registry
+
+
+def is_compiled(store: Any, method: str) -> bool:
+    core = core_of(store)
+    assert core is not None
+    core.method(method)
+    cells = _cells(core.methods[method])
+    return any("compiled" in getattr(cell.cell_contents, "__qualname__", "") for cell in cells)
+
+
+def _cells(function: Any) -> list[Any]:
+    return [cell for cell in function.__closure__ or () if _filled(cell)]
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return False
+    return True
+
+
+async def test_the_success_path_is_compiled_for_reads_and_keyed_writes() -> None:
+    store, _, _ = guarded_store(FaultPlan())
+    assert is_compiled(store, "load_memory_state")
+    assert is_compiled(store, "save_memory_state")
+    assert is_compiled(store, "list_tasks")
+    assert not is_compiled(store, "load_planner_state"), "a consume of a held pause takes the chain"
+
+
+async def test_a_user_layer_keeps_its_method_on_the_chain() -> None:
+    seen: list[str] = []
+
+    class Counting:
+        def wrap(self, inner: Any, method: Any) -> Any:
+            async def counted(call: Any) -> Any:
+                seen.append(method.label)
+                return await inner(call)
+
+            return counted
+
+    store = guard(InMemoryStateStore(), registry=CollectorRegistry(), extra_layers=[Counting()], **SETTINGS)
+    await store.load_memory_state("k")
+    assert seen == ["load_memory_state"]
+    assert not is_compiled(store, "load_memory_state")
+
+
+async def test_a_failed_first_attempt_is_retried_once_not_twice() -> None:
+    store, _, registry = guarded_store(
+        FaultPlan.script({"load_memory_state": [Fault.error_before(ConnectionResetError)]})
+    )
+    await store.save_memory_state("k", {"v": 1})
+    assert await store.load_memory_state("k") == {"v": 1}
+    assert fault_injector(core_of(store).target).calls("load_memory_state") == 2  # type: ignore[union-attr]
+    assert counts(registry, "hand-over")[("load_memory_state", "retried")] == 1
+
+
+async def test_a_first_attempt_that_times_out_ends_timeout_within_the_deadline() -> None:
+    store, _, registry = guarded_store(FaultPlan.always(Fault.hang(), methods=["list_traces"]))
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    assert await store.list_traces("s") == []
+    assert loop.time() - began < 0.4 + 0.3  # the deadline, with slack for a loaded machine
+    assert counts(registry, "hand-over")[("list_traces", "timeout")] == 1
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0, "the watchdog's cancellations were withdrawn"
+
+
+async def test_the_callers_cancellation_on_the_success_path_propagates_and_counts_cancelled() -> None:
+    store, _, registry = guarded_store(
+        FaultPlan.always(Fault.hang(), methods=["list_traces"]),
+        timeout={"attempt": 5, "deadline": 10, "critical_deadline": 10},
+        bulkhead={"max_concurrent": 4},
+    )
+    call = asyncio.ensure_future(store.list_traces("s"))
+    await asyncio.sleep(0.01)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert counts(registry, "hand-over")[("list_traces", "cancelled")] == 1
+    core = core_of(store)
+    assert core is not None
+    assert core.bulkhead is not None
+    assert core.bulkhead.in_use == 0, "the permit was given back"
+
+
+async def test_a_half_open_probe_admitted_on_the_success_path_is_judged_by_its_result() -> None:
+    outage = [Fault.error_before(ConnectionRefusedError)] * 2
+    store, _, _ = guarded_store(
+        FaultPlan.script({"list_traces": [*outage, Fault.error_before(ValueError)]}),
+        retry={"max_attempts": 1, "critical_max_attempts": 1},
+        breaker={"minimum_calls": 2, "window_size": 2, "half_open_probes": 1},
+    )
+    breaker = core_of(store).breaker  # type: ignore[union-attr]
+    await store.list_traces("s")
+    await store.list_traces("s")
+    assert breaker.state.value == "open"
+    breaker.probe_now()
+    await store.list_traces("s")  # the probe fails with bad data: not the backend's fault
+    assert breaker.state.value == "half_open", "a probe whose error is ignored gives its admission back"
+    await store.list_traces("s")  # the next probe succeeds
+    assert breaker.state.value == "closed"
+
+
+async def test_a_write_held_after_a_failed_first_attempt_keeps_the_logical_time_it_was_sent_with() -> None:
+    sent: list[Any] = []
+
+    class Recording(InMemoryStateStore):
+        async def save_memory_state(self, key: str, state: dict[str, Any]) -> None:
+            sent.append(LOGICAL_TIMES.get())
+            raise ConnectionResetError("lost")
+
+    registry = CollectorRegistry()
+    store = guard(Recording(), name="held", registry=registry, **{**SETTINGS, "retries": 1})
+    async with store:
+        await store.save_memory_state("k", {"v": 1})
+        held = await core_of(store).durability.ports().lookups.latest_for_key("save_memory_state", "k")  # type: ignore[union-attr]
+    assert counts(registry, "held")[("save_memory_state", "dead_lettered")] == 1
+    assert held is not None
+    assert sent
+    assert sent[0] is not None
+    assert held[1]["_guarded_write_time"] == sent[0][0], "the replay carries the time the write was sent with"
+
+
+async def test_a_read_while_a_write_is_held_answers_the_held_write() -> None:
+    store, _, _ = guarded_store(
+        FaultPlan.script({"save_memory_state": [Fault.error_before(ConnectionRefusedError)] * 5}),
+        retries=1,
+    )
+    async with store:
+        await store.save_memory_state("k", {"v": "held"})
+        assert await store.load_memory_state("k") == {"v": "held"}
