@@ -129,67 +129,23 @@ def _build(
     succeeded: Callable[[], None] | None,
     stats: Any,
 ) -> Service:
-    befores = tuple((hooks.before, hooks.undo) for hooks in outer if hooks.before is not None)
-    afters = tuple(
-        (hooks.after, hooks.after_is_async, hooks.on_failure)
-        for hooks in reversed(outer)
-        if hooks.after is not None or hooks.on_failure is not None
-    )
+    befores = [hooks for hooks in outer if hooks.before is not None]
+    afters = [hooks for hooks in reversed(outer) if hooks.after is not None or hooks.on_failure is not None]
     current_task = asyncio.current_task
     label = setup.label
     last: list[Any] = [None, None]
     """The event loop of the last call and its watchdog."""
 
-    def leave_fast_path(call: Call, taken: int) -> None:
-        for _, undo in reversed(befores[:taken]):
-            if undo is not None:
-                undo(call)
+    async def leave_fast_path(call: Call, taken: int) -> Any:
+        for hooks in reversed(befores[:taken]):
+            if hooks.undo is not None:
+                hooks.undo(call)
+        return await chain(call)
 
-    async def compiled(call: Call) -> Any:
-        taken = 0
-        try:
-            for before, _ in befores:
-                if not before(call):
-                    break
-                taken += 1
-        except Exception:
-            pass  # the chain meets it again and handles it (a caller's bad call: rejected)
-        if taken < len(befores):
-            leave_fast_path(call, taken)
-            return await chain(call)
-        if acquire is not None:
-            if not acquire():
-                leave_fast_path(call, taken)
-                return await chain(call)
-            stats.immediate += 1
-        loop = call.loop
-        task = current_task(loop)
-        assert task is not None
-        if loop is last[0]:
-            dog = last[1]
-        else:
-            dog = watchdog_for(loop)
-            last[:] = loop, dog
-        when = call.started + attempt_timeout
-        dog.arm(call, task, when if when < call.deadline else call.deadline)
-        call.attempts = 1
-        try:
-            result = await backend(call)
-        except BaseException as exc:
-            return await _fail(call, exc, dog, task)
-        if dog.disarm(call) and task.uncancel() == 0:
-            return await _fail(call, None, dog, task)
-        if release is not None:
-            release()
-            succeeded()  # type: ignore[misc]
-        for after, is_async, _ in afters:
-            if after is None:
-                continue
-            try:
-                result = (await after(call, result)) if is_async else after(call, result)
-            except Exception as exc:
-                return await _after_failed(call, exc, after)
-        return result
+    def watchdog(loop: asyncio.AbstractEventLoop) -> Any:
+        dog = watchdog_for(loop)
+        last[:] = loop, dog
+        return dog
 
     async def _fail(call: Call, exc: BaseException | None, dog: Any, task: asyncio.Task[Any]) -> Any:
         """The attempt failed: settle its bounds as the timeout and bulkhead layers do, then hand
@@ -211,29 +167,106 @@ def _build(
         call.attempts = 0
         return await chain(call)
 
-    async def _after_failed(call: Call, exc: Exception, failed_hook: Any) -> Any:
-        """An ``after`` hook raised: the must-not-throw layer outside it answers, and the hooks
-        outside that one still run (metrics)."""
-        reached = False
-        handled = False
-        result: Any = None
-        for after, is_async, on_failure in afters:
-            if not reached:
-                reached = after is failed_hook
-                continue
-            if not handled:
-                if on_failure is None:
-                    continue
+    async def after_failed(call: Call, exc: Exception, stage: int) -> Any:
+        """The ``after`` hook at ``stage`` raised: the must-not-throw layer outside it answers, and
+        the hooks outside that one still run (metrics)."""
+        for index in range(stage + 1, len(afters)):
+            on_failure = afters[index].on_failure
+            if on_failure is not None:
                 result = on_failure(call, exc)
-                handled = True
-                continue
-            if after is not None:
-                result = (await after(call, result)) if is_async else after(call, result)
-        if not handled:
-            raise exc
-        return result
+                for hooks in afters[index + 1 :]:
+                    if hooks.after is not None:
+                        result = (
+                            (await hooks.after(call, result))
+                            if hooks.after_is_async
+                            else hooks.after(call, result)
+                        )
+                return result
+        raise exc
 
+    namespace: dict[str, Any] = {
+        "Call": Call,
+        "setup": setup,
+        "backend": backend,
+        "chain": chain,
+        "leave_fast_path": leave_fast_path,
+        "fail": _fail,
+        "after_failed": after_failed,
+        "current_task": current_task,
+        "get_loop": asyncio.get_running_loop,
+        "last": last,
+        "watchdog": watchdog,
+        "attempt_timeout": attempt_timeout,
+        "acquire": acquire,
+        "release": release,
+        "succeeded": succeeded,
+        "stats": stats,
+    }
+    for index, hooks in enumerate(befores):
+        namespace[f"before_{index}"] = hooks.before
+    for index, hooks in enumerate(afters):
+        namespace[f"after_{index}"] = hooks.after
+    source = _source(befores, afters, with_permit=acquire is not None)
+    exec(compile(source, f"<guarded compiled {label}>", "exec"), namespace)
+    compiled: Service = namespace["compiled"]
+    compiled.entry = namespace["entry"]  # type: ignore[attr-defined]
     return compiled
+
+
+def _source(befores: Sequence[Hooks], afters: Sequence[Hooks], *, with_permit: bool) -> str:
+    """The success path's source: every hook called inline, in order (as ``dataclasses`` writes an
+    ``__init__``). ``compiled(call)`` is the service; ``entry(*args, **kwargs)`` starts the call too."""
+    body: list[str] = []
+    if befores:
+        body.append("taken = 0")
+        body.append("try:")
+        for index in range(len(befores)):
+            indent = "    " * (index + 1)
+            body.append(f"{indent}if before_{index}(call):")
+            body.append(f"{indent}    taken = {index + 1}")
+        body.append("except Exception:")
+        body.append("    pass  # the chain meets it again and handles it (a caller's bad call: rejected)")
+        body.append(f"if taken != {len(befores)}:")
+        body.append("    return await leave_fast_path(call, taken)")
+    if with_permit:
+        body.append("if not acquire():")
+        body.append(f"    return await leave_fast_path(call, {len(befores)})")
+        body.append("stats.immediate += 1")
+    body += [
+        "loop = call.loop",
+        "task = current_task(loop)",
+        "dog = last[1] if loop is last[0] else watchdog(loop)",
+        "when = call.started + attempt_timeout",
+        "dog.arm(call, task, when if when < call.deadline else call.deadline)",
+        "call.attempts = 1",
+        "try:",
+        "    result = await backend(call)",
+        "except BaseException as exc:",
+        "    return await fail(call, exc, dog, task)",
+        "if dog.disarm(call) and task.uncancel() == 0:",
+        "    return await fail(call, None, dog, task)",
+    ]
+    if with_permit:
+        body += ["release()", "succeeded()"]
+    steps = [(index, hooks) for index, hooks in enumerate(afters) if hooks.after is not None]
+    if steps:
+        body.append("stage = 0")
+        body.append("try:")
+        for index, hooks in steps:
+            awaited = "await " if hooks.after_is_async else ""
+            body.append(f"    stage = {index}")
+            body.append(f"    result = {awaited}after_{index}(call, result)")
+        body.append("except Exception as exc:")
+        body.append("    return await after_failed(call, exc, stage)")
+    body.append("return result")
+    lines = ["async def compiled(call):", *("    " + line for line in body)]
+    lines += [
+        "async def entry(*args, **kwargs):",
+        "    loop = get_loop()",
+        "    call = Call(setup, args, kwargs, loop, loop.time())",
+        *("    " + line for line in body),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _probe(call: Call) -> Awaitable[Any]:

@@ -76,6 +76,9 @@ def entry_point(
                 if own is None and call.outcome in _MAYBE_COMMITTED:
                     unanswered.remember(item, key)
 
+    if setup.policy.repeat_safe and not consume:
+        # A compiled service (guarded.compiled) starts the call itself: the call runs in one frame.
+        guarded_method = getattr(service, "entry", guarded_method)
     chosen = consume_method if consume else guarded_method if setup.policy.repeat_safe else keyed_method
     chosen.__name__ = chosen.__qualname__ = setup.label
     return chosen

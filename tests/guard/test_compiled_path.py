@@ -117,7 +117,10 @@ def is_compiled(store: Any, method: str) -> bool:
     core = core_of(store)
     assert core is not None
     core.method(method)
-    cells = _cells(core.methods[method])
+    guarded_method = core.methods[method]
+    if guarded_method.__code__.co_filename.startswith("<guarded compiled"):
+        return True  # the compiled entry itself
+    cells = _cells(guarded_method)
     return any("compiled" in getattr(cell.cell_contents, "__qualname__", "") for cell in cells)
 
 
