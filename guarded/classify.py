@@ -119,6 +119,9 @@ class CircuitOpenError(GuardedError):
     """The circuit breaker refused the call without contacting the backend."""
 
     reached_backend = False
+    error_class = ErrorClass.FATAL
+    """Not retried now (the breaker decides when the backend is asked again); declared, so a
+    refused call, the cheapest failure there is, is classified at once."""
 
 
 class DeadlineExceededError(GuardedError, TimeoutError):

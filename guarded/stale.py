@@ -186,6 +186,19 @@ def _slots_of(kind: type) -> tuple[str, ...]:
     return names_
 
 
+def _unchanged(held: Any, value: dict[Any, Any]) -> bool:
+    """Whether ``value``, a mapping, equals the one ``held`` (compared in C; a mapping whose items
+    cannot be compared counts as changed)."""
+    if held is value:
+        return True
+    if type(held) is not dict:
+        return False
+    try:
+        return bool(held == value)
+    except Exception:  # an item whose __eq__ raises
+        return False
+
+
 class StaleCache:
     """At most ``max_entries`` values by key and about ``max_bytes`` of them (see
     :func:`estimate_size`); the least recently used goes first.
@@ -241,11 +254,15 @@ class StaleCache:
         beyond the bounds; a value too large to hold drops the older value of ``key``."""
         if self._max <= 0:
             return
+        values = self._values
+        if type(value) is dict and _unchanged(values.get(key, _MISSING), value):
+            values[key] = value  # the same state read or written again: its size is known
+            values.move_to_end(key)
+            return
         size = estimate_size(value)
         if size > self._largest:
             self.discard(key)
             return
-        values = self._values
         self._bytes += size - self._sizes.get(key, 0)
         self._sizes[key] = size
         values[key] = value

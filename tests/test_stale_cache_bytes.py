@@ -74,6 +74,32 @@ def test_replacing_and_discarding_keep_the_byte_count_exact() -> None:
     assert len(cache) == 0
 
 
+def test_a_state_put_again_unchanged_is_not_measured_again_but_a_changed_one_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import guarded.stale as stale_module
+
+    measured: list[object] = []
+    real = stale_module.estimate_size
+
+    def counting(value: Any) -> int:
+        measured.append(value)
+        return real(value)
+
+    monkeypatch.setattr(stale_module, "estimate_size", counting)
+    cache = StaleCache(10, max_bytes=1 << 20, registry=CollectorRegistry())
+    cache.put("a", {"summary": "short"})
+    cache.put("b", {"summary": "other"})
+    held = cache.bytes
+    cache.put("a", {"summary": "short"})  # read back: an equal, fresh dict
+    assert len(measured) == 2
+    assert cache.bytes == held
+    assert list(cache._values) == ["b", "a"], "still the most recently used"  # noqa: SLF001
+    cache.put("a", {"summary": "x" * 10_000})  # same keys, grown: measured again
+    assert len(measured) == 3
+    assert cache.bytes >= held + 9_000
+
+
 def test_zero_bounds_keep_nothing() -> None:
     for cache in (
         StaleCache(0, registry=CollectorRegistry()),
