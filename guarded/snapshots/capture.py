@@ -40,9 +40,9 @@ from ..codec import (
     STORED_EVENT,
     TASK_STATE,
     encode_trajectory,
+    record_types_of,
     to_json_object,
 )
-from ..models import ArtifactScope
 from .content import SpooledSnapshot, SpoolWriter
 from .record import FORMAT_VERSION, Snapshot, SubjectKind
 
@@ -139,7 +139,7 @@ class _Reader:
                 self._note_trace(data["trace_id"])
                 self._note_person(data.get("tenant_id"), data.get("user_id"))
                 await self.writer.add("bindings", data)
-        await self._artifacts(ArtifactScope(session_id=session_id))
+        await self._artifacts(session_id=session_id)
         listed: list[str] = []
         if read := _method(self.store, "list_traces"):
             listed = list(await read(session_id, ALL_TRACES))
@@ -158,7 +158,7 @@ class _Reader:
         await self._trace_logs(trace_id)
         if session_id is not None:
             await self._trajectory(trace_id, session_id)
-        await self._artifacts(ArtifactScope(trace_id=trace_id))
+        await self._artifacts(trace_id=trace_id)
         await self._memory(memory_keys)
 
     async def _tasks(self, session_id: str) -> None:
@@ -193,11 +193,12 @@ class _Reader:
                 {"trace_id": trace_id, "session_id": session_id, "trajectory": encode_trajectory(trajectory)},
             )
 
-    async def _artifacts(self, scope: ArtifactScope) -> None:
+    async def _artifacts(self, **scope: str) -> None:
         artifacts = getattr(self.store, "artifact_store", None)
         if artifacts is None or not callable(getattr(artifacts, "list", None)):
             return
-        for ref in await artifacts.list(scope=scope):
+        # the store's own scope class: PenguiFlow's stores validate it as theirs
+        for ref in await artifacts.list(scope=record_types_of(self.store).ArtifactScope(**scope)):
             data = await artifacts.get(ref.id)
             if data is None:  # expired between list and get
                 continue

@@ -12,7 +12,8 @@ restoring it once:
   (:mod:`guarded.logical_time`): a backend that keeps logical times never lets a write held from
   before the restore overwrite it, and refuses the restore's write for a key written after the
   restore began -- the restore never goes backwards.
-* **tasks** carry their own time: a task the store holds with a newer ``updated_at`` is kept.
+* **tasks** carry their own time: a task the store holds with a newer ``updated_at`` is kept
+  (and one it holds exactly as in the snapshot is not written again).
 * **artifacts** are put again from their blobs (same content, same namespace: the same id in a
   content-addressed store) unless the store already has the id.
 * **pauses** are restored only with ``include_pauses=True`` (a pause can be resumed only once;
@@ -172,17 +173,18 @@ class _Writer:
             await self._upsert("memory", "save_memory_state", record["key"], record["state"])
 
     async def _tasks(self) -> None:
-        known: dict[str, dict[str, datetime]] = {}
+        known: dict[str, dict[str, tuple[datetime, bytes]]] = {}
         async for record in self._records("tasks"):
             session = str(record["session_id"])
             if session not in known:
                 known[session] = {
-                    task.task_id: task.updated_at for task in await self.store.list_tasks(session)
+                    task.task_id: (task.updated_at, canonical(TASK_STATE.encode(task)))
+                    for task in await self.store.list_tasks(session)
                 }
             task = TASK_STATE.decode(record, self.types)
             held = known[session].get(task.task_id)
-            if held is not None and _newer(held, task.updated_at):
-                self._count("tasks", False)
+            if held is not None and (held[1] == canonical(record) or _newer(held[0], task.updated_at)):
+                self._count("tasks", False)  # already there, or newer there
                 continue
             await self.store.save_task(task)
             self._count("tasks", True)

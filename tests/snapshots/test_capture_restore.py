@@ -1,0 +1,140 @@
+"""Capture from one store, restore into an empty store of another kind: every read answers the same.
+
+Stores: guarded's in-memory reference store and PenguiFlow 3.11's own ``InMemoryStateStore``, in
+both directions, over random sessions (fixed seeds). Restoring twice must equal restoring once.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from penguiflow.state import InMemoryStateStore as PenguiFlowStore
+
+from guarded.backends.memory import InMemoryStateStore
+from guarded.codec import penguiflow_types
+from guarded.errors import CapabilityError
+from guarded.snapshots import FileSnapshotStore, capture, restore
+
+from ._sessions import memory_key, observe, populate
+
+STORES: dict[str, Callable[[], Any]] = {
+    "guarded": lambda: InMemoryStateStore(record_types=penguiflow_types()),
+    "penguiflow": PenguiFlowStore,
+}
+PAIRS = [(a, b) for a in STORES for b in STORES]
+SEEDS = range(6)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("source_kind", "target_kind"), PAIRS)
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_restore_answers_every_read_like_the_source(
+    tmp_path: Path, source_kind: str, target_kind: str, seed: int
+) -> None:
+    rng = random.Random(seed)
+    source = STORES[source_kind]()
+    traces = await populate(source, rng, "s1")
+    await populate(source, rng, "other")  # another session in the same store: never captured
+    snapshots = FileSnapshotStore(tmp_path)
+    async with await capture(source, session_id="s1", memory_keys=["custom:s1"], pause_tokens=["s1-pause"]) as c:
+        record = await snapshots.save(c)
+    assert record.counts["memory"] == 2 and record.counts["pauses"] == 1
+    target = STORES[target_kind]()
+    async with await snapshots.load(record.id) as content:
+        await restore(content, target, include_pauses=True)
+    expected = await observe(source, "s1", traces)
+    assert await observe(target, "s1", traces) == expected
+    assert await target.load_planner_state("s1-pause") == {"resume": "here"}
+    assert await source.load_planner_state("s1-pause") == {"resume": "here"}  # capture put it back
+    assert await target.list_tasks("other") == []
+
+    async with await snapshots.load(record.id) as content:
+        report = await restore(content, target)  # twice: nothing new
+    assert await observe(target, "s1", traces) == expected
+    assert sum(report.written[name] for name in ("updates", "steering", "planner_events", "tasks", "artifacts")) == 0
+
+
+@pytest.mark.asyncio
+async def test_memory_keys_are_derived_from_tenant_and_user(tmp_path: Path) -> None:
+    source = InMemoryStateStore()
+    await populate(source, random.Random(1), "s1")
+    async with await capture(source, session_id="s1") as captured:
+        from guarded.snapshots import records
+
+        keys = [record["key"] async for record in records(captured, "memory")]
+    assert keys == [memory_key("s1")]  # the custom key is found only when named
+
+
+@pytest.mark.asyncio
+async def test_pauses_are_not_restored_unless_asked(tmp_path: Path) -> None:
+    source = InMemoryStateStore()
+    await populate(source, random.Random(2), "s1")
+    async with await capture(source, session_id="s1", pause_tokens=["s1-pause"]) as captured:
+        target = InMemoryStateStore()
+        report = await restore(captured, target)
+    assert report.written["pauses"] == 0
+    assert await target.load_planner_state("s1-pause") is None
+
+
+@pytest.mark.asyncio
+async def test_a_newer_task_in_the_target_is_kept(tmp_path: Path) -> None:
+    source = InMemoryStateStore()
+    await populate(source, random.Random(3), "s1")
+    async with await capture(source, session_id="s1") as captured:
+        target = InMemoryStateStore()
+        await restore(captured, target)
+        [task, *_] = await target.list_tasks("s1")
+        task.update_status(task.status)  # updated_at is now later than the snapshot's
+        task.result = {"newer": True}
+        await target.save_task(task)
+        report = await restore(captured, target)
+    assert report.skipped["tasks"] >= 1
+    assert {"newer": True} in [t.result for t in await target.list_tasks("s1")]
+
+
+class _EventsOnly:
+    """A store with only the required core."""
+
+    def __init__(self) -> None:
+        self.inner = InMemoryStateStore()
+        self.save_event = self.inner.save_event
+        self.load_history = self.inner.load_history
+        self.save_remote_binding = self.inner.save_remote_binding
+
+
+@pytest.mark.asyncio
+async def test_capture_skips_what_a_store_does_not_offer_and_restore_refuses_it() -> None:
+    full = InMemoryStateStore()
+    traces = await populate(full, random.Random(4), "s1")
+    bare = _EventsOnly()
+    for trace in traces:
+        for event in await full.load_history(trace):
+            await bare.save_event(event)
+    async with await capture(bare, session_id="s1", trace_ids=traces) as captured:
+        assert captured.snapshot.counts["events"] > 0
+        assert captured.snapshot.counts["tasks"] == 0
+    async with await capture(full, session_id="s1") as captured:
+        with pytest.raises(CapabilityError, match="tasks"):
+            await restore(captured, _EventsOnly())
+        target = _EventsOnly()
+        report = await restore(captured, target, skip_unsupported=True)
+        assert "tasks" in report.unsupported
+        assert [await target.load_history(t) for t in traces] == [await full.load_history(t) for t in traces]
+
+
+@pytest.mark.asyncio
+async def test_trace_subject(tmp_path: Path) -> None:
+    source = InMemoryStateStore()
+    traces = await populate(source, random.Random(5), "s1")
+    trace = traces[0]
+    async with await capture(source, trace_id=trace, session_id="s1") as captured:
+        assert (captured.snapshot.subject_kind, captured.snapshot.subject_id) == ("trace", trace)
+        target = InMemoryStateStore()
+        await restore(captured, target)
+    assert [e for e in await target.load_history(trace)] == list(await source.load_history(trace))
+    assert await target.get_trajectory(trace, "s1") == await source.get_trajectory(trace, "s1")
+    assert await target.list_tasks("s1") == []
