@@ -56,7 +56,8 @@ class FormatTooNewError(FormatVersionError):
 
     def __init__(self, *, found: int, current: int) -> None:
         super().__init__(
-            f"snapshot format version {found} is newer than this code's {current}: upgrade guarded to load it",
+            f"snapshot format version {found} is newer than this code's {current}: "
+            "upgrade guarded to load it",
             found=found,
             current=current,
         )

@@ -37,7 +37,7 @@ from pydantic import ValidationError
 from ..codec import JSONObject
 from .content import SpooledSnapshot, SpoolWriter, canonical, parse
 from .errors import FormatTooNewError, MigrationFailedError, MissingMigrationError
-from .record import FORMAT_VERSION, SECTIONS, Snapshot
+from .record import FORMAT_VERSION, SECTIONS
 
 RecordStep = Callable[[str, JSONObject], Iterable[tuple[str, JSONObject]]]
 """Maps one record of a section to ``(section, record)`` pairs of the next format."""

@@ -100,7 +100,8 @@ async def restore(
         raise CapabilityError(
             f"cannot restore snapshot {content.snapshot.id!r} into {type(store).__qualname__}: "
             f"it lacks what the sections {list(unsupported)} need "
-            f"({', '.join(name for s in unsupported for name in NEEDS[s])}); pass skip_unsupported=True to leave them out"
+            f"({', '.join(name for s in unsupported for name in NEEDS[s])}); "
+            "pass skip_unsupported=True to leave them out"
         )
     report = RestoreReport(unsupported=unsupported)
     writer = _Writer(content, store, record_types or record_types_of(store), report, next_logical_time())

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ..codec import JSONObject
 from ..snapshots.content import SpooledSnapshot, SpoolWriter, records
 from ..snapshots.errors import (
     InvalidCursorError,
@@ -52,7 +53,7 @@ async def make_content(
     subject_id: str,
     *,
     events: int = 3,
-    memory: dict[str, Any] | None = None,
+    memory: JSONObject | None = None,
     blobs: Sequence[bytes] = (b"blob-a",),
     snapshot_id: str | None = None,
     parent_id: str | None = None,
@@ -64,8 +65,13 @@ async def make_content(
     """A small synthetic content for a session ``subject_id`` (no StateStore needed)."""
     writer = SpoolWriter()
     for index in range(events):
-        payload = {"index": index, "text": "héllo\x00", "big": 2**53 + 1}
-        event = {"trace_id": f"{subject_id}-t", "ts": float(index), "kind": "node_start", "node_name": None}
+        payload: JSONObject = {"index": index, "text": "héllo\x00", "big": 2**53 + 1}
+        event: JSONObject = {
+            "trace_id": f"{subject_id}-t",
+            "ts": float(index),
+            "kind": "node_start",
+            "node_name": None,
+        }
         await writer.add("events", {**event, "node_id": None, "payload": payload})
     await writer.add("memory", {"key": f"a:u:{subject_id}", "state": memory or {"turns": 1}})
     await writer.add("tasks", {"task_id": f"{subject_id}-k", "session_id": subject_id, "status": task_status})
@@ -74,7 +80,7 @@ async def make_content(
     await writer.add("steering", {"session_id": subject_id, "event_id": "e0", "payload": {}})
     for index, data in enumerate(blobs):
         digest = await writer.add_blob(data)
-        ref = {"id": f"art_{index}_{digest[:8]}", "size_bytes": len(data)}
+        ref: JSONObject = {"id": f"art_{index}_{digest[:8]}", "size_bytes": len(data)}
         await writer.add("artifacts", {"ref": ref, "blob": digest, "size": len(data)})
     return await writer.finish(
         id=snapshot_id or uuid.uuid4().hex,
@@ -121,7 +127,7 @@ def _same(expected: Any, actual: Any, path: str) -> None:
 async def check_round_trip(store: Any) -> None:
     content = await make_content("s-round", blobs=(b"one", b"\x00two" * 1000))
     expected = await _lines(content)
-    blobs = [await content.read_blob(r["blob"]) async for r in records(content, "artifacts")]
+    blobs = [await content.read_blob(str(r["blob"])) async for r in records(content, "artifacts")]
     saved = await _saved(store, content)
     if saved != content.snapshot:
         raise violation(f"save returned {saved!r}, expected the content's record")
@@ -133,14 +139,16 @@ async def check_round_trip(store: Any) -> None:
         for section in SECTIONS:
             if actual[section] != expected[section]:
                 raise violation(f"section {section} came back with other lines")
-        found = [await loaded.read_blob(r["blob"]) async for r in records(loaded, "artifacts")]
+        found = [await loaded.read_blob(str(r["blob"])) async for r in records(loaded, "artifacts")]
         if found != blobs:
             raise violation("artifact blobs came back different")
     finally:
         await loaded.aclose()
 
 
-@snapshot_contract("save_idempotent", "the same content saved twice is one snapshot; other content under its id conflicts")
+@snapshot_contract(
+    "save_idempotent", "the same content saved twice is one snapshot; other content under its id conflicts"
+)
 async def check_save_idempotent(store: Any) -> None:
     content = await make_content("s-idem", snapshot_id="idem-1")
     first = await store.save(content)
@@ -157,7 +165,9 @@ async def check_save_idempotent(store: Any) -> None:
         raise violation(f"list shows {[s.id for s in page.items]}, expected one snapshot")
 
 
-@snapshot_contract("not_found", "load, get, tag and lineage of an unknown id raise SnapshotNotFoundError; delete says False")
+@snapshot_contract(
+    "not_found", "load, get, tag and lineage of an unknown id raise SnapshotNotFoundError; delete says False"
+)
 async def check_not_found(store: Any) -> None:
     for what, call in (
         ("load", store.load("nope")),
@@ -184,7 +194,9 @@ async def check_corrupt_refused(store: Any) -> None:
     await _raises(SnapshotNotFoundError, store.load(forged.id), "load of a refused content")
 
 
-@snapshot_contract("list_filters_and_pages", "list filters by subject, tag and time, pages oldest first without repeats")
+@snapshot_contract(
+    "list_filters_and_pages", "list filters by subject, tag and time, pages oldest first without repeats"
+)
 async def check_list(store: Any) -> None:
     base = datetime(2026, 1, 1, tzinfo=UTC)
     ids = []
@@ -192,7 +204,9 @@ async def check_list(store: Any) -> None:
         subject = "s-list-a" if index % 2 == 0 else "s-list-b"
         tags = ["even"] if index % 2 == 0 else []
         when = base + timedelta(minutes=index)
-        saved = await _saved(store, await make_content(subject, created_at=when, tags=tags, snapshot_id=f"list-{index}"))
+        saved = await _saved(
+            store, await make_content(subject, created_at=when, tags=tags, snapshot_id=f"list-{index}")
+        )
         ids.append(saved.id)
     seen: list[str] = []
     cursor = None
@@ -208,7 +222,11 @@ async def check_list(store: Any) -> None:
         ("subject_id", {"subject_id": "s-list-b"}, ids[1::2]),
         ("subject_kind", {"subject_kind": "trace"}, []),
         ("tag", {"tag": "even"}, ids[0::2]),
-        ("since/until", {"since": base + timedelta(minutes=1), "until": base + timedelta(minutes=3)}, ids[1:3]),
+        (
+            "since/until",
+            {"since": base + timedelta(minutes=1), "until": base + timedelta(minutes=3)},
+            ids[1:3],
+        ),
     ]
     for what, filters, expected in checks:
         got = [s.id for s in (await store.list(**filters)).items]
@@ -261,12 +279,16 @@ async def check_lineage(store: Any) -> None:
         raise violation(f"lineage past a deleted parent gave {chain}, expected ['line-leaf']")
 
 
-@snapshot_contract("diff", "diff reports events and updates added, memory and tasks changed, artifacts added and removed")
+@snapshot_contract(
+    "diff", "diff reports events and updates added, memory and tasks changed, artifacts added and removed"
+)
 async def check_diff(store: Any) -> None:
     a = await _saved(store, await make_content("s-diff", events=2, updates=1, blobs=(b"old",)))
     b = await _saved(
         store,
-        await make_content("s-diff", events=4, updates=3, memory={"turns": 2}, task_status="COMPLETE", blobs=(b"new",)),
+        await make_content(
+            "s-diff", events=4, updates=3, memory={"turns": 2}, task_status="COMPLETE", blobs=(b"new",)
+        ),
     )
     diff = await store.diff(a.id, b.id)
     facts = {
@@ -284,7 +306,9 @@ async def check_diff(store: Any) -> None:
         raise violation("a snapshot diffed with itself is not empty")
 
 
-@snapshot_contract("gc_blobs", "gc removes only blobs no snapshot references; shared blobs outlive one referrer")
+@snapshot_contract(
+    "gc_blobs", "gc removes only blobs no snapshot references; shared blobs outlive one referrer"
+)
 async def check_gc_blobs(store: Any) -> None:
     shared, alone = b"shared-blob" * 100, b"alone-blob"
     keep = await _saved(store, await make_content("s-gc", blobs=(shared,)))
@@ -295,10 +319,13 @@ async def check_gc_blobs(store: Any) -> None:
     await store.delete(gone.id)
     report = await store.gc()
     if report.blobs_deleted != 1 or report.bytes_freed != len(alone):
-        raise violation(f"gc after a delete removed {report.blobs_deleted} blob(s), {report.bytes_freed} bytes; expected 1, {len(alone)}")
+        raise violation(
+            f"gc after a delete removed {report.blobs_deleted} blob(s), {report.bytes_freed} bytes; "
+            f"expected 1, {len(alone)}"
+        )
     loaded = await store.load(keep.id)
     try:
-        found = [await loaded.read_blob(r["blob"]) async for r in records(loaded, "artifacts")]
+        found = [await loaded.read_blob(str(r["blob"])) async for r in records(loaded, "artifacts")]
     finally:
         await loaded.aclose()
     if found != [shared]:
@@ -309,17 +336,23 @@ async def check_gc_blobs(store: Any) -> None:
 async def check_gc_retention(store: Any) -> None:
     base = datetime.now(UTC) - timedelta(days=10)
     for index, tags in enumerate(([], ["keep"], [], [])):
-        content = await make_content("s-ret", created_at=base + timedelta(days=index), tags=tags, snapshot_id=f"ret-{index}")
+        content = await make_content(
+            "s-ret", created_at=base + timedelta(days=index), tags=tags, snapshot_id=f"ret-{index}"
+        )
         await _saved(store, content)
     report = await store.gc(RetentionPolicy(keep_last=1))
     if sorted(report.snapshots_deleted) != ["ret-0", "ret-2"]:
         raise violation(f"keep_last=1 deleted {report.snapshots_deleted}, expected ['ret-0', 'ret-2']")
     report = await store.gc(RetentionPolicy(max_age=timedelta(days=5)))
     if report.snapshots_deleted != ("ret-3",):
-        raise violation(f"max_age=5 days deleted {report.snapshots_deleted}, expected ('ret-3',) (ret-1 is tagged)")
+        raise violation(
+            f"max_age=5 days deleted {report.snapshots_deleted}, expected ('ret-3',) (ret-1 is tagged)"
+        )
 
 
-@snapshot_contract("concurrent_saves", "concurrent saves of different snapshots all succeed and are all listed")
+@snapshot_contract(
+    "concurrent_saves", "concurrent saves of different snapshots all succeed and are all listed"
+)
 async def check_concurrent_saves(store: Any) -> None:
     contents = [await make_content("s-conc", blobs=(b"same", bytes([index]))) for index in range(6)]
     try:

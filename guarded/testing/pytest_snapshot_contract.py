@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from .snapshot_contract import SNAPSHOT_CONTRACTS, SnapshotContract, run_snapshot_contract
 from .contract import ContractStatus
+from .snapshot_contract import SNAPSHOT_CONTRACTS, SnapshotContract, run_snapshot_contract
 
 
 class SnapshotStoreContract:

@@ -75,12 +75,16 @@ async def run_snapshot_contract(store: Any, contract: SnapshotContract) -> Snaps
     try:
         await contract.check(store)
     except ContractViolation as exc:
-        return SnapshotContractResult(contract, ContractStatus.FAILED, str(exc), exc, time.perf_counter() - started)
+        return SnapshotContractResult(
+            contract, ContractStatus.FAILED, str(exc), exc, time.perf_counter() - started
+        )
     except Exception as exc:
         frames = traceback.extract_tb(exc.__traceback__)
         where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
         message = f"{type(exc).__name__}: {exc}{where}"
-        return SnapshotContractResult(contract, ContractStatus.ERROR, message, exc, time.perf_counter() - started)
+        return SnapshotContractResult(
+            contract, ContractStatus.ERROR, message, exc, time.perf_counter() - started
+        )
     return SnapshotContractResult(contract, ContractStatus.PASSED, duration=time.perf_counter() - started)
 
 

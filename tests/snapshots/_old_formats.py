@@ -26,7 +26,9 @@ async def write_v1(root: Path, content: SnapshotContent, **manifest_changes: Any
     for name in V1_SECTIONS:
         if name == "session_log":
             updates = [{"type": "update", "record": parse(line)} for line in await _lines(content, "updates")]
-            steering = [{"type": "steering", "record": parse(line)} for line in await _lines(content, "steering")]
+            steering = [
+                {"type": "steering", "record": parse(line)} for line in await _lines(content, "steering")
+            ]
             sections[name] = [canonical(record) for record in (*updates, *steering)]
         else:
             sections[name] = await _lines(content, name)

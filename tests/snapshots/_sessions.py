@@ -32,16 +32,22 @@ def memory_key(session_id: str) -> str:
 
 
 def _payload(rng: random.Random) -> dict[str, Any]:
-    return {"n": rng.randint(-5, 10**12), "text": rng.choice(["héllo", "a\x00b", "🐧", ""]), "f": rng.random()}
+    return {
+        "n": rng.randint(-5, 10**12),
+        "text": rng.choice(["héllo", "a\x00b", "🐧", ""]),
+        "f": rng.random(),
+    }
 
 
 async def populate(store: Any, rng: random.Random, session_id: str, *, events: int = 40) -> list[str]:
     """Write a random session; returns its trace ids (the pseudo-trace included)."""
     traces = [f"{session_id}-t{index}" for index in range(rng.randint(1, 3))]
     all_traces = [*traces, f"session:{session_id}"]
-    for index in range(events):
+    for _ in range(events):
         trace = rng.choice(all_traces)
-        event = StoredEvent(trace, float(rng.randint(0, events)), rng.choice(["a", "b"]), "node", None, _payload(rng))
+        event = StoredEvent(
+            trace, float(rng.randint(0, events)), rng.choice(["a", "b"]), "node", None, _payload(rng)
+        )
         await store.save_event(event)
         if rng.random() < 0.1:
             await store.save_event(event)  # a retried event
@@ -52,7 +58,9 @@ async def populate(store: Any, rng: random.Random, session_id: str, *, events: i
             if rng.random() < 0.3:
                 await store.save_planner_event(trace, chunk)  # identical chunks are legitimate
         if rng.random() < 0.8:
-            await store.save_trajectory(trace, session_id, Trajectory(query="q", metadata={"n": rng.randint(0, 9)}))
+            await store.save_trajectory(
+                trace, session_id, Trajectory(query="q", metadata={"n": rng.randint(0, 9)})
+            )
     tasks = [f"{session_id}-k{index}" for index in range(rng.randint(1, 3))]
     for index, task_id in enumerate(tasks):
         context = TaskContextSnapshot(session_id=session_id, task_id=task_id, trace_id=rng.choice(traces))
@@ -101,7 +109,9 @@ async def populate(store: Any, rng: random.Random, session_id: str, *, events: i
     scope = ArtifactScope(tenant_id=TENANT, user_id=USER, session_id=session_id, trace_id=traces[0])
     for index in range(rng.randint(1, 3)):
         data = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 3000)))
-        await store.artifact_store.put_bytes(data, mime_type="application/x", filename=f"f{index}", scope=scope)
+        await store.artifact_store.put_bytes(
+            data, mime_type="application/x", filename=f"f{index}", scope=scope
+        )
     await store.save_planner_state(f"{session_id}-pause", {"resume": "here"})
     return all_traces
 
@@ -116,11 +126,19 @@ async def observe(store: Any, session_id: str, traces: list[str]) -> dict[str, A
         "traces": await store.list_traces(session_id),
         "bindings": [encode(b) for b in await store.list_bindings(router_session_id=session_id)],
         "found": encode(b)
-        if (b := await store.find_binding(
-            router_session_id=session_id, agent_url="http://agent", remote_skill="skill", tenant_id=TENANT, user_id=USER
-        ))
+        if (
+            b := await store.find_binding(
+                router_session_id=session_id,
+                agent_url="http://agent",
+                remote_skill="skill",
+                tenant_id=TENANT,
+                user_id=USER,
+            )
+        )
         else None,
-        "memory": [await store.load_memory_state(k) for k in (memory_key(session_id), f"custom:{session_id}")],
+        "memory": [
+            await store.load_memory_state(k) for k in (memory_key(session_id), f"custom:{session_id}")
+        ],
     }
     for trace in traces:
         trajectory = await store.get_trajectory(trace, session_id)

@@ -14,7 +14,6 @@ import json
 import sys
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 from guarded.snapshots import FileSnapshotStore, Snapshot
 from guarded.snapshots.content import SpooledSnapshot

@@ -40,9 +40,12 @@ async def test_restore_answers_every_read_like_the_source(
     traces = await populate(source, rng, "s1")
     await populate(source, rng, "other")  # another session in the same store: never captured
     snapshots = FileSnapshotStore(tmp_path)
-    async with await capture(source, session_id="s1", memory_keys=["custom:s1"], pause_tokens=["s1-pause"]) as c:
+    async with await capture(
+        source, session_id="s1", memory_keys=["custom:s1"], pause_tokens=["s1-pause"]
+    ) as c:
         record = await snapshots.save(c)
-    assert record.counts["memory"] == 2 and record.counts["pauses"] == 1
+    assert record.counts["memory"] == 2
+    assert record.counts["pauses"] == 1
     target = STORES[target_kind]()
     async with await snapshots.load(record.id) as content:
         await restore(content, target, include_pauses=True)
@@ -55,7 +58,10 @@ async def test_restore_answers_every_read_like_the_source(
     async with await snapshots.load(record.id) as content:
         report = await restore(content, target)  # twice: nothing new
     assert await observe(target, "s1", traces) == expected
-    assert sum(report.written[name] for name in ("updates", "steering", "planner_events", "tasks", "artifacts")) == 0
+    assert (
+        sum(report.written[name] for name in ("updates", "steering", "planner_events", "tasks", "artifacts"))
+        == 0
+    )
 
 
 @pytest.mark.asyncio

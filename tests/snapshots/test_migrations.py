@@ -35,12 +35,16 @@ async def _lines(content: SnapshotContent) -> dict[str, list[bytes]]:
     return {name: [line async for batch in content.lines(name) for line in batch] for name in SECTIONS}
 
 
-async def _store_v1(root: Path, seed: int = 0) -> tuple[str, dict[str, list[bytes]], InMemoryStateStore, list[str]]:
+async def _store_v1(
+    root: Path, seed: int = 0
+) -> tuple[str, dict[str, list[bytes]], InMemoryStateStore, list[str]]:
     """A v1 snapshot of a random session in ``root``: its id, the v2 lines it must migrate to, the source."""
     source = InMemoryStateStore()
     traces = await populate(source, random.Random(seed), "s1")
     current = FileSnapshotStore(root)
-    async with await capture(source, session_id="s1", memory_keys=["custom:s1"], tags=["old"], description="from v1") as captured:
+    async with await capture(
+        source, session_id="s1", memory_keys=["custom:s1"], tags=["old"], description="from v1"
+    ) as captured:
         saved = await current.save(captured)  # puts the blobs in place
         await current.delete(saved.id)
         expected = await _lines(captured)
@@ -70,7 +74,10 @@ async def test_a_v1_snapshot_loads_through_its_migration(tmp_path: Path) -> None
 async def test_a_missing_migration_names_the_versions(tmp_path: Path) -> None:
     snapshot_id, *_ = await _store_v1(tmp_path)
     store = FileSnapshotStore(tmp_path, migrations=MigrationRegistry([]))
-    with pytest.raises(MissingMigrationError, match="version 1 cannot be migrated to 2: no migration registered from version 1") as caught:
+    with pytest.raises(
+        MissingMigrationError,
+        match="version 1 cannot be migrated to 2: no migration registered from version 1",
+    ) as caught:
         await store.load(snapshot_id)
     assert (caught.value.found, caught.value.current, caught.value.missing_from) == (1, 2, 1)
 
@@ -98,7 +105,9 @@ async def test_a_failing_migration_loads_nothing_and_leaves_nothing(tmp_path: Pa
     spool = tmp_path / "spool"
     spool.mkdir()
     store = FileSnapshotStore(tmp_path / "store", migrations=MigrationRegistry([failing]), spool_dir=spool)
-    with pytest.raises(MigrationFailedError, match=r"format version 1 to 2 failed at step 1 -> 2: RuntimeError") as caught:
+    with pytest.raises(
+        MigrationFailedError, match=r"format version 1 to 2 failed at step 1 -> 2: RuntimeError"
+    ) as caught:
         await store.load(snapshot_id)
     assert (caught.value.step_from, caught.value.step_to) == (1, 2)
     assert isinstance(caught.value.__cause__, RuntimeError)
