@@ -12,7 +12,7 @@ CAPABILITIES`): a store without tasks simply yields a snapshot without tasks. Wh
 * **trace** ``t``: its events, planner events, artifacts scoped to the trace, and its trajectory
   when ``session_id`` is also given (``get_trajectory`` needs it).
 * **memory states**: a store cannot list its memory keys, so the keys read are ``memory_keys`` plus,
-  for a session, PenguiFlow's ``tenant:user:session`` for every tenant and user its bindings,
+  for a session, PenguiFlow's ``tenant:user:session`` for every tenant and user its bindings
   and artifacts name.
 * **pauses**: only the ``pause_tokens`` given. Reading a pause consumes it, so each is saved back at
   once; a resume racing the capture may find the token missing for that instant.
