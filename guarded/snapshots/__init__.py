@@ -19,7 +19,9 @@ Pieces, one job each:
   lines per section, plus blobs by SHA-256) and its local files;
 * :mod:`.capture` / :mod:`.restore`: to and from any StateStore through its public methods;
 * :mod:`.protocol`: :class:`SnapshotStore`, what every backend offers;
-* :mod:`.file_store`: :class:`FileSnapshotStore`, one directory, safe for concurrent processes;
+* :mod:`.file_store`: :class:`FileSnapshotStore`, one directory, safe for concurrent processes
+  (its files and locks: :mod:`.file_layout`);
+* :mod:`.listing`: the filter, paging, cursor and retention rules every backend shares;
 * :mod:`.migrations`: format versions and the migrations between them (loading fails loudly);
 * :mod:`.diff`: what changed between two snapshots;
 * :mod:`.errors`: every error, all :class:`SnapshotError`.

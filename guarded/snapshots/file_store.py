@@ -17,7 +17,6 @@ See :mod:`guarded.snapshots.file_layout` for the files. Guarantees:
 from __future__ import annotations
 
 import asyncio
-import base64
 import builtins
 import contextlib
 import json
@@ -46,13 +45,14 @@ from .content import (
 )
 from .diff import diff_contents
 from .errors import (
-    FormatVersionError,
-    InvalidCursorError,
+    MigrationFailedError,
     SnapshotConflictError,
     SnapshotCorruptError,
+    SnapshotError,
     SnapshotNotFoundError,
 )
 from .file_layout import Layout, read_json, write_json_atomically
+from .listing import ListFilter, paginate, retention_victims
 from .migrations import DEFAULT_MIGRATIONS, MigrationRegistry, format_version_of, migrate
 from .record import SECTIONS, GcReport, RetentionPolicy, Snapshot, SnapshotDiff, SnapshotPage, SubjectKind
 
@@ -214,7 +214,16 @@ class FileSnapshotStore:
             return _record(known, snapshot_id)
         migrated = dict(manifest)
         for step in self.migrations.plan(version):
-            migrated = step.manifest(migrated)
+            try:
+                migrated = step.manifest(migrated)
+            except Exception as exc:
+                raise MigrationFailedError(
+                    found=version,
+                    current=self.migrations.current,
+                    step_from=step.from_version,
+                    step_to=step.to_version,
+                    reason=f"{type(exc).__name__}: {exc}",
+                ) from exc
         return _record({**migrated, "format_version": version}, snapshot_id)
 
     # --- list --------------------------------------------------------------------------------------
@@ -230,28 +239,8 @@ class FileSnapshotStore:
         limit: int = 100,
         cursor: str | None = None,
     ) -> SnapshotPage:
-        if limit < 1:
-            raise ValueError("limit must be at least 1")
-        after = _decode_cursor(cursor) if cursor is not None else None
-        found = []
-        for snapshot in await asyncio.to_thread(self._all):
-            if subject_kind is not None and snapshot.subject_kind != subject_kind:
-                continue
-            if subject_id is not None and snapshot.subject_id != subject_id:
-                continue
-            if tag is not None and tag not in snapshot.tags:
-                continue
-            if since is not None and snapshot.created_at < since:
-                continue
-            if until is not None and snapshot.created_at >= until:
-                continue
-            if after is not None and (snapshot.created_at, snapshot.id) <= after:
-                continue
-            found.append(snapshot)
-        found.sort(key=lambda s: (s.created_at, s.id))
-        page = tuple(found[:limit])
-        next_cursor = _encode_cursor(page[-1]) if len(found) > limit else None
-        return SnapshotPage(page, next_cursor)
+        filters = ListFilter(subject_kind, subject_id, tag, since, until)
+        return paginate(await asyncio.to_thread(self._all), filters, limit=limit, cursor=cursor)
 
     def _all(self) -> builtins.list[Snapshot]:
         snapshots = []
@@ -260,7 +249,7 @@ class FileSnapshotStore:
                 snapshots.append(self._listed(read_json(Path(entry.path) / "manifest.json"), entry.name))
             except FileNotFoundError:
                 continue  # deleted while listing
-            except (ValueError, FormatVersionError, KeyError) as exc:
+            except (ValueError, SnapshotError) as exc:
                 logger.warning("snapshot %s is not listable: %s", entry.name, exc)
         return snapshots
 
@@ -336,7 +325,7 @@ class FileSnapshotStore:
 
     def _gc(self, policy: RetentionPolicy) -> GcReport:
         with self.layout.lock("gc"):  # waits for the saves in progress; no new one starts
-            doomed = _retention(self._all(), policy)
+            doomed = retention_victims(self._all(), policy)
             for snapshot_id in doomed:
                 trash = self._unpublish(snapshot_id)
                 if trash is not None:
@@ -405,37 +394,6 @@ def _record(manifest: dict[str, Any], snapshot_id: str) -> Snapshot:
     if snapshot.id != snapshot_id:
         raise SnapshotCorruptError(f"snapshot directory {snapshot_id!r} holds snapshot {snapshot.id!r}")
     return snapshot
-
-
-def _retention(snapshots: builtins.list[Snapshot], policy: RetentionPolicy) -> builtins.list[str]:
-    doomed: builtins.list[str] = []
-    now = datetime.now(UTC)
-    by_subject: dict[tuple[str, str], builtins.list[Snapshot]] = {}
-    for snapshot in snapshots:
-        by_subject.setdefault((snapshot.subject_kind, snapshot.subject_id), []).append(snapshot)
-    for group in by_subject.values():
-        group.sort(key=lambda s: (s.created_at, s.id), reverse=True)
-        for rank, snapshot in enumerate(group):
-            if policy.keep_tagged and snapshot.tags:
-                continue
-            too_old = policy.max_age is not None and now - snapshot.created_at > policy.max_age
-            too_many = policy.keep_last is not None and rank >= policy.keep_last
-            if too_old or too_many:
-                doomed.append(snapshot.id)
-    return sorted(doomed)
-
-
-def _encode_cursor(snapshot: Snapshot) -> str:
-    raw = json.dumps([snapshot.created_at.isoformat(), snapshot.id]).encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        created, snapshot_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return datetime.fromisoformat(created), str(snapshot_id)
-    except (ValueError, TypeError) as exc:
-        raise InvalidCursorError(f"not a cursor of this store: {cursor!r}") from exc
 
 
 __all__ = ["FileSnapshotStore"]
