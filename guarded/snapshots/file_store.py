@@ -25,7 +25,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,16 @@ from .errors import (
 from .file_layout import Layout, read_json, write_json_atomically
 from .listing import ListFilter, paginate, retention_victims
 from .migrations import DEFAULT_MIGRATIONS, MigrationRegistry, format_version_of, migrate
-from .record import SECTIONS, GcReport, RetentionPolicy, Snapshot, SnapshotDiff, SnapshotPage, SubjectKind
+from .record import (
+    SECTIONS,
+    GcReport,
+    RetentionPolicy,
+    Snapshot,
+    SnapshotDiff,
+    SnapshotPage,
+    SubjectKind,
+    normalize_tags,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +127,11 @@ class FileSnapshotStore:
 
     async def _stage(self, content: SnapshotContent, staging: Path) -> None:
         snapshot = content.snapshot
+        if snapshot.format_version != self.migrations.current:
+            raise SnapshotCorruptError(
+                f"snapshot {snapshot.id!r} claims format version {snapshot.format_version}; save takes "
+                f"content of the current format {self.migrations.current} (load migrates older ones)"
+            )
         hashes: dict[str, str] = {}
         digests: dict[str, None] = {}
         for section in SECTIONS:
@@ -285,14 +299,7 @@ class FileSnapshotStore:
     def _retag(self, snapshot_id: str, change: Any) -> Snapshot:
         with self.layout.lock("meta"):
             manifest = self._manifest(snapshot_id)
-            tags = Snapshot(
-                id=snapshot_id,
-                subject_kind="session",
-                subject_id="-",
-                created_at=datetime.now(UTC),
-                tags=tuple(change(manifest.get("tags") or [])),
-            ).tags  # validated and sorted as Snapshot does
-            manifest["tags"] = builtins.list(tags)
+            manifest["tags"] = builtins.list(normalize_tags(change(manifest.get("tags") or [])))
             write_json_atomically(self.layout.manifest(snapshot_id), manifest)
         return self._listed(manifest, snapshot_id)
 

@@ -54,6 +54,16 @@ Each line is a canonical JSON object (:func:`guarded.snapshots.content.canonical
 """
 
 
+def normalize_tags(tags: Iterable[str]) -> tuple[str, ...]:
+    """Tags as a snapshot keeps them: unique and sorted; ``ValueError`` for an empty one or one with
+    surrounding whitespace."""
+    found = tuple(tags)
+    for tag in found:
+        if not isinstance(tag, str) or not tag or tag != tag.strip():
+            raise ValueError("a tag is a non-empty string without surrounding whitespace")
+    return tuple(sorted(set(found)))
+
+
 class Snapshot(BaseModel):
     """What is known about one saved snapshot (its content is read through a store's ``load``).
 
@@ -82,10 +92,7 @@ class Snapshot(BaseModel):
     @field_validator("tags")
     @classmethod
     def _sorted_tags(cls, tags: tuple[str, ...]) -> tuple[str, ...]:
-        for tag in tags:
-            if not tag or tag != tag.strip():
-                raise ValueError("a tag is a non-empty string without surrounding whitespace")
-        return tuple(sorted(set(tags)))
+        return normalize_tags(tags)
 
     @field_validator("created_at")
     @classmethod
@@ -101,7 +108,7 @@ class Snapshot(BaseModel):
 
     def with_tags(self, tags: Iterable[str]) -> Snapshot:
         """A copy with ``tags`` instead of the current ones."""
-        return self.model_copy(update={"tags": Snapshot._sorted_tags(tuple(tags))})
+        return self.model_copy(update={"tags": normalize_tags(tags)})
 
     def manifest(self) -> JSONObject:
         """The JSON form stored beside the content."""
@@ -221,4 +228,5 @@ __all__ = [
     "SnapshotDiff",
     "SnapshotPage",
     "SubjectKind",
+    "normalize_tags",
 ]

@@ -144,3 +144,55 @@ async def test_trace_subject(tmp_path: Path) -> None:
     assert [e for e in await target.load_history(trace)] == list(await source.load_history(trace))
     assert await target.get_trajectory(trace, "s1") == await source.get_trajectory(trace, "s1")
     assert await target.list_tasks("s1") == []
+
+
+@pytest.mark.asyncio
+async def test_diff_of_two_captures_shows_what_a_turn_changed(tmp_path: Path) -> None:
+    from penguiflow.state.models import StateUpdate, StoredEvent, UpdateType
+
+    source = InMemoryStateStore(record_types=penguiflow_types())
+    traces = await populate(source, random.Random(7), "s1")
+    snapshots = FileSnapshotStore(tmp_path)
+    async with await capture(source, session_id="s1") as captured:
+        before = await snapshots.save(captured)
+    # one turn: an event, an update, a memory change, a task finished, an artifact
+    await source.save_event(StoredEvent(traces[0], 999.0, "turn", None, None, {"n": 1}))
+    await source.save_update(
+        StateUpdate(
+            session_id="s1", task_id="s1-k0", update_id="turn-u", update_type=UpdateType.RESULT, content=1
+        )
+    )
+    await source.save_memory_state(memory_key("s1"), {"turns": [1, 2]})
+    [task, *_] = await source.list_tasks("s1")
+    task.result = {"done": True}
+    task.update_status(task.status)
+    await source.save_task(task)
+    scope = penguiflow_types().ArtifactScope(session_id="s1", tenant_id="acme", user_id="u1")
+    await source.artifact_store.put_bytes(b"new artifact", scope=scope)
+    async with await capture(source, session_id="s1", parent=before) as captured:
+        after = await snapshots.save(captured)
+    assert after.parent_id == before.id
+    assert [s.id for s in await snapshots.lineage(after.id)] == [after.id, before.id]
+
+    diff = await snapshots.diff(before.id, after.id)
+    assert [event["kind"] for event in diff.events_added] == ["turn"]
+    assert [update["update_id"] for update in diff.updates_added] == ["turn-u"]
+    assert [(c.key, c.after["state"]) for c in diff.memory_changed] == [(memory_key("s1"), {"turns": [1, 2]})]
+    assert [(c.key, c.after["result"]) for c in diff.tasks_changed] == [(task.task_id, {"done": True})]
+    assert [ref["size_bytes"] for ref in diff.artifacts_added] == [len(b"new artifact")]
+    assert diff.artifacts_removed == diff.events_removed == diff.steering_added == ()
+    assert not diff.empty
+    assert (await snapshots.diff(after.id, after.id)).empty
+
+
+@pytest.mark.asyncio
+async def test_the_same_state_captured_twice_has_one_content_hash() -> None:
+    source = InMemoryStateStore()
+    await populate(source, random.Random(8), "s1")
+    async with (
+        await capture(source, session_id="s1") as first,
+        await capture(source, session_id="s1") as second,
+    ):
+        assert first.snapshot.id != second.snapshot.id
+        assert first.snapshot.content_hash == second.snapshot.content_hash
+        assert first.snapshot.counts == second.snapshot.counts
