@@ -196,3 +196,26 @@ async def test_the_same_state_captured_twice_has_one_content_hash() -> None:
         assert first.snapshot.id != second.snapshot.id
         assert first.snapshot.content_hash == second.snapshot.content_hash
         assert first.snapshot.counts == second.snapshot.counts
+
+
+@pytest.mark.asyncio
+async def test_restore_never_overwrites_a_write_newer_than_the_restore() -> None:
+    from guarded.logical_time import logical_times, next_logical_time
+
+    source = InMemoryStateStore()
+    await populate(source, random.Random(9), "s1")
+    target = InMemoryStateStore()
+    async with await capture(source, session_id="s1") as captured:
+        later = next_logical_time() + 60_000_000  # a write made (by another worker) after the restore began
+        with logical_times((later,)):
+            await target.save_memory_state(memory_key("s1"), {"newer": True})
+        await restore(captured, target)
+        assert await target.load_memory_state(memory_key("s1")) == {"newer": True}
+
+        older = InMemoryStateStore()  # a write from before the restore is overwritten
+        with logical_times((1,)):
+            await older.save_memory_state(memory_key("s1"), {"older": True})
+        await restore(captured, older)
+        assert await older.load_memory_state(memory_key("s1")) == await source.load_memory_state(
+            memory_key("s1")
+        )
