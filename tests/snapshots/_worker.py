@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 
@@ -52,6 +53,7 @@ class _Stalling:
 
 
 async def killed(root: str, spool: str, moment: str) -> None:
+    tempfile.tempdir = spool  # the content's spool dies with the process: keep it in the test's directory
     content = await make_content("s-killed", events=5000, blobs=(b"x" * 100_000,))
     await FileSnapshotStore(root).save(_Stalling(content, moment))
 
