@@ -1,0 +1,104 @@
+"""The errors of :mod:`guarded.snapshots`; every one is a :class:`SnapshotError`.
+
+Format-version errors name the versions involved, so an operator reading the message knows which
+migration to write or which release to upgrade to. Nothing is ever half loaded: a load raises one
+of these before it returns anything.
+"""
+
+from __future__ import annotations
+
+from ..errors import GuardedError
+
+
+class SnapshotError(GuardedError):
+    """Base class of every snapshot error."""
+
+
+class SnapshotNotFoundError(SnapshotError, LookupError):
+    """No snapshot has this id (never saved, or deleted)."""
+
+    def __init__(self, snapshot_id: str) -> None:
+        self.snapshot_id = snapshot_id
+        super().__init__(f"no snapshot {snapshot_id!r}")
+
+
+class SnapshotConflictError(SnapshotError):
+    """A snapshot with this id is already saved with other content (a save is idempotent only for
+    the same content)."""
+
+    def __init__(self, snapshot_id: str) -> None:
+        self.snapshot_id = snapshot_id
+        super().__init__(f"snapshot {snapshot_id!r} is already saved with different content")
+
+
+class SnapshotCorruptError(SnapshotError):
+    """Stored content does not match its record (hash, counts, a missing blob or section)."""
+
+
+class InvalidCursorError(SnapshotError, ValueError):
+    """A ``list`` cursor this store did not hand out."""
+
+
+class FormatVersionError(SnapshotError):
+    """A snapshot's format version cannot be loaded by this code.
+
+    ``found`` is the snapshot's version, ``current`` the version this code writes.
+    """
+
+    def __init__(self, message: str, *, found: int, current: int) -> None:
+        self.found = found
+        self.current = current
+        super().__init__(message)
+
+
+class FormatTooNewError(FormatVersionError):
+    """The snapshot was written by newer code (format ``found`` > ``current``): upgrade guarded."""
+
+    def __init__(self, *, found: int, current: int) -> None:
+        super().__init__(
+            f"snapshot format version {found} is newer than this code's {current}: "
+            "upgrade guarded to load it",
+            found=found,
+            current=current,
+        )
+
+
+class MissingMigrationError(FormatVersionError):
+    """No registered migration leads from format ``missing_from`` towards ``current``."""
+
+    def __init__(self, *, found: int, current: int, missing_from: int) -> None:
+        self.missing_from = missing_from
+        super().__init__(
+            f"snapshot format version {found} cannot be migrated to {current}: "
+            f"no migration registered from version {missing_from}",
+            found=found,
+            current=current,
+        )
+
+
+class MigrationFailedError(FormatVersionError):
+    """The migration from ``step_from`` to ``step_to`` raised (the cause is chained); nothing was
+    loaded."""
+
+    def __init__(self, *, found: int, current: int, step_from: int, step_to: int, reason: str) -> None:
+        self.step_from = step_from
+        self.step_to = step_to
+        super().__init__(
+            f"migrating snapshot format version {found} to {current} failed at step "
+            f"{step_from} -> {step_to}: {reason}",
+            found=found,
+            current=current,
+        )
+
+
+__all__ = [
+    "FormatTooNewError",
+    "FormatVersionError",
+    "InvalidCursorError",
+    "MigrationFailedError",
+    "MissingMigrationError",
+    "SnapshotConflictError",
+    "SnapshotCorruptError",
+    "SnapshotError",
+    "SnapshotNotFoundError",
+]

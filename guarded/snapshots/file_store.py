@@ -1,0 +1,406 @@
+"""``FileSnapshotStore``: snapshots in one directory, safe for concurrent processes.
+
+See :mod:`guarded.snapshots.file_layout` for the files. Guarantees:
+
+* **atomic saves**: a snapshot is staged (every section file and blob fsynced), then published by
+  one ``rename``; a process killed mid-save leaves only staging files, invisible to ``load`` and
+  ``list`` and removed by the next ``gc``.
+* **verified saves**: the content is re-hashed while it is written; a content that does not match
+  its record is refused (``SnapshotCorruptError``) and nothing is published.
+* **shared blobs**: an artifact blob is stored once, by SHA-256, whatever the number of snapshots
+  referencing it; ``gc`` removes the ones no snapshot references.
+* **concurrent processes**: saves run in parallel; publishing, deleting and tagging take an
+  exclusive lock, ``gc`` waits for the saves in progress (they hold a shared lock).
+* **bounded memory**: sections are copied batch by batch and blobs in 1 MiB chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from .content import (
+    DirectoryContent,
+    SectionWriter,
+    SnapshotContent,
+    content_hash,
+    copy_blob,
+    fsync_dir,
+    iterate_in_thread,
+    parse,
+    read_section,
+    write_file,
+)
+from .diff import diff_contents
+from .errors import (
+    MigrationFailedError,
+    SnapshotConflictError,
+    SnapshotCorruptError,
+    SnapshotError,
+    SnapshotNotFoundError,
+)
+from .file_layout import Layout, read_json, write_json_atomically
+from .listing import ListFilter, paginate, retention_victims
+from .migrations import DEFAULT_MIGRATIONS, MigrationRegistry, format_version_of, migrate
+from .record import (
+    SECTIONS,
+    GcReport,
+    RetentionPolicy,
+    Snapshot,
+    SnapshotDiff,
+    SnapshotPage,
+    SubjectKind,
+    normalize_tags,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class FileSnapshotStore:
+    """A :class:`~guarded.snapshots.protocol.SnapshotStore` in directory ``root`` (created if needed).
+
+    ``migrations``: the registry that loads older formats (:data:`DEFAULT_MIGRATIONS`).
+    ``spool_dir``: where migrated loads are spooled (the system's temporary directory by default).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        migrations: MigrationRegistry = DEFAULT_MIGRATIONS,
+        spool_dir: Path | None = None,
+    ) -> None:
+        self.layout = Layout(Path(root))
+        self.migrations = migrations
+        self.spool_dir = spool_dir
+
+    @property
+    def root(self) -> Path:
+        return self.layout.root
+
+    # --- save --------------------------------------------------------------------------------------
+
+    async def save(self, content: SnapshotContent) -> Snapshot:
+        snapshot = content.snapshot
+        existing = await asyncio.to_thread(self._stored_hash, snapshot.id)
+        if existing is not None:
+            return await self._same_or_conflict(snapshot, existing)
+        stack = contextlib.ExitStack()
+        await asyncio.to_thread(stack.enter_context, self.layout.lock("gc", shared=True))
+        try:
+            staging = await asyncio.to_thread(self.layout.new_staging, snapshot.id)
+            try:
+                await self._stage(content, staging)
+                published = await asyncio.to_thread(self._publish, snapshot, staging)
+            finally:
+                await asyncio.to_thread(shutil.rmtree, staging, True)
+        finally:
+            await asyncio.to_thread(stack.close)
+        if not published:
+            return await self._same_or_conflict(
+                snapshot, await asyncio.to_thread(self._stored_hash, snapshot.id)
+            )
+        return snapshot
+
+    async def _same_or_conflict(self, snapshot: Snapshot, stored_hash: str | None) -> Snapshot:
+        if stored_hash != snapshot.content_hash:
+            raise SnapshotConflictError(snapshot.id)
+        return await self.get(snapshot.id)
+
+    def _stored_hash(self, snapshot_id: str) -> str | None:
+        try:
+            return str(read_json(self.layout.manifest(snapshot_id)).get("content_hash", ""))
+        except FileNotFoundError:
+            return None
+
+    async def _stage(self, content: SnapshotContent, staging: Path) -> None:
+        snapshot = content.snapshot
+        if snapshot.format_version != self.migrations.current:
+            raise SnapshotCorruptError(
+                f"snapshot {snapshot.id!r} claims format version {snapshot.format_version}; save takes "
+                f"content of the current format {self.migrations.current} (load migrates older ones)"
+            )
+        hashes: dict[str, str] = {}
+        digests: dict[str, None] = {}
+        for section in SECTIONS:
+            writer = await asyncio.to_thread(SectionWriter, staging / "sections" / f"{section}.jsonl.gz")
+            try:
+                async for batch in content.lines(section):
+                    await asyncio.to_thread(writer.write, batch)
+                    if section == "artifacts":
+                        digests.update((str(parse(line)["blob"]), None) for line in batch)
+            finally:
+                await asyncio.to_thread(writer.close)
+            hashes[section] = writer.digest
+            if writer.count != snapshot.counts.get(
+                section, 0
+            ) or writer.digest != snapshot.section_hashes.get(section):
+                raise SnapshotCorruptError(
+                    f"snapshot {snapshot.id!r}: section {section} does not match its record "
+                    f"({writer.count} records, {snapshot.counts.get(section, 0)} recorded)"
+                )
+        if content_hash(hashes) != snapshot.content_hash:
+            raise SnapshotCorruptError(f"snapshot {snapshot.id!r}: content hash does not match its record")
+        for digest in digests:
+            await self._put_blob(content, digest, staging)
+        await asyncio.to_thread(self._finish_staging, snapshot, staging)
+
+    async def _put_blob(self, content: SnapshotContent, digest: str, staging: Path) -> None:
+        target = self.layout.blob(digest)
+        if await asyncio.to_thread(_touch, target):
+            return
+        temporary = staging / f"blob-{digest}"
+        source = content.blob_path(digest) if isinstance(content, DirectoryContent) else None
+        if source is not None:
+            await asyncio.to_thread(copy_blob, source, temporary, digest)
+        else:
+            data = await content.read_blob(digest)
+            await asyncio.to_thread(write_file, temporary, data)
+            del data
+        await asyncio.to_thread(_install, temporary, target)
+
+    def _finish_staging(self, snapshot: Snapshot, staging: Path) -> None:
+        write_file(
+            staging / "manifest.json", json.dumps(snapshot.manifest(), ensure_ascii=False, indent=1).encode()
+        )
+        fsync_dir(staging / "sections")
+        fsync_dir(staging)
+
+    def _publish(self, snapshot: Snapshot, staging: Path) -> bool:
+        """Rename the staging directory into place; ``False`` when the id was taken meanwhile."""
+        with self.layout.lock("meta"):
+            target = self.layout.snapshot_dir(snapshot.id)
+            if target.exists():
+                return False
+            os.rename(staging, target)
+            fsync_dir(self.layout.snapshots)
+            return True
+
+    # --- load --------------------------------------------------------------------------------------
+
+    async def load(self, snapshot_id: str) -> SnapshotContent:
+        manifest = await asyncio.to_thread(self._manifest, snapshot_id)
+        sections = self.layout.snapshot_dir(snapshot_id) / "sections"
+        version = format_version_of(manifest)
+        if version == self.migrations.current:
+            return DirectoryContent(_record(manifest, snapshot_id), sections, self.layout.blob)
+        self.migrations.plan(version)  # the format errors, before any work
+
+        def lines(section: str) -> Any:
+            return iterate_in_thread(read_section(sections / f"{section}.jsonl.gz"))
+
+        spooled = await migrate(manifest, lines, self.migrations, spool_dir=self.spool_dir)
+        spooled.blob_path = self.layout.blob
+        return spooled
+
+    def _manifest(self, snapshot_id: str) -> dict[str, Any]:
+        try:
+            return read_json(self.layout.manifest(_checked_id(snapshot_id)))
+        except FileNotFoundError:
+            raise SnapshotNotFoundError(snapshot_id) from None
+        except ValueError as exc:
+            raise SnapshotCorruptError(f"snapshot {snapshot_id!r}: unreadable manifest ({exc})") from exc
+
+    async def get(self, snapshot_id: str) -> Snapshot:
+        manifest = await asyncio.to_thread(self._manifest, snapshot_id)
+        return self._listed(manifest, snapshot_id)
+
+    def _listed(self, manifest: dict[str, Any], snapshot_id: str) -> Snapshot:
+        """The record of a stored manifest of any format: an older one's manifest is migrated (its
+        ``format_version`` stays the stored one)."""
+        version = format_version_of(manifest)
+        if version == self.migrations.current:
+            return _record(manifest, snapshot_id)
+        if version > self.migrations.current:
+            known = {name: manifest[name] for name in Snapshot.model_fields if name in manifest}
+            return _record(known, snapshot_id)
+        migrated = dict(manifest)
+        for step in self.migrations.plan(version):
+            try:
+                migrated = step.manifest(migrated)
+            except Exception as exc:
+                raise MigrationFailedError(
+                    found=version,
+                    current=self.migrations.current,
+                    step_from=step.from_version,
+                    step_to=step.to_version,
+                    reason=f"{type(exc).__name__}: {exc}",
+                ) from exc
+        return _record({**migrated, "format_version": version}, snapshot_id)
+
+    # --- list --------------------------------------------------------------------------------------
+
+    async def list(
+        self,
+        *,
+        subject_kind: SubjectKind | None = None,
+        subject_id: str | None = None,
+        tag: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> SnapshotPage:
+        filters = ListFilter(subject_kind, subject_id, tag, since, until)
+        return paginate(await asyncio.to_thread(self._all), filters, limit=limit, cursor=cursor)
+
+    def _all(self) -> builtins.list[Snapshot]:
+        snapshots = []
+        for entry in os.scandir(self.layout.snapshots):
+            try:
+                snapshots.append(self._listed(read_json(Path(entry.path) / "manifest.json"), entry.name))
+            except FileNotFoundError:
+                continue  # deleted while listing
+            except (ValueError, SnapshotError) as exc:
+                logger.warning("snapshot %s is not listable: %s", entry.name, exc)
+        return snapshots
+
+    # --- delete, tags, lineage, diff ---------------------------------------------------------------
+
+    async def delete(self, snapshot_id: str) -> bool:
+        trash = await asyncio.to_thread(self._unpublish, _checked_id(snapshot_id))
+        if trash is None:
+            return False
+        await asyncio.to_thread(shutil.rmtree, trash, True)
+        return True
+
+    def _unpublish(self, snapshot_id: str) -> Path | None:
+        with self.layout.lock("meta"):
+            source = self.layout.snapshot_dir(snapshot_id)
+            if not source.exists():
+                return None
+            trash = self.layout.new_trash(snapshot_id)
+            os.rename(source, trash)
+            fsync_dir(self.layout.snapshots)
+            return trash
+
+    async def tag(self, snapshot_id: str, tags: Iterable[str]) -> Snapshot:
+        added = builtins.list(tags)
+        return await asyncio.to_thread(self._retag, snapshot_id, lambda old: [*old, *added])
+
+    async def untag(self, snapshot_id: str, tags: Iterable[str]) -> Snapshot:
+        removed = set(tags)
+        return await asyncio.to_thread(
+            self._retag, snapshot_id, lambda old: [t for t in old if t not in removed]
+        )
+
+    def _retag(self, snapshot_id: str, change: Any) -> Snapshot:
+        with self.layout.lock("meta"):
+            manifest = self._manifest(snapshot_id)
+            manifest["tags"] = builtins.list(normalize_tags(change(manifest.get("tags") or [])))
+            write_json_atomically(self.layout.manifest(snapshot_id), manifest)
+        return self._listed(manifest, snapshot_id)
+
+    async def lineage(self, snapshot_id: str) -> builtins.list[Snapshot]:
+        chain = [await self.get(snapshot_id)]
+        seen = {snapshot_id}
+        while (parent := chain[-1].parent_id) is not None and parent not in seen:
+            seen.add(parent)
+            try:
+                chain.append(await self.get(parent))
+            except SnapshotNotFoundError:
+                break
+        return chain
+
+    async def diff(self, a: str, b: str) -> SnapshotDiff:
+        first = await self.load(a)
+        try:
+            second = await self.load(b)
+            try:
+                return await diff_contents(first, second)
+            finally:
+                await second.aclose()
+        finally:
+            await first.aclose()
+
+    # --- gc ----------------------------------------------------------------------------------------
+
+    async def gc(self, policy: RetentionPolicy | None = None) -> GcReport:
+        return await asyncio.to_thread(self._gc, policy or RetentionPolicy())
+
+    def _gc(self, policy: RetentionPolicy) -> GcReport:
+        with self.layout.lock("gc"):  # waits for the saves in progress; no new one starts
+            doomed = retention_victims(self._all(), policy)
+            for snapshot_id in doomed:
+                trash = self._unpublish(snapshot_id)
+                if trash is not None:
+                    shutil.rmtree(trash, True)
+            staging = 0
+            for directory in (self.layout.staging, self.layout.trash):
+                for entry in os.scandir(directory):  # abandoned by killed processes
+                    shutil.rmtree(entry.path, True)
+                    staging += directory is self.layout.staging
+            referenced = self._referenced()
+            deleted = freed = kept = 0
+            oldest = time.time() - policy.grace.total_seconds()
+            for prefix in os.scandir(self.layout.blobs):
+                for blob in os.scandir(prefix.path):
+                    stat = blob.stat()
+                    if blob.name in referenced or stat.st_mtime > oldest:
+                        kept += 1
+                        continue
+                    os.unlink(blob.path)
+                    deleted += 1
+                    freed += stat.st_size
+                fsync_dir(Path(prefix.path))
+        return GcReport(tuple(doomed), deleted, freed, kept, staging)
+
+    def _referenced(self) -> set[str]:
+        referenced: set[str] = set()
+        for entry in os.scandir(self.layout.snapshots):
+            for batch in read_section(Path(entry.path) / "sections" / "artifacts.jsonl.gz"):
+                referenced.update(str(parse(line)["blob"]) for line in batch)
+        return referenced
+
+
+def _touch(path: Path) -> bool:
+    """Refresh a blob's time (``gc``'s grace counts from it); whether it exists."""
+    try:
+        os.utime(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _install(temporary: Path, target: Path) -> None:
+    target.parent.mkdir(exist_ok=True)
+    os.replace(temporary, target)  # same content under the same name: a racing writer is harmless
+    fsync_dir(target.parent)
+
+
+def _checked_id(snapshot_id: str) -> str:
+    if (
+        not isinstance(snapshot_id, str)
+        or not snapshot_id
+        or "/" in snapshot_id
+        or snapshot_id.startswith(".")
+    ):
+        raise SnapshotNotFoundError(str(snapshot_id))
+    return snapshot_id
+
+
+def _record(manifest: dict[str, Any], snapshot_id: str) -> Snapshot:
+    try:
+        snapshot = Snapshot.from_manifest(manifest)
+    except ValidationError as exc:
+        raise SnapshotCorruptError(
+            f"snapshot {snapshot_id!r}: invalid manifest ({exc.error_count()} errors)"
+        ) from exc
+    if snapshot.id != snapshot_id:
+        raise SnapshotCorruptError(f"snapshot directory {snapshot_id!r} holds snapshot {snapshot.id!r}")
+    return snapshot
+
+
+__all__ = ["FileSnapshotStore"]
