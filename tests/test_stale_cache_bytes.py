@@ -94,7 +94,7 @@ def test_a_state_put_again_unchanged_is_not_measured_again_but_a_changed_one_is(
     cache.put("a", {"summary": "short"})  # read back: an equal, fresh dict
     assert len(measured) == 2
     assert cache.bytes == held
-    assert list(cache._values) == ["b", "a"], "still the most recently used"  # noqa: SLF001
+    assert list(cache._values) == ["b", "a"], "still the most recently used"
     cache.put("a", {"summary": "x" * 10_000})  # same keys, grown: measured again
     assert len(measured) == 3
     assert cache.bytes >= held + 9_000
