@@ -18,16 +18,17 @@ from guarded.classify import ErrorClass, classify, counts_against_backend, reach
 from guarded.layers.bulkhead import BulkheadLayer
 from guarded.layers.fallback import failure_outcome
 from guarded.outcome import Outcome
-
-from .support import Scripted, method_setup, new_call, settle
+from tests.support.aio import settle
+from tests.support.layers import method_setup, new_call
+from tests.support.scripted import GatedService
 
 
 def layered(
     limit: int, *, attempt: float = 2.0, deadline: float = 5.0, slow: float = 1.0
-) -> tuple[Bulkhead, Scripted, Service, MethodSetup]:
+) -> tuple[Bulkhead, GatedService, Service, MethodSetup]:
     """A bulkhead of ``limit`` permits, the scripted service behind it, the layer's service."""
     bulkhead = Bulkhead(limit, "s")
-    inner = Scripted()
+    inner = GatedService()
     setup = method_setup(attempt=attempt, deadline=deadline)
     return bulkhead, inner, BulkheadLayer(bulkhead, slow_call_duration=slow).wrap(inner, setup), setup
 
@@ -273,7 +274,7 @@ async def test_waits_are_recorded_on_the_call_and_in_the_statistics() -> None:
 
 
 def test_without_a_bulkhead_the_layer_does_not_wrap() -> None:
-    inner = Scripted()
+    inner = GatedService()
     assert BulkheadLayer(None, slow_call_duration=1.0).wrap(inner, method_setup()) is inner
 
 
