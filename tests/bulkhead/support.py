@@ -10,6 +10,7 @@ from typing import Any
 from guarded.backends.memory import InMemoryStateStore
 from guarded.config import BreakerConfig
 from guarded.models import StoredEvent
+from tests.support import records
 
 
 class SlowStore(InMemoryStateStore):
@@ -77,4 +78,4 @@ def breaker_config(slow_call_duration: float) -> BreakerConfig:
 
 
 def event(trace: str, index: int) -> StoredEvent:
-    return StoredEvent(trace, float(index), "node_end", "node", f"n{index}", {"i": index})
+    return records.event(trace, index, base=0.0)

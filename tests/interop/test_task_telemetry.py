@@ -20,8 +20,9 @@ from prometheus_client import CollectorRegistry
 
 from guarded.telemetry import PrometheusTaskTelemetrySink
 from guarded.telemetry_names import TASK_DURATION, TASK_EVENTS, TASKS_IN_FLIGHT
+from tests.support.aio import eventually
 
-from ._session_support import answer, blocked, eventually, failing, guarded_store, settle, shut_down
+from ._session_support import answer, blocked, failing, guarded_store, settle, shut_down
 
 SESSION = "telemetry-session"
 TASK_IDS = ("fg", "bg-1", "bg-2", "job-1", "bg-fail", "bg-cancel", "g-1", "g-2")

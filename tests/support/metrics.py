@@ -1,4 +1,5 @@
-"""Reading what the guard exported into a Prometheus registry: one sample, calls by outcome."""
+"""Reading what the guard exported into a Prometheus registry: one sample, calls by outcome, a
+counter summed over its label sets."""
 
 from __future__ import annotations
 
@@ -45,3 +46,13 @@ def outcome_counts(registry: CollectorRegistry, store: str | None = "default") -
     for (_, outcome), count in method_outcomes(registry, store).items():
         counts[outcome] += count
     return counts
+
+
+def total(registry: CollectorRegistry, name: str, store: str | None = None) -> int:
+    """Samples named ``name`` summed over every label set (of ``store`` only, when given)."""
+    value = 0.0
+    for family in registry.collect():
+        for found in family.samples:
+            if found.name == name and store in (None, found.labels.get("store")):
+                value += found.value
+    return int(value)

@@ -1,4 +1,5 @@
-"""Records the tests write: one factory of runtime events, numbered so a test can tell them apart.
+"""Records the tests write: one factory of runtime events, numbered so a test can tell them apart,
+and valid records with one field changed (:func:`plain_event`, :func:`plain_task`).
 
 Each test package's events differ only in their fields' values (their base time, kind, payload),
 so the packages call :func:`event` with theirs instead of building ``StoredEvent`` each its own way.
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from guarded.models import StoredEvent
+from guarded.models import StoredEvent, TaskContextSnapshot, TaskState, TaskStatus, TaskType
 
 NUMBERED: Final[Any] = object()
 """``node_id=NUMBERED`` (the default): the event's node id is ``f"n{index}"``."""
@@ -52,3 +53,16 @@ def plain_event(**changes: Any) -> StoredEvent:
     """A valid event of fixed, short fields (:data:`PLAIN`) with ``changes`` applied: for tests
     of what a store makes of one field's value."""
     return StoredEvent(**{**PLAIN, **changes})
+
+
+def plain_task(**changes: Any) -> TaskState:
+    """A valid running background task ``"task"`` of session ``"s"`` with ``changes`` applied."""
+    fields: dict[str, Any] = {
+        "task_id": "task",
+        "session_id": "s",
+        "status": TaskStatus.RUNNING,
+        "task_type": TaskType.BACKGROUND,
+        "priority": 1,
+        "context_snapshot": TaskContextSnapshot(session_id="s", task_id="task"),
+    }
+    return TaskState(**{**fields, **changes})

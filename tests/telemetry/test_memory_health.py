@@ -27,9 +27,11 @@ from guarded.guard import controller, guard
 from guarded.telemetry import MemoryHealthTracker, memory_health_tracker
 from guarded.telemetry.memory_health import health_of
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+from tests.support.aio import eventually
+from tests.support.metrics import calls
 
-from ..guard.support import calls, fast_config
-from .support import eventually, label_values
+from ..guard.support import fast_config
+from .support import label_values
 
 HEALTHS = ("healthy", "retry", "degraded", "recovering", "unknown")
 OUTAGE = FaultPlan.always(Fault.error_before(ConnectionRefusedError))
