@@ -70,3 +70,12 @@ async def test_fallback_lets_the_callers_cancellation_through() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_fallback_treats_a_cancellation_the_store_raised_on_its_own_as_a_failure() -> None:
+    # A driver's internal future was cancelled; nobody cancelled the caller's task.
+    setup = method_setup("load_history")
+    call = new_call(setup, "t")
+    error = asyncio.CancelledError()
+    assert await FallbackLayer(FailureLog(60.0)).wrap(ScriptedService().fail(error), setup)(call) == []
+    assert (call.outcome, call.error) == (Outcome.FALLBACK, error)

@@ -3,6 +3,8 @@ only when it provably was not sent, and backoff never sleeps past the deadline."
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg.exceptions as pg
 import pytest
 
@@ -10,6 +12,7 @@ import guarded.backends.postgres  # noqa: F401 - registers the PostgreSQL error 
 from guarded.config import RetryConfig
 from guarded.errors import InvalidPayloadError
 from guarded.layers import RetryLayer
+from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call
 from tests.support.scripted import ScriptedService
 
@@ -66,4 +69,17 @@ async def test_retry_never_sleeps_past_the_deadline() -> None:
     with pytest.raises(ConnectionResetError):
         await RetryLayer(slow_backoff).wrap(inner, setup)(call)
     assert call.loop.time() - call.started < 0.2
+    assert len(inner.calls) == 1
+
+
+async def test_retry_lets_a_cancellation_during_its_backoff_through_without_another_attempt() -> None:
+    slow_backoff = RetryConfig(max_attempts=3, initial_backoff=10.0, max_backoff=10.0, jitter=0.0)
+    inner = ScriptedService().fail(ConnectionResetError("reset"))
+    setup = method_setup(max_attempts=3, deadline=60.0, attempt=1.0)
+    task = asyncio.ensure_future(RetryLayer(slow_backoff).wrap(inner, setup)(new_call(setup, "k")))
+    await settle()
+    assert len(inner.calls) == 1  # backing off now
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
     assert len(inner.calls) == 1
