@@ -1,5 +1,5 @@
 """Reading what the guard exported into a Prometheus registry: one sample, calls by outcome, a
-counter summed over its label sets."""
+counter summed over its label sets, task telemetry events."""
 
 from __future__ import annotations
 
@@ -56,3 +56,11 @@ def total(registry: CollectorRegistry, name: str, store: str | None = None) -> i
             if found.name == name and store in (None, found.labels.get("store")):
                 value += found.value
     return int(value)
+
+
+def task_events(
+    registry: CollectorRegistry, event_type: str, outcome: str, task_type: str, mode: str
+) -> float:
+    """PenguiFlow task telemetry events counted for those labels (``guarded_task_events_total``)."""
+    labels = {"event_type": event_type, "outcome": outcome, "task_type": task_type, "mode": mode}
+    return sample(registry, names.TASK_EVENTS, **labels)

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from guarded import telemetry_names as names
 from guarded.models import TaskStatus, TaskTelemetryEvent, TaskType
 from tests.support.metrics import sample as value
+from tests.support.metrics import task_events as events  # noqa: F401 - shared, re-exported
 
 SECRET = "s3cr3t-PAYLOAD-77a1"
 """Put in the events' ``extra`` (payload); must never reach a metric, a span or a log record."""
@@ -63,17 +64,6 @@ def our_event(event_type: str, **fields: Any) -> TaskTelemetryEvent:
     values["task_type"] = TaskType(values["task_type"].value)
     values["status"] = TaskStatus(values["status"].value)
     return TaskTelemetryEvent(**values)
-
-
-def events(registry: CollectorRegistry, event_type: str, outcome: str, task_type: str, mode: str) -> float:
-    return value(
-        registry,
-        names.TASK_EVENTS,
-        event_type=event_type,
-        outcome=outcome,
-        task_type=task_type,
-        mode=mode,
-    )
 
 
 def in_flight(registry: CollectorRegistry, task_type: str, mode: str) -> float:
