@@ -15,6 +15,7 @@ import logging
 
 import pytest
 
+from guarded.classify import CircuitOpenError, error_type
 from guarded.errors import CallerError, InvalidPayloadError
 from guarded.failure_log import FailureLog
 from guarded.layers.dead_letter import DeadLetterLayer
@@ -63,7 +64,7 @@ async def test_a_successful_write_runs_inside_its_keys_gate_and_supersedes_older
 
 @pytest.mark.parametrize(
     "error",
-    [ConnectionResetError("reset"), TimeoutError(), OSError("unreachable")],
+    [ConnectionResetError("reset"), TimeoutError(), OSError("unreachable"), CircuitOpenError("open")],
     ids=lambda error: type(error).__name__,
 )
 async def test_an_outage_is_acknowledged_and_the_write_held_with_its_key_and_logical_time(
@@ -81,7 +82,7 @@ async def test_an_outage_is_acknowledged_and_the_write_held_with_its_key_and_log
         "save_memory_state",
         ("k", {"v": 1}),
         "k",
-        type(error).__name__,
+        error_type(error),
     )
     assert isinstance(held.kwargs[WRITE_TIME_ARGUMENT], int), "the replay must carry the call's time"
     assert buffer.superseded == [], "a failed write supersedes nothing"

@@ -18,7 +18,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.batching import PendingWrite
+from guarded.bulkhead import BulkheadTimeoutError
 from guarded.call import Call
+from guarded.classify import CircuitOpenError
 from guarded.errors import CallerError
 from guarded.layers.stale_reads import StaleReadLayer
 from guarded.logical_time import WRITE_TIME_ARGUMENT
@@ -62,6 +64,18 @@ async def test_a_failed_read_answers_the_last_value_read_for_its_key() -> None:
     assert (value, call.outcome, call.error) == ({"v": 1}, Outcome.STALE, DOWN)
     with pytest.raises(ConnectionResetError):
         await run(stale, ScriptedService().fail(DOWN), "load_memory_state", "other key")
+
+
+@pytest.mark.parametrize(
+    "outage",
+    [TimeoutError(), CircuitOpenError("open"), BulkheadTimeoutError("not admitted"), OSError("unreachable")],
+    ids=lambda error: type(error).__name__,
+)
+async def test_every_kind_of_outage_is_answered_stale(outage: Exception) -> None:
+    stale = layer()
+    await run(stale, ScriptedService().answer({"v": 1}), "get_trajectory", "t", "s")
+    value, call = await run(stale, ScriptedService().fail(outage), "get_trajectory", "t", "s")
+    assert (value, call.outcome, call.error) == ({"v": 1}, Outcome.STALE, outage)
 
 
 async def test_a_failed_read_answers_the_last_value_written_and_never_one_the_backend_refused() -> None:
