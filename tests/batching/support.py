@@ -13,17 +13,13 @@ from guarded.backends.memory import InMemoryStateStore
 from guarded.batching import Batcher, PendingWrite, Writer
 from guarded.bulk_forms import bulk_args, bulk_method_for
 from guarded.config import BatchConfig
-from guarded.models import StoredEvent
 from tests.support.aio import settle  # noqa: F401 - shared, re-exported
+from tests.support.records import event
 
 LONG = 60.0
 """A delay no test waits out: flushes happen only for the reason under test."""
 
 _stamps = itertools.count()
-
-
-def event(trace_id: str, index: int = 0) -> StoredEvent:
-    return StoredEvent(trace_id, 1000.0 + index, "node_end", "node", f"n{index}", {"i": index})
 
 
 def event_write(trace_id: str, index: int = 0) -> PendingWrite:

@@ -11,14 +11,11 @@ from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
 from guarded.batching import PendingWrite
+from tests.support.metrics import sample
 
 from .support import StoreWriter, deadline, event_write, make, settle
 
 SECRET = "s3cr3t-PAYLOAD-77"
-
-
-def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
 
 
 @pytest.mark.asyncio

@@ -1,4 +1,4 @@
-"""Helpers of the bulkhead tests: a scripted inner service, a slow in-memory backend."""
+"""Helpers of the bulkhead tests: a slow in-memory backend, a quickly tripping breaker."""
 
 from __future__ import annotations
 
@@ -8,38 +8,9 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from guarded.backends.memory import InMemoryStateStore
-from guarded.call import Call
 from guarded.config import BreakerConfig
 from guarded.models import StoredEvent
-from tests.support.aio import settle  # noqa: F401 - shared, re-exported
-from tests.support.layers import method_setup, new_call  # noqa: F401 - shared, re-exported
-
-
-class Scripted:
-    """An inner service whose calls (named by their first argument) stay in until :meth:`finish`."""
-
-    def __init__(self) -> None:
-        self.entered: list[str] = []
-        self.active = 0
-        self.peak = 0
-        self._gates: dict[str, asyncio.Event] = {}
-
-    def _gate(self, name: str) -> asyncio.Event:
-        return self._gates.setdefault(name, asyncio.Event())
-
-    async def __call__(self, call: Call) -> str:
-        name = str(call.args[0])
-        self.entered.append(name)
-        self.active += 1
-        self.peak = max(self.peak, self.active)
-        try:
-            await self._gate(name).wait()
-        finally:
-            self.active -= 1
-        return name
-
-    def finish(self, name: str) -> None:
-        self._gate(name).set()
+from tests.support import records
 
 
 class SlowStore(InMemoryStateStore):
@@ -107,4 +78,4 @@ def breaker_config(slow_call_duration: float) -> BreakerConfig:
 
 
 def event(trace: str, index: int) -> StoredEvent:
-    return StoredEvent(trace, float(index), "node_end", "node", f"n{index}", {"i": index})
+    return records.event(trace, index, base=0.0)

@@ -21,7 +21,8 @@ from guarded.breaker import BreakerState
 from guarded.bulkhead import MAX_CONCURRENCY, Bulkhead
 from guarded.config import BatchConfig, BulkheadConfig, DeadLetterConfig, GuardConfig, MethodConfig
 from guarded.guard import controller, guard
-from tests.guard.support import calls, fast_config, outcome_counts, retries
+from tests.guard.support import fast_config
+from tests.support.metrics import calls, outcome_counts, retries
 
 from .support import SlowStore, breaker_config, event
 

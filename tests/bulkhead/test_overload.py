@@ -22,7 +22,8 @@ from prometheus_client import CollectorRegistry
 from guarded import telemetry_names as names
 from guarded.config import BatchConfig, BulkheadConfig, DeadLetterConfig, MethodConfig, StaleConfig
 from guarded.guard import controller, guard
-from tests.guard.support import calls, fast_config
+from tests.guard.support import fast_config
+from tests.support.metrics import calls
 
 from .support import SlowStore, breaker_config, event
 

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from guarded.config import DeadLetterConfig
 from guarded.deadletter import DeadLetterBuffer
 from guarded.models import StoredEvent
+from tests.support import metrics, records
 
 STORE = "primary"
 
@@ -56,14 +57,14 @@ class Clock:
 
 
 def event(trace_id: str | None, index: int, **payload: Any) -> StoredEvent:
-    return StoredEvent(
-        trace_id, 1_700_000_000.0 + index, "node_success", "node", f"n{index}", {"i": index, **payload}
+    return records.event(
+        trace_id, index, base=1_700_000_000.0, kind="node_success", payload={"i": index, **payload}
     )
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     """A sample's value, 0 when the series does not exist."""
-    return registry.get_sample_value(name, {"store": STORE, **labels}) or 0.0
+    return metrics.sample(registry, name, **{"store": STORE, **labels})
 
 
 async def put_events(target: DeadLetterBuffer, trace_id: str, count: int, *, start: int = 0) -> None:

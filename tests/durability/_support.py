@@ -9,32 +9,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from guarded.deadletter import SpillFile, SpillFileError
 from guarded.testing.postgres import EmbeddedPostgres
+from tests.support.aio import eventually as _eventually
 
 from ._worker import MixedLedger, ledger_of
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-async def eventually(condition: Callable[[], bool], *, what: str, within: float = 60.0) -> None:
-    """Wait (polling) until ``condition()`` holds; fail naming ``what`` after ``within`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.01)
+eventually = functools.partial(_eventually, within=60.0, poll=0.01)
+"""Processes and a database server are slow to move: a minute, polled every 10 ms."""
 
 
 def worker_env(state_home: Path) -> dict[str, str]:

@@ -13,7 +13,8 @@ from guarded import telemetry_names as names
 from guarded.guard import controller, guard
 from guarded.models import StoredEvent
 from guarded.testing.postgres import EmbeddedPostgres
-from tests.postgres._outages import Ledger, drain_all, open_store, read_back, total
+from tests.postgres._outages import Ledger, drain_all, open_store, read_back
+from tests.support.metrics import total
 
 from ._support import pending_on_disk
 

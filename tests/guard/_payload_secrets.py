@@ -26,12 +26,10 @@ from guarded.models import (
     SteeringEvent,
     SteeringEventType,
     StoredEvent,
-    TaskContextSnapshot,
-    TaskState,
-    TaskStatus,
-    TaskType,
     UpdateType,
 )
+from tests.support.records import plain_event
+from tests.support.records import plain_task as task
 
 SECRET = "ZQX-078-05-1120"
 """The marker: it must never show up in a reason, a log record or a metric."""
@@ -71,29 +69,7 @@ def bad_payloads() -> dict[str, dict[Any, Any]]:
 
 
 def event(payload: Any, **changes: Any) -> StoredEvent:
-    fields: dict[str, Any] = {
-        "trace_id": "t",
-        "ts": 1.0,
-        "kind": "k",
-        "node_name": "n",
-        "node_id": "i",
-        "payload": payload,
-    }
-    fields.update(changes)
-    return StoredEvent(**fields)
-
-
-def task(**changes: Any) -> TaskState:
-    fields: dict[str, Any] = {
-        "task_id": "task",
-        "session_id": "s",
-        "status": TaskStatus.RUNNING,
-        "task_type": TaskType.BACKGROUND,
-        "priority": 1,
-        "context_snapshot": TaskContextSnapshot(session_id="s", task_id="task"),
-    }
-    fields.update(changes)
-    return TaskState(**fields)
+    return plain_event(payload=payload, **changes)
 
 
 def update(content: Any) -> StateUpdate:

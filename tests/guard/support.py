@@ -1,11 +1,10 @@
-"""Helpers shared by the guard tests: fast configurations, metric readers, records."""
+"""Helpers shared by the guard tests: fast configurations, records, a stopwatch (metric readers are
+in tests/support/metrics.py)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
-
-from prometheus_client import CollectorRegistry
 
 from guarded.config import (
     BatchConfig,
@@ -18,15 +17,12 @@ from guarded.config import (
     TimeoutConfig,
 )
 from guarded.models import StoredEvent
+from tests.support import records
 
 ATTEMPT = 0.05
 DEADLINE = 0.2
 MARGIN = 0.05
 """A call must return within its deadline plus this much (watchdog tick and scheduling)."""
-
-CALLS = "guarded_store_calls_total"
-DURATION_COUNT = "guarded_store_call_duration_seconds_count"
-RETRIES = "guarded_store_retries_total"
 
 
 def fast_config(
@@ -63,30 +59,8 @@ def fast_config(
     )
 
 
-def calls(registry: CollectorRegistry, method: str, outcome: str, store: str = "default") -> float:
-    """Calls counted for (store, method, outcome); 0 when the series does not exist."""
-    value = registry.get_sample_value(CALLS, {"store": store, "method": method, "outcome": outcome})
-    return value or 0.0
-
-
-def retries(registry: CollectorRegistry, method: str, store: str = "default") -> float:
-    return registry.get_sample_value(RETRIES, {"store": store, "method": method}) or 0.0
-
-
-def outcome_counts(registry: CollectorRegistry, store: str = "default") -> dict[str, int]:
-    """Calls of ``store`` by outcome (every method), from the registry; outcomes that never
-    happened (exported as 0) are left out."""
-    counts: dict[str, int] = {}
-    for family in registry.collect():
-        for sample in family.samples:
-            if sample.name == CALLS and sample.labels.get("store") == store and sample.value:
-                outcome = sample.labels["outcome"]
-                counts[outcome] = counts.get(outcome, 0) + int(sample.value)
-    return counts
-
-
 def event(trace_id: str, index: int = 0, **payload: Any) -> StoredEvent:
-    return StoredEvent(trace_id, 1000.0 + index, "node_end", "node", f"n{index}", payload or {"i": index})
+    return records.event(trace_id, index, payload=payload or None)
 
 
 class Stopwatch:

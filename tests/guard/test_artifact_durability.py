@@ -21,8 +21,9 @@ from guarded.deadletter import DeadLetterBuffer
 from guarded.guard import artifact_spill_path, controller, guard
 from guarded.models import ArtifactScope
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+from tests.support.metrics import calls
 
-from .support import ATTEMPT, DEADLINE, calls, fast_config
+from .support import ATTEMPT, DEADLINE, fast_config
 
 PUTS = ["artifact_store.put_bytes", "artifact_store.put_text"]
 OUTAGE = FaultPlan.always(Fault.error_before(ConnectionRefusedError("database down")), methods=PUTS)

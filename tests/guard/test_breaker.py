@@ -13,8 +13,9 @@ from guarded.breaker import BreakerState, CircuitBreaker
 from guarded.config import BreakerConfig
 from guarded.guard import controller, guard
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+from tests.support.metrics import calls
 
-from .support import Stopwatch, calls, fast_config
+from .support import Stopwatch, fast_config
 
 CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 

@@ -26,8 +26,9 @@ from guarded.config import BreakerConfig
 from guarded.errors import CallerError, InvalidPayloadError, WriteRefusedError
 from guarded.models import StoredEvent
 from guarded.testing import strict
+from tests.support.metrics import calls, outcome_counts
 
-from .support import calls, event, outcome_counts
+from .support import event
 
 pytestmark = pytest.mark.asyncio
 

@@ -16,8 +16,9 @@ from guarded.policy import Fallback, Kind
 from guarded.protocol import CAPABILITIES, LEGACY_ALIASES, StateStore, SupportsArtifacts
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.broken_stores import MinimalStore
+from tests.support.metrics import calls
 
-from .support import calls, fast_config
+from .support import fast_config
 
 PROBE_NAMES = sorted(
     {method for capability in CAPABILITIES for method in capability.methods}

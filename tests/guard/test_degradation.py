@@ -12,8 +12,9 @@ from guarded.backends.memory import InMemoryStateStore
 from guarded.models import ArtifactScope
 from guarded.policy import PolicyTable
 from guarded.testing import Fault, FaultPlan, FaultyStore
+from tests.support.metrics import calls
 
-from .support import calls, fast_config
+from .support import fast_config
 
 
 def test_patching_kind_makes_a_read_repeat_safe_unless_told_otherwise() -> None:

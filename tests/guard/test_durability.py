@@ -24,8 +24,9 @@ from guarded.guard import controller, guard
 from guarded.idempotency import WRITE_KEY_ARGUMENT
 from guarded.models import PlannerEvent, TaskContextSnapshot, TaskState, TaskStatus, TaskType
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+from tests.support.metrics import calls, outcome_counts
 
-from .support import calls, event, fast_config
+from .support import event, fast_config
 from .test_properties import plans
 
 OUTAGE = FaultPlan.always(Fault.error_before(ConnectionRefusedError))
@@ -294,12 +295,7 @@ async def run_durable_example(
                 acknowledged.append(f"t{key}/n{index}")
             elif kind == "memory":
                 last_memory[f"m{key}"] = index
-    counted = sum(
-        int(sample.value)
-        for family in registry.collect()
-        for sample in family.samples
-        if sample.name == "guarded_store_calls_total"
-    )
+    counted = sum(outcome_counts(registry, store=None).values())
     assert counted == made
 
     await controller(store).flush()

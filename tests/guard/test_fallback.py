@@ -22,8 +22,9 @@ from guarded.models import (
 )
 from guarded.testing import Fault, FaultPlan, FaultyStore
 from tests.broken_stores import BrokenStore
+from tests.support.metrics import calls, outcome_counts
 
-from .support import calls, event, fast_config, outcome_counts
+from .support import event, fast_config
 
 SECRET = "s3cr3t-PAYLOAD-7f2c"
 

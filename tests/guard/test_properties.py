@@ -35,8 +35,9 @@ from guarded.testing import (
     FaultyStore,
     fault_injector,
 )
+from tests.support.metrics import CALLS
 
-from .support import CALLS, event, fast_config
+from .support import event, fast_config
 
 ATTEMPT = 0.04
 DEADLINE = 0.2

@@ -19,8 +19,9 @@ from guarded.errors import CallerError, InvalidPayloadError
 from guarded.guard import guard
 from guarded.idempotency import current_idempotency_key
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+from tests.support.metrics import calls, retries
 
-from .support import DEADLINE, MARGIN, Stopwatch, calls, event, fast_config, retries
+from .support import DEADLINE, MARGIN, Stopwatch, event, fast_config
 
 RETRYABLE, REJECTED, FATAL = ErrorClass.RETRYABLE, ErrorClass.REJECTED, ErrorClass.FATAL
 OPERATIONAL = ErrorClass.OPERATIONAL

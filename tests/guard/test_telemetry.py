@@ -18,8 +18,9 @@ from guarded.backends.memory import InMemoryStateStore
 from guarded.guard import controller, guard
 from guarded.models import StateUpdate, SteeringEvent
 from guarded.testing import Fault, FaultPlan, FaultyStore
+from tests.support.metrics import DURATION_COUNT, calls, outcome_counts, retries
 
-from .support import DURATION_COUNT, calls, event, fast_config, outcome_counts, retries
+from .support import event, fast_config
 from .test_fallback import task_state
 
 SECRET = "s3cr3t-PAYLOAD-4d1e"

@@ -13,8 +13,9 @@ from guarded.config import MethodConfig, RetryConfig
 from guarded.guard import guard
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.broken_stores import MinimalStore
+from tests.support.metrics import calls, outcome_counts
 
-from .support import ATTEMPT, DEADLINE, MARGIN, Stopwatch, calls, event, fast_config, outcome_counts
+from .support import ATTEMPT, DEADLINE, MARGIN, Stopwatch, event, fast_config
 
 
 def hanging(**config: Any) -> tuple[Any, Any, CollectorRegistry]:

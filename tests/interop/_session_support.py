@@ -117,17 +117,6 @@ async def shut_down(store: object, *sessions: StreamingSession) -> None:
     await settle(store)
 
 
-async def eventually(check: Callable[[], bool], *, what: str, within_s: float = 10.0) -> None:
-    """Wait until ``check()`` holds (PenguiFlow emits telemetry from background tasks); fail naming
-    ``what`` when it does not within ``within_s`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
 # --- task pipelines ------------------------------------------------------------------------------
 
 

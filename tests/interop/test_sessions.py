@@ -20,13 +20,13 @@ from penguiflow.sessions import SessionManager, StreamingSession, TaskStatus, Ta
 from penguiflow.steering import SteeringEvent, SteeringEventType
 
 from guarded import controller
+from tests.support.aio import eventually
 
 from ._session_support import (
     answer,
     bare_store,
     blocked,
     describe_task,
-    eventually,
     failing,
     guarded_store,
     run_worker,

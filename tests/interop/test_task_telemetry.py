@@ -20,16 +20,13 @@ from prometheus_client import CollectorRegistry
 
 from guarded.telemetry import PrometheusTaskTelemetrySink
 from guarded.telemetry_names import TASK_DURATION, TASK_EVENTS, TASKS_IN_FLIGHT
+from tests.support.aio import eventually
+from tests.support.metrics import task_events as events
 
-from ._session_support import answer, blocked, eventually, failing, guarded_store, settle, shut_down
+from ._session_support import answer, blocked, failing, guarded_store, settle, shut_down
 
 SESSION = "telemetry-session"
 TASK_IDS = ("fg", "bg-1", "bg-2", "job-1", "bg-fail", "bg-cancel", "g-1", "g-2")
-
-
-def events(registry: CollectorRegistry, event_type: str, outcome: str, task_type: str, mode: str) -> float:
-    labels = {"event_type": event_type, "outcome": outcome, "task_type": task_type, "mode": mode}
-    return registry.get_sample_value(TASK_EVENTS, labels) or 0.0
 
 
 def durations(registry: CollectorRegistry, outcome: str, task_type: str, mode: str) -> float:

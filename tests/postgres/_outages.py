@@ -355,37 +355,6 @@ def differences(expected: Ledger, found: Ledger) -> dict[str, str]:
 # --- metrics -------------------------------------------------------------------------------------
 
 
-def outcomes(registry: CollectorRegistry, store: str) -> Counter[str]:
-    """Calls of ``store`` by outcome, every method together (``guarded_store_calls_total``); outcomes
-    that never happened (exported as 0) are left out."""
-    counts: Counter[str] = Counter()
-    for family in registry.collect():
-        for sample in family.samples:
-            if sample.name == names.CALLS + "_total" and sample.labels.get("store") == store and sample.value:
-                counts[sample.labels["outcome"]] += int(sample.value)
-    return counts
-
-
-def method_outcomes(registry: CollectorRegistry, store: str) -> Counter[tuple[str, str]]:
-    """Calls of ``store`` by (method, outcome)."""
-    counts: Counter[tuple[str, str]] = Counter()
-    for family in registry.collect():
-        for sample in family.samples:
-            if sample.name == names.CALLS + "_total" and sample.labels.get("store") == store and sample.value:
-                counts[(sample.labels["method"], sample.labels["outcome"])] += int(sample.value)
-    return counts
-
-
-def total(registry: CollectorRegistry, metric: str, store: str) -> int:
-    """A counter summed over every label set of ``store``."""
-    value = 0.0
-    for family in registry.collect():
-        for sample in family.samples:
-            if sample.name == metric and sample.labels.get("store") == store:
-                value += sample.value
-    return int(value)
-
-
 async def drain_all(store: Any, seconds: float = 30.0) -> int:
     """Drain until nothing is held (waiting out an open breaker) or ``seconds`` pass; returns what
     is left."""

@@ -28,6 +28,7 @@ from guarded.models import (
     TaskType,
     UpdateType,
 )
+from tests.support import records
 
 EVENTS = 300
 UPDATES = 200
@@ -36,7 +37,9 @@ T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 def event(index: int) -> StoredEvent:
-    return StoredEvent("shared-trace", float(index % 50), "k", f"n{index}", None, {"i": index})
+    return records.event(
+        "shared-trace", index, ts=float(index % 50), kind="k", node_name=f"n{index}", node_id=None
+    )
 
 
 async def migrate(store: PostgresStateStore, worker: int) -> None:

@@ -25,13 +25,12 @@ from guarded.models import (
     StateUpdate,
     SteeringEvent,
     SteeringEventType,
-    StoredEvent,
     TaskContextSnapshot,
-    TaskState,
-    TaskStatus,
-    TaskType,
     UpdateType,
 )
+from tests.support.metrics import outcome_counts
+from tests.support.records import plain_event as event
+from tests.support.records import plain_task as task
 
 from .conftest import StoreFactory
 
@@ -41,32 +40,6 @@ SURROGATE = "bad \udc80 text"
 
 class Opaque:
     """An object JSON cannot serialise."""
-
-
-def event(**changes: Any) -> StoredEvent:
-    fields: dict[str, Any] = {
-        "trace_id": "t",
-        "ts": 1.0,
-        "kind": "k",
-        "node_name": "n",
-        "node_id": "i",
-        "payload": {"ok": 1},
-    }
-    fields.update(changes)
-    return StoredEvent(**fields)
-
-
-def task(**changes: Any) -> TaskState:
-    fields: dict[str, Any] = {
-        "task_id": "task",
-        "session_id": "s",
-        "status": TaskStatus.RUNNING,
-        "task_type": TaskType.BACKGROUND,
-        "priority": 1,
-        "context_snapshot": TaskContextSnapshot(session_id="s", task_id="task"),
-    }
-    fields.update(changes)
-    return TaskState(**fields)
 
 
 Call = Callable[[PostgresStateStore], Awaitable[Any]]
@@ -333,12 +306,7 @@ async def test_a_callers_bug_is_rejected_and_logged_never_held_or_sent(
         dead_letters = controller(store).dead_letters
         assert dead_letters is not None
         assert (dead_letters.depth, await dead_letters.parked()) == (0, [])
-    samples = {
-        sample.labels["outcome"]: sample.value
-        for family in registry.collect()
-        for sample in family.samples
-        if sample.name == "guarded_store_calls_total" and sample.value
-    }
+    samples = outcome_counts(registry, store=None)
     assert samples == {"rejected": 1}
     [record] = [record for record in caplog.records if record.levelname == "ERROR"]
     assert message in record.getMessage()

@@ -28,6 +28,7 @@ from guarded.classify import ErrorClass, classify, operational_condition
 from guarded.config import BreakerConfig, DeadLetterConfig, GuardConfig, RetryConfig, TimeoutConfig
 from guarded.guard import controller, guard
 from guarded.models import StoredEvent
+from tests.support import records
 
 from .conftest import StoreFactory
 
@@ -46,7 +47,7 @@ def config(spill: Path) -> GuardConfig:
 
 
 def event(index: int) -> StoredEvent:
-    return StoredEvent("renamed", float(index), "k", "node", "node-1", {"i": index})
+    return records.event("renamed", index, base=0.0, kind="k", node_id="node-1")
 
 
 Write = Callable[[Any, int], Awaitable[Any]]

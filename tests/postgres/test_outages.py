@@ -34,6 +34,8 @@ from guarded.guard import controller, guard
 from guarded.models import StoredEvent, TaskContextSnapshot, TaskState, TaskStatus, TaskType
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from guarded.testing.postgres import EmbeddedPostgres, embedded_postgres
+from tests.support.metrics import method_outcomes, total
+from tests.support.metrics import outcome_counts as outcomes
 
 from ..killed_process import report_then_kill
 from ._outages import (
@@ -45,14 +47,11 @@ from ._outages import (
     differences,
     drain_all,
     expected_ledger,
-    method_outcomes,
     open_store,
     outage_config,
-    outcomes,
     perform,
     read_back,
     run_workers,
-    total,
 )
 
 MARGIN = 0.3

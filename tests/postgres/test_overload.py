@@ -35,8 +35,10 @@ from guarded.breaker import BreakerState
 from guarded.config import GuardConfig, LoggingConfig
 from guarded.guard import controller, guard
 from guarded.models import StoredEvent, TaskContextSnapshot, TaskState, TaskStatus, TaskType
+from tests.support.metrics import outcome_counts as outcomes
+from tests.support.metrics import total
 
-from ._outages import T0, Ledger, differences, drain_all, outcomes, read_back, total
+from ._outages import T0, Ledger, differences, drain_all, read_back
 
 CALLERS = 1_000
 SECONDS = 20.0

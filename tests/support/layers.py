@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from guarded.call import Call, MethodSetup
-from guarded.config import GuardConfig, RetryConfig, TimeoutConfig
+from guarded.config import Ack, BatchConfig, GuardConfig, RetryConfig, TimeoutConfig
 from guarded.policy import PolicyTable
 
 
@@ -18,15 +18,22 @@ def method_setup(
     deadline: float = 5.0,
     max_attempts: int = 3,
     honours_idempotency_key: bool = False,
+    ack: Ack = "commit",
+    policies: PolicyTable | None = None,
+    label: str | None = None,
 ) -> MethodSetup:
-    """What a layer knows about ``method`` of a store named ``"s"``."""
+    """What a layer knows about ``method`` of a store named ``"s"`` (its policy from ``policies``,
+    the StateStore table unless given; ``label`` the method's metric label, ``method`` unless given)."""
     config = GuardConfig(
         timeout=TimeoutConfig(attempt=attempt, deadline=deadline, critical_deadline=deadline),
         retry=RetryConfig(max_attempts=max_attempts, critical_max_attempts=max_attempts),
+        batching=BatchConfig(ack=ack),
     )
-    policy = PolicyTable.for_state_store().get(method)
+    policy = (policies or PolicyTable.for_state_store()).get(method)
     settings = config.for_method(method, critical=policy.critical)
-    return MethodSetup("s", method, policy, settings, honours_idempotency_key=honours_idempotency_key)
+    return MethodSetup(
+        "s", label or method, policy, settings, honours_idempotency_key=honours_idempotency_key
+    )
 
 
 def new_call(setup: MethodSetup, *args: Any, **kwargs: Any) -> Call:

@@ -60,3 +60,31 @@ class ScriptedService:
 
     def assert_done(self) -> None:
         assert not self._script, f"{len(self._script)} scripted answers were never asked for"
+
+
+class GatedService:
+    """An inner service whose calls (named by their first argument) stay in until :meth:`finish`;
+    it counts how many are in at once (``active``, ``peak``)."""
+
+    def __init__(self) -> None:
+        self.entered: list[str] = []
+        self.active = 0
+        self.peak = 0
+        self._gates: dict[str, asyncio.Event] = {}
+
+    def _gate(self, name: str) -> asyncio.Event:
+        return self._gates.setdefault(name, asyncio.Event())
+
+    async def __call__(self, call: Call) -> str:
+        name = str(call.args[0])
+        self.entered.append(name)
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            await self._gate(name).wait()
+        finally:
+            self.active -= 1
+        return name
+
+    def finish(self, name: str) -> None:
+        self._gate(name).set()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from penguiflow.sessions import TaskStatus as PFTaskStatus
@@ -13,6 +11,8 @@ from prometheus_client import CollectorRegistry
 
 from guarded import telemetry_names as names
 from guarded.models import TaskStatus, TaskTelemetryEvent, TaskType
+from tests.support.metrics import sample as value
+from tests.support.metrics import task_events as events  # noqa: F401 - shared, re-exported
 
 SECRET = "s3cr3t-PAYLOAD-77a1"
 """Put in the events' ``extra`` (payload); must never reach a metric, a span or a log record."""
@@ -66,22 +66,6 @@ def our_event(event_type: str, **fields: Any) -> TaskTelemetryEvent:
     return TaskTelemetryEvent(**values)
 
 
-def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    """A sample's value; 0 when the series does not exist."""
-    return registry.get_sample_value(name, labels) or 0.0
-
-
-def events(registry: CollectorRegistry, event_type: str, outcome: str, task_type: str, mode: str) -> float:
-    return value(
-        registry,
-        names.TASK_EVENTS,
-        event_type=event_type,
-        outcome=outcome,
-        task_type=task_type,
-        mode=mode,
-    )
-
-
 def in_flight(registry: CollectorRegistry, task_type: str, mode: str) -> float:
     return value(registry, names.TASKS_IN_FLIGHT, task_type=task_type, mode=mode)
 
@@ -100,13 +84,3 @@ def assert_no_ids_or_payload(texts: set[str] | list[str]) -> None:
         assert SECRET not in text
         for identifier in IDS:
             assert identifier not in text
-
-
-async def eventually(condition: Callable[[], bool], *, within: float = 5.0) -> None:
-    """Wait until ``condition()`` holds (PenguiFlow emits from tasks it does not await)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.001)

@@ -16,8 +16,9 @@ from guarded.telemetry import (
     guard_sink,
 )
 from guarded.telemetry.guarded_sink import TASK_SINK_ERRORS
+from tests.support.aio import eventually
 
-from .support import SECRET, events, eventually, pf_event, value
+from .support import SECRET, events, pf_event, value
 
 SAFETY = 5.0
 """Upper bound on a test's waits: reaching it means the caller was held, and fails the test."""

@@ -22,18 +22,16 @@ from prometheus_client import CollectorRegistry
 
 from guarded import telemetry_names as names
 from guarded.backends.memory import InMemoryStateStore
-from guarded.call import MethodSetup
-from guarded.config import DeadLetterConfig, GuardConfig, StaleConfig
+from guarded.config import DeadLetterConfig, StaleConfig
 from guarded.guard import controller, guard
-from guarded.layers.memory_health import MemoryHealthLayer
-from guarded.policy import PolicyTable
-from guarded.proxy import async_method_names
 from guarded.telemetry import MemoryHealthTracker, memory_health_tracker
 from guarded.telemetry.memory_health import health_of
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+from tests.support.aio import eventually
+from tests.support.metrics import calls
 
-from ..guard.support import calls, fast_config
-from .support import eventually, label_values
+from ..guard.support import fast_config
+from .support import label_values
 
 HEALTHS = ("healthy", "retry", "degraded", "recovering", "unknown")
 OUTAGE = FaultPlan.always(Fault.error_before(ConnectionRefusedError))
@@ -141,23 +139,6 @@ async def test_guards_of_one_name_on_one_registry_share_the_count(registry: Coll
     await other.save_memory_state("k", state("healthy"))
     assert keys(registry, "memories") == expected(retry=1)
     assert keys(registry, "elsewhere") == expected(healthy=1)
-
-
-def test_the_layer_leaves_every_other_method_alone(registry: CollectorRegistry) -> None:
-    layer = MemoryHealthLayer(registry)
-    table = PolicyTable.for_state_store()
-    config = GuardConfig()
-
-    async def inner(call: Any) -> None:
-        return None
-
-    wrapped = set()
-    for name in async_method_names(InMemoryStateStore()):
-        policy = table.get(name)
-        setup = MethodSetup("s", name, policy, config.for_method(name, critical=policy.critical))
-        if layer.wrap(inner, setup) is not inner:
-            wrapped.add(name)
-    assert wrapped == {"save_memory_state", "load_memory_state"}
 
 
 def test_the_tracker_forgets_the_least_recently_seen_key_beyond_its_cap() -> None:

@@ -23,8 +23,10 @@ from guarded.telemetry import (
     OTelTaskTelemetrySink,
     PrometheusTaskTelemetrySink,
 )
+from tests.support.aio import eventually
+from tests.support.metrics import total
 
-from .support import SECRET, assert_no_ids_or_payload, events, eventually, in_flight, label_values, value
+from .support import SECRET, assert_no_ids_or_payload, events, in_flight, label_values, value
 
 
 @pytest.fixture
@@ -45,12 +47,6 @@ async def succeed(runtime: TaskRuntime) -> TaskResult:
 
 async def fail(runtime: TaskRuntime) -> Any:
     raise RuntimeError(f"tool failed on {SECRET}")
-
-
-def total(registry: CollectorRegistry, name: str) -> float:
-    return sum(
-        sample.value for family in registry.collect() for sample in family.samples if sample.name == name
-    )
 
 
 @pytest.mark.asyncio

@@ -13,21 +13,22 @@ import asyncio
 import pytest
 
 from guarded.bulkhead import Bulkhead, BulkheadTimeoutError
-from guarded.call import MethodSetup, Service
+from guarded.call import Call, MethodSetup, Service
 from guarded.classify import ErrorClass, classify, counts_against_backend, reached_backend
 from guarded.layers.bulkhead import BulkheadLayer
 from guarded.layers.fallback import failure_outcome
 from guarded.outcome import Outcome
-
-from .support import Scripted, method_setup, new_call, settle
+from tests.support.aio import settle
+from tests.support.layers import method_setup, new_call
+from tests.support.scripted import GatedService, ScriptedService
 
 
 def layered(
     limit: int, *, attempt: float = 2.0, deadline: float = 5.0, slow: float = 1.0
-) -> tuple[Bulkhead, Scripted, Service, MethodSetup]:
+) -> tuple[Bulkhead, GatedService, Service, MethodSetup]:
     """A bulkhead of ``limit`` permits, the scripted service behind it, the layer's service."""
     bulkhead = Bulkhead(limit, "s")
-    inner = Scripted()
+    inner = GatedService()
     setup = method_setup(attempt=attempt, deadline=deadline)
     return bulkhead, inner, BulkheadLayer(bulkhead, slow_call_duration=slow).wrap(inner, setup), setup
 
@@ -116,6 +117,42 @@ async def test_a_timeout_in_a_line_that_moves_is_overload_and_does_not_count_aga
         inner.finish(f"c{index}")
     await asyncio.gather(*ahead, return_exceptions=True)  # the last of them may time out too
     assert (bulkhead.in_use, bulkhead.waiting) == (0, 0)
+
+
+@pytest.mark.asyncio
+async def test_a_timeout_in_a_line_held_up_by_failing_calls_counts_against_the_backend() -> None:
+    # Calls keep leaving the backend, each with an error: the line moves, but no call succeeds.
+    bulkhead = Bulkhead(1, "s")
+    setup = method_setup(attempt=0.15, deadline=0.4)
+
+    async def failing(call: Call) -> None:
+        await asyncio.sleep(0.05)
+        raise ConnectionResetError("down")
+
+    service = BulkheadLayer(bulkhead, slow_call_duration=1.0).wrap(failing, setup)
+    ahead = [asyncio.create_task(service(new_call(setup, f"c{index}"))) for index in range(8)]
+    await settle()
+    with pytest.raises(BulkheadTimeoutError) as raised:
+        await service(new_call(setup, "waiter"))
+    assert counts_against_backend(raised.value)
+    results = await asyncio.gather(*ahead, return_exceptions=True)
+    assert {type(result) for result in results} <= {ConnectionResetError, BulkheadTimeoutError}
+    assert (bulkhead.in_use, bulkhead.waiting, bulkhead.successes) == (0, 0, 0)
+
+
+@pytest.mark.asyncio
+async def test_a_failing_call_gives_its_permit_back_and_its_error_goes_on_unchanged() -> None:
+    bulkhead = Bulkhead(1, "s")
+    setup = method_setup()
+    error = ConnectionResetError("down")
+    inner = ScriptedService().fail(error).answer("next")
+    service = BulkheadLayer(bulkhead, slow_call_duration=1.0).wrap(inner, setup)
+    with pytest.raises(ConnectionResetError) as raised:
+        await service(new_call(setup, "k"))
+    assert raised.value is error
+    assert (bulkhead.in_use, bulkhead.successes) == (0, 0)
+    assert await service(new_call(setup, "k")) == "next"
+    assert (bulkhead.in_use, bulkhead.successes) == (0, 1)
 
 
 @pytest.mark.asyncio
@@ -273,7 +310,7 @@ async def test_waits_are_recorded_on_the_call_and_in_the_statistics() -> None:
 
 
 def test_without_a_bulkhead_the_layer_does_not_wrap() -> None:
-    inner = Scripted()
+    inner = GatedService()
     assert BulkheadLayer(None, slow_call_duration=1.0).wrap(inner, method_setup()) is inner
 
 
