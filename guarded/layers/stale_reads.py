@@ -29,6 +29,7 @@ from ..durability import DurabilityPorts
 from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time
 from ..outcome import Outcome
 from ..policy import ArgGetter, Kind, Merge, PolicyTable
+from ..stale import StaleCache
 
 logger = logging.getLogger("guarded")
 
@@ -84,10 +85,10 @@ class StaleReadLayer:
                 return is_open() and (nothing_held or lookups.is_empty)  # type: ignore[union-attr]
 
             def cached(call: Call, result: Any) -> Any:
-                if cache is not None and result is not None:
+                if cache is not None:
                     key = key_of(call.args, call.kwargs)
                     if key is not None and _hashable(key):
-                        cache.put((write, key), result)
+                        _remember_latest(cache, (write, key), result)
                 return result
 
             return Hooks(before=unmerged, after=cached)
@@ -286,8 +287,8 @@ class StaleReadLayer:
                 found, value = await held_value(key)
                 if found:
                     result = value
-            if cache is not None and cache_key is not None and result is not None:
-                cache.put(cache_key, result)
+            if cache is not None and cache_key is not None:
+                _remember_latest(cache, cache_key, result)
             return result
 
         return latest
@@ -344,6 +345,15 @@ class StaleReadLayer:
             return result
 
         return listed
+
+
+def _remember_latest(cache: StaleCache, key: Hashable, answer: Any) -> None:
+    """The backend's answer is the key's last value: kept, or, when there is none, the older value
+    forgotten (an outage must not bring back a state the backend no longer has)."""
+    if answer is None:
+        cache.discard(key)
+    else:
+        cache.put(key, answer)
 
 
 def _hashable(value: Any) -> bool:

@@ -247,3 +247,17 @@ async def test_a_read_while_a_write_is_held_answers_the_held_write() -> None:
     async with store:
         await store.save_memory_state("k", {"v": "held"})
         assert await store.load_memory_state("k") == {"v": "held"}
+
+
+async def test_after_the_backend_answered_nothing_an_outage_serves_no_older_value() -> None:
+    store, _, registry = guarded_store(
+        FaultPlan.script(
+            {"load_memory_state": [None, Fault.respond(None), Fault.error_before(ConnectionRefusedError)]}
+        ),
+        retry={"max_attempts": 1, "critical_max_attempts": 1},
+    )
+    await store.save_memory_state("k", {"v": "before"})
+    assert await store.load_memory_state("k") == {"v": "before"}
+    assert await store.load_memory_state("k") is None  # the state is gone from the backend
+    assert await store.load_memory_state("k") is None, "the outage must not bring the old state back"
+    assert counts(registry, "hand-over")[("load_memory_state", "stale")] == 0

@@ -106,11 +106,6 @@ async def test_a_bug_is_never_hidden_behind_a_stale_value(bug: Exception) -> Non
         await run(stale, ScriptedService().fail(bug), "load_memory_state", "k")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="layer bug: _wrap_latest caches only answers that are not None and never drops the older "
-    "entry, so after the backend answered None for a key an outage serves the value before it",
-)
 async def test_after_the_backend_answered_nothing_for_a_key_an_outage_serves_no_older_value() -> None:
     stale = layer()
     inner = ScriptedService().answer({"v": "before"}).answer(None).fail(DOWN)
