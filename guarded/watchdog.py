@@ -35,9 +35,10 @@ class Watchdog:
         ``key`` is any hashable object that stays unique while armed (the guard uses the call).
         """
         self._armed[key] = (task, when)
-        if when < self._wake_at:
-            # An earlier deadline than the one the wake-up is set for (calls of different
-            # methods have different timeouts): wake up earlier.
+        if when < self._wake_at and self._tick_after(when) < self._wake_at:
+            # A deadline before the tick the wake-up is set for (calls of different methods have
+            # different timeouts): wake up earlier. A deadline within that tick is met by it: the
+            # timer is not moved (every call's deadline is a little later than the last one's).
             self._schedule(when)
 
     def disarm(self, key: object) -> bool:
@@ -45,11 +46,15 @@ class Watchdog:
         cancelled by the watchdog)."""
         return self._armed.pop(key, None) is None
 
+    def _tick_after(self, when: float) -> float:
+        """The first tick of the watchdog's clock after ``when``: when a wake-up for it comes."""
+        tick = self._tick
+        return (int(when / tick) + 1) * tick
+
     def _schedule(self, when: float) -> None:
         if self._handle is not None:
             self._handle.cancel()
-        tick = self._tick
-        self._wake_at = at = (int(when / tick) + 1) * tick
+        self._wake_at = at = self._tick_after(when)
         self._handle = self._loop.call_at(at, self._check)
 
     def _check(self) -> None:
