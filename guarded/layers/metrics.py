@@ -8,6 +8,7 @@ the trace id when the call's span is recording.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,13 +80,10 @@ class MetricsLayer:
         stats = self._stats
         operational = self._operational
         store, label = method.store_name, method.label
-        series: dict[Outcome, DurationSeries] = {}
+        series_of = self._series_of(method)
 
         def observe(call: Call, elapsed: float) -> None:
-            outcome = call.outcome
-            found = series.get(outcome)
-            if found is None:
-                found = series[outcome] = stats.series(store, label, outcome.value)
+            found = series_of(call.outcome)
             span = call.span
             if span is None:
                 found.observe(elapsed)
@@ -95,8 +93,6 @@ class MetricsLayer:
                 stats.add_retries(store, label, call.attempts - 1)
             if call.error is not None:
                 operational.count(store, label, call.error)
-
-        ok = Outcome.OK
 
         async def measured(call: Call) -> Any:
             started = call.started
@@ -109,27 +105,31 @@ class MetricsLayer:
                 call.outcome = Outcome.CANCELLED
                 observe(call, call.loop.time() - started)
                 raise
-            ok_series = series.get(ok)
-            if ok_series is not None and call.outcome is ok and call.span is None and call.attempts == 1:
-                ok_series.observe(call.loop.time() - started)  # the common case, inlined
-            else:
-                observe(call, call.loop.time() - started)
+            observe(call, call.loop.time() - started)
             return result
 
         return measured
 
     def hooks(self, method: MethodSetup) -> Hooks:
         """One observation of a call that took the success path (one attempt, no span)."""
+        series_of = self._series_of(method)
+
+        def observed(call: Call, result: Any) -> Any:
+            series_of(call.outcome).observe(call.loop.time() - call.started)
+            return result
+
+        return Hooks(after=observed)
+
+    def _series_of(self, method: MethodSetup) -> Callable[[Outcome], DurationSeries]:
+        """The duration series of ``method`` by outcome, each looked up once."""
         stats = self._stats
         store, label = method.store_name, method.label
         series: dict[Outcome, DurationSeries] = {}
 
-        def observed(call: Call, result: Any) -> Any:
-            outcome = call.outcome
+        def series_of(outcome: Outcome) -> DurationSeries:
             found = series.get(outcome)
             if found is None:
                 found = series[outcome] = stats.series(store, label, outcome.value)
-            found.observe(call.loop.time() - call.started)
-            return result
+            return found
 
-        return Hooks(after=observed)
+        return series_of
