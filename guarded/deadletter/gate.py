@@ -26,10 +26,11 @@ Slot = tuple[str, Hashable]
 class _KeyState:
     __slots__ = ("direct", "replaying", "waiters")
 
-    def __init__(self) -> None:
-        self.direct: list[int] = []
+    def __init__(self, *direct: int) -> None:
+        self.direct: list[int] = list(direct)
         self.replaying = False
-        self.waiters: list[asyncio.Future[None]] = []
+        self.waiters: list[asyncio.Future[None]] | None = None
+        """Made when someone first waits (most keys never have a waiter)."""
 
 
 class KeyGate:
@@ -50,12 +51,14 @@ class KeyGate:
 
     async def _wait(self, state: _KeyState) -> None:
         waiter = asyncio.get_running_loop().create_future()
+        if state.waiters is None:
+            state.waiters = []
         state.waiters.append(waiter)
         await waiter
 
     def _release(self, slot: Slot, state: _KeyState) -> None:
-        waiters, state.waiters = state.waiters, []
-        for waiter in waiters:
+        waiters, state.waiters = state.waiters, None
+        for waiter in waiters or ():
             if not waiter.done():
                 waiter.set_result(None)
         if not state.direct and not state.replaying and self._keys.get(slot) is state:
@@ -66,7 +69,10 @@ class KeyGate:
     def try_enter_direct(self, slot: Slot, stamp: int) -> bool:
         """Register a direct write with call stamp ``stamp``; ``False`` when a replay of the key is
         in flight (then await :meth:`enter_direct`)."""
-        state = self._state(slot)
+        state = self._keys.get(slot)
+        if state is None:
+            self._keys[slot] = _KeyState(stamp)  # the common case: nothing else of the key in flight
+            return True
         if state.replaying:
             return False
         state.direct.append(stamp)
@@ -80,7 +86,11 @@ class KeyGate:
     def leave_direct(self, slot: Slot, stamp: int) -> None:
         """The direct write ended (written, dead-lettered or failed)."""
         state = self._keys[slot]
-        state.direct.remove(stamp)
+        direct = state.direct
+        if len(direct) == 1 and state.waiters is None and not state.replaying:
+            del self._keys[slot]  # the common case: it was the only thing of the key in flight
+            return
+        direct.remove(stamp)
         self._release(slot, state)
 
     # --- replays ----------------------------------------------------------------------------------
