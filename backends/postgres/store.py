@@ -31,20 +31,15 @@ guarded's models (:func:`guarded.codec.installed_types`); pass ``types=`` to cho
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self, TypedDict, Unpack
+from typing import Any, Self, Unpack
 
 import asyncpg
-from prometheus_client import CollectorRegistry
 
-from guarded.codec import STATE_UPDATE, STEERING_EVENT, RecordTypes, installed_types
+from guarded.codec import STATE_UPDATE, STEERING_EVENT, installed_types
 from guarded.errors import InvalidPayloadError
-from guarded.models import ArtifactRetentionConfig
 from guarded.steering import sanitize_steering_event
 
 from . import migrations as migrations_module
@@ -55,6 +50,7 @@ from .connection import Database, PoolSettings, create_pool, pool_settings
 from .errors import POSTGRES_ERRORS
 from .events import Events, encode_event, encode_events
 from .json_codec import check_text, refusing
+from .lifecycle import Lifecycle, server_target
 from .memory_state import MemoryStates
 from .metrics import StoreMetrics
 from .options import (
@@ -62,6 +58,7 @@ from .options import (
     DEFAULT_PAUSE_TTL_SECONDS,
     DEFAULT_STATS_INTERVAL_SECONDS,
     RetentionPolicy,
+    StoreOptions,
     check_options,
     check_seconds,
 )
@@ -70,38 +67,11 @@ from .planner_events import PlannerEvents, call_keys, encode_planner_event
 from .retention import CleanupReport, cleanup
 from .schema_names import validate_schema_name
 from .streams import Stream
-from .table_stats import table_stats
 from .target import target_identity
 from .tasks import Tasks, encode_task
 from .trajectories import Trajectories
 
 logger = logging.getLogger("guarded.backends.postgres")
-
-
-class StoreOptions(TypedDict, total=False):
-    """Keyword options shared by :meth:`PostgresStateStore.connect`, ``from_pool`` and ``lazy``."""
-
-    name: str
-    """Store name for metric labels (default ``"postgres"``)."""
-    types: RecordTypes
-    """Classes returned by reads (default :func:`guarded.codec.installed_types`: PenguiFlow's own
-    classes when it is installed, else guarded's models)."""
-    pause_ttl: float
-    """Seconds a saved pause stays loadable (default 3600)."""
-    consume_grace: float
-    """Seconds a consumed pause can be consumed again by the same idempotency key (default 60)."""
-    artifact_retention: ArtifactRetentionConfig | None
-    """Limits of ``artifact_store`` (default ``ArtifactRetentionConfig()``)."""
-    retention: RetentionPolicy | None
-    """Maximum ages enforced by :meth:`PostgresStateStore.cleanup` (default: keep everything)."""
-    registry: CollectorRegistry | None
-    """Prometheus registry for the backend metrics (default the global ``REGISTRY``)."""
-    metrics: bool
-    """Export backend metrics (default ``True``)."""
-    stats_interval: float | None
-    """Seconds between table row/size samples (default 60; ``None`` disables sampling)."""
-    migrate: bool
-    """Apply pending migrations when opening (default ``True``); else require an up-to-date schema."""
 
 
 class PostgresStateStore:
@@ -119,10 +89,8 @@ class PostgresStateStore:
             "consume_grace", options.get("consume_grace", DEFAULT_CONSUME_GRACE_SECONDS), allow_zero=True
         )
         self.retention = options.get("retention") or RetentionPolicy()
-        self._migrate = options.get("migrate", True)
         interval = options.get("stats_interval", DEFAULT_STATS_INTERVAL_SECONDS)
-        self._stats_interval = None if interval is None else check_seconds("stats_interval", interval)
-        self._owns_pool = owns_pool
+        stats_interval = None if interval is None else check_seconds("stats_interval", interval)
         self._db = db
         self._metrics: StoreMetrics | None = None
         if options.get("metrics", True):
@@ -168,9 +136,15 @@ class PostgresStateStore:
         and lets that many calls in at a time, so callers wait in the guard's line rather than
         for a connection, and that wait never counts as the database being slow. On a pool the
         application shares, set ``GuardConfig.bulkhead.max_concurrent`` to this store's share."""
-        self._sampler: asyncio.Task[None] | None = None
-        self._closed = False
-        self.schema_version: int | None = None
+        self._lifecycle = Lifecycle(
+            db,
+            self.schema,
+            name=self.name,
+            migrate=options.get("migrate", True),
+            metrics=self._metrics,
+            stats_interval=stats_interval,
+            owns_pool=owns_pool,
+        )
         self.target_identity = f"postgresql://(application pool)/?schema={self.schema}"
         """Which database and schema this store writes to, without credentials (recorded by the
         guard's spill file so held writes are replayed only here); set from the DSN by
@@ -221,15 +195,9 @@ class PostgresStateStore:
         store = cls(Database(pool), schema=schema, owns_pool=False, **options)
         try:
             await store._opened()
-            async with pool.acquire() as conn:
-                where = await conn.fetchrow(
-                    "SELECT coalesce(host(inet_server_addr()), 'local') AS host, "
-                    "coalesce(inet_server_port(), 0) AS port, current_database() AS db"
-                )
-            if where is not None:
-                store.target_identity = (
-                    f"postgresql://{where['host']}:{where['port']}/{where['db']}?schema={store.schema}"
-                )
+            target = await server_target(pool, store.schema)
+            if target is not None:
+                store.target_identity = target
         except BaseException:
             await store.close()
             raise
@@ -252,11 +220,11 @@ class PostgresStateStore:
         async def opener() -> asyncpg.Pool:
             created = await create_pool(dsn, settings)
             try:
-                await holder[0]._prepare_schema(created)
+                await holder[0]._lifecycle.prepare_schema(created)
             except BaseException:
                 await created.close()
                 raise
-            holder[0]._start_sampler()
+            holder[0]._lifecycle.start_sampler()
             return created
 
         store = cls(Database(opener=opener), schema=validate_schema_name(schema), owns_pool=True, **options)
@@ -266,76 +234,20 @@ class PostgresStateStore:
         return store
 
     async def _opened(self) -> None:
-        await self._prepare_schema(self._db.pool)
-        self._start_sampler()
+        await self._lifecycle.open()
 
-    async def _prepare_schema(self, pool: asyncpg.Pool) -> None:
-        async with pool.acquire() as conn:
-            if self._migrate:
-                await migrations_module.migrate(conn, self.schema)
-                version = migrations_module.latest_version()
-            else:
-                version = await migrations_module.require_current(conn, self.schema)
-        self.schema_version = version
-        if self._metrics is not None:
-            self._metrics.set_schema_version(version)
-
-    def _start_sampler(self) -> None:
-        if self._metrics is None or self._stats_interval is None or self._sampler is not None:
-            return
-        self._sampler = asyncio.get_running_loop().create_task(
-            self._sample_forever(self._stats_interval), name=f"guarded-pg-stats-{self.name}-{self.schema}"
-        )
-
-    async def _sample_forever(self, interval: float) -> None:
-        last_error = 0.0
-        while True:
-            try:
-                await self.sample_table_stats()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                now = time.monotonic()
-                if now - last_error > 300:
-                    last_error = now
-                    logger.warning(
-                        "guarded_pg_stats_failed",
-                        extra={
-                            "event": "guarded_pg_stats_failed",
-                            "schema": self.schema,
-                            "exception": repr(exc),
-                        },
-                    )
-            await asyncio.sleep(interval)
+    @property
+    def schema_version(self) -> int | None:
+        """The schema's migration version once opened (``None`` before)."""
+        return self._lifecycle.schema_version
 
     async def sample_table_stats(self) -> dict[str, tuple[int, int]]:
         """Sample ``{table: (estimated rows, bytes)}`` now and update the metrics."""
-        stats = await table_stats(self._db, self.schema)
-        if self._metrics is not None:
-            self._metrics.set_table_stats(stats)
-        return stats
+        return await self._lifecycle.sample_table_stats()
 
     async def close(self) -> None:
         """Stop background sampling, drop this store's metrics and close the pool when the store owns it."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._sampler is not None:
-            self._sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sampler
-            self._sampler = None
-        if self._metrics is not None:
-            self._metrics.close()
-        if self._owns_pool and self._db.is_open:
-            try:
-                await asyncio.wait_for(self._db.pool.close(), timeout=10)
-            except TimeoutError:
-                self._db.pool.terminate()
-            except asyncio.CancelledError:
-                # The caller gave up on the close (a server that never answers): no pool left open.
-                self._db.pool.terminate()
-                raise
+        await self._lifecycle.close()
 
     async def __aenter__(self) -> Self:
         if not self._db.is_open:
