@@ -51,7 +51,6 @@ from ..codec import DEFAULT_TYPES, RecordTypes
 from ..config import DeadLetterConfig
 from ..errors import InvalidPayloadError
 from .adoption import adopt_if_usable, adopt_orphans
-from .calls import decode_call
 from .closing import close_link
 from .counters import BufferCounters
 from .entries import DeadLetter, DeadLetterStats, ParkedWrite, index_key
@@ -59,7 +58,7 @@ from .gate import KeyGate, Slot
 from .group_commit import GroupCommit, PutItem, prepare
 from .held import HeldIndex
 from .last_write_wins import drop_stale, note_direct_write, take_newest
-from .listing import parked_writes, quarantined_rows, waiting_in_scope, waiting_page
+from .listing import decode_entry, parked_writes, quarantined_rows, waiting_in_scope, waiting_page
 from .parking import Parking, parkable
 from .replay import REPLAY_FAILURE_STREAK, Call, CallCheck, ReplaySummary, Send, SendBulk, TokenBucket
 from .replay_pass import ReplayPass, Sending
@@ -335,17 +334,7 @@ class DeadLetterBuffer:
         return await self._link.mutate(lambda: drop_stale(self._link, slot, stamp))
 
     def _decode(self, entry: DeadLetter) -> Call | None:
-        try:
-            return decode_call(entry.method, entry.call, self._types)
-        except InvalidPayloadError as exc:
-            logger.error(
-                "dead-letter entry %d of store %r cannot be decoded: %s",
-                entry.seq,
-                self.store_name,
-                exc.reason,
-                extra={"event": "deadletter_undecodable", "store": self.store_name, "method": entry.method},
-            )
-            return None
+        return decode_entry(entry, self._types, self.store_name)
 
     async def latest_for_key(self, method: str, key: Any) -> Call | None:
         """The newest waiting call of ``(method, key)``, decoded, or ``None`` (cheap when none waits)."""

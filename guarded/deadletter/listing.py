@@ -1,11 +1,34 @@
 """Reading what a dead-letter buffer holds: waiting writes in order, those of one scope, parked
-writes and quarantined rows; from memory and the spill file together."""
+writes and quarantined rows, from memory and the spill file together; and decoding a held call."""
 
 from __future__ import annotations
 
+import logging
+
+from ..codec import RecordTypes
+from ..errors import InvalidPayloadError
+from .calls import decode_call
 from .entries import DeadLetter, ParkedWrite
+from .replay import Call
 from .spill import QuarantinedRow
 from .spill_link import SpillLink
+
+logger = logging.getLogger("guarded.deadletter")
+
+
+def decode_entry(entry: DeadLetter, types: RecordTypes, store_name: str) -> Call | None:
+    """The decoded call of a waiting entry; ``None`` (logged) when it cannot be decoded."""
+    try:
+        return decode_call(entry.method, entry.call, types)
+    except InvalidPayloadError as exc:
+        logger.error(
+            "dead-letter entry %d of store %r cannot be decoded: %s",
+            entry.seq,
+            store_name,
+            exc.reason,
+            extra={"event": "deadletter_undecodable", "store": store_name, "method": entry.method},
+        )
+        return None
 
 
 async def waiting_page(link: SpillLink, after: int, limit: int | None) -> list[DeadLetter]:
@@ -69,4 +92,4 @@ async def quarantined_rows(link: SpillLink, limit: int | None, *, with_raw: bool
     return await link.read(lambda: spill.quarantined(limit, with_raw=with_raw), found)
 
 
-__all__ = ["parked_writes", "quarantined_rows", "waiting_in_scope", "waiting_page"]
+__all__ = ["decode_entry", "parked_writes", "quarantined_rows", "waiting_in_scope", "waiting_page"]

@@ -41,7 +41,6 @@ from .spill_errors import (
     SpillFileVersionError,
     is_corruption,
     is_disk_full,
-    wrap_error,
 )
 from .spill_format import (
     APPLICATION_ID,
@@ -63,7 +62,7 @@ from .spill_lock import (
     set_aside,
     unlink_quietly,
 )
-from .spill_open import open_read_only, prepare
+from .spill_open import open_read_only, open_writable
 from .spill_quarantine import RowQuarantine
 from .spill_records import (
     EMPTY_TOTALS,
@@ -145,37 +144,15 @@ class SpillFile:
         :class:`SpillFileForeignError` (nothing written), :class:`SpillFileError` or
         :class:`OSError` otherwise.
         """
-        own_lock = lock_fd is None
-        if lock_fd is None:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            lock_fd = acquire_lock(path)
-        try:
-            if not os.path.exists(path):
-                remove_files(path)  # a WAL without its database must never meet a new one
-                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
-            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            try:
-                spill = prepare(
-                    cls,
-                    db,
-                    path,
-                    lock_fd,
-                    synchronous=synchronous,
-                    target=target,
-                    check_target=check_target,
-                    min_generation=min_generation,
-                )
-            except sqlite3.Error as exc:
-                db.close()
-                raise wrap_error(exc, path, "opening") from exc
-            except BaseException:
-                db.close()
-                raise
-        except BaseException:
-            if own_lock:
-                os.close(lock_fd)
-            raise
-        return spill
+        return open_writable(
+            cls,
+            path,
+            synchronous=synchronous,
+            lock_fd=lock_fd,
+            target=target,
+            check_target=check_target,
+            min_generation=min_generation,
+        )
 
     @classmethod
     def open_read_only(cls, path: str) -> SpillFile:

@@ -3,8 +3,10 @@ checking it is ours (and of our target), and counting its generation (see :mod:`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
@@ -17,6 +19,7 @@ from .spill_errors import (
     wrap_error,
 )
 from .spill_format import APPLICATION_ID, QUARANTINE_TABLE, SCHEMA, SCHEMA_VERSION
+from .spill_lock import acquire_lock, remove_files
 
 if TYPE_CHECKING:
     from .spill import SpillFile
@@ -94,6 +97,57 @@ def _migrate(db: sqlite3.Connection) -> None:
         db.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION),))
 
 
+@contextlib.contextmanager
+def _closed_on_failure(db: sqlite3.Connection, path: str, doing: str) -> Iterator[None]:
+    """Close ``db`` when the block fails; a SQLite error becomes the matching :class:`SpillFileError`."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        db.close()
+        raise wrap_error(exc, path, doing) from exc
+    except BaseException:
+        db.close()
+        raise
+
+
+def open_writable(
+    cls: type[SpillFile],
+    path: str,
+    *,
+    synchronous: str,
+    lock_fd: int | None,
+    target: str | None,
+    check_target: bool,
+    min_generation: int,
+) -> SpillFile:
+    """:meth:`SpillFile.open <.spill.SpillFile.open>`: the lock taken here is released when this
+    raises, a ``lock_fd`` given stays the caller's."""
+    own_lock = lock_fd is None
+    if lock_fd is None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        lock_fd = acquire_lock(path)
+    try:
+        if not os.path.exists(path):
+            remove_files(path)  # a WAL without its database must never meet a new one
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        with _closed_on_failure(db, path, "opening"):
+            return prepare(
+                cls,
+                db,
+                path,
+                lock_fd,
+                synchronous=synchronous,
+                target=target,
+                check_target=check_target,
+                min_generation=min_generation,
+            )
+    except BaseException:
+        if own_lock:
+            os.close(lock_fd)
+        raise
+
+
 def open_read_only(cls: type[SpillFile], path: str) -> SpillFile:
     """Open an existing file for reading only, without the lock (works beside a live writer)."""
     if not os.path.isfile(path):
@@ -107,7 +161,7 @@ def open_read_only(cls: type[SpillFile], path: str) -> SpillFile:
         )
     except sqlite3.Error as exc:
         raise wrap_error(exc, path, "reading") from exc
-    try:
+    with _closed_on_failure(db, path, "reading"):
         db.execute("PRAGMA busy_timeout = 5000")
         if not is_ours(db, path):
             raise SpillFileForeignError(f"{path!r} is an empty database, not a dead-letter spill file")
@@ -116,12 +170,6 @@ def open_read_only(cls: type[SpillFile], path: str) -> SpillFile:
         spill = cls(db, path, lock_fd=None, generation=generation, target=target)
         spill.check_parked()
         return spill
-    except sqlite3.Error as exc:
-        db.close()
-        raise wrap_error(exc, path, "reading") from exc
-    except BaseException:
-        db.close()
-        raise
 
 
 def meta(db: sqlite3.Connection, name: str) -> str | None:
@@ -159,4 +207,4 @@ def is_ours(db: sqlite3.Connection, path: str) -> bool:
     return True
 
 
-__all__ = ["is_ours", "meta", "meta_int", "open_read_only", "prepare"]
+__all__ = ["is_ours", "meta", "meta_int", "open_read_only", "open_writable", "prepare"]
