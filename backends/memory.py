@@ -31,13 +31,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, cast
 
 from guarded.backends.memory_logs import DROP_KINDS, BoundedLogs, Record, page
 from guarded.backends.memory_records import (
-    Binding,
     BindingKey,
     bulk_calls,
     checked,
@@ -47,6 +46,14 @@ from guarded.backends.memory_records import (
     object_text,
     text_of,
     ts_of,
+)
+from guarded.backends.memory_tables import (
+    BindingTable,
+    LatestWrites,
+    Pause,
+    PauseTable,
+    TaskTable,
+    TrajectoryTable,
 )
 from guarded.codec import (
     DEFAULT_TYPES,
@@ -106,7 +113,6 @@ class InMemoryStateStore:
         clock: Callable[[], float] = time.time,
         record_types: RecordTypes = DEFAULT_TYPES,
     ) -> None:
-        self._planner_state_ttl = planner_state_ttl_seconds
         self._clock = clock
         self._types = record_types
         self._lock = asyncio.Lock()
@@ -119,16 +125,18 @@ class InMemoryStateStore:
                 "planner_events": max_planner_events_per_trace,
             }
         )
-        self._bindings: dict[BindingKey, Binding] = {}
-        self._planner_state: dict[str, tuple[float | None, str]] = {}
+        self._written = LatestWrites()
+        self._bindings = BindingTable(self._written)
+        self._pauses = PauseTable(self._written, planner_state_ttl_seconds, clock)
         self._memory_state: dict[str, str] = {}
-        self._tasks: dict[str, dict[str, str]] = {}
-        self._task_sessions: dict[str, str] = {}
-        self._trajectories: dict[str, tuple[str, str]] = {}
-        self._session_traces: dict[str, dict[str, None]] = {}
-        self._written: dict[tuple[str, Hashable], int] = {}
-        """The logical time of the write that set each last-write-wins key: (kind, key) -> time."""
+        self._tasks = TaskTable()
+        self._trajectories = TrajectoryTable(self._written)
         self._artifact_store = InMemoryArtifactStore(artifact_retention, clock=clock)
+
+    @property
+    def _planner_state(self) -> dict[str, Pause]:
+        """The saved pauses by token (for tests: reading them does not consume them)."""
+        return self._pauses.saved
 
     @property
     def dropped(self) -> Mapping[str, int]:
@@ -175,7 +183,7 @@ class InMemoryStateStore:
         data = checked("save_remote_binding", "binding", lambda: REMOTE_BINDING.encode(binding))
         [written] = current_logical_times(1)
         async with self._lock:
-            self._put_binding(data, written)
+            self._bindings.put(data, written, self._next_seq)
 
     async def save_remote_bindings(self, bindings: Sequence[RemoteBinding]) -> None:
         """:meth:`save_remote_binding` for each binding in order; nothing is stored if one is invalid."""
@@ -186,12 +194,7 @@ class InMemoryStateStore:
         times = current_logical_times(len(encoded))
         async with self._lock:
             for data, written in zip(encoded, times, strict=True):
-                self._put_binding(data, written)
-
-    def _put_binding(self, data: JSONObject, written: int) -> None:
-        key = (text_of(data, "trace_id"), cast(str | None, data["context_id"]), text_of(data, "task_id"))
-        if self._newest("binding", key, written):
-            self._bindings[key] = Binding.of(self._next_seq(), data)
+                self._bindings.put(data, written, self._next_seq)
 
     async def find_binding(
         self,
@@ -209,7 +212,7 @@ class InMemoryStateStore:
         """
         wanted = (router_session_id, agent_url, remote_skill, tenant_id, user_id)
         async with self._lock:
-            matches = [b for b in self._bindings.values() if b.coordinates == wanted and not b.is_terminal]
+            matches = self._bindings.live_with(wanted)
         if not matches:
             return None
         latest = max(matches, key=lambda binding: binding.seq)
@@ -219,14 +222,14 @@ class InMemoryStateStore:
     async def list_bindings(self, *, router_session_id: str) -> Sequence[RemoteBinding]:
         """Every binding of the router session, terminal ones included, in first-saved order."""
         async with self._lock:
-            texts = [b.text for b in self._bindings.values() if b.router_session_id == router_session_id]
+            texts = self._bindings.texts_of_session(router_session_id)
         return [self._decode(REMOTE_BINDING, text) for text in texts]
 
     async def mark_binding_terminal(self, *, trace_id: str, context_id: str | None, task_id: str) -> None:
         """Mark the binding terminal so :meth:`find_binding` never returns it; unknown: no-op."""
         [written] = current_logical_times(1)
         async with self._lock:
-            self._mark_terminal((trace_id, context_id, task_id), written)
+            self._bindings.mark_terminal((trace_id, context_id, task_id), written)
 
     async def mark_bindings_terminal(self, items: Sequence[tuple[str, str | None, str]]) -> None:
         """:meth:`mark_binding_terminal` for each ``(trace_id, context_id, task_id)`` in order."""
@@ -237,14 +240,7 @@ class InMemoryStateStore:
         times = current_logical_times(len(keys))
         async with self._lock:
             for key, written in zip(keys, times, strict=True):
-                self._mark_terminal(key, written)
-
-    def _mark_terminal(self, key: BindingKey, written: int) -> None:
-        binding = self._bindings.get(key)
-        if binding is not None and self._newest("binding", key, written):
-            data: JSONObject = json.loads(binding.text)
-            data["is_terminal"] = True
-            self._bindings[key] = Binding.of(binding.seq, data)
+                self._bindings.mark_terminal(key, written)
 
     # --- planner pause / resume --------------------------------------------------------------------
 
@@ -253,7 +249,7 @@ class InMemoryStateStore:
         text = dumps(checked("save_planner_state", "payload", lambda: to_json_object(payload)))
         times = current_logical_times(1)
         async with self._lock:
-            self._put_planner_states([(token, text)], times)
+            self._pauses.put([(token, text)], times)
 
     async def save_planner_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """:meth:`save_planner_state` for each ``(token, payload)`` in order (the last of a token
@@ -264,31 +260,13 @@ class InMemoryStateStore:
         ]
         times = current_logical_times(len(encoded))
         async with self._lock:
-            self._put_planner_states(encoded, times)
-
-    def _put_planner_states(self, items: Sequence[tuple[str, str]], times: Sequence[int]) -> None:
-        """Store ``(token, payload text)`` pairs, all saved now: expired pauses are dropped first."""
-        now = self._clock()
-        ttl = self._planner_state_ttl
-        if ttl is not None:
-            expired = [
-                key for key, (until, _) in self._planner_state.items() if until is not None and until <= now
-            ]
-            for key in expired:
-                del self._planner_state[key]
-                self._written.pop(("pause", key), None)
-        for (token, text), written in zip(items, times, strict=True):
-            if self._newest("pause", token, written):
-                self._planner_state[token] = (None if ttl is None else now + ttl, text)
+            self._pauses.put(encoded, times)
 
     async def load_planner_state(self, token: str) -> dict[str, Any] | None:
         """Return and consume the payload; ``None`` (never ``{}``) when missing, consumed or expired."""
         saved_by = LOGICAL_TIMES.get()
         async with self._lock:
-            if saved_by is not None and self._written.get(("pause", token), 0) > saved_by[0]:
-                return None  # a consume held for an older save of the token (the guard's replay)
-            entry = self._planner_state.pop(token, None)
-            self._written.pop(("pause", token), None)
+            entry = self._pauses.take(token, None if saved_by is None else saved_by[0])
         if entry is None or (entry[0] is not None and entry[0] <= self._clock()):
             return None
         payload: dict[str, Any] = json.loads(entry[1])
@@ -301,7 +279,7 @@ class InMemoryStateStore:
         text = dumps(checked("save_memory_state", "state", lambda: to_json_object(state)))
         [written] = current_logical_times(1)
         async with self._lock:
-            if self._newest("memory", key, written):
+            if self._written.newest("memory", key, written):
                 self._memory_state[key] = text
 
     async def save_memory_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
@@ -314,7 +292,7 @@ class InMemoryStateStore:
         times = current_logical_times(len(encoded))
         async with self._lock:
             for (key, text), written in zip(encoded, times, strict=True):
-                if self._newest("memory", key, written):
+                if self._written.newest("memory", key, written):
                     self._memory_state[key] = text
 
     async def load_memory_state(self, key: str) -> dict[str, Any] | None:
@@ -332,7 +310,7 @@ class InMemoryStateStore:
         """Upsert by ``task_id``; a task saved under another session moves there."""
         data = checked("save_task", "state", lambda: TASK_STATE.encode(state))
         async with self._lock:
-            self._put_task(data)
+            self._tasks.put(data)
 
     async def save_tasks(self, states: Sequence[TaskState]) -> None:
         """:meth:`save_task` for each state in order; nothing is stored if one is invalid."""
@@ -342,20 +320,12 @@ class InMemoryStateStore:
         ]
         async with self._lock:
             for data in encoded:
-                self._put_task(data)
-
-    def _put_task(self, data: JSONObject) -> None:
-        task_id, session_id = text_of(data, "task_id"), text_of(data, "session_id")
-        previous = self._task_sessions.get(task_id)
-        if previous is not None and previous != session_id:
-            self._tasks[previous].pop(task_id, None)
-        self._task_sessions[task_id] = session_id
-        self._tasks.setdefault(session_id, {})[task_id] = dumps(data)
+                self._tasks.put(data)
 
     async def list_tasks(self, session_id: str) -> Sequence[TaskState]:
         """Every task of the session, in first-saved order; ``[]`` when none."""
         async with self._lock:
-            texts = list(self._tasks.get(session_id, {}).values())
+            texts = self._tasks.texts_of(session_id)
         return [self._decode(TASK_STATE, text) for text in texts]
 
     async def save_update(self, update: StateUpdate) -> None:
@@ -435,7 +405,7 @@ class InMemoryStateStore:
         text = dumps(checked("save_trajectory", "", lambda: encode_trajectory(trajectory)))
         [written] = current_logical_times(1)
         async with self._lock:
-            self._put_trajectory(trace_id, session_id, text, written)
+            self._trajectories.put(trace_id, session_id, text, written)
 
     async def save_trajectories(self, items: Sequence[tuple[str, str, Trajectory]]) -> None:
         """:meth:`save_trajectory` for each ``(trace_id, session_id, trajectory)`` in order;
@@ -450,15 +420,7 @@ class InMemoryStateStore:
         times = current_logical_times(len(encoded))
         async with self._lock:
             for (trace_id, session_id, text), written in zip(encoded, times, strict=True):
-                self._put_trajectory(trace_id, session_id, text, written)
-
-    def _put_trajectory(self, trace_id: str, session_id: str, text: str, written: int) -> None:
-        if not self._newest("trajectory", trace_id, written):
-            return
-        self._trajectories[trace_id] = (session_id, text)
-        traces = self._session_traces.setdefault(session_id, {})
-        traces.pop(trace_id, None)
-        traces[trace_id] = None
+                self._trajectories.put(trace_id, session_id, text, written)
 
     async def get_trajectory(self, trace_id: str, session_id: str) -> Trajectory | None:
         """The trajectory, or ``None`` when missing or saved under another session."""
@@ -472,7 +434,7 @@ class InMemoryStateStore:
         """Trace ids ever saved under the session, most recently saved there first; PenguiFlow's
         ``[:limit]`` (``0``: none, ``-n``: all but the last ``n``)."""
         async with self._lock:
-            traces = list(self._session_traces.get(session_id, {}))
+            traces = self._trajectories.traces_of(session_id)
         return traces[::-1][:limit]
 
     # --- planner events ----------------------------------------------------------------------------
@@ -504,38 +466,25 @@ class InMemoryStateStore:
         """Forget everything, drop counters and artifacts included."""
         self._logs.clear()
         self._bindings.clear()
-        self._planner_state.clear()
+        self._pauses.clear()
         self._memory_state.clear()
         self._tasks.clear()
-        self._task_sessions.clear()
         self._trajectories.clear()
-        self._session_traces.clear()
         self._written.clear()
         self._artifact_store.clear()
 
     def clear_session(self, session_id: str) -> None:
         """Forget a session: its tasks, updates, steering and artifacts, and for each of its traces
         the trajectory, planner events and audit log, plus the ``session:{id}`` pseudo-trace."""
-        for task_id in self._tasks.pop(session_id, {}):
-            self._task_sessions.pop(task_id, None)
+        self._tasks.forget_session(session_id)
         self._logs.forget("updates", session_id)
         self._logs.forget("steering", session_id)
         self._artifact_store.clear_session(session_id)
-        for trace_id in [*self._session_traces.pop(session_id, {}), f"session:{session_id}"]:
-            self._trajectories.pop(trace_id, None)
-            self._written.pop(("trajectory", trace_id), None)
+        for trace_id in self._trajectories.forget_session(session_id):
             self._logs.forget("planner_events", trace_id)
             self._logs.forget("events", trace_id)
 
     # --- internals ---------------------------------------------------------------------------------
-
-    def _newest(self, kind: str, key: Hashable, written: int) -> bool:
-        """Record ``written`` as the logical time of ``key`` unless a newer write set it; whether
-        the write may be applied (last-write-wins)."""
-        if self._written.get((kind, key), written) > written:
-            return False
-        self._written[(kind, key)] = written
-        return True
 
     def _next_seq(self) -> int:
         self._seq += 1
