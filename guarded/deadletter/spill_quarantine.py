@@ -99,40 +99,31 @@ class RowQuarantine:
 
     def index(self, index_columns: str, *, counted: bool) -> Iterator[RowInfo]:
         """Metadata of every waiting entry (``rowid,`` ``index_columns``), in sequence order."""
-        last: int | None = None
-        while True:
-            if last is None:
-                # The first chunk also sees rows whose seq is not an integer (NULL, text: a table
-                # rebuilt without its constraints); they are set aside like any unreadable row.
-                rows = self.select(
-                    f"SELECT rowid, {index_columns} FROM pending "
-                    "WHERE typeof(seq) != 'integer' ORDER BY rowid"
-                )
-                self.checked("pending", rows, read_row_info, counted=counted)
-                last = -(2**63)
-            rows = self.select(
-                f"SELECT rowid, {index_columns} FROM pending "
-                "WHERE typeof(seq) = 'integer' AND seq > ? ORDER BY seq LIMIT ?",
-                (last, CHUNK),
-            )
-            if not rows:
-                return
-            last = int(rows[-1][1])  # type: ignore[call-overload]
-            yield from self.checked("pending", rows, read_row_info, counted=counted)
+        # Rows whose seq is not an integer (NULL, text: a table rebuilt without its constraints)
+        # are met first; they are set aside like any unreadable row.
+        rows = self.select(
+            f"SELECT rowid, {index_columns} FROM pending WHERE typeof(seq) != 'integer' ORDER BY rowid"
+        )
+        self.checked("pending", rows, read_row_info, counted=counted)
+        yield from self._in_order(index_columns, read_row_info, counted=counted)
 
     def entries(self, *, counted: bool) -> Iterator[DeadLetter]:
         """Every readable waiting entry, in sequence order (unreadable ones are set aside)."""
+        return self._in_order(PENDING_COLUMNS, read_pending, counted=counted)
+
+    def _in_order(self, columns: str, read: Callable[[Sequence[object]], R], *, counted: bool) -> Iterator[R]:
+        """``read`` of every waiting row with an integer seq, in sequence order, a chunk at a time."""
         after = -(2**63)
         while True:
             rows = self.select(
-                f"SELECT rowid, {PENDING_COLUMNS} FROM pending "
+                f"SELECT rowid, {columns} FROM pending "
                 "WHERE typeof(seq) = 'integer' AND seq > ? ORDER BY seq LIMIT ?",
                 (after, CHUNK),
             )
             if not rows:
                 return
             after = int(rows[-1][1])  # type: ignore[call-overload]
-            yield from self.checked("pending", rows, read_pending, counted=counted)
+            yield from self.checked("pending", rows, read, counted=counted)
 
     def paged(
         self,
