@@ -29,17 +29,32 @@ critical section awaits. Not thread-safe.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import logging
 import time
-from collections import deque
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from types import MappingProxyType
 from typing import Any, cast
 
+from guarded.backends.memory_logs import DROP_KINDS, BoundedLogs, Record, page
+from guarded.backends.memory_records import (
+    BindingKey,
+    bulk_calls,
+    checked,
+    dumps,
+    encode_event,
+    event_fingerprint,
+    object_text,
+    text_of,
+    ts_of,
+)
+from guarded.backends.memory_tables import (
+    BindingTable,
+    LatestWrites,
+    Pause,
+    PauseTable,
+    TaskTable,
+    TrajectoryTable,
+)
 from guarded.codec import (
     DEFAULT_TYPES,
     PLANNER_EVENT,
@@ -55,11 +70,9 @@ from guarded.codec import (
     encode_trajectory,
     to_json_object,
 )
-from guarded.errors import InvalidPayloadError
 from guarded.local_artifacts import InMemoryArtifactStore
 from guarded.logical_time import LOGICAL_TIMES, current_logical_times
 from guarded.models import (
-    GLOBAL_TRACE_ID,
     ArtifactRetentionConfig,
     PlannerEvent,
     RemoteBinding,
@@ -70,119 +83,6 @@ from guarded.models import (
     Trajectory,
 )
 from guarded.steering import sanitize_steering_event
-
-logger = logging.getLogger(__name__)
-
-DROP_KINDS = ("events", "updates", "steering", "planner_events")
-"""Keys of :attr:`InMemoryStateStore.dropped`."""
-
-_BindingKey = tuple[str, str | None, str]
-_Coordinates = tuple[str | None, str, str | None, str | None, str | None]
-
-
-def _dumps(value: JSONObject) -> str:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False)
-
-
-def _checked(method: str, argument: str, encode: Callable[[], JSONObject]) -> JSONObject:
-    """Run a codec, naming ``method`` and the ``argument`` in any :class:`InvalidPayloadError`."""
-    try:
-        return encode()
-    except InvalidPayloadError as exc:
-        raise exc.at(argument).for_method(method) from None
-
-
-def _calls(
-    method: str, items: Sequence[Any], arity: int, shape: str
-) -> Iterator[tuple[int, tuple[Any, ...]]]:
-    """``(index, arguments)`` of each item of a bulk call, refusing an item of another shape."""
-    for index, item in enumerate(items):
-        if not isinstance(item, tuple | list) or len(item) != arity:
-            got = f"{len(item)} values" if isinstance(item, tuple | list) else f"a {type(item).__name__}"
-            raise InvalidPayloadError(
-                f"expected a {shape} tuple, got {got}", path=f"items[{index}]", method=method
-            )
-        yield index, tuple(item)
-
-
-def _object_text(method: str, argument: str, value: Any) -> str:
-    """The JSON text of the JSON object ``value``, refused as :func:`_checked` does."""
-    return _dumps(_checked(method, argument, partial(to_json_object, value)))
-
-
-def _text(data: JSONObject, key: str) -> str:
-    return cast(str, data[key])
-
-
-def event_fingerprint(event: JSONObject) -> str:
-    """SHA-256 identity of an encoded event: trace, ts (as a float), kind, node name, node id, payload."""
-    identity = {**event, "ts": _ts(event)}
-    raw = json.dumps(identity, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
-
-
-@dataclass(slots=True)
-class _Binding:
-    seq: int
-    text: str
-    coordinates: _Coordinates
-    router_session_id: str | None
-    is_terminal: bool
-
-    @classmethod
-    def of(cls, seq: int, data: JSONObject) -> _Binding:
-        router_session_id = cast(str | None, data["router_session_id"])
-        coordinates = cast(
-            _Coordinates,
-            (
-                router_session_id,
-                *(data[name] for name in ("agent_url", "remote_skill", "tenant_id", "user_id")),
-            ),
-        )
-        return cls(seq, _dumps(data), coordinates, router_session_id, bool(data["is_terminal"]))
-
-
-@dataclass(slots=True)
-class _Record:
-    key: str | None
-    text: str
-    seq: int = 0
-    ts: float = 0.0
-    task_id: str | None = None
-
-
-@dataclass(slots=True)
-class _Log:
-    """An append-only log, idempotent by record key, dropping its oldest records past a bound."""
-
-    records: deque[_Record] = field(default_factory=deque)
-    keys: set[str] = field(default_factory=set)
-
-    def append(self, record: _Record, bound: int) -> int | None:
-        """Append and return how many old records were dropped; ``None`` when the key is present."""
-        if record.key is not None:
-            if record.key in self.keys:
-                return None
-            self.keys.add(record.key)
-        self.records.append(record)
-        dropped = 0
-        while 0 < bound < len(self.records):
-            old = self.records.popleft()
-            if old.key is not None:
-                self.keys.discard(old.key)
-            dropped += 1
-        return dropped
-
-
-def _page(records: Sequence[_Record], *, task_id: str | None, since_id: str | None, limit: int) -> list[str]:
-    """PenguiFlow's cursor rules: exclusive ``since_id`` found in the whole stream (unknown: none),
-    then the ``task_id`` filter, then PenguiFlow's ``[-limit:]``: the most recent ``limit``
-    records, oldest first (``limit=0``: all of them; ``-n``: all but the oldest ``n``)."""
-    start = 0
-    if since_id:
-        start = next((index + 1 for index, record in enumerate(records) if record.key == since_id), 0)
-    selected = [r.text for r in records[start:] if task_id is None or r.task_id == task_id]
-    return selected[-limit:]
 
 
 class InMemoryStateStore:
@@ -213,34 +113,35 @@ class InMemoryStateStore:
         clock: Callable[[], float] = time.time,
         record_types: RecordTypes = DEFAULT_TYPES,
     ) -> None:
-        self._bounds = {
-            "events": max_events_per_trace,
-            "updates": max_updates_per_session,
-            "steering": max_steering_events_per_session,
-            "planner_events": max_planner_events_per_trace,
-        }
-        self._planner_state_ttl = planner_state_ttl_seconds
         self._clock = clock
         self._types = record_types
         self._lock = asyncio.Lock()
         self._seq = 0
-        self._dropped = dict.fromkeys(DROP_KINDS, 0)
-        self._logs: dict[str, dict[str, _Log]] = {kind: {} for kind in DROP_KINDS}
-        self._bindings: dict[_BindingKey, _Binding] = {}
-        self._planner_state: dict[str, tuple[float | None, str]] = {}
+        self._logs = BoundedLogs(
+            {
+                "events": max_events_per_trace,
+                "updates": max_updates_per_session,
+                "steering": max_steering_events_per_session,
+                "planner_events": max_planner_events_per_trace,
+            }
+        )
+        self._written = LatestWrites()
+        self._bindings = BindingTable(self._written)
+        self._pauses = PauseTable(self._written, planner_state_ttl_seconds, clock)
         self._memory_state: dict[str, str] = {}
-        self._tasks: dict[str, dict[str, str]] = {}
-        self._task_sessions: dict[str, str] = {}
-        self._trajectories: dict[str, tuple[str, str]] = {}
-        self._session_traces: dict[str, dict[str, None]] = {}
-        self._written: dict[tuple[str, Hashable], int] = {}
-        """The logical time of the write that set each last-write-wins key: (kind, key) -> time."""
+        self._tasks = TaskTable()
+        self._trajectories = TrajectoryTable(self._written)
         self._artifact_store = InMemoryArtifactStore(artifact_retention, clock=clock)
+
+    @property
+    def _planner_state(self) -> dict[str, Pause]:
+        """The saved pauses by token (for tests: reading them does not consume them)."""
+        return self._pauses.saved
 
     @property
     def dropped(self) -> Mapping[str, int]:
         """Read-only live counts of records dropped by the bounds, by kind (:data:`DROP_KINDS`)."""
-        return MappingProxyType(self._dropped)
+        return self._logs.dropped
 
     @property
     def types(self) -> RecordTypes:
@@ -260,18 +161,18 @@ class InMemoryStateStore:
         ``trace_id=None`` (or empty) is stored under :data:`~guarded.models.GLOBAL_TRACE_ID` and
         reads back with that trace id (spec 000 ``save_event`` contract).
         """
-        await self._insert_events([_encode_event(event, "save_event", "event")])
+        await self._insert_events([encode_event(event, "save_event", "event")])
 
     async def save_events(self, events: Sequence[StoredEvent]) -> None:
         """Bulk :meth:`save_event` with the same idempotency; nothing is stored if any event is invalid."""
         await self._insert_events(
-            [_encode_event(event, "save_events", f"events[{index}]") for index, event in enumerate(events)]
+            [encode_event(event, "save_events", f"events[{index}]") for index, event in enumerate(events)]
         )
 
     async def load_history(self, trace_id: str) -> Sequence[StoredEvent]:
         """Events of the trace by ascending ``ts``, ties in insertion order; ``[]`` when unknown."""
         async with self._lock:
-            log = self._logs["events"].get(trace_id)
+            log = self._logs.get("events", trace_id)
             records = sorted(log.records, key=lambda record: (record.ts, record.seq)) if log else []
         return [self._decode(STORED_EVENT, record.text) for record in records]
 
@@ -279,26 +180,21 @@ class InMemoryStateStore:
 
     async def save_remote_binding(self, binding: RemoteBinding) -> None:
         """Upsert by ``(trace_id, context_id, task_id)``."""
-        data = _checked("save_remote_binding", "binding", lambda: REMOTE_BINDING.encode(binding))
+        data = checked("save_remote_binding", "binding", lambda: REMOTE_BINDING.encode(binding))
         [written] = current_logical_times(1)
         async with self._lock:
-            self._put_binding(data, written)
+            self._bindings.put(data, written, self._next_seq)
 
     async def save_remote_bindings(self, bindings: Sequence[RemoteBinding]) -> None:
         """:meth:`save_remote_binding` for each binding in order; nothing is stored if one is invalid."""
         encoded = [
-            _checked("save_remote_bindings", f"bindings[{index}]", partial(REMOTE_BINDING.encode, binding))
+            checked("save_remote_bindings", f"bindings[{index}]", partial(REMOTE_BINDING.encode, binding))
             for index, binding in enumerate(bindings)
         ]
         times = current_logical_times(len(encoded))
         async with self._lock:
             for data, written in zip(encoded, times, strict=True):
-                self._put_binding(data, written)
-
-    def _put_binding(self, data: JSONObject, written: int) -> None:
-        key = (_text(data, "trace_id"), cast(str | None, data["context_id"]), _text(data, "task_id"))
-        if self._newest("binding", key, written):
-            self._bindings[key] = _Binding.of(self._next_seq(), data)
+                self._bindings.put(data, written, self._next_seq)
 
     async def find_binding(
         self,
@@ -316,7 +212,7 @@ class InMemoryStateStore:
         """
         wanted = (router_session_id, agent_url, remote_skill, tenant_id, user_id)
         async with self._lock:
-            matches = [b for b in self._bindings.values() if b.coordinates == wanted and not b.is_terminal]
+            matches = self._bindings.live_with(wanted)
         if not matches:
             return None
         latest = max(matches, key=lambda binding: binding.seq)
@@ -326,76 +222,51 @@ class InMemoryStateStore:
     async def list_bindings(self, *, router_session_id: str) -> Sequence[RemoteBinding]:
         """Every binding of the router session, terminal ones included, in first-saved order."""
         async with self._lock:
-            texts = [b.text for b in self._bindings.values() if b.router_session_id == router_session_id]
+            texts = self._bindings.texts_of_session(router_session_id)
         return [self._decode(REMOTE_BINDING, text) for text in texts]
 
     async def mark_binding_terminal(self, *, trace_id: str, context_id: str | None, task_id: str) -> None:
         """Mark the binding terminal so :meth:`find_binding` never returns it; unknown: no-op."""
         [written] = current_logical_times(1)
         async with self._lock:
-            self._mark_terminal((trace_id, context_id, task_id), written)
+            self._bindings.mark_terminal((trace_id, context_id, task_id), written)
 
     async def mark_bindings_terminal(self, items: Sequence[tuple[str, str | None, str]]) -> None:
         """:meth:`mark_binding_terminal` for each ``(trace_id, context_id, task_id)`` in order."""
         keys = [
-            cast(_BindingKey, key)
-            for _, key in _calls("mark_bindings_terminal", items, 3, "(trace_id, context_id, task_id)")
+            cast(BindingKey, key)
+            for _, key in bulk_calls("mark_bindings_terminal", items, 3, "(trace_id, context_id, task_id)")
         ]
         times = current_logical_times(len(keys))
         async with self._lock:
             for key, written in zip(keys, times, strict=True):
-                self._mark_terminal(key, written)
-
-    def _mark_terminal(self, key: _BindingKey, written: int) -> None:
-        binding = self._bindings.get(key)
-        if binding is not None and self._newest("binding", key, written):
-            data: JSONObject = json.loads(binding.text)
-            data["is_terminal"] = True
-            self._bindings[key] = _Binding.of(binding.seq, data)
+                self._bindings.mark_terminal(key, written)
 
     # --- planner pause / resume --------------------------------------------------------------------
 
     async def save_planner_state(self, token: str, payload: dict[str, Any]) -> None:
         """Store the pause payload losslessly under ``token`` (upsert; restarts the TTL)."""
-        text = _dumps(_checked("save_planner_state", "payload", lambda: to_json_object(payload)))
+        text = dumps(checked("save_planner_state", "payload", lambda: to_json_object(payload)))
         times = current_logical_times(1)
         async with self._lock:
-            self._put_planner_states([(token, text)], times)
+            self._pauses.put([(token, text)], times)
 
     async def save_planner_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """:meth:`save_planner_state` for each ``(token, payload)`` in order (the last of a token
         wins); nothing is stored if one is invalid."""
         encoded = [
-            (token, _object_text("save_planner_states", f"items[{index}].payload", payload))
-            for index, (token, payload) in _calls("save_planner_states", items, 2, "(token, payload)")
+            (token, object_text("save_planner_states", f"items[{index}].payload", payload))
+            for index, (token, payload) in bulk_calls("save_planner_states", items, 2, "(token, payload)")
         ]
         times = current_logical_times(len(encoded))
         async with self._lock:
-            self._put_planner_states(encoded, times)
-
-    def _put_planner_states(self, items: Sequence[tuple[str, str]], times: Sequence[int]) -> None:
-        """Store ``(token, payload text)`` pairs, all saved now: expired pauses are dropped first."""
-        now = self._clock()
-        ttl = self._planner_state_ttl
-        if ttl is not None:
-            expired = [
-                key for key, (until, _) in self._planner_state.items() if until is not None and until <= now
-            ]
-            for key in expired:
-                del self._planner_state[key]
-                self._written.pop(("pause", key), None)
-        for (token, text), written in zip(items, times, strict=True):
-            if self._newest("pause", token, written):
-                self._planner_state[token] = (None if ttl is None else now + ttl, text)
+            self._pauses.put(encoded, times)
 
     async def load_planner_state(self, token: str) -> dict[str, Any] | None:
         """Return and consume the payload; ``None`` (never ``{}``) when missing, consumed or expired."""
         saved_by = LOGICAL_TIMES.get()
         async with self._lock:
-            if saved_by is not None and self._written.get(("pause", token), 0) > saved_by[0]:
-                return None  # a consume held for an older save of the token (the guard's replay)
-            entry = self._planner_state.pop(token, None)
-            self._written.pop(("pause", token), None)
+            entry = self._pauses.take(token, None if saved_by is None else saved_by[0])
         if entry is None or (entry[0] is not None and entry[0] <= self._clock()):
             return None
         payload: dict[str, Any] = json.loads(entry[1])
@@ -405,23 +276,23 @@ class InMemoryStateStore:
 
     async def save_memory_state(self, key: str, state: dict[str, Any]) -> None:
         """Upsert the memory state for ``key``."""
-        text = _dumps(_checked("save_memory_state", "state", lambda: to_json_object(state)))
+        text = dumps(checked("save_memory_state", "state", lambda: to_json_object(state)))
         [written] = current_logical_times(1)
         async with self._lock:
-            if self._newest("memory", key, written):
+            if self._written.newest("memory", key, written):
                 self._memory_state[key] = text
 
     async def save_memory_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """:meth:`save_memory_state` for each ``(key, state)`` in order (the last of a key wins);
         nothing is stored if one is invalid."""
         encoded = [
-            (key, _object_text("save_memory_states", f"items[{index}].state", state))
-            for index, (key, state) in _calls("save_memory_states", items, 2, "(key, state)")
+            (key, object_text("save_memory_states", f"items[{index}].state", state))
+            for index, (key, state) in bulk_calls("save_memory_states", items, 2, "(key, state)")
         ]
         times = current_logical_times(len(encoded))
         async with self._lock:
             for (key, text), written in zip(encoded, times, strict=True):
-                if self._newest("memory", key, written):
+                if self._written.newest("memory", key, written):
                     self._memory_state[key] = text
 
     async def load_memory_state(self, key: str) -> dict[str, Any] | None:
@@ -437,40 +308,32 @@ class InMemoryStateStore:
 
     async def save_task(self, state: TaskState) -> None:
         """Upsert by ``task_id``; a task saved under another session moves there."""
-        data = _checked("save_task", "state", lambda: TASK_STATE.encode(state))
+        data = checked("save_task", "state", lambda: TASK_STATE.encode(state))
         async with self._lock:
-            self._put_task(data)
+            self._tasks.put(data)
 
     async def save_tasks(self, states: Sequence[TaskState]) -> None:
         """:meth:`save_task` for each state in order; nothing is stored if one is invalid."""
         encoded = [
-            _checked("save_tasks", f"states[{index}]", partial(TASK_STATE.encode, state))
+            checked("save_tasks", f"states[{index}]", partial(TASK_STATE.encode, state))
             for index, state in enumerate(states)
         ]
         async with self._lock:
             for data in encoded:
-                self._put_task(data)
-
-    def _put_task(self, data: JSONObject) -> None:
-        task_id, session_id = _text(data, "task_id"), _text(data, "session_id")
-        previous = self._task_sessions.get(task_id)
-        if previous is not None and previous != session_id:
-            self._tasks[previous].pop(task_id, None)
-        self._task_sessions[task_id] = session_id
-        self._tasks.setdefault(session_id, {})[task_id] = _dumps(data)
+                self._tasks.put(data)
 
     async def list_tasks(self, session_id: str) -> Sequence[TaskState]:
         """Every task of the session, in first-saved order; ``[]`` when none."""
         async with self._lock:
-            texts = list(self._tasks.get(session_id, {}).values())
+            texts = self._tasks.texts_of(session_id)
         return [self._decode(TASK_STATE, text) for text in texts]
 
     async def save_update(self, update: StateUpdate) -> None:
         """Append an update; a repeated ``update_id`` within the session is ignored."""
-        data = _checked("save_update", "update", lambda: STATE_UPDATE.encode(update))
-        record = _Record(_text(data, "update_id"), _dumps(data), task_id=_text(data, "task_id"))
+        data = checked("save_update", "update", lambda: STATE_UPDATE.encode(update))
+        record = Record(text_of(data, "update_id"), dumps(data), task_id=text_of(data, "task_id"))
         async with self._lock:
-            self._append("updates", _text(data, "session_id"), record)
+            self._logs.append("updates", text_of(data, "session_id"), record)
 
     async def list_updates(
         self,
@@ -513,10 +376,10 @@ class InMemoryStateStore:
         A repeated ``event_id`` within the session is ignored.
         """
         sanitized = sanitize_steering_event(event)
-        data = _checked("save_steering", "event", lambda: STEERING_EVENT.encode(sanitized))
-        record = _Record(_text(data, "event_id"), _dumps(data), task_id=_text(data, "task_id"))
+        data = checked("save_steering", "event", lambda: STEERING_EVENT.encode(sanitized))
+        record = Record(text_of(data, "event_id"), dumps(data), task_id=text_of(data, "task_id"))
         async with self._lock:
-            self._append("steering", _text(data, "session_id"), record)
+            self._logs.append("steering", text_of(data, "session_id"), record)
 
     async def list_steering(
         self,
@@ -539,33 +402,25 @@ class InMemoryStateStore:
         sessions it was saved under before (:meth:`list_traces`), while :meth:`get_trajectory`
         answers only for the session of its last save.
         """
-        text = _dumps(_checked("save_trajectory", "", lambda: encode_trajectory(trajectory)))
+        text = dumps(checked("save_trajectory", "", lambda: encode_trajectory(trajectory)))
         [written] = current_logical_times(1)
         async with self._lock:
-            self._put_trajectory(trace_id, session_id, text, written)
+            self._trajectories.put(trace_id, session_id, text, written)
 
     async def save_trajectories(self, items: Sequence[tuple[str, str, Trajectory]]) -> None:
         """:meth:`save_trajectory` for each ``(trace_id, session_id, trajectory)`` in order;
         nothing is stored if one is invalid."""
         method = "save_trajectories"
         encoded: list[tuple[str, str, str]] = []
-        for index, (trace_id, session_id, trajectory) in _calls(
+        for index, (trace_id, session_id, trajectory) in bulk_calls(
             method, items, 3, "(trace_id, session_id, trajectory)"
         ):
-            data = _checked(method, f"items[{index}]", partial(encode_trajectory, trajectory))
-            encoded.append((trace_id, session_id, _dumps(data)))
+            data = checked(method, f"items[{index}]", partial(encode_trajectory, trajectory))
+            encoded.append((trace_id, session_id, dumps(data)))
         times = current_logical_times(len(encoded))
         async with self._lock:
             for (trace_id, session_id, text), written in zip(encoded, times, strict=True):
-                self._put_trajectory(trace_id, session_id, text, written)
-
-    def _put_trajectory(self, trace_id: str, session_id: str, text: str, written: int) -> None:
-        if not self._newest("trajectory", trace_id, written):
-            return
-        self._trajectories[trace_id] = (session_id, text)
-        traces = self._session_traces.setdefault(session_id, {})
-        traces.pop(trace_id, None)
-        traces[trace_id] = None
+                self._trajectories.put(trace_id, session_id, text, written)
 
     async def get_trajectory(self, trace_id: str, session_id: str) -> Trajectory | None:
         """The trajectory, or ``None`` when missing or saved under another session."""
@@ -579,7 +434,7 @@ class InMemoryStateStore:
         """Trace ids ever saved under the session, most recently saved there first; PenguiFlow's
         ``[:limit]`` (``0``: none, ``-n``: all but the last ``n``)."""
         async with self._lock:
-            traces = list(self._session_traces.get(session_id, {}))
+            traces = self._trajectories.traces_of(session_id)
         return traces[::-1][:limit]
 
     # --- planner events ----------------------------------------------------------------------------
@@ -590,14 +445,14 @@ class InMemoryStateStore:
         Not de-duplicated by content: identical stream chunks with equal timestamps are
         legitimate, and a planner event has no id to recognise a retry by.
         """
-        data = _checked("save_planner_event", "event", lambda: PLANNER_EVENT.encode(event))
+        data = checked("save_planner_event", "event", lambda: PLANNER_EVENT.encode(event))
         async with self._lock:
-            self._append("planner_events", trace_id, _Record(None, _dumps(data)))
+            self._logs.append("planner_events", trace_id, Record(None, dumps(data)))
 
     async def list_planner_events(self, trace_id: str) -> list[PlannerEvent]:
         """Planner events of the trace in emission order."""
         async with self._lock:
-            log = self._logs["planner_events"].get(trace_id)
+            log = self._logs.get("planner_events", trace_id)
             texts = [record.text for record in log.records] if log else []
         return [self._decode(PLANNER_EVENT, text) for text in texts]
 
@@ -609,91 +464,51 @@ class InMemoryStateStore:
 
     def clear(self) -> None:
         """Forget everything, drop counters and artifacts included."""
-        for logs in self._logs.values():
-            logs.clear()
+        self._logs.clear()
         self._bindings.clear()
-        self._planner_state.clear()
+        self._pauses.clear()
         self._memory_state.clear()
         self._tasks.clear()
-        self._task_sessions.clear()
         self._trajectories.clear()
-        self._session_traces.clear()
         self._written.clear()
-        self._dropped.update(dict.fromkeys(DROP_KINDS, 0))
         self._artifact_store.clear()
 
     def clear_session(self, session_id: str) -> None:
         """Forget a session: its tasks, updates, steering and artifacts, and for each of its traces
         the trajectory, planner events and audit log, plus the ``session:{id}`` pseudo-trace."""
-        for task_id in self._tasks.pop(session_id, {}):
-            self._task_sessions.pop(task_id, None)
-        self._logs["updates"].pop(session_id, None)
-        self._logs["steering"].pop(session_id, None)
+        self._tasks.forget_session(session_id)
+        self._logs.forget("updates", session_id)
+        self._logs.forget("steering", session_id)
         self._artifact_store.clear_session(session_id)
-        for trace_id in [*self._session_traces.pop(session_id, {}), f"session:{session_id}"]:
-            self._trajectories.pop(trace_id, None)
-            self._written.pop(("trajectory", trace_id), None)
-            self._logs["planner_events"].pop(trace_id, None)
-            self._logs["events"].pop(trace_id, None)
+        for trace_id in self._trajectories.forget_session(session_id):
+            self._logs.forget("planner_events", trace_id)
+            self._logs.forget("events", trace_id)
 
     # --- internals ---------------------------------------------------------------------------------
-
-    def _newest(self, kind: str, key: Hashable, written: int) -> bool:
-        """Record ``written`` as the logical time of ``key`` unless a newer write set it; whether
-        the write may be applied (last-write-wins)."""
-        if self._written.get((kind, key), written) > written:
-            return False
-        self._written[(kind, key)] = written
-        return True
 
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
 
-    def _append(self, kind: str, key: str, record: _Record) -> None:
-        dropped = self._logs[kind].setdefault(key, _Log()).append(record, self._bounds[kind])
-        if not dropped:
-            return
-        if not self._dropped[kind]:
-            logger.warning(
-                "InMemoryStateStore bound reached: dropping the oldest %s beyond %d per %s",
-                kind,
-                self._bounds[kind],
-                "session" if kind in ("updates", "steering") else "trace",
-            )
-        self._dropped[kind] += dropped
-
     async def _insert_events(self, events: Sequence[JSONObject]) -> None:
         records = [
-            (_text(data, "trace_id"), _Record(event_fingerprint(data), _dumps(data), ts=_ts(data)))
+            (text_of(data, "trace_id"), Record(event_fingerprint(data), dumps(data), ts=ts_of(data)))
             for data in events
         ]
         async with self._lock:
             for trace_id, record in records:
                 record.seq = self._next_seq()
-                self._append("events", trace_id, record)
+                self._logs.append("events", trace_id, record)
 
     async def _read_page(
         self, kind: str, session_id: str, task_id: str | None, since_id: str | None, limit: int
     ) -> list[str]:
         async with self._lock:
-            log = self._logs[kind].get(session_id)
-            records = list(log.records) if log else []
-        return _page(records, task_id=task_id, since_id=since_id, limit=limit)
+            records = self._logs.records(kind, session_id)
+        return page(records, task_id=task_id, since_id=since_id, limit=limit)
 
     def _decode(self, codec: RecordCodec[Any], text: str) -> Any:
         return codec.decode(json.loads(text), self._types)
-
-
-def _ts(event: JSONObject) -> float:
-    return float(cast(float, event["ts"]))
-
-
-def _encode_event(event: StoredEvent, method: str, argument: str) -> JSONObject:
-    """The encoded event with ``trace_id`` normalised to :data:`GLOBAL_TRACE_ID` when missing."""
-    data = _checked(method, argument, lambda: STORED_EVENT.encode(event))
-    data["trace_id"] = data["trace_id"] or GLOBAL_TRACE_ID
-    return data
 
 
 __all__ = ["DROP_KINDS", "InMemoryStateStore", "event_fingerprint"]

@@ -5,9 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
+from prometheus_client import CollectorRegistry
+
+from guarded.codec import RecordTypes
 from guarded.config import UnknownSettingError, closest_hint
+from guarded.models import ArtifactRetentionConfig
 
 DEFAULT_PAUSE_TTL_SECONDS = 3600.0
 """Spec 000 ``save_planner_state``: "SHOULD set expiration (recommended: 1 hour)"."""
@@ -61,7 +65,34 @@ def check_options(caller: str, options: Mapping[str, Any], valid: Collection[str
             )
 
 
+class StoreOptions(TypedDict, total=False):
+    """Keyword options shared by :meth:`PostgresStateStore.connect`, ``from_pool`` and ``lazy``."""
+
+    name: str
+    """Store name for metric labels (default ``"postgres"``)."""
+    types: RecordTypes
+    """Classes returned by reads (default :func:`guarded.codec.installed_types`: PenguiFlow's own
+    classes when it is installed, else guarded's models)."""
+    pause_ttl: float
+    """Seconds a saved pause stays loadable (default 3600)."""
+    consume_grace: float
+    """Seconds a consumed pause can be consumed again by the same idempotency key (default 60)."""
+    artifact_retention: ArtifactRetentionConfig | None
+    """Limits of ``artifact_store`` (default ``ArtifactRetentionConfig()``)."""
+    retention: RetentionPolicy | None
+    """Maximum ages enforced by :meth:`PostgresStateStore.cleanup` (default: keep everything)."""
+    registry: CollectorRegistry | None
+    """Prometheus registry for the backend metrics (default the global ``REGISTRY``)."""
+    metrics: bool
+    """Export backend metrics (default ``True``)."""
+    stats_interval: float | None
+    """Seconds between table row/size samples (default 60; ``None`` disables sampling)."""
+    migrate: bool
+    """Apply pending migrations when opening (default ``True``); else require an up-to-date schema."""
+
+
 __all__ = [
+    "StoreOptions",
     "DEFAULT_CLEANUP_BATCH",
     "DEFAULT_CONSUME_GRACE_SECONDS",
     "DEFAULT_PAUSE_TTL_SECONDS",

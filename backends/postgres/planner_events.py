@@ -46,6 +46,19 @@ def encode_planner_event(trace_id: Any, event: Any, call_key: str | None = None)
     )
 
 
+def encode_planner_events(items: Sequence[tuple[Any, Any]]) -> list[PlannerEventRow]:
+    """Validate a ``save_planner_events`` call and return its rows (a bad item's path names it)."""
+    pairs = list(items)
+    keys = call_keys(len(pairs))
+    rows = []
+    for index, (trace_id, event) in enumerate(pairs):
+        try:
+            rows.append(encode_planner_event(trace_id, event, keys[index]))
+        except InvalidPayloadError as exc:
+            raise exc.at(f"items[{index}]") from None
+    return rows
+
+
 def call_keys(count: int) -> list[str | None]:
     """The ``call_key`` of each of ``count`` events saved by the current logical call (the guard's
     per-item keys when it set them for a flush or replay of its own)."""
@@ -92,4 +105,4 @@ class PlannerEvents:
         return [PLANNER_EVENT.decode(loads_json(record[0]), self._types) for record in records]
 
 
-__all__ = ["PlannerEventRow", "PlannerEvents", "call_keys", "encode_planner_event"]
+__all__ = ["PlannerEventRow", "PlannerEvents", "call_keys", "encode_planner_event", "encode_planner_events"]

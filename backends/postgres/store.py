@@ -31,77 +31,43 @@ guarded's models (:func:`guarded.codec.installed_types`); pass ``types=`` to cho
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self, TypedDict, Unpack
+from typing import Any, Self, Unpack
 
 import asyncpg
-from prometheus_client import CollectorRegistry
 
-from guarded.codec import STATE_UPDATE, STEERING_EVENT, RecordTypes, installed_types
-from guarded.errors import InvalidPayloadError
-from guarded.models import ArtifactRetentionConfig
+from guarded.codec import installed_types
 from guarded.steering import sanitize_steering_event
 
 from . import migrations as migrations_module
 from .artifacts import PostgresArtifactStore
-from .bindings import Bindings, encode_binding, encode_binding_key
+from .bindings import encode_binding, encode_binding_key
 from .bulk import encode_items
 from .connection import Database, PoolSettings, create_pool, pool_settings
 from .errors import POSTGRES_ERRORS
-from .events import Events, encode_event, encode_events
+from .events import encode_event, encode_events
 from .json_codec import check_text, refusing
-from .memory_state import MemoryStates
+from .lifecycle import Lifecycle, server_target
 from .metrics import StoreMetrics
 from .options import (
     DEFAULT_CONSUME_GRACE_SECONDS,
     DEFAULT_PAUSE_TTL_SECONDS,
     DEFAULT_STATS_INTERVAL_SECONDS,
     RetentionPolicy,
+    StoreOptions,
     check_options,
     check_seconds,
 )
-from .pauses import Pauses
-from .planner_events import PlannerEvents, call_keys, encode_planner_event
+from .planner_events import call_keys, encode_planner_event, encode_planner_events
 from .retention import CleanupReport, cleanup
 from .schema_names import validate_schema_name
-from .streams import Stream
-from .table_stats import table_stats
+from .tables import Tables
 from .target import target_identity
-from .tasks import Tasks, encode_task
-from .trajectories import Trajectories
+from .tasks import encode_task
 
 logger = logging.getLogger("guarded.backends.postgres")
-
-
-class StoreOptions(TypedDict, total=False):
-    """Keyword options shared by :meth:`PostgresStateStore.connect`, ``from_pool`` and ``lazy``."""
-
-    name: str
-    """Store name for metric labels (default ``"postgres"``)."""
-    types: RecordTypes
-    """Classes returned by reads (default :func:`guarded.codec.installed_types`: PenguiFlow's own
-    classes when it is installed, else guarded's models)."""
-    pause_ttl: float
-    """Seconds a saved pause stays loadable (default 3600)."""
-    consume_grace: float
-    """Seconds a consumed pause can be consumed again by the same idempotency key (default 60)."""
-    artifact_retention: ArtifactRetentionConfig | None
-    """Limits of ``artifact_store`` (default ``ArtifactRetentionConfig()``)."""
-    retention: RetentionPolicy | None
-    """Maximum ages enforced by :meth:`PostgresStateStore.cleanup` (default: keep everything)."""
-    registry: CollectorRegistry | None
-    """Prometheus registry for the backend metrics (default the global ``REGISTRY``)."""
-    metrics: bool
-    """Export backend metrics (default ``True``)."""
-    stats_interval: float | None
-    """Seconds between table row/size samples (default 60; ``None`` disables sampling)."""
-    migrate: bool
-    """Apply pending migrations when opening (default ``True``); else require an up-to-date schema."""
 
 
 class PostgresStateStore:
@@ -119,10 +85,8 @@ class PostgresStateStore:
             "consume_grace", options.get("consume_grace", DEFAULT_CONSUME_GRACE_SECONDS), allow_zero=True
         )
         self.retention = options.get("retention") or RetentionPolicy()
-        self._migrate = options.get("migrate", True)
         interval = options.get("stats_interval", DEFAULT_STATS_INTERVAL_SECONDS)
-        self._stats_interval = None if interval is None else check_seconds("stats_interval", interval)
-        self._owns_pool = owns_pool
+        stats_interval = None if interval is None else check_seconds("stats_interval", interval)
         self._db = db
         self._metrics: StoreMetrics | None = None
         if options.get("metrics", True):
@@ -135,42 +99,29 @@ class PostgresStateStore:
                 pool_in_use=db.pool_in_use,
             )
         db.metrics = self._metrics
-        types = self.types
-        self._events = Events(db, self.schema, types)
-        self._bindings = Bindings(db, self.schema, types)
-        self._pauses = Pauses(db, self.schema, ttl=self.pause_ttl, grace=self.consume_grace)
-        self._memory = MemoryStates(db, self.schema)
-        self._tasks = Tasks(db, self.schema, types)
-        self._updates = Stream(
+        self._tables = Tables.of(
             db,
             self.schema,
-            types,
-            table="state_updates",
-            id_field="update_id",
-            type_field="update_type",
-            codec=STATE_UPDATE,
+            self.types,
+            pause_ttl=self.pause_ttl,
+            consume_grace=self.consume_grace,
+            artifact_retention=options.get("artifact_retention"),
         )
-        self._steering = Stream(
-            db,
-            self.schema,
-            types,
-            table="steering_events",
-            id_field="event_id",
-            type_field="event_type",
-            codec=STEERING_EVENT,
-        )
-        self._trajectories = Trajectories(db, self.schema)
-        self._planner_events = PlannerEvents(db, self.schema, types)
-        self._artifacts = PostgresArtifactStore(db, self.schema, options.get("artifact_retention"), types)
         self.max_concurrency: int | None = db.pool_max_size() or None
         """How many calls this store runs at once: its pool's maximum size (a lazy store's from its
         pool settings). The guard's bulkhead reads it (:data:`guarded.bulkhead.MAX_CONCURRENCY`)
         and lets that many calls in at a time, so callers wait in the guard's line rather than
         for a connection, and that wait never counts as the database being slow. On a pool the
         application shares, set ``GuardConfig.bulkhead.max_concurrent`` to this store's share."""
-        self._sampler: asyncio.Task[None] | None = None
-        self._closed = False
-        self.schema_version: int | None = None
+        self._lifecycle = Lifecycle(
+            db,
+            self.schema,
+            name=self.name,
+            migrate=options.get("migrate", True),
+            metrics=self._metrics,
+            stats_interval=stats_interval,
+            owns_pool=owns_pool,
+        )
         self.target_identity = f"postgresql://(application pool)/?schema={self.schema}"
         """Which database and schema this store writes to, without credentials (recorded by the
         guard's spill file so held writes are replayed only here); set from the DSN by
@@ -221,15 +172,9 @@ class PostgresStateStore:
         store = cls(Database(pool), schema=schema, owns_pool=False, **options)
         try:
             await store._opened()
-            async with pool.acquire() as conn:
-                where = await conn.fetchrow(
-                    "SELECT coalesce(host(inet_server_addr()), 'local') AS host, "
-                    "coalesce(inet_server_port(), 0) AS port, current_database() AS db"
-                )
-            if where is not None:
-                store.target_identity = (
-                    f"postgresql://{where['host']}:{where['port']}/{where['db']}?schema={store.schema}"
-                )
+            target = await server_target(pool, store.schema)
+            if target is not None:
+                store.target_identity = target
         except BaseException:
             await store.close()
             raise
@@ -252,11 +197,11 @@ class PostgresStateStore:
         async def opener() -> asyncpg.Pool:
             created = await create_pool(dsn, settings)
             try:
-                await holder[0]._prepare_schema(created)
+                await holder[0]._lifecycle.prepare_schema(created)
             except BaseException:
                 await created.close()
                 raise
-            holder[0]._start_sampler()
+            holder[0]._lifecycle.start_sampler()
             return created
 
         store = cls(Database(opener=opener), schema=validate_schema_name(schema), owns_pool=True, **options)
@@ -266,76 +211,20 @@ class PostgresStateStore:
         return store
 
     async def _opened(self) -> None:
-        await self._prepare_schema(self._db.pool)
-        self._start_sampler()
+        await self._lifecycle.open()
 
-    async def _prepare_schema(self, pool: asyncpg.Pool) -> None:
-        async with pool.acquire() as conn:
-            if self._migrate:
-                await migrations_module.migrate(conn, self.schema)
-                version = migrations_module.latest_version()
-            else:
-                version = await migrations_module.require_current(conn, self.schema)
-        self.schema_version = version
-        if self._metrics is not None:
-            self._metrics.set_schema_version(version)
-
-    def _start_sampler(self) -> None:
-        if self._metrics is None or self._stats_interval is None or self._sampler is not None:
-            return
-        self._sampler = asyncio.get_running_loop().create_task(
-            self._sample_forever(self._stats_interval), name=f"guarded-pg-stats-{self.name}-{self.schema}"
-        )
-
-    async def _sample_forever(self, interval: float) -> None:
-        last_error = 0.0
-        while True:
-            try:
-                await self.sample_table_stats()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                now = time.monotonic()
-                if now - last_error > 300:
-                    last_error = now
-                    logger.warning(
-                        "guarded_pg_stats_failed",
-                        extra={
-                            "event": "guarded_pg_stats_failed",
-                            "schema": self.schema,
-                            "exception": repr(exc),
-                        },
-                    )
-            await asyncio.sleep(interval)
+    @property
+    def schema_version(self) -> int | None:
+        """The schema's migration version once opened (``None`` before)."""
+        return self._lifecycle.schema_version
 
     async def sample_table_stats(self) -> dict[str, tuple[int, int]]:
         """Sample ``{table: (estimated rows, bytes)}`` now and update the metrics."""
-        stats = await table_stats(self._db, self.schema)
-        if self._metrics is not None:
-            self._metrics.set_table_stats(stats)
-        return stats
+        return await self._lifecycle.sample_table_stats()
 
     async def close(self) -> None:
         """Stop background sampling, drop this store's metrics and close the pool when the store owns it."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._sampler is not None:
-            self._sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sampler
-            self._sampler = None
-        if self._metrics is not None:
-            self._metrics.close()
-        if self._owns_pool and self._db.is_open:
-            try:
-                await asyncio.wait_for(self._db.pool.close(), timeout=10)
-            except TimeoutError:
-                self._db.pool.terminate()
-            except asyncio.CancelledError:
-                # The caller gave up on the close (a server that never answers): no pool left open.
-                self._db.pool.terminate()
-                raise
+        await self._lifecycle.close()
 
     async def __aenter__(self) -> Self:
         if not self._db.is_open:
@@ -379,19 +268,19 @@ class PostgresStateStore:
         """Persist a runtime event; idempotent by the event's fingerprint."""
         with refusing("save_event", "event"):
             row = encode_event(event)
-        await self._events.save(row)
+        await self._tables.events.save(row)
 
     async def save_events(self, events: Sequence[Any]) -> None:
         """Persist many events in one statement; duplicates ignored exactly as in :meth:`save_event`."""
         with refusing("save_events"):
             rows = encode_events(list(events))
-        await self._events.save_many(rows)
+        await self._tables.events.save_many(rows)
 
     async def load_history(self, trace_id: str) -> list[Any]:
         """The trace's events by ascending ``ts``, ties in insertion order; ``[]`` for an unknown trace."""
         with refusing("load_history"):
             check_text(trace_id, "trace_id")
-        return await self._events.load(trace_id)
+        return await self._tables.events.load(trace_id)
 
     # ------------------------------------------------------------------------------------------------
     # Remote bindings
@@ -401,13 +290,13 @@ class PostgresStateStore:
         """Upsert the binding on ``(trace_id, context_id, task_id)``."""
         with refusing("save_remote_binding", "binding"):
             row = encode_binding(binding)
-        await self._bindings.save(row)
+        await self._tables.bindings.save(row)
 
     async def save_remote_bindings(self, bindings: Sequence[Any]) -> None:
         """Upsert many bindings in one statement, as :meth:`save_remote_binding` for each in order."""
         with refusing("save_remote_bindings"):
             rows = encode_items(bindings, encode_binding, arity=1, shape="binding", name="bindings")
-        await self._bindings.save_many(rows)
+        await self._tables.bindings.save_many(rows)
 
     async def find_binding(
         self,
@@ -420,7 +309,7 @@ class PostgresStateStore:
     ) -> Any:
         """The most recently saved non-terminal binding with these coordinates, or ``None``."""
         with refusing("find_binding"):
-            return await self._bindings.find_binding(
+            return await self._tables.bindings.find_binding(
                 router_session_id=router_session_id,
                 agent_url=agent_url,
                 remote_skill=remote_skill,
@@ -431,19 +320,21 @@ class PostgresStateStore:
     async def list_bindings(self, *, router_session_id: str) -> list[Any]:
         """Every binding of a router session, in the order first saved."""
         with refusing("list_bindings"):
-            return await self._bindings.list_bindings(router_session_id)
+            return await self._tables.bindings.list_bindings(router_session_id)
 
     async def mark_binding_terminal(self, *, trace_id: str, context_id: str | None, task_id: str) -> None:
         """Mark a binding terminal (never reused); a no-op for an unknown binding."""
         with refusing("mark_binding_terminal"):
-            await self._bindings.mark_terminal(trace_id=trace_id, context_id=context_id, task_id=task_id)
+            await self._tables.bindings.mark_terminal(
+                trace_id=trace_id, context_id=context_id, task_id=task_id
+            )
 
     async def mark_bindings_terminal(self, items: Sequence[tuple[str, str | None, str]]) -> None:
         """Mark many ``(trace_id, context_id, task_id)`` bindings terminal in one statement, as
         :meth:`mark_binding_terminal` for each; unknown bindings are skipped."""
         with refusing("mark_bindings_terminal"):
             keys = encode_items(items, encode_binding_key, arity=3, shape="(trace_id, context_id, task_id)")
-        await self._bindings.mark_terminal_many(keys)
+        await self._tables.bindings.mark_terminal_many(keys)
 
     # ------------------------------------------------------------------------------------------------
     # Planner pause state and memory
@@ -452,16 +343,16 @@ class PostgresStateStore:
     async def save_planner_state(self, token: str, payload: dict[str, Any]) -> None:
         """Upsert a pause payload, loadable for ``pause_ttl`` seconds."""
         with refusing("save_planner_state"):
-            row = self._pauses.encode(token, payload)
-        await self._pauses.save(*row)
+            row = self._tables.pauses.encode(token, payload)
+        await self._tables.pauses.save(*row)
 
     async def save_planner_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """Upsert many ``(token, payload)`` pauses in one statement, as :meth:`save_planner_state`
         for each: each is loadable for ``pause_ttl`` seconds, a consumed token becomes loadable
         again, the last payload of a token wins."""
         with refusing("save_planner_states"):
-            rows = encode_items(items, self._pauses.encode, arity=2, shape="(token, payload)")
-        await self._pauses.save_many(rows)
+            rows = encode_items(items, self._tables.pauses.encode, arity=2, shape="(token, payload)")
+        await self._tables.pauses.save_many(rows)
 
     honours_idempotency_key = True
     """A consume is safe to retry under one idempotency key: the guard retries it."""
@@ -476,24 +367,24 @@ class PostgresStateStore:
         ``consume_grace`` seconds by one of the guard's unanswered keys is consumed again, once, by
         the current key)."""
         with refusing("load_planner_state"):
-            return await self._pauses.load(token)
+            return await self._tables.pauses.load(token)
 
     async def save_memory_state(self, key: str, state: dict[str, Any]) -> None:
         """Upsert the memory state of ``key``."""
         with refusing("save_memory_state"):
-            row = self._memory.encode(key, state)
-        await self._memory.save(*row)
+            row = self._tables.memory.encode(key, state)
+        await self._tables.memory.save(*row)
 
     async def save_memory_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """Upsert many ``(key, state)`` pairs in one statement; the last state of a key wins."""
         with refusing("save_memory_states"):
-            rows = encode_items(items, self._memory.encode, arity=2, shape="(key, state)")
-        await self._memory.save_many(rows)
+            rows = encode_items(items, self._tables.memory.encode, arity=2, shape="(key, state)")
+        await self._tables.memory.save_many(rows)
 
     async def load_memory_state(self, key: str) -> dict[str, Any] | None:
         """The exact state saved for ``key``, or ``None``."""
         with refusing("load_memory_state"):
-            return await self._memory.load(key)
+            return await self._tables.memory.load(key)
 
     # ------------------------------------------------------------------------------------------------
     # Tasks and updates
@@ -503,11 +394,8 @@ class PostgresStateStore:
         """Upsert a task unless the stored one has a newer ``updated_at`` (never goes backwards)."""
         with refusing("save_task", "state"):
             row = encode_task(state)
-        if not await self._tasks.save(row):
-            logger.debug(
-                "guarded_pg_stale_task_refused",
-                extra={"event": "guarded_pg_stale_task_refused", "schema": self.schema},
-            )
+        if not await self._tables.tasks.save(row):
+            self._stale_tasks_refused(None)
 
     async def save_tasks(self, states: Sequence[Any]) -> None:
         """Upsert many tasks in one round trip, as :meth:`save_task` for each in order: a task never
@@ -515,17 +403,21 @@ class PostgresStateStore:
         equal ones)."""
         with refusing("save_tasks"):
             rows = encode_items(states, encode_task, arity=1, shape="state", name="states")
-        refused = await self._tasks.save_many(rows)
+        refused = await self._tables.tasks.save_many(rows)
         if refused:
-            logger.debug(
-                "guarded_pg_stale_task_refused",
-                extra={"event": "guarded_pg_stale_task_refused", "schema": self.schema, "refused": refused},
-            )
+            self._stale_tasks_refused(refused)
+
+    def _stale_tasks_refused(self, refused: int | None) -> None:
+        """Log (DEBUG) task saves refused as older than the stored ones (``None``: one, uncounted)."""
+        extra: dict[str, Any] = {"event": "guarded_pg_stale_task_refused", "schema": self.schema}
+        if refused is not None:
+            extra["refused"] = refused
+        logger.debug("guarded_pg_stale_task_refused", extra=extra)
 
     async def list_tasks(self, session_id: str) -> list[Any]:
         """Every task of the session; ``[]`` when none."""
         with refusing("list_tasks"):
-            return await self._tasks.list(session_id)
+            return await self._tables.tasks.list(session_id)
 
     async def save_update(self, update: Any) -> None:
         """Append an update; idempotent by ``(session_id, update_id)``."""
@@ -533,14 +425,14 @@ class PostgresStateStore:
 
     async def _save_update(self, method: str, update: Any) -> None:
         with refusing(method, "update"):
-            row = self._updates.encode(update)
-        await self._updates.save(row)
+            row = self._tables.updates.encode(update)
+        await self._tables.updates.save(row)
 
     async def save_updates(self, updates: Sequence[Any]) -> None:
         """Append many updates in one statement, with :meth:`save_update`'s idempotency."""
         with refusing("save_updates"):
-            rows = self._updates.encode_many(list(updates))
-        await self._updates.save_many(rows)
+            rows = self._tables.updates.encode_many(list(updates))
+        await self._tables.updates.save_many(rows)
 
     async def list_updates(
         self,
@@ -557,7 +449,9 @@ class PostgresStateStore:
         self, method: str, session_id: str, task_id: str | None, since_id: str | None, limit: int
     ) -> list[Any]:
         with refusing(method):
-            return await self._updates.list(session_id, task_id=task_id, since_id=since_id, limit=limit)
+            return await self._tables.updates.list(
+                session_id, task_id=task_id, since_id=since_id, limit=limit
+            )
 
     async def save_task_update(self, update: Any) -> None:
         """Legacy alias of :meth:`save_update`."""
@@ -584,8 +478,8 @@ class PostgresStateStore:
         """
         sanitized = sanitize_steering_event(event)
         with refusing("save_steering", "event"):
-            row = self._steering.encode(sanitized)
-        await self._steering.save(row)
+            row = self._tables.steering.encode(sanitized)
+        await self._tables.steering.save(row)
 
     async def list_steering(
         self,
@@ -597,7 +491,9 @@ class PostgresStateStore:
     ) -> list[Any]:
         """Steering events with :meth:`list_updates`' cursor rules."""
         with refusing("list_steering"):
-            return await self._steering.list(session_id, task_id=task_id, since_id=since_id, limit=limit)
+            return await self._tables.steering.list(
+                session_id, task_id=task_id, since_id=since_id, limit=limit
+            )
 
     # ------------------------------------------------------------------------------------------------
     # Trajectories
@@ -606,27 +502,27 @@ class PostgresStateStore:
     async def save_trajectory(self, trace_id: str, session_id: str, trajectory: Any) -> None:
         """Upsert the trajectory of ``(trace_id, session_id)``."""
         with refusing("save_trajectory"):
-            row = self._trajectories.encode(trace_id, session_id, trajectory)
-        await self._trajectories.save(row)
+            row = self._tables.trajectories.encode(trace_id, session_id, trajectory)
+        await self._tables.trajectories.save(row)
 
     async def save_trajectories(self, items: Sequence[tuple[str, str, Any]]) -> None:
         """Upsert many ``(trace_id, session_id, trajectory)`` items in one statement, as
         :meth:`save_trajectory` for each in order (``list_traces`` order included)."""
         with refusing("save_trajectories"):
             rows = encode_items(
-                items, self._trajectories.encode, arity=3, shape="(trace_id, session_id, trajectory)"
+                items, self._tables.trajectories.encode, arity=3, shape="(trace_id, session_id, trajectory)"
             )
-        await self._trajectories.save_many(rows)
+        await self._tables.trajectories.save_many(rows)
 
     async def get_trajectory(self, trace_id: str, session_id: str) -> Any:
         """The trajectory, or ``None`` when missing or saved under another session."""
         with refusing("get_trajectory"):
-            return await self._trajectories.get(trace_id, session_id)
+            return await self._tables.trajectories.get(trace_id, session_id)
 
     async def list_traces(self, session_id: str, limit: int = 50) -> list[str]:
         """Trace ids of the session, most recently saved first."""
         with refusing("list_traces"):
-            return await self._trajectories.list_traces(session_id, limit)
+            return await self._tables.trajectories.list_traces(session_id, limit)
 
     # ------------------------------------------------------------------------------------------------
     # Planner events
@@ -636,30 +532,23 @@ class PostgresStateStore:
         """Append a planner event (a retry under the same idempotency key is not appended twice)."""
         with refusing("save_planner_event"):
             row = encode_planner_event(trace_id, event, call_keys(1)[0])
-        await self._planner_events.save_many([row])
+        await self._tables.planner_events.save_many([row])
 
     async def save_planner_events(self, items: Sequence[tuple[str, Any]]) -> None:
         """Append many ``(trace_id, event)`` pairs in one statement, in order."""
         with refusing("save_planner_events"):
-            pairs = list(items)
-            keys = call_keys(len(pairs))
-            rows = []
-            for index, (trace_id, event) in enumerate(pairs):
-                try:
-                    rows.append(encode_planner_event(trace_id, event, keys[index]))
-                except InvalidPayloadError as exc:
-                    raise exc.at(f"items[{index}]") from None
-        await self._planner_events.save_many(rows)
+            rows = encode_planner_events(items)
+        await self._tables.planner_events.save_many(rows)
 
     async def list_planner_events(self, trace_id: str) -> list[Any]:
         """Planner events of a trace in emission order."""
         with refusing("list_planner_events"):
-            return await self._planner_events.list(trace_id)
+            return await self._tables.planner_events.list(trace_id)
 
     async def get_events(self, trace_id: str) -> list[Any]:
         """Legacy alias of :meth:`list_planner_events`."""
         with refusing("get_events"):
-            return await self._planner_events.list(trace_id)
+            return await self._tables.planner_events.list(trace_id)
 
     # ------------------------------------------------------------------------------------------------
     # Artifacts
@@ -668,7 +557,7 @@ class PostgresStateStore:
     @property
     def artifact_store(self) -> PostgresArtifactStore:
         """Artifacts in this store's schema, with the configured retention."""
-        return self._artifacts
+        return self._tables.artifacts
 
 
 __all__ = ["PostgresStateStore", "StoreOptions"]

@@ -2,9 +2,18 @@
 
 * :mod:`.calls` encodes a store write call to JSON and back, losslessly;
 * :mod:`.entries` defines what the buffer holds (:class:`DeadLetter`, :class:`ParkedWrite`);
-* :mod:`.spill` is the durable SQLite spill file (single writer, ``flock``-ed);
+* :mod:`.spill` is the durable SQLite spill file (single writer, ``flock``-ed), with its layout
+  (:mod:`.spill_format`), errors (:mod:`.spill_errors`), reports (:mod:`.spill_records`), lock
+  and files (:mod:`.spill_lock`), opening (:mod:`.spill_open`), reading of damaged rows
+  (:mod:`.spill_rows`, :mod:`.spill_quarantine`) and the row work of its writes
+  (:mod:`.spill_writes`);
 * :mod:`.slots` gives each process a slot file of its own beside the configured path;
-* :mod:`.buffer` is the :class:`DeadLetterBuffer` the guard uses;
+* :mod:`.buffer` is the :class:`DeadLetterBuffer` the guard uses, composed of: :mod:`.held` (the
+  in-memory index of held writes), :mod:`.spill_link` (the worker thread, the lock and the spill
+  file's lifecycle), :mod:`.group_commit` (puts, coalesced and committed together),
+  :mod:`.last_write_wins`, :mod:`.parking`, :mod:`.replay_pass` and :mod:`.replayed` (one replay
+  pass), :mod:`.adoption` (orphaned slot files), :mod:`.listing`, :mod:`.unpark_purge`,
+  :mod:`.closing` and :mod:`.counters` (its totals);
 * :mod:`.replay` the replay vocabulary (:class:`ReplayResult`, :class:`ReplaySummary`, pacing);
 * :mod:`.telemetry` the ``guarded_deadletter_*`` metrics and the log of dropped writes.
 """

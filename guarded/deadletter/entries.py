@@ -7,7 +7,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from ..codec import JSONObject, to_json_value
+from ..codec import JSONObject, check_text, to_json_value
+from ..errors import InvalidPayloadError
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +129,14 @@ def index_key_of_canonical(text: str) -> Hashable:
     return _freeze(json.loads(text))
 
 
+def readable_text(value: str) -> str:
+    """``value`` with lone surrogates replaced, for error descriptions and reasons."""
+    try:
+        return check_text(value, "")
+    except InvalidPayloadError:
+        return value.encode("utf-8", "replace").decode("utf-8")
+
+
 __all__ = [
     "DeadLetter",
     "DeadLetterStats",
@@ -135,4 +144,5 @@ __all__ = [
     "canonical_key",
     "index_key",
     "index_key_of_canonical",
+    "readable_text",
 ]

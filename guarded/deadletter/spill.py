@@ -23,655 +23,60 @@ every parked write when the file is opened for writing. :meth:`SpillFile.quarant
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import errno
-import fcntl
-import json
-import math
+import fcntl  # noqa: F401  (the lock module's flock: tests replace spill.fcntl.flock)
 import os
 import sqlite3
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
-from urllib.parse import quote
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Literal
 
-from ..errors import GuardedError
 from .entries import DeadLetter, ParkedWrite
-
-SCHEMA_VERSION = 3
-"""Version of the file layout this code writes; files of a newer version are refused."""
-APPLICATION_ID = 0x67444C51
-"""SQLite ``application_id`` of a guarded dead-letter file ("gDLQ")."""
-
-_SCHEMA = (
-    "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    """CREATE TABLE pending (
-        seq INTEGER PRIMARY KEY,
-        method TEXT NOT NULL,
-        call TEXT NOT NULL,
-        key TEXT,
-        scope TEXT,
-        stamp INTEGER NOT NULL,
-        generation INTEGER NOT NULL,
-        enqueued_at REAL NOT NULL,
-        size INTEGER NOT NULL,
-        error TEXT NOT NULL
-    )""",
-    "CREATE INDEX pending_by_key ON pending (method, key) WHERE key IS NOT NULL",
-    "CREATE INDEX pending_by_scope ON pending (method, scope) WHERE scope IS NOT NULL",
-    """CREATE TABLE parked (
-        seq INTEGER PRIMARY KEY,
-        method TEXT NOT NULL,
-        call TEXT,
-        reason TEXT NOT NULL,
-        parked_at REAL NOT NULL,
-        size INTEGER NOT NULL,
-        key TEXT,
-        scope TEXT
-    )""",
+from .spill_errors import (
+    SourceReadError,
+    SpillFileCorruptError,
+    SpillFileError,
+    SpillFileForeignError,
+    SpillFileLockedError,
+    SpillFileTargetError,
+    SpillFileVersionError,
+    is_corruption,
+    is_disk_full,
 )
-
-_QUARANTINE_TABLE = """CREATE TABLE IF NOT EXISTS quarantine (
-    qid INTEGER PRIMARY KEY,
-    source TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    quarantined_at REAL NOT NULL,
-    seq, method, call, key, scope, stamp, generation, at, size, detail
-)"""
-"""Rows moved aside because they cannot be read: ``source`` is the table they were in, the columns
-after ``quarantined_at`` (declared without a type, so SQLite stores each value exactly as it was)
-are the row's own; ``at`` is its ``enqueued_at`` or ``parked_at``, ``detail`` its ``error`` or
-parking ``reason``. Added by layout 3."""
-_RAW_COLUMNS = ("seq", "method", "call", "key", "scope", "stamp", "generation", "at", "size", "detail")
-_SOURCE_COLUMNS = {
-    "pending": "seq, method, call, key, scope, stamp, generation, enqueued_at, size, error",
-    "parked": "seq, method, call, key, scope, NULL, NULL, parked_at, size, reason",
-}
-R = TypeVar("R")
-
-_PENDING_COLUMNS = "seq, method, call, key, scope, stamp, generation, enqueued_at, size, error"
-_PARKED_COLUMNS = "seq, method, call, reason, parked_at, size, key, scope"
-_META_COLUMNS = "seq, method, key, scope, stamp, generation, size, enqueued_at"
-_INDEX_COLUMNS = (
-    f"{_META_COLUMNS}, typeof(error), CASE WHEN typeof(call) != 'text' THEN typeof(call) "
-    "WHEN NOT json_valid(call) THEN 'not json' WHEN substr(ltrim(call), 1, 1) != '{' THEN 'not object' "
-    "ELSE 'ok' END, CASE WHEN typeof(key) != 'text' THEN 'ok' WHEN NOT json_valid(key) THEN 'not json' "
-    "WHEN json_type(key) NOT IN ('text', 'array') THEN 'not key' ELSE 'ok' END"
+from .spill_format import (
+    APPLICATION_ID,
+    CHUNK,
+    INDEX_COLUMNS,
+    INDEX_COLUMNS_PLAIN,
+    NUMERIC_AT,
+    PARKED_COLUMNS,
+    PENDING_COLUMNS,
+    SCHEMA_VERSION,
+    has_json,
 )
-"""What the index needs of a waiting entry, and whether its other columns look readable: the type
-of ``error``, whether ``call`` is a JSON object and ``key`` JSON text or a list (checked by SQLite,
-without bringing the call here)."""
-_INDEX_COLUMNS_PLAIN = f"{_META_COLUMNS}, typeof(error), 'ok', NULL"
-""":data:`_INDEX_COLUMNS` without SQLite's look at ``call`` and ``key`` (SQLite without JSON
-functions; deletions): the key is then parsed here."""
-_SOURCE_NAMES = {
-    "pending": (
-        "seq",
-        "method",
-        "call",
-        "key",
-        "scope",
-        "stamp",
-        "generation",
-        "enqueued_at",
-        "size",
-        "error",
-    ),
-    "parked": ("seq", "method", "call", "key", "scope", "NULL", "NULL", "parked_at", "size", "reason"),
-}
-_SIZE_SUM = "coalesce(sum(CASE WHEN typeof(size) = 'integer' THEN size ELSE 0 END), 0)"
-_NUMERIC_AT = "typeof(enqueued_at) IN ('integer', 'real')"
-_CHUNK = 500
-_LOCK_ATTEMPTS = 20
-
-_CORRUPT_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
-_FULL_CODES = frozenset({sqlite3.SQLITE_FULL})
-_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-class SpillFileError(GuardedError):
-    """The spill file cannot be used: not a dead-letter file, a newer layout, unreadable."""
-
-
-class SpillFileLockedError(SpillFileError):
-    """Another live process has the spill file open for writing."""
-
-
-class SpillFileCorruptError(SpillFileError):
-    """The file is not an SQLite database, or its database is damaged (malformed)."""
-
-
-class SpillFileVersionError(SpillFileError):
-    """The file was written by a newer guarded (a newer layout); it is left untouched."""
-
-
-class SpillFileForeignError(SpillFileError):
-    """The file is an SQLite database of something else, not a dead-letter spill file."""
-
-
-class SpillFileTargetError(SpillFileError):
-    """The file holds writes for another backend target; it is never claimed nor replayed here."""
-
-
-def _sqlite_code(exc: BaseException) -> int | None:
-    code = getattr(exc, "sqlite_errorcode", None)
-    return code & 0xFF if isinstance(code, int) else None
-
-
-def is_corruption(exc: BaseException) -> bool:
-    """Whether ``exc`` (or its cause) says the database file is damaged or not a database."""
-    for found in (exc, exc.__cause__):
-        if found is None:
-            continue
-        if isinstance(found, SpillFileCorruptError) or _sqlite_code(found) in _CORRUPT_CODES:
-            return True
-    return False
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` (or its cause) is ``SQLITE_FULL`` or an ``ENOSPC``/``EDQUOT`` OS error."""
-    for found in (exc, exc.__cause__):
-        if found is None:
-            continue
-        if _sqlite_code(found) in _FULL_CODES:
-            return True
-        if isinstance(found, OSError) and found.errno in _FULL_ERRNOS:
-            return True
-    return False
-
-
-@dataclass(frozen=True, slots=True)
-class RowInfo:
-    """The metadata of a stored entry (no payload): what the buffer's in-memory index needs."""
-
-    seq: int
-    method: str
-    key: str | None
-    scope: str | None
-    stamp: int
-    generation: int
-    size: int
-    parked: bool = False
-    enqueued_at: float = 0.0
-    damaged: bool = False
-    """The row could not be read whole (a deleted row damaged meanwhile): only ``seq`` is sure."""
-
-
-@dataclass(frozen=True, slots=True)
-class SpillTotals:
-    """Counts and encoded bytes of the file's entries, and its oldest waiting entry."""
-
-    pending: int
-    pending_bytes: int
-    parked: int
-    parked_bytes: int
-    oldest: tuple[int, float] | None
-    """``(seq, enqueued_at)`` of the oldest waiting entry."""
-    quarantined: int = 0
-    """Unreadable rows moved to the quarantine table (a read-only open also counts those it found
-    still in place)."""
-
-
-RawValue = bytes | int | float | None
-"""A column value as stored: text and blobs as their bytes."""
-
-
-@dataclass(frozen=True, slots=True)
-class SetAside:
-    """An unreadable row found by a read: moved to the quarantine table (a file open for writing)
-    or skipped (read-only). ``method``, ``key`` and ``scope`` are the row's values when readable.
-    ``counted`` says whether the row had been counted as a waiting write before (found by a read
-    of rows already indexed) rather than found while indexing the file."""
-
-    table: str
-    seq: int | None
-    reason: str
-    method: str | None = None
-    key: str | None = None
-    scope: str | None = None
-    counted: bool = False
-    rowid: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class QuarantinedRow:
-    """A row of the quarantine table (``id``), or, in a read-only open, an unreadable row still in
-    its table (``id`` and ``quarantined_at`` are ``None``). ``raw`` holds the row's columns as
-    stored: ``(name, SQLite type, value)``; print it only when payloads may be shown."""
-
-    id: int | None
-    source: str
-    seq: int | None
-    method: str | None
-    reason: str
-    quarantined_at: float | None
-    raw: tuple[tuple[str, str, RawValue], ...]
-
-
-EMPTY_TOTALS = SpillTotals(0, 0, 0, 0, None)
-
-
-@dataclass(frozen=True, slots=True)
-class WriteResult:
-    """What one write transaction removed, and the file's totals after it."""
-
-    deleted: list[RowInfo]
-    """Entries removed because the caller asked (superseded, replayed, taken, parked)."""
-    dropped: list[RowInfo]
-    """Entries removed to keep the file under its size cap (oldest first)."""
-    totals: SpillTotals
-
-
-class SourceReadError(SpillFileError):
-    """Reading the other file of :meth:`SpillFile.take_over` failed (that file's fault, not ours)."""
-
-
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def dumps(value: object) -> str:
-    """Compact JSON text of an encoded call, as stored."""
-    return _ENCODER.encode(value)
-
-
-# --- the lock ---------------------------------------------------------------------------------------
-
-
-def lock_path(path: str) -> str:
-    """The lock file of the spill file ``path``."""
-    return path + ".lock"
-
-
-def acquire_lock(path: str) -> int:
-    """Take the exclusive ``flock`` of ``path``'s lock file without waiting; returns its descriptor.
-
-    After the lock is taken, the lock file's path must still name the locked inode: a process
-    that removes a spill file (adoption) unlinks the lock file while holding it, and a lock taken
-    on the unlinked inode protects nothing, so it is dropped and the open retried.
-
-    Raises :class:`SpillFileLockedError` when a live process holds it, :class:`OSError` when the
-    lock file cannot be created.
-    """
-    name = lock_path(path)
-    for _ in range(_LOCK_ATTEMPTS):
-        fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                holder = os.read(fd, 32).decode("ascii", "replace").strip()
-            finally:
-                os.close(fd)
-            who = f" (pid {holder})" if holder.isdigit() else ""
-            raise SpillFileLockedError(
-                f"dead-letter spill file {path!r} is in use by another process{who}"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            held, named = os.fstat(fd), os.stat(name)
-        except FileNotFoundError:
-            os.close(fd)
-            continue
-        except BaseException:
-            os.close(fd)
-            raise
-        if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
-            os.close(fd)
-            continue
-        try:
-            os.ftruncate(fd, 0)
-            os.write(fd, str(os.getpid()).encode("ascii"))
-        except OSError:
-            pass  # the pid is for messages only; a full disk must not cost the lock
-        return fd
-    raise SpillFileLockedError(f"the lock file of {path!r} keeps being replaced; try again")
-
-
-def is_locked(path: str) -> bool:
-    """Whether a live process holds ``path``'s lock (``False`` when there is no lock file)."""
-    try:
-        fd = os.open(lock_path(path), os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-def holder_pid(path: str) -> int | None:
-    """The pid written into ``path``'s lock file by its last holder, if any."""
-    try:
-        with open(lock_path(path), "rb") as handle:
-            text = handle.read(32).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _unlink(name: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(name)
-
-
-def set_aside(path: str, *, now: Callable[[], float] = time.time) -> str:
-    """Rename a damaged spill file (and its WAL) to ``<path>.corrupt-<UTC timestamp>`` for
-    inspection and drop its shared-memory file; returns the new name. Call with its lock held."""
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now()))
-    target = f"{path}.corrupt-{stamp}Z"
-    counter = 1
-    while os.path.exists(target):
-        counter += 1
-        target = f"{path}.corrupt-{stamp}Z-{counter}"
-    if os.path.exists(path + "-wal"):
-        os.rename(path + "-wal", target + "-wal")
-    _unlink(path + "-shm")
-    os.rename(path, target)
-    return target
-
-
-def remove_files(path: str) -> None:
-    """Delete a spill file with its WAL and shared memory (the WAL first, so a crash midway never
-    leaves a WAL beside a newer file of the same name). Call with its lock held; the lock file
-    itself is removed by :meth:`SpillFile.remove`."""
-    _unlink(path + "-wal")
-    _unlink(path + "-shm")
-    _unlink(path)
-
-
-# --- reading rows that may be damaged ----------------------------------------------------------
-
-
-class _NotUtf8:
-    """A text value whose bytes are not UTF-8 (read with the connection's bytes text factory)."""
-
-    __slots__ = ()
-
-
-_NOT_UTF8 = _NotUtf8()
-
-
-class _Bad(Exception):
-    """A row cannot be read: the message is the reason (column names and types, never values)."""
-
-
-def _is_decode_error(exc: sqlite3.Error) -> bool:
-    return "decode" in str(exc).lower()
-
-
-def _kind(value: object) -> str:
-    if value is None:
-        return "NULL"
-    if value is _NOT_UTF8:
-        return "text that is not UTF-8"
-    if isinstance(value, bytes):
-        return "a blob"
-    if isinstance(value, bool | int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a real"
-    return "text"
-
-
-def _text_of(value: object, column: str, *, optional: bool = False, empty: bool = True) -> str | None:
-    if value is None and optional:
-        return None
-    if value is _NOT_UTF8:
-        raise _Bad(f"column {column!r} holds text that is not UTF-8")
-    if not isinstance(value, str):
-        raise _Bad(f"column {column!r} holds {_kind(value)}, not text")
-    if not empty and not value:
-        raise _Bad(f"column {column!r} is empty")
-    return value
-
-
-def _int_of(value: object, column: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _Bad(f"column {column!r} holds {_kind(value)}, not an integer")
-    return value
-
-
-def _real_of(value: object, column: str) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value):
-        raise _Bad(f"column {column!r} holds {_kind(value)}, not a number")
-    return float(value)
-
-
-def _json_key(value: str | None) -> str | None:
-    if value is not None:
-        try:
-            found = json.loads(value)
-        except ValueError:
-            raise _Bad("column 'key' is not JSON") from None
-        if not isinstance(found, str | list):
-            raise _Bad("column 'key' is not a JSON string or list")
-    return value
-
-
-def _json_call(value: str | None, *, optional: bool = False) -> dict[str, Any] | None:
-    if value is None and optional:
-        return None
-    try:
-        found = json.loads(value or "")
-    except (ValueError, RecursionError):
-        raise _Bad("column 'call' is not JSON") from None
-    if not isinstance(found, dict):
-        raise _Bad("column 'call' is not a JSON object")
-    return found
-
-
-def _pending(row: Sequence[object]) -> DeadLetter:
-    """A waiting entry from ``rowid, seq, method, call, key, scope, stamp, generation, enqueued_at,
-    size, error``; raises :class:`_Bad`."""
-    _rowid, seq, method, call, key, scope, stamp, generation, enqueued_at, size, error = row
-    text = _text_of(call, "call")
-    _int_of(generation, "generation")
-    return DeadLetter(
-        seq=_int_of(seq, "seq"),
-        method=_text_of(method, "method", empty=False) or "",
-        call=_json_call(text) or {},
-        key=_json_key(_text_of(key, "key", optional=True)),
-        scope=_text_of(scope, "scope", optional=True),
-        stamp=_int_of(stamp, "stamp"),
-        enqueued_at=_real_of(enqueued_at, "enqueued_at"),
-        size=_int_of(size, "size"),
-        error=_text_of(error, "error") or "",
-    )
-
-
-def _row_info(row: Sequence[object]) -> RowInfo:
-    """The metadata of a waiting entry from ``rowid,`` :data:`_INDEX_COLUMNS`; raises :class:`_Bad`."""
-    (
-        _rowid,
-        seq,
-        method,
-        key,
-        scope,
-        stamp,
-        generation,
-        size,
-        enqueued_at,
-        error_type,
-        call_state,
-        key_state,
-    ) = row
-    if (  # the common case, in one test
-        type(seq) is int
-        and type(method) is str
-        and method
-        and (key is None or type(key) is str)
-        and (scope is None or type(scope) is str)
-        and type(stamp) is int
-        and type(generation) is int
-        and type(size) is int
-        and type(enqueued_at) is float
-        and error_type == "text"
-        and call_state == "ok"
-        and (key_state == "ok" or (key_state is None and key is None))
-    ):
-        return RowInfo(seq, method, key, scope, stamp, generation, size, enqueued_at=enqueued_at)
-    info = RowInfo(
-        _int_of(seq, "seq"),
-        _text_of(method, "method", empty=False) or "",
-        _text_of(key, "key", optional=True),
-        _text_of(scope, "scope", optional=True),
-        _int_of(stamp, "stamp"),
-        _int_of(generation, "generation"),
-        _int_of(size, "size"),
-        enqueued_at=_real_of(enqueued_at, "enqueued_at"),
-    )
-    if error_type != "text":
-        raise _Bad(f"column 'error' holds {_SQL_KINDS.get(str(error_type), 'a value')}, not text")
-    if call_state == "not json":
-        raise _Bad("column 'call' is not JSON")
-    if call_state == "not object":
-        raise _Bad("column 'call' is not a JSON object")
-    if call_state != "ok":
-        raise _Bad(f"column 'call' holds {_SQL_KINDS.get(str(call_state), 'a value')}, not text")
-    if key_state == "not json":
-        raise _Bad("column 'key' is not JSON")
-    if key_state == "not key":
-        raise _Bad("column 'key' is not a JSON string or list")
-    if key_state is None:  # not looked at by SQLite
-        _json_key(info.key)
-    return info
-
-
-def _parked(row: Sequence[object]) -> ParkedWrite:
-    """A parked write from ``rowid, seq, method, call, reason, parked_at, size, key, scope``;
-    raises :class:`_Bad`."""
-    _rowid, seq, method, call, reason, parked_at, size, key, scope = row
-    _text_of(key, "key", optional=True)
-    _text_of(scope, "scope", optional=True)
-    return ParkedWrite(
-        seq=_int_of(seq, "seq"),
-        method=_text_of(method, "method", empty=False) or "",
-        call=_json_call(_text_of(call, "call", optional=True), optional=True),
-        reason=_text_of(reason, "reason") or "",
-        parked_at=_real_of(parked_at, "parked_at"),
-        size=_int_of(size, "size"),
-    )
-
-
-_SQL_KINDS = {"null": "NULL", "integer": "an integer", "real": "a real", "blob": "a blob", "text": "text"}
-
-
-def _readable(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _set_aside_of(table: str, row: Sequence[object], reason: str, *, counted: bool) -> SetAside:
-    """What is known of an unreadable row (``rowid, seq, method, ...`` as read)."""
-    rowid, seq, method = row[0], row[1], row[2]
-    key = scope = None
-    if table == "pending" and len(row) == 11:  # a page row
-        key, scope = _readable(row[4]), _readable(row[5])
-    elif table == "pending":  # an index row
-        key, scope = _readable(row[3]), _readable(row[4])
-    return SetAside(
-        table,
-        seq if isinstance(seq, int) else None,
-        reason,
-        method=_readable(method),
-        key=key,
-        scope=scope,
-        counted=counted,
-        rowid=rowid if isinstance(rowid, int) else 0,
-    )
-
-
-def _decoded(value: object) -> object:
-    """A value read with bytes for text: the text, or :data:`_NOT_UTF8`."""
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return _NOT_UTF8
-    return value
-
-
-def _deleted_info(row: Sequence[object], *, parked: bool = False) -> RowInfo:
-    """The metadata of a row being deleted: whatever it holds, it is deleted all the same (a row
-    that cannot be read whole comes back ``damaged``, with what could be read)."""
-    try:
-        info = _row_info(row)
-    except _Bad:
-        seq, method, key, scope, size = row[1], row[2], row[3], row[4], row[7]
-        try:
-            readable_key = _json_key(_readable(key))
-        except _Bad:
-            readable_key = None
-        return RowInfo(
-            seq if isinstance(seq, int) else 0,
-            _readable(method) or "unknown",
-            readable_key,
-            _readable(scope),
-            0,
-            0,
-            size if isinstance(size, int) else 0,
-            parked=parked,
-            damaged=True,
-        )
-    if parked:
-        return RowInfo(info.seq, info.method, info.key, info.scope, 0, 0, info.size, parked=True)
-    return info
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return "" if value is None else str(value)
-
-
-def _raw_values(names: Sequence[str], values: Sequence[object]) -> tuple[tuple[str, str, RawValue], ...]:
-    """``(name, SQLite type, value)`` of columns read as ``typeof(c), c`` pairs with bytes for text."""
-    found: list[tuple[str, str, RawValue]] = []
-    for index, name in enumerate(names):
-        kind, value = _text(values[2 * index]), values[2 * index + 1]
-        if not isinstance(value, bytes | int | float) or isinstance(value, bool):
-            value = None
-        found.append((name, kind, value))
-    return tuple(found)
-
-
-def _raw_int(raw: Sequence[tuple[str, str, RawValue]], name: str) -> int | None:
-    for column, kind, value in raw:
-        if column == name and kind == "integer" and isinstance(value, int):
-            return value
-    return None
-
-
-def _raw_text(raw: Sequence[tuple[str, str, RawValue]], name: str) -> str | None:
-    for column, kind, value in raw:
-        if column == name and kind == "text" and isinstance(value, bytes):
-            try:
-                return value.decode("utf-8")
-            except UnicodeDecodeError:
-                return None
-    return None
-
-
-def _has_json(db: sqlite3.Connection) -> bool:
-    """Whether SQLite has its JSON functions (built in since 3.38)."""
-    try:
-        db.execute("SELECT json_valid('{}')").fetchone()
-    except sqlite3.Error:
-        return False
-    return True
-
-
-def _wrap(exc: sqlite3.Error, path: str, doing: str) -> SpillFileError:
-    """``exc`` of opening ``path`` as the matching :class:`SpillFileError` (chained by the caller)."""
-    if _sqlite_code(exc) in _CORRUPT_CODES:
-        return SpillFileCorruptError(f"dead-letter spill file {path!r} is damaged ({doing}): {exc}")
-    return SpillFileError(f"cannot open dead-letter spill file {path!r} ({doing}): {exc}")
+from .spill_lock import (
+    acquire_lock,
+    holder_pid,
+    is_locked,
+    lock_path,
+    remove_files,
+    set_aside,
+    unlink_quietly,
+)
+from .spill_open import open_read_only, open_writable
+from .spill_quarantine import RowQuarantine
+from .spill_records import (
+    EMPTY_TOTALS,
+    QuarantinedRow,
+    RawValue,
+    RowInfo,
+    SetAside,
+    SpillCounts,
+    SpillTotals,
+    WriteResult,
+    dumps,
+)
+from .spill_rows import read_parked, read_pending
+from .spill_writes import copy_from, delete_pending, enforce, insert_parked, insert_pending
 
 
 class SpillFile:
@@ -703,15 +108,13 @@ class SpillFile:
         self.legacy_entries = 0
         """Waiting and parked writes the file held when it was opened with no recorded target and
         was then recorded as ``target`` (see :meth:`open`)."""
-        self._pending = self._pending_bytes = self._parked = self._parked_bytes = 0
-        self._quarantined = 0
-        self._set_aside: collections.deque[SetAside] = collections.deque()
-        self._staged: list[SetAside] = []
-        self._in_place: dict[tuple[str, int], SetAside] = {}
-        """Read-only: unreadable rows found in their table (by ``(table, rowid)``)."""
-        self._has_quarantine = self._table_exists("quarantine")
-        self._index_columns = _INDEX_COLUMNS if _has_json(connection) else _INDEX_COLUMNS_PLAIN
-        self._recount()
+        self.counts = SpillCounts()
+        """What the file holds, as last counted."""
+        self._rows = RowQuarantine(
+            connection, self.counts, read_only=self.read_only, has_quarantine=self._table_exists("quarantine")
+        )
+        self._index_columns = INDEX_COLUMNS if has_json(connection) else INDEX_COLUMNS_PLAIN
+        self._rows.recount()
 
     # --- opening ----------------------------------------------------------------------------------
 
@@ -741,179 +144,26 @@ class SpillFile:
         :class:`SpillFileForeignError` (nothing written), :class:`SpillFileError` or
         :class:`OSError` otherwise.
         """
-        own_lock = lock_fd is None
-        if lock_fd is None:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            lock_fd = acquire_lock(path)
-        try:
-            if not os.path.exists(path):
-                remove_files(path)  # a WAL without its database must never meet a new one
-                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
-            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            try:
-                spill = cls._prepare(
-                    db,
-                    path,
-                    lock_fd,
-                    synchronous=synchronous,
-                    target=target,
-                    check_target=check_target,
-                    min_generation=min_generation,
-                )
-            except sqlite3.Error as exc:
-                db.close()
-                raise _wrap(exc, path, "opening") from exc
-            except BaseException:
-                db.close()
-                raise
-        except BaseException:
-            if own_lock:
-                os.close(lock_fd)
-            raise
-        return spill
-
-    @classmethod
-    def _prepare(
-        cls,
-        db: sqlite3.Connection,
-        path: str,
-        lock_fd: int,
-        *,
-        synchronous: str,
-        target: str | None,
-        check_target: bool,
-        min_generation: int,
-    ) -> SpillFile:
-        db.execute("PRAGMA busy_timeout = 5000")
-        created = not cls._is_ours(db, path)
-        recorded = None if created else cls._meta(db, "target")
-        retarget = legacy = False
-        if check_target and not created and recorded != target:
-            held = cls._count(db)
-            if recorded is not None and held:
-                raise SpillFileTargetError(
-                    f"dead-letter spill file {path!r} holds {held} write(s) for another target "
-                    f"({recorded}); it is never replayed into {target or 'an unknown target'}"
-                )
-            retarget = target is not None
-            legacy = recorded is None and held > 0
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute(f"PRAGMA synchronous = {synchronous}")
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            if created:
-                for statement in (*_SCHEMA, _QUARANTINE_TABLE):
-                    db.execute(statement)
-                db.execute(
-                    "INSERT INTO meta (name, value) VALUES ('schema_version', ?), ('generation', '0')",
-                    (str(SCHEMA_VERSION),),
-                )
-                db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-                retarget = target is not None
-            else:
-                cls._migrate(db)
-            if retarget:
-                db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('target', ?)", (target,))
-                recorded = target
-            generation = max(cls._meta_int(db, "generation") + 1, min_generation)
-            db.execute("UPDATE meta SET value = ? WHERE name = 'generation'", (str(generation),))
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        spill = cls(db, path, lock_fd=lock_fd, generation=generation, target=recorded)
-        if legacy:
-            spill.legacy_entries = spill._pending + spill._parked
-        spill.check_parked()
-        return spill
-
-    @staticmethod
-    def _count(db: sqlite3.Connection) -> int:
-        row = db.execute("SELECT (SELECT count(*) FROM pending) + (SELECT count(*) FROM parked)").fetchone()
-        return int(row[0])
-
-    @classmethod
-    def _migrate(cls, db: sqlite3.Connection) -> None:
-        """Bring an older layout forward (in the caller's transaction)."""
-        version = cls._meta_int(db, "schema_version")
-        # 1 -> 2: a file may record its target in meta; none recorded means unknown.
-        if version < 3:
-            # 2 -> 3: unreadable rows are moved to a quarantine table.
-            db.execute(_QUARANTINE_TABLE)
-        if version < SCHEMA_VERSION:
-            db.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION),))
+        return open_writable(
+            cls,
+            path,
+            synchronous=synchronous,
+            lock_fd=lock_fd,
+            target=target,
+            check_target=check_target,
+            min_generation=min_generation,
+        )
 
     @classmethod
     def open_read_only(cls, path: str) -> SpillFile:
         """Open an existing file for reading only, without the lock (works beside a live writer)."""
-        if not os.path.isfile(path):
-            raise SpillFileError(f"no dead-letter spill file at {path!r}")
-        try:
-            db = sqlite3.connect(
-                f"file:{quote(os.path.abspath(path))}?mode=ro",
-                uri=True,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-        except sqlite3.Error as exc:
-            raise _wrap(exc, path, "reading") from exc
-        try:
-            db.execute("PRAGMA busy_timeout = 5000")
-            if not cls._is_ours(db, path):
-                raise SpillFileForeignError(f"{path!r} is an empty database, not a dead-letter spill file")
-            generation = cls._meta_int(db, "generation")
-            target = cls._meta(db, "target")
-            spill = cls(db, path, lock_fd=None, generation=generation, target=target)
-            spill.check_parked()
-            return spill
-        except sqlite3.Error as exc:
-            db.close()
-            raise _wrap(exc, path, "reading") from exc
-        except BaseException:
-            db.close()
-            raise
-
-    @staticmethod
-    def _meta(db: sqlite3.Connection, name: str) -> str | None:
-        row = db.execute("SELECT CAST(value AS BLOB) FROM meta WHERE name = ?", (name,)).fetchone()
-        if row is None or row[0] is None:
-            return None
-        try:
-            return bytes(row[0]).decode("utf-8")
-        except UnicodeDecodeError:
-            raise SpillFileCorruptError(f"the meta value {name!r} is not UTF-8 text") from None
-
-    @classmethod
-    def _meta_int(cls, db: sqlite3.Connection, name: str) -> int:
-        text = cls._meta(db, name)
-        try:
-            return int(text or 0)
-        except ValueError:
-            raise SpillFileCorruptError(f"the meta value {name!r} is not a number") from None
+        return open_read_only(cls, path)
 
     def _table_exists(self, name: str) -> bool:
         row = self._db.execute(
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
         ).fetchone()
         return bool(row[0])
-
-    @classmethod
-    def _is_ours(cls, db: sqlite3.Connection, path: str) -> bool:
-        """Whether the file holds our schema (``False``: an empty database); raises otherwise."""
-        application_id = db.execute("PRAGMA application_id").fetchone()[0]
-        if application_id != APPLICATION_ID:
-            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if application_id == 0 and tables == 0:
-                return False
-            raise SpillFileForeignError(f"{path!r} is not a guarded dead-letter spill file")
-        version = cls._meta_int(db, "schema_version")
-        if version > SCHEMA_VERSION:
-            raise SpillFileVersionError(
-                f"{path!r} was written by a newer guarded (spill file schema {version}, "
-                f"this version reads up to {SCHEMA_VERSION})"
-            )
-        return True
 
     def close(self) -> None:
         """Close the database and release the lock."""
@@ -939,7 +189,7 @@ class SpillFile:
         try:
             remove_files(self.path)
             if self._lock_fd is not None:
-                _unlink(lock_path(self.path))
+                unlink_quietly(lock_path(self.path))
         finally:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
@@ -947,21 +197,10 @@ class SpillFile:
 
     # --- reading ----------------------------------------------------------------------------------
 
-    def _recount(self) -> None:
-        self._pending, self._pending_bytes = self._db.execute(
-            f"SELECT count(*), {_SIZE_SUM} FROM pending"
-        ).fetchone()
-        self._parked, self._parked_bytes = self._db.execute(
-            f"SELECT count(*), {_SIZE_SUM} FROM parked"
-        ).fetchone()
-        self._quarantined = (
-            self._db.execute("SELECT count(*) FROM quarantine").fetchone()[0] if self._has_quarantine else 0
-        )
-
     @property
     def is_empty(self) -> bool:
         """Whether the file holds no waiting and no parked write (as last counted)."""
-        return self._pending == 0 and self._parked == 0
+        return self.counts.pending == 0 and self.counts.parked == 0
 
     def totals(self) -> SpillTotals:
         """Counts, encoded bytes and the oldest waiting entry (kept up to date by the writer; a
@@ -969,24 +208,26 @@ class SpillFile:
         if self.read_only:
             return self._read_only_totals()
         head = self._db.execute(
-            f"SELECT seq, enqueued_at FROM pending WHERE {_NUMERIC_AT} ORDER BY seq LIMIT 1"
+            f"SELECT seq, enqueued_at FROM pending WHERE {NUMERIC_AT} ORDER BY seq LIMIT 1"
         ).fetchone()
         return SpillTotals(
-            self._pending,
-            self._pending_bytes,
-            self._parked,
-            self._parked_bytes,
+            self.counts.pending,
+            self.counts.pending_bytes,
+            self.counts.parked,
+            self.counts.parked_bytes,
             None if head is None else (head[0], float(head[1])),
-            self._quarantined,
+            self.counts.quarantined,
         )
 
     def _read_only_totals(self) -> SpillTotals:
-        self._recount()
-        for _ in self._index(counted=False):  # rows whose seq is not a number are met here
+        self._rows.recount()
+        for _ in self._rows.index(
+            self._index_columns, counted=False
+        ):  # rows whose seq is not a number are met here
             pass
         pending = pending_bytes = 0
         oldest: tuple[int, float] | None = None
-        for entry in self._entries(counted=False):
+        for entry in self._rows.entries(counted=False):
             pending += 1
             pending_bytes += entry.size
             if oldest is None:
@@ -998,14 +239,16 @@ class SpillFile:
             len(parked),
             sum(write.size for write in parked),
             oldest,
-            self._quarantined + len(self._in_place),
+            self.counts.quarantined + len(self._rows.in_place),
         )
 
     def by_method(self) -> list[tuple[str, int, int]]:
         """``(method, waiting entries, encoded bytes)`` per method, by method name (readable rows)."""
         counts: dict[str, list[int]] = {}
         rows: Iterator[RowInfo | DeadLetter] = (
-            self._entries(counted=False) if self.read_only else self._index(counted=False)
+            self._rows.entries(counted=False)
+            if self.read_only
+            else self._rows.index(self._index_columns, counted=False)
         )
         for info in rows:
             found = counts.setdefault(info.method, [0, 0])
@@ -1023,96 +266,9 @@ class SpillFile:
 
     # --- unreadable rows --------------------------------------------------------------------------
 
-    def _select(self, sql: str, params: Sequence[object] = ()) -> list[tuple[object, ...]]:
-        """``sql``'s rows; text that is not UTF-8 comes back as :data:`_NOT_UTF8` instead of failing
-        the whole read (such a read is done again with bytes for text)."""
-        try:
-            return self._db.execute(sql, params).fetchall()
-        except (sqlite3.OperationalError, sqlite3.DataError) as exc:
-            if not _is_decode_error(exc):
-                raise
-        factory = self._db.text_factory
-        self._db.text_factory = bytes
-        try:
-            rows = self._db.execute(sql, params).fetchall()
-        finally:
-            self._db.text_factory = factory
-        return [tuple(_decoded(value) for value in row) for row in rows]
-
-    def _checked(
-        self,
-        table: str,
-        rows: Sequence[Sequence[object]],
-        read: Callable[[Sequence[object]], R],
-        *,
-        counted: bool,
-    ) -> list[R]:
-        """``read`` of each row; rows it cannot read are set aside (see the module docs)."""
-        good: list[R] = []
-        bad: list[SetAside] = []
-        known = self._in_place
-        for row in rows:
-            if known and (table, row[0]) in known:
-                continue  # read-only: found unreadable before
-            try:
-                good.append(read(row))
-            except _Bad as exc:
-                bad.append(_set_aside_of(table, row, str(exc), counted=counted))
-        if bad:
-            self._put_aside(bad)
-        return good
-
-    def _put_aside(self, found: Sequence[SetAside]) -> None:
-        """Move unreadable rows to the quarantine table (in the transaction under way, if any: they
-        are reported once it commits), or, read-only, remember them as found in place."""
-        if self.read_only or not self._has_quarantine:
-            for item in found:
-                self._in_place[(item.table, item.rowid)] = item
-            return
-        now = time.time()
-        own = not self._db.in_transaction
-        if own:
-            self._db.execute("BEGIN IMMEDIATE")
-        try:
-            for item in found:
-                columns = _SOURCE_COLUMNS[item.table]
-                self._db.execute(
-                    f"INSERT INTO quarantine (source, reason, quarantined_at, {', '.join(_RAW_COLUMNS)}) "
-                    f"SELECT ?, ?, ?, {columns} FROM {item.table} WHERE rowid = ?",
-                    (item.table, item.reason, now, item.rowid),
-                )
-                self._db.execute(f"DELETE FROM {item.table} WHERE rowid = ?", (item.rowid,))
-            self._staged.extend(found)
-            self._recount()
-            if own:
-                self._db.execute("COMMIT")
-                self._publish()
-        except BaseException:
-            if own:
-                self._abandon()
-            raise
-
-    def _publish(self) -> None:
-        self._set_aside.extend(self._staged)
-        self._staged.clear()
-
-    def _abandon(self) -> None:
-        self._staged.clear()
-        try:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            self._recount()
-        except sqlite3.Error:
-            pass  # the original error says more
-
     def take_set_aside(self) -> list[SetAside]:
         """The unreadable rows moved to the quarantine table since the last call (any thread)."""
-        taken: list[SetAside] = []
-        while True:
-            try:
-                taken.append(self._set_aside.popleft())
-            except IndexError:
-                return taken
+        return self._rows.take_set_aside()
 
     def check_parked(self) -> None:
         """Read every parked write once, setting aside those that cannot be read (done at open)."""
@@ -1121,110 +277,24 @@ class SpillFile:
     def check_all(self) -> None:
         """Read every row, calls included, setting aside those that cannot be read (before a file
         is adopted, so that copying its rows never meets one)."""
-        for _ in self._index(counted=False):
+        for _ in self._rows.index(self._index_columns, counted=False):
             pass
-        for _ in self._entries(counted=False):
+        for _ in self._rows.entries(counted=False):
             pass
         self.parked()
-
-    def _entries(self, *, counted: bool) -> Iterator[DeadLetter]:
-        """Every readable waiting entry, in sequence order (unreadable ones are set aside)."""
-        after = -(2**63)
-        while True:
-            rows = self._select(
-                f"SELECT rowid, {_PENDING_COLUMNS} FROM pending "
-                "WHERE typeof(seq) = 'integer' AND seq > ? ORDER BY seq LIMIT ?",
-                (after, _CHUNK),
-            )
-            if not rows:
-                return
-            after = int(rows[-1][1])  # type: ignore[call-overload]
-            yield from self._checked("pending", rows, _pending, counted=counted)
 
     def quarantined(self, limit: int | None = None, *, with_raw: bool = True) -> list[QuarantinedRow]:
         """The quarantined rows, oldest first, at most ``limit``; a read-only open lists the
         unreadable rows it found still in their tables after them. ``raw`` is empty unless
         ``with_raw``."""
-        found: list[QuarantinedRow] = []
-        if self._has_quarantine:
-            raw_columns = ", ".join(f"typeof({name}), {name}" for name in _RAW_COLUMNS)
-            rows = self._bytes_select(
-                "SELECT qid, CAST(source AS BLOB), CAST(reason AS BLOB), quarantined_at, "
-                f"{raw_columns} FROM quarantine ORDER BY qid LIMIT ?",
-                (-1 if limit is None else limit,),
-            )
-            for row in rows:
-                raw = _raw_values(_RAW_COLUMNS, row[4:])
-                found.append(
-                    QuarantinedRow(
-                        id=int(row[0]),  # type: ignore[call-overload]
-                        source=_text(row[1]),
-                        seq=_raw_int(raw, "seq"),
-                        method=_raw_text(raw, "method"),
-                        reason=_text(row[2]),
-                        quarantined_at=row[3] if isinstance(row[3], int | float) else None,
-                        raw=raw if with_raw else (),
-                    )
-                )
-        for item in list(self._in_place.values()):
-            if limit is not None and len(found) >= limit:
-                break
-            names = _SOURCE_NAMES[item.table]
-            rows = self._bytes_select(
-                f"SELECT {', '.join(f'typeof({name}), {name}' for name in names)} "
-                f"FROM {item.table} WHERE rowid = ?",
-                (item.rowid,),
-            )
-            raw = _raw_values(_RAW_COLUMNS, rows[0]) if rows else ()
-            found.append(
-                QuarantinedRow(
-                    id=None,
-                    source=item.table,
-                    seq=item.seq,
-                    method=item.method,
-                    reason=item.reason,
-                    quarantined_at=None,
-                    raw=raw if with_raw else (),
-                )
-            )
-        return found
-
-    def _bytes_select(self, sql: str, params: Sequence[object]) -> list[tuple[object, ...]]:
-        factory = self._db.text_factory
-        self._db.text_factory = bytes
-        try:
-            return self._db.execute(sql, params).fetchall()
-        finally:
-            self._db.text_factory = factory
+        return self._rows.listing(limit, with_raw=with_raw)
 
     # --- reading ----------------------------------------------------------------------------------
-
-    def _index(self, *, counted: bool) -> Iterator[RowInfo]:
-        last: int | None = None
-        while True:
-            if last is None:
-                # The first chunk also sees rows whose seq is not an integer (NULL, text: a table
-                # rebuilt without its constraints); they are set aside like any unreadable row.
-                rows = self._select(
-                    f"SELECT rowid, {self._index_columns} FROM pending "
-                    "WHERE typeof(seq) != 'integer' ORDER BY rowid"
-                )
-                self._checked("pending", rows, _row_info, counted=counted)
-                last = -(2**63)
-            rows = self._select(
-                f"SELECT rowid, {self._index_columns} FROM pending "
-                "WHERE typeof(seq) = 'integer' AND seq > ? ORDER BY seq LIMIT ?",
-                (last, _CHUNK),
-            )
-            if not rows:
-                return
-            last = int(rows[-1][1])  # type: ignore[call-overload]
-            yield from self._checked("pending", rows, _row_info, counted=counted)
 
     def index_rows(self) -> Iterator[RowInfo]:
         """Metadata of every waiting entry, in sequence order (to rebuild the in-memory index).
         Unreadable rows are set aside (reported with ``counted=False``)."""
-        return self._index(counted=False)
+        return self._rows.index(self._index_columns, counted=False)
 
     def parked_seqs(self) -> list[int]:
         """Sequence numbers of the parked writes, in order."""
@@ -1236,91 +306,45 @@ class SpillFile:
     def page(self, after: int, limit: int | None) -> list[DeadLetter]:
         """Waiting entries with ``seq > after`` in sequence order, at most ``limit`` (unreadable
         rows are set aside and not counted against the limit)."""
-        return self._paged("pending", _PENDING_COLUMNS, _pending, after, limit, counted=True)
+        return self._rows.paged("pending", PENDING_COLUMNS, read_pending, after, limit, counted=True)
 
     def fetch(self, seqs: Sequence[int]) -> list[DeadLetter]:
         """The waiting entries among ``seqs``, in sequence order."""
         found: list[DeadLetter] = []
-        for start in range(0, len(seqs), _CHUNK):
-            chunk = seqs[start : start + _CHUNK]
+        for start in range(0, len(seqs), CHUNK):
+            chunk = seqs[start : start + CHUNK]
             marks = ",".join("?" * len(chunk))
-            rows = self._select(
-                f"SELECT rowid, {_PENDING_COLUMNS} FROM pending WHERE seq IN ({marks})", chunk
+            rows = self._rows.select(
+                f"SELECT rowid, {PENDING_COLUMNS} FROM pending WHERE seq IN ({marks})", chunk
             )
-            found.extend(self._checked("pending", rows, _pending, counted=True))
+            found.extend(self._rows.checked("pending", rows, read_pending, counted=True))
         found.sort(key=lambda entry: entry.seq)
         return found
 
     def for_scope(self, method: str, scope: str) -> list[DeadLetter]:
         """The waiting entries of ``method`` in ``scope``, in sequence order."""
-        rows = self._select(
-            f"SELECT rowid, {_PENDING_COLUMNS} FROM pending WHERE method = ? AND scope = ? ORDER BY seq",
+        rows = self._rows.select(
+            f"SELECT rowid, {PENDING_COLUMNS} FROM pending WHERE method = ? AND scope = ? ORDER BY seq",
             (method, scope),
         )
-        return self._checked("pending", rows, _pending, counted=True)
+        return self._rows.checked("pending", rows, read_pending, counted=True)
 
     def parked(self, limit: int | None = None) -> list[ParkedWrite]:
         """Parked writes in sequence order, at most ``limit`` (unreadable ones are set aside)."""
         if limit is None or limit > 0:
-            rows = self._select(f"SELECT rowid, {_PARKED_COLUMNS} FROM parked WHERE typeof(seq) != 'integer'")
-            self._checked("parked", rows, _parked, counted=False)
-        return self._paged("parked", _PARKED_COLUMNS, _parked, -(2**63), limit, counted=False)
-
-    def _paged(
-        self,
-        table: str,
-        columns: str,
-        read: Callable[[Sequence[object]], R],
-        after: int,
-        limit: int | None,
-        *,
-        counted: bool,
-    ) -> list[R]:
-        """Rows of ``table`` with an integer ``seq > after`` in sequence order, read by ``read``, at
-        most ``limit``; unreadable rows are set aside and not counted against the limit."""
-        found: list[R] = []
-        while True:
-            want = None if limit is None else limit - len(found)
-            if want is not None and want <= 0:
-                return found
-            rows = self._select(
-                f"SELECT rowid, {columns} FROM {table} "
-                "WHERE typeof(seq) = 'integer' AND seq > ? ORDER BY seq LIMIT ?",
-                (after, -1 if want is None else want),
+            rows = self._rows.select(
+                f"SELECT rowid, {PARKED_COLUMNS} FROM parked WHERE typeof(seq) != 'integer'"
             )
-            if not rows:
-                return found
-            after = int(rows[-1][1])  # type: ignore[call-overload]
-            found.extend(self._checked(table, rows, read, counted=counted))
-            if want is None or len(rows) < want:
-                return found
+            self._rows.checked("parked", rows, read_parked, counted=False)
+        return self._rows.paged("parked", PARKED_COLUMNS, read_parked, -(2**63), limit, counted=False)
 
-    def _raw(self, table: str, columns: str) -> Iterator[list[tuple[object, ...]]]:
-        last = -1
-        while True:
-            rows = self._db.execute(
-                f"SELECT {columns} FROM {table} WHERE typeof(seq) = 'integer' AND seq > ? "
-                "ORDER BY seq LIMIT ?",
-                (last, _CHUNK),
-            ).fetchall()
-            if not rows:
-                return
-            last = _int(rows[-1][0])
-            yield rows
+    def raw_rows(self, table: str, columns: str) -> Iterator[list[tuple[object, ...]]]:
+        """Chunks of ``table``'s rows as stored (``columns``, the first the ``seq``), to copy them."""
+        return self._rows.raw_chunks_of(table, columns)
 
-    def _raw_quarantine(self) -> Iterator[list[tuple[object, ...]]]:
-        if not self._has_quarantine:
-            return
-        last = -1
-        columns = ", ".join(("source", "reason", "quarantined_at", *_RAW_COLUMNS))
-        while True:
-            rows = self._bytes_select(
-                f"SELECT qid, {columns} FROM quarantine WHERE qid > ? ORDER BY qid LIMIT ?", (last, _CHUNK)
-            )
-            if not rows:
-                return
-            last = _int(rows[-1][0])
-            yield [row[1:] for row in rows]
+    def raw_quarantine_rows(self) -> Iterator[list[tuple[object, ...]]]:
+        """Chunks of the quarantined rows as stored, to copy them."""
+        return self._rows.raw_chunks()
 
     # --- writing ----------------------------------------------------------------------------------
 
@@ -1333,76 +357,10 @@ class SpillFile:
             yield self._db
             self._db.execute("COMMIT")
             self.commits += 1
-            self._publish()
+            self._rows.publish()
         except BaseException:
-            self._abandon()
+            self._rows.abandon()
             raise
-
-    def _delete_pending(self, db: sqlite3.Connection, seqs: Sequence[int]) -> list[RowInfo]:
-        deleted: list[RowInfo] = []
-        for start in range(0, len(seqs), _CHUNK):
-            chunk = seqs[start : start + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            rows = self._select(
-                f"SELECT rowid, {_INDEX_COLUMNS_PLAIN} FROM pending WHERE seq IN ({marks})", chunk
-            )
-            deleted.extend(_deleted_info(row) for row in rows)
-            db.execute(f"DELETE FROM pending WHERE seq IN ({marks})", chunk)
-        deleted.sort(key=lambda row: row.seq)
-        self._pending -= len(deleted)
-        self._pending_bytes -= sum(row.size for row in deleted)
-        return deleted
-
-    def _enforce(self, db: sqlite3.Connection, max_bytes: int) -> list[RowInfo]:
-        excess = self._pending_bytes + self._parked_bytes - max_bytes
-        if excess <= 0:
-            return []
-        dropped: list[RowInfo] = []
-        for table, parked in (("pending", False), ("parked", True)):
-            stamp = "stamp, generation" if not parked else "0, 0"
-            last = None
-            query = (
-                f"SELECT rowid, seq, method, key, scope, {stamp}, size, 0.0, 'text', 'ok', NULL FROM {table} "
-                "WHERE typeof(seq) = 'integer' ORDER BY seq"
-            )
-            for row in self._select(query):
-                info = _deleted_info(row, parked=parked)
-                dropped.append(info)
-                last = info.seq
-                excess -= info.size
-                if excess <= 0:
-                    break
-            if last is not None:
-                db.execute(f"DELETE FROM {table} WHERE seq <= ?", (last,))
-                removed = [row for row in dropped if row.parked is parked]
-                if parked:
-                    self._parked -= len(removed)
-                    self._parked_bytes -= sum(row.size for row in removed)
-                else:
-                    self._pending -= len(removed)
-                    self._pending_bytes -= sum(row.size for row in removed)
-            if excess <= 0:
-                break
-        return dropped
-
-    def _insert_parked(self, db: sqlite3.Connection, writes: Sequence[ParkedWrite]) -> None:
-        db.executemany(
-            "INSERT OR REPLACE INTO parked (seq, method, call, reason, parked_at, size) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                (
-                    write.seq,
-                    write.method,
-                    None if write.call is None else dumps(write.call),
-                    write.reason,
-                    write.parked_at,
-                    write.size,
-                )
-                for write in writes
-            ],
-        )
-        self._parked += len(writes)
-        self._parked_bytes += sum(write.size for write in writes)
 
     def write(
         self,
@@ -1423,33 +381,14 @@ class SpillFile:
         ``texts`` (by seq) are their calls already encoded with :func:`dumps`.
         """
         with self._transaction() as db:
-            deleted = self._delete_pending(db, delete) if delete else []
+            deleted = delete_pending(db, self._rows, self.counts, delete) if delete else []
             if entries:
-                found_generation = generations.get if generations else None
-                found_text = texts.get if texts else None
-                db.executemany(
-                    f"INSERT INTO pending ({_PENDING_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            entry.seq,
-                            entry.method,
-                            (found_text(entry.seq) if found_text else None) or dumps(entry.call),
-                            entry.key,
-                            entry.scope,
-                            entry.stamp,
-                            found_generation(entry.seq, generation) if found_generation else generation,
-                            entry.enqueued_at,
-                            entry.size,
-                            entry.error,
-                        )
-                        for entry in entries
-                    ],
+                insert_pending(
+                    db, self.counts, entries, generation=generation, generations=generations, texts=texts
                 )
-                self._pending += len(entries)
-                self._pending_bytes += sum(entry.size for entry in entries)
             if parked:
-                self._insert_parked(db, parked)
-            dropped = self._enforce(db, max_bytes) if max_bytes is not None else []
+                insert_parked(db, self.counts, parked)
+            dropped = enforce(db, self._rows, self.counts, max_bytes) if max_bytes is not None else []
         return WriteResult(deleted, dropped, self.totals())
 
     def take_over(
@@ -1470,30 +409,9 @@ class SpillFile:
         A failure reading ``source`` raises :class:`SourceReadError` (nothing written here).
         """
         with self._transaction() as db:
-            deleted = self._delete_pending(db, delete) if delete else []
-            for rows in _read_source(source, "pending", _PENDING_COLUMNS):
-                chosen = [
-                    (pending[_int(row[0])], *row[1:6], 0, *row[7:]) for row in rows if _int(row[0]) in pending
-                ]
-                db.executemany(
-                    f"INSERT INTO pending ({_PENDING_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", chosen
-                )
-                self._pending += len(chosen)
-                self._pending_bytes += sum(_int(row[8]) for row in chosen)
-            for rows in _read_source(source, "parked", _PARKED_COLUMNS):
-                moved = [(parked[_int(row[0])], *row[1:]) for row in rows if _int(row[0]) in parked]
-                db.executemany(
-                    f"INSERT INTO parked ({_PARKED_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", moved
-                )
-                self._parked += len(moved)
-                self._parked_bytes += sum(_int(row[5]) for row in moved)
-            if self._has_quarantine:
-                names = ", ".join(("source", "reason", "quarantined_at", *_RAW_COLUMNS))
-                marks = ", ".join("?" * (3 + len(_RAW_COLUMNS)))
-                for rows in _read_source_quarantine(source):
-                    db.executemany(f"INSERT INTO quarantine ({names}) VALUES ({marks})", rows)
-                    self._quarantined += len(rows)
-            dropped = self._enforce(db, max_bytes) if max_bytes is not None else []
+            deleted = delete_pending(db, self._rows, self.counts, delete) if delete else []
+            copy_from(db, self.counts, source, pending, parked, has_quarantine=self._rows.has_quarantine)
+            dropped = enforce(db, self._rows, self.counts, max_bytes) if max_bytes is not None else []
         return WriteResult(deleted, dropped, self.totals())
 
     def shift(self, offset: int) -> None:
@@ -1508,7 +426,7 @@ class SpillFile:
     def delete(self, seqs: Sequence[int]) -> WriteResult:
         """Delete the waiting entries ``seqs``; the result lists those that were still there."""
         with self._transaction() as db:
-            deleted = self._delete_pending(db, seqs)
+            deleted = delete_pending(db, self._rows, self.counts, seqs)
         return WriteResult(deleted, [], self.totals())
 
     def park(
@@ -1520,9 +438,9 @@ class SpillFile:
     ) -> WriteResult:
         """In one transaction: delete the waiting entries ``delete`` and store ``writes`` as parked."""
         with self._transaction() as db:
-            deleted = self._delete_pending(db, delete) if delete else []
-            self._insert_parked(db, writes)
-            dropped = self._enforce(db, max_bytes) if max_bytes is not None else []
+            deleted = delete_pending(db, self._rows, self.counts, delete) if delete else []
+            insert_parked(db, self.counts, writes)
+            dropped = enforce(db, self._rows, self.counts, max_bytes) if max_bytes is not None else []
         return WriteResult(deleted, dropped, self.totals())
 
     def park_pending(self, seq: int, *, reason: str, parked_at: float) -> WriteResult:
@@ -1533,9 +451,9 @@ class SpillFile:
                 "SELECT seq, method, call, ?, ?, size, key, scope FROM pending WHERE seq = ?",
                 (reason, parked_at, seq),
             )
-            deleted = self._delete_pending(db, [seq])
-            self._parked += len(deleted)
-            self._parked_bytes += sum(row.size for row in deleted)
+            deleted = delete_pending(db, self._rows, self.counts, [seq])
+            self.counts.parked += len(deleted)
+            self.counts.parked_bytes += sum(row.size for row in deleted)
         return WriteResult(deleted, [], self.totals())
 
     def unpark(self, limit: int | None = None) -> WriteResult:
@@ -1543,13 +461,13 @@ class SpillFile:
         oldest stamp and generation, so any newer write of their key wins over them)."""
         with self._transaction() as db:
             db.execute(
-                f"INSERT INTO pending ({_PENDING_COLUMNS}) "
+                f"INSERT INTO pending ({PENDING_COLUMNS}) "
                 "SELECT seq, method, call, key, scope, 0, 0, parked_at, size, 'unparked: ' || reason "
                 "FROM parked WHERE call IS NOT NULL ORDER BY seq LIMIT ?",
                 (-1 if limit is None else limit,),
             )
             db.execute("DELETE FROM parked WHERE seq IN (SELECT seq FROM pending)")
-            self._recount()
+            self._rows.recount()
         return WriteResult([], [], self.totals())
 
     def purge(self, *, pending: bool, parked: bool, quarantined: bool = False) -> int:
@@ -1558,43 +476,14 @@ class SpillFile:
         with self._transaction() as db:
             if pending:
                 removed += db.execute("DELETE FROM pending").rowcount
-                self._pending = self._pending_bytes = 0
+                self.counts.pending = self.counts.pending_bytes = 0
             if parked:
                 removed += db.execute("DELETE FROM parked").rowcount
-                self._parked = self._parked_bytes = 0
-            if quarantined and self._has_quarantine:
+                self.counts.parked = self.counts.parked_bytes = 0
+            if quarantined and self._rows.has_quarantine:
                 removed += db.execute("DELETE FROM quarantine").rowcount
-                self._quarantined = 0
+                self.counts.quarantined = 0
         return removed
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _read_source(source: SpillFile, table: str, columns: str) -> Iterator[list[tuple[object, ...]]]:
-    """Chunks of ``source``'s raw rows; its failures become :class:`SourceReadError`."""
-    chunks = source._raw(table, columns)
-    while True:
-        try:
-            rows = next(chunks)
-        except StopIteration:
-            return
-        except sqlite3.Error as exc:
-            raise SourceReadError(f"reading {source.path!r} failed: {exc}") from exc
-        yield rows
-
-
-def _read_source_quarantine(source: SpillFile) -> Iterator[list[tuple[object, ...]]]:
-    chunks = source._raw_quarantine()
-    while True:
-        try:
-            rows = next(chunks)
-        except StopIteration:
-            return
-        except sqlite3.Error as exc:
-            raise SourceReadError(f"reading {source.path!r} failed: {exc}") from exc
-        yield rows
 
 
 __all__ = [

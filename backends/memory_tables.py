@@ -1,0 +1,174 @@
+"""The in-memory store's keyed tables: the logical time of the write that set each last-write-wins
+key (:mod:`guarded.logical_time`), remote bindings, planner pauses (with their TTL), tasks and
+trajectories. Every method runs under the store's lock and never awaits."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Hashable, Sequence
+from typing import cast
+
+from guarded.codec import JSONObject
+
+from .memory_records import Binding, BindingKey, Coordinates, dumps, text_of
+
+Pause = tuple[float | None, str]
+"""``(expires at or None, payload JSON text)``."""
+
+
+class LatestWrites:
+    """The logical time of the write that set each last-write-wins key: ``(kind, key) -> time``."""
+
+    def __init__(self) -> None:
+        self._times: dict[tuple[str, Hashable], int] = {}
+
+    def newest(self, kind: str, key: Hashable, written: int) -> bool:
+        """Record ``written`` as the logical time of ``key`` unless a newer write set it; whether
+        the write may be applied (last-write-wins)."""
+        if self._times.get((kind, key), written) > written:
+            return False
+        self._times[(kind, key)] = written
+        return True
+
+    def time_of(self, kind: str, key: Hashable) -> int:
+        return self._times.get((kind, key), 0)
+
+    def forget(self, kind: str, key: Hashable) -> None:
+        self._times.pop((kind, key), None)
+
+    def clear(self) -> None:
+        self._times.clear()
+
+
+class BindingTable:
+    """Remote bindings by ``(trace_id, context_id, task_id)``."""
+
+    def __init__(self, written: LatestWrites) -> None:
+        self._written = written
+        self.by_key: dict[BindingKey, Binding] = {}
+
+    def put(self, data: JSONObject, written: int, next_seq: Callable[[], int]) -> None:
+        key = (text_of(data, "trace_id"), cast(str | None, data["context_id"]), text_of(data, "task_id"))
+        if self._written.newest("binding", key, written):
+            self.by_key[key] = Binding.of(next_seq(), data)
+
+    def mark_terminal(self, key: BindingKey, written: int) -> None:
+        binding = self.by_key.get(key)
+        if binding is not None and self._written.newest("binding", key, written):
+            data: JSONObject = json.loads(binding.text)
+            data["is_terminal"] = True
+            self.by_key[key] = Binding.of(binding.seq, data)
+
+    def live_with(self, wanted: Coordinates) -> list[Binding]:
+        """The non-terminal bindings with these coordinates."""
+        return [b for b in self.by_key.values() if b.coordinates == wanted and not b.is_terminal]
+
+    def texts_of_session(self, router_session_id: str) -> list[str]:
+        """Every binding of the router session, in first-saved order."""
+        return [b.text for b in self.by_key.values() if b.router_session_id == router_session_id]
+
+    def clear(self) -> None:
+        self.by_key.clear()
+
+
+class PauseTable:
+    """Planner pauses by token, each loadable until it expires (``ttl``; ``None`` never)."""
+
+    def __init__(self, written: LatestWrites, ttl: float | None, clock: Callable[[], float]) -> None:
+        self._written = written
+        self._ttl = ttl
+        self._clock = clock
+        self.saved: dict[str, Pause] = {}
+
+    def put(self, items: Sequence[tuple[str, str]], times: Sequence[int]) -> None:
+        """Store ``(token, payload text)`` pairs, all saved now: expired pauses are dropped first."""
+        now = self._clock()
+        ttl = self._ttl
+        if ttl is not None:
+            expired = [key for key, (until, _) in self.saved.items() if until is not None and until <= now]
+            for key in expired:
+                del self.saved[key]
+                self._written.forget("pause", key)
+        for (token, text), written in zip(items, times, strict=True):
+            if self._written.newest("pause", token, written):
+                self.saved[token] = (None if ttl is None else now + ttl, text)
+
+    def take(self, token: str, saved_by: int | None) -> Pause | None:
+        """Consume the pause of ``token``; ``None`` when there is none, or when ``saved_by`` (the
+        logical time of the save the caller consumes for) is older than the one that set it."""
+        if saved_by is not None and self._written.time_of("pause", token) > saved_by:
+            return None  # a consume held for an older save of the token (the guard's replay)
+        entry = self.saved.pop(token, None)
+        self._written.forget("pause", token)
+        return entry
+
+    def clear(self) -> None:
+        self.saved.clear()
+
+
+class TaskTable:
+    """Tasks by session, in first-saved order; a task saved under another session moves there."""
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, dict[str, str]] = {}
+        self._session_of: dict[str, str] = {}
+
+    def put(self, data: JSONObject) -> None:
+        task_id, session_id = text_of(data, "task_id"), text_of(data, "session_id")
+        previous = self._session_of.get(task_id)
+        if previous is not None and previous != session_id:
+            self._by_session[previous].pop(task_id, None)
+        self._session_of[task_id] = session_id
+        self._by_session.setdefault(session_id, {})[task_id] = dumps(data)
+
+    def texts_of(self, session_id: str) -> list[str]:
+        return list(self._by_session.get(session_id, {}).values())
+
+    def forget_session(self, session_id: str) -> None:
+        for task_id in self._by_session.pop(session_id, {}):
+            self._session_of.pop(task_id, None)
+
+    def clear(self) -> None:
+        self._by_session.clear()
+        self._session_of.clear()
+
+
+class TrajectoryTable:
+    """Trajectories by trace (with the session of their last save), and the traces each session
+    saved, most recent last."""
+
+    def __init__(self, written: LatestWrites) -> None:
+        self._written = written
+        self._by_trace: dict[str, tuple[str, str]] = {}
+        self._session_traces: dict[str, dict[str, None]] = {}
+
+    def put(self, trace_id: str, session_id: str, text: str, written: int) -> None:
+        if not self._written.newest("trajectory", trace_id, written):
+            return
+        self._by_trace[trace_id] = (session_id, text)
+        traces = self._session_traces.setdefault(session_id, {})
+        traces.pop(trace_id, None)
+        traces[trace_id] = None
+
+    def get(self, trace_id: str) -> tuple[str, str] | None:
+        """``(session_id, text)`` of the trajectory of ``trace_id``."""
+        return self._by_trace.get(trace_id)
+
+    def traces_of(self, session_id: str) -> list[str]:
+        return list(self._session_traces.get(session_id, {}))
+
+    def forget_session(self, session_id: str) -> list[str]:
+        """Forget the trajectories of the session's traces and of its ``session:{id}`` pseudo-trace;
+        returns those trace ids."""
+        trace_ids = [*self._session_traces.pop(session_id, {}), f"session:{session_id}"]
+        for trace_id in trace_ids:
+            self._by_trace.pop(trace_id, None)
+            self._written.forget("trajectory", trace_id)
+        return trace_ids
+
+    def clear(self) -> None:
+        self._by_trace.clear()
+        self._session_traces.clear()
+
+
+__all__ = ["BindingTable", "LatestWrites", "Pause", "PauseTable", "TaskTable", "TrajectoryTable"]

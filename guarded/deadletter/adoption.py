@@ -1,0 +1,195 @@
+"""Adopting orphans: the slot files of processes that are gone move into a buffer's own file.
+
+An orphan is locked while it is adopted, so no two processes take it; its waiting and parked
+writes are copied into the buffer's file in one transaction (in their order, as older than any
+write of this process, only the newest per key kept, and none older than what the buffer holds or
+has written for its key), then the orphan and its WAL, shared memory and lock files are deleted.
+See :meth:`~.buffer.DeadLetterBuffer.adopt_orphans`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .entries import index_key_of_canonical
+from .gate import Slot
+from .held import HeldIndex
+from .spill import RowInfo, SourceReadError, SpillFile, is_corruption
+from .spill_link import SPILL_ERRORS, SpillLink
+
+logger = logging.getLogger("guarded.deadletter")
+
+
+async def adopt_orphans(link: SpillLink) -> int:
+    """(Under the lock.) Claim a slot file left by an earlier process when none is claimed (or
+    retry a failed one when due), then adopt the orphans; returns how many writes were taken."""
+    claimed = 0
+    if link.failed:
+        if link.monotonic() >= link.retry_at:
+            await link.recover()
+    elif link.spill is None:
+        claimed = await link.claim(create=False)
+        link.counters.adopted_total += claimed
+    return claimed + await adopt_if_usable(link)
+
+
+async def adopt_if_usable(link: SpillLink) -> int:
+    """Adopt every orphan of the base path while the buffer's own file is usable; returns how many
+    writes (waiting and parked) were adopted."""
+    files = link.files
+    if files is None or files.pinned or not link.usable():
+        return 0
+    own = link.spill.path if link.spill is not None else None
+    try:
+        orphans = await link.job(lambda: files.orphans(own))
+    except SPILL_ERRORS as exc:
+        logger.debug("looking for orphaned spill files of %r failed: %s", link.path, exc)
+        return 0
+    adopted = 0
+    for index, orphan in enumerate(orphans):
+        if not link.usable():
+            for other in orphans[index:]:
+                await _release(link, other)
+            break
+        adopted += await _adopt_one(link, orphan)
+    link.counters.adopted_total += adopted
+    return adopted
+
+
+async def _release(link: SpillLink, orphan: SpillFile) -> None:
+    try:
+        await link.job(orphan.close)
+    except SPILL_ERRORS as exc:
+        logger.debug("closing spill file %r failed: %s", orphan.path, exc)
+
+
+async def _drop_orphan(link: SpillLink, orphan: SpillFile, exc: BaseException) -> None:
+    files = link.files
+    assert files is not None
+    if is_corruption(exc):
+        try:
+            await link.job(lambda: files.set_aside_orphan(orphan, exc))
+            return
+        except SPILL_ERRORS as error:
+            logger.debug("setting spill file %r aside failed: %s", orphan.path, error)
+    await _release(link, orphan)
+
+
+async def _keep_and_supersede(
+    link: SpillLink, rows: list[RowInfo]
+) -> tuple[list[RowInfo], dict[int, Slot], int]:
+    """Which of an orphan's waiting ``rows`` to keep: ``(kept rows, the buffer's own waiting
+    entries they replace, how many rows were superseded)``."""
+    held: HeldIndex = link.held
+    slots = {row.seq: (row.method, index_key_of_canonical(row.key)) for row in rows if row.key is not None}
+    newest: dict[Slot, RowInfo] = {}
+    for row in rows:
+        slot = slots.get(row.seq)
+        if slot is not None:
+            best = newest.get(slot)
+            if best is None or (row.generation, row.stamp) >= (best.generation, best.stamp):
+                newest[slot] = row
+    contested = [
+        seq
+        for slot in newest
+        for seq, (generation, _) in held.keys.get(slot, {}).items()
+        if generation != held.generation
+    ]
+    kept_at = {entry.seq: entry.enqueued_at for entry in await link.load(contested)} if contested else {}
+    keep: list[RowInfo] = []
+    victims: dict[int, Slot] = {}
+    superseded = 0
+    for row in rows:
+        slot = slots.get(row.seq)
+        if slot is not None:
+            if newest[slot] is not row or slot in held.recent:
+                superseded += 1
+                continue
+            ours = held.keys.get(slot)
+            if ours:
+                if any(generation == held.generation for generation, _ in ours.values()):
+                    superseded += 1
+                    continue
+                if all(seq in kept_at for seq in ours):
+                    if max(kept_at[seq] for seq in ours) >= row.enqueued_at:
+                        superseded += 1
+                        continue
+                    victims.update(dict.fromkeys(ours, slot))
+        keep.append(row)
+    return keep, victims, superseded
+
+
+async def _adopt_one(link: SpillLink, orphan: SpillFile) -> int:
+    spill, held = link.spill, link.held
+    assert spill is not None
+
+    def read() -> tuple[list[RowInfo], list[int]]:
+        orphan.check_all()  # rows that cannot be read go to its quarantine table, copied with it
+        return list(orphan.index_rows()), orphan.parked_seqs()
+
+    try:
+        rows, parked_seqs = await link.job(read)
+    except SPILL_ERRORS as exc:
+        link.collect_set_aside(orphan, adopted_from=orphan.path)
+        await _drop_orphan(link, orphan, exc)
+        return 0
+    link.collect_set_aside(orphan, adopted_from=orphan.path)
+    keep, victims, superseded = await _keep_and_supersede(link, rows)
+    renumbered: dict[int, int] = {}
+    for old in sorted([row.seq for row in keep] + parked_seqs):
+        renumbered[old] = held.next_seq
+        held.next_seq += 1
+    pending_map = {row.seq: renumbered[row.seq] for row in keep}
+    parked_map = {seq: renumbered[seq] for seq in parked_seqs}
+    try:
+        result = await link.job(
+            lambda: spill.take_over(
+                orphan,
+                pending_map,
+                parked_map,
+                delete=list(victims),
+                max_bytes=link.config.max_disk_bytes,
+            )
+        )
+    except SourceReadError as exc:
+        await _drop_orphan(link, orphan, exc.__cause__ or exc)
+        return 0
+    except SPILL_ERRORS as exc:
+        await _release(link, orphan)
+        await link.spill_failed(exc)
+        return 0
+    for row in keep:
+        held.index_row(RowInfo(pending_map[row.seq], row.method, row.key, row.scope, row.stamp, 0, row.size))
+    link.counters.superseded(superseded + link.apply_write(result))
+    pid = orphan.previous_pid
+    try:
+        await link.job(orphan.remove)
+    except SPILL_ERRORS as exc:
+        logger.warning(
+            "adopted spill file %r could not be removed (%s): its writes may be replayed twice",
+            orphan.path,
+            exc,
+            extra={"event": "deadletter_orphan_not_removed", "store": link.store_name},
+        )
+    logger.warning(
+        "dead-letter buffer of store %r adopted %d waiting and %d parked write(s) from %r, left by a "
+        "process that is gone%s (%d superseded)",
+        link.store_name,
+        len(keep),
+        len(parked_seqs),
+        orphan.path,
+        "" if pid is None else f" (pid {pid})",
+        superseded,
+        extra={
+            "event": "deadletter_adopted",
+            "store": link.store_name,
+            "path": orphan.path,
+            "adopted": len(keep),
+            "parked": len(parked_seqs),
+            "superseded": superseded,
+        },
+    )
+    return len(keep) + len(parked_seqs)
+
+
+__all__ = ["adopt_if_usable", "adopt_orphans"]

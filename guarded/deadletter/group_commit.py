@@ -1,0 +1,212 @@
+"""Keeping new dead-lettered writes: encoded, numbered, coalesced per last-write-wins key, and
+committed to the spill file in shared transactions (group commit): while a commit runs, newer puts
+queue, and the next commit takes all of them; each caller returns once the transaction holding its
+entry committed. What the file cannot take stays in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
+
+from ..codec import check_text
+from .calls import encode_call
+from .entries import DeadLetter, canonical_key, index_key, readable_text
+from .gate import Slot
+from .spill import dumps
+from .spill_link import SPILL_ERRORS, SpillLink
+
+PutItem = tuple[str, Sequence[Any], Mapping[str, Any], Any, str | None, int, str]
+"""``(method, args, kwargs, key, scope, stamp, error)`` of :meth:`DeadLetterBuffer.put_many`."""
+
+Prepared = tuple[DeadLetter, Hashable | None, str]
+"""An encoded put: the entry (seq and time not yet given), its key's index, its call's JSON text."""
+
+_Waiter = tuple[list[Prepared], "asyncio.Future[list[DeadLetter]]"]
+
+
+def prepare(item: PutItem) -> Prepared:
+    """Encode one put; raises :class:`~guarded.errors.InvalidPayloadError` when it cannot be."""
+    method, args, kwargs, key, scope, stamp, error = item
+    check_text(method, "method")
+    call = encode_call(method, tuple(args), kwargs)
+    canonical = canonical_key(key)
+    slot = None if key is None else index_key(key)
+    if scope is not None and not isinstance(scope, str):
+        scope = None
+    if scope is not None:
+        check_text(scope, "scope")
+    text = dumps(call)
+    entry = DeadLetter(
+        seq=0,
+        method=method,
+        call=call,
+        key=canonical,
+        scope=scope,
+        stamp=int(stamp),
+        enqueued_at=0.0,
+        size=len(text.encode("utf-8")),
+        error=readable_text(str(error))[:1000],
+    )
+    return entry, slot, text
+
+
+def _with(entry: DeadLetter, *, seq: int, enqueued_at: float) -> DeadLetter:
+    return DeadLetter(
+        seq=seq,
+        method=entry.method,
+        call=entry.call,
+        key=entry.key,
+        scope=entry.scope,
+        stamp=entry.stamp,
+        enqueued_at=enqueued_at,
+        size=entry.size,
+        error=entry.error,
+    )
+
+
+class GroupCommit:
+    """The puts of one buffer (see the module docs)."""
+
+    def __init__(self, link: SpillLink, clock: Callable[[], float]) -> None:
+        self.link = link
+        self.clock = clock
+        self._incoming: list[_Waiter] = []
+        self.committer: asyncio.Task[None] | None = None
+
+    async def put(self, prepared: list[Prepared]) -> list[DeadLetter]:
+        """Keep ``prepared`` (not empty): committed before this returns when the file is usable."""
+        link = self.link
+        if link.files is None:
+            results, _, _, _ = self._add(prepared)
+            link.enforce_memory()
+            return results
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[list[DeadLetter]] = loop.create_future()
+        self._incoming.append((prepared, waiter))
+        if self.committer is None:
+            self.committer = loop.create_task(
+                self._commit_loop(), name=f"guarded-dlq-commit-{link.store_name}"
+            )
+        # Cancelling the caller cancels only its waiter: the queued write is committed all the same.
+        return await waiter
+
+    async def _commit_loop(self) -> None:
+        """Commit queued puts, one transaction per group, until none is queued."""
+        group: list[_Waiter] = []
+        try:
+            while self._incoming:
+                async with self.link.lock():
+                    group, self._incoming = self._incoming, []
+                    results = await self._commit_group([item for prepared, _ in group for item in prepared])
+                offset = 0
+                for prepared, waiter in group:
+                    if not waiter.done():
+                        waiter.set_result(results[offset : offset + len(prepared)])
+                    offset += len(prepared)
+                group = []
+        except BaseException as exc:
+            waiting, self._incoming = [*group, *self._incoming], []
+            for _, waiter in waiting:
+                if waiter.done():
+                    continue
+                if isinstance(exc, asyncio.CancelledError):
+                    waiter.cancel()
+                else:
+                    waiter.set_exception(exc)
+                    waiter.exception()  # retrieved: the caller re-raises it, nobody else should log it
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            self.committer = None
+
+    async def _commit_group(self, prepared: Sequence[Prepared]) -> list[DeadLetter]:
+        """(Under the lock.) Coalesce ``prepared`` against what waits and commit it in one
+        transaction; what the file cannot take stays in memory."""
+        link = self.link
+        await link.prepare(create=True)
+        results, kept, victims, texts = self._add(prepared)
+        if link.usable():
+            if kept or victims:
+                await self._write_group(kept, victims, texts)
+        elif victims:
+            for seq, slot in victims.items():
+                link.held.defer_delete(seq, slot)
+            link.counters.superseded(len(victims))
+        if not link.usable():
+            link.enforce_memory()
+        return results
+
+    async def _write_group(
+        self, kept: list[DeadLetter], victims: dict[int, Slot], texts: dict[int, str]
+    ) -> None:
+        link = self.link
+        spill = link.spill
+        assert spill is not None
+        current = link.held.generation
+        try:
+            result = await link.job(
+                lambda: spill.write(
+                    kept,
+                    generation=current,
+                    delete=list(victims),
+                    max_bytes=link.config.max_disk_bytes,
+                    texts=texts,
+                )
+            )
+        except SPILL_ERRORS as exc:
+            for seq, slot in victims.items():
+                link.held.defer_delete(seq, slot)
+            link.counters.superseded(len(victims))
+            await link.spill_failed(exc)
+            return
+        link.counters.superseded(link.apply_write(result, victims))
+        link.held.settle(kept)
+
+    def _add(
+        self, prepared: Sequence[Prepared]
+    ) -> tuple[list[DeadLetter], list[DeadLetter], dict[int, Slot], dict[int, str]]:
+        """Number ``prepared`` and coalesce it with what waits: returns every entry, those to
+        store, the file's entries they replace (to delete with them) and the calls' JSON texts."""
+        held, counters = self.link.held, self.link.counters
+        now = self.clock()
+        results: list[DeadLetter] = []
+        kept: dict[int, DeadLetter] = {}
+        victims: dict[int, Slot] = {}
+        texts: dict[int, str] = {}
+        superseded = 0
+        for template, index, text in prepared:
+            entry = _with(template, seq=held.next_seq, enqueued_at=now)
+            held.next_seq += 1
+            results.append(entry)
+            counters.enqueued(entry.method)
+            slot: Slot | None = None
+            if index is not None:
+                slot = (entry.method, index)
+                position = (held.generation, entry.stamp)
+                recent = held.recent.get(slot)
+                waiting = held.keys.get(slot)
+                if (recent is not None and entry.stamp < recent) or (
+                    waiting and any(other > position for other in waiting.values())
+                ):
+                    superseded += 1
+                    continue
+                if waiting:
+                    for seq in list(waiting):
+                        older = held.volatile.get(seq)
+                        if older is not None:
+                            kept.pop(seq, None)
+                            held.forget(seq, older.method, slot, older.scope)
+                            superseded += 1
+                        else:
+                            victims[seq] = slot
+            held.remember(entry, slot)
+            kept[entry.seq] = entry
+            texts[entry.seq] = text
+        counters.enqueued_total += len(results)
+        counters.superseded(superseded)
+        return results, list(kept.values()), victims, texts
+
+
+__all__ = ["GroupCommit", "Prepared", "PutItem", "prepare"]
