@@ -173,7 +173,7 @@ async def test_pg_commands(pg_dsn: str, schema_name: str, raw: asyncpg.Connectio
     assert "pending  0002_logical_time" in out
     code, out = await asyncio.to_thread(cli, "migrate")
     assert code == 0
-    assert "applied 0001, 0002, 0003; now at version 3" in out
+    assert "applied 0001, 0002, 0003, 0004; now at version 4" in out
     code, out = await asyncio.to_thread(cli, "migrate", "--json")
     assert code == 0
     assert json.loads(out)["applied"] == []
