@@ -67,6 +67,7 @@ from guarded.snapshots.record import (
 
 from . import migrations as migrations_module
 from .connection import Connection, Database, PoolSettings, create_pool, pool_settings
+from .errors import POSTGRES_ERRORS
 from .schema_names import qualified, validate_schema_name
 from .snapshot_content import BlobReader, MigratedContent, PostgresContent, blob_chunks, read_section
 from .target import target_identity
@@ -94,8 +95,13 @@ class PostgresSnapshotStore:
 
     Build it with :meth:`connect` (its own pool), :meth:`from_pool` or :meth:`of` (a
     ``PostgresStateStore``'s pool and schema). ``migrations``: the registry that loads older
-    snapshot formats; ``spool_dir``: where migrated loads are spooled.
+    snapshot formats; ``spool_dir``: where migrated loads are spooled. A plain store that may
+    throw; ``guard(store)`` makes it safe (docs/snapshots.md "Guarded").
     """
+
+    error_classifier = POSTGRES_ERRORS
+    """How the guard classifies this backend's errors (by SQLSTATE, as the state store's)."""
+    db_system_name = "postgresql"
 
     def __init__(
         self,
@@ -205,6 +211,12 @@ class PostgresSnapshotStore:
 
     def __repr__(self) -> str:
         return f"PostgresSnapshotStore(schema={self.schema!r})"
+
+    @property
+    def max_concurrency(self) -> int | None:
+        """Calls this store runs at once: its pool's maximum size (the guard's bulkhead reads it);
+        ``None`` while a shared lazy pool is not open."""
+        return self._db.pool_max_size() or None
 
     # --- save ---------------------------------------------------------------------------------------
 
