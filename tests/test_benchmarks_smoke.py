@@ -52,3 +52,16 @@ def test_tiny_run_reports_every_method_and_target(capsys: pytest.CaptureFixture[
 def test_profile_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert guard_profile.main(["--method", "load_memory_state", "--calls", "200", "--top", "3"]) == 0
     assert "per call" in capsys.readouterr().out
+
+
+def test_snapshot_section_reports_capture_and_restore(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--tiny", "--section", "snapshots"]) == 0
+    report = capsys.readouterr().out
+    assert "== snapshots: capture and restore of a session of 1,000 events and 2.0 MB of artifacts" in report
+    for operation in ("capture", "restore"):
+        for backend in ("file", "postgres"):
+            assert re.search(rf"^{operation}\s+{backend}\s+\d", report, flags=re.MULTILINE), (
+                operation,
+                backend,
+            )
+    assert "target peak RSS < 200.0 MB" in report
