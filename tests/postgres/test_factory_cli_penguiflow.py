@@ -180,7 +180,7 @@ async def test_pg_commands(pg_dsn: str, schema_name: str, raw: asyncpg.Connectio
     code, out = await asyncio.to_thread(cli, "status", "--json")
     status = json.loads(out)
     assert code == 0
-    assert status["version"] == status["latest"] == 3
+    assert status["version"] == status["latest"] == 4
     assert "flow_events" in status["tables"]
     await raw.execute(
         f'INSERT INTO "{schema_name}".state_updates '
