@@ -217,3 +217,30 @@ async def test_old_formats_migrate_and_too_new_ones_fail_loudly(
     missing = PostgresSnapshotStore.of(snapshot_store, migrations=MigrationRegistry())
     with pytest.raises(MissingMigrationError):
         await missing.load("v1-snap")
+
+
+@pytest.mark.asyncio
+async def test_ids_of_one_instant_list_in_code_point_order(
+    snapshot_store: PostgresSnapshotStore, tmp_path: object
+) -> None:
+    """The file backend sorts ids as Python does (code points); so does PostgreSQL. The embedded
+    server's databases collate as C already; the ``snapshots.id`` column's ``COLLATE "C"`` keeps that
+    order on a database whose collation is a language's (``en_US``: ``a-1`` before ``B-2``)."""
+    from datetime import UTC, datetime
+
+    when = datetime(2026, 2, 1, tzinfo=UTC)
+    ids = ["a-1", "B-2", "c_", "Z9", "a-10", "a.1"]
+    for snapshot_id in ids:
+        content = await make_content("s-order", snapshot_id=snapshot_id, created_at=when)
+        try:
+            await snapshot_store.save(content)
+        finally:
+            await content.aclose()
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = await snapshot_store.list(subject_id="s-order", limit=2, cursor=cursor)
+        seen += [s.id for s in page.items]
+        if (cursor := page.next_cursor) is None:
+            break
+    assert seen == sorted(ids)
