@@ -257,7 +257,7 @@ async def _snapshot_store(args: argparse.Namespace) -> Any:
             "no snapshot store given",
             f"pass --dir PATH (a file store) or --snapshots MODULE:CALLABLE (or set {STORE_VARIABLE})",
         )
-    store = await build_store(load_factory(spec), spec)
+    store = await _build(spec)
     if not isinstance(store, SnapshotStore):
         await close_store(store)
         raise UsageError(
@@ -269,7 +269,22 @@ async def _snapshot_store(args: argparse.Namespace) -> Any:
 
 
 async def _state_store(spec: str) -> Any:
-    return await build_store(load_factory(spec), spec)
+    return await _build(spec)
+
+
+async def _build(spec: str) -> Any:
+    """The store a factory returns; a PostgreSQL schema that is not migrated exits 4, as
+    ``guarded pg`` commands do, not as a failing factory."""
+    from .backends.postgres.migrations import SchemaNotMigratedError
+
+    factory = load_factory(spec)
+    try:
+        return await build_store(factory, spec)
+    except CommandError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, SchemaNotMigratedError):
+            raise NotMigratedError(str(cause), "run 'guarded pg migrate' for the store's schema") from cause
+        raise
 
 
 def _emit(args: argparse.Namespace, data: Any, text: Callable[[], None]) -> None:

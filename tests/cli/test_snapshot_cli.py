@@ -16,6 +16,7 @@ from guarded import cli_snapshot
 from guarded.backends.memory import InMemoryStateStore
 from guarded.cli_support import (
     EXIT_INTERRUPTED,
+    EXIT_NOT_MIGRATED,
     EXIT_PROBLEM,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
@@ -24,7 +25,7 @@ from guarded.codec import penguiflow_types
 from tests.snapshots._sessions import observe, populate
 
 from . import snapshot_factories
-from .support import Ran, clean_environment, guarded, in_process
+from .support import Ran, clean_environment, closed_port, guarded, in_process
 
 SOURCE = "tests.cli.snapshot_factories:populated"
 TARGET = "tests.cli.snapshot_factories:target"
@@ -215,3 +216,30 @@ def test_as_a_process(tmp_path: Path) -> None:
     ran = guarded("snapshot", "list", "--dir", str(tmp_path), "--json", env=env)
     assert ran.code == 0, ran.err
     assert len(json.loads(ran.out)["items"]) == 1
+
+
+def test_postgres_snapshot_store_from_the_factory(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, pg_dsn: str, schema_name: str
+) -> None:
+    """The PostgreSQL snapshot store of ``GUARDED_PG_*``: a schema not migrated exits 4, a server
+    that does not answer exits 3, a migrated one captures and lists."""
+    factory = "guarded.backends.postgres.factory:create_snapshot_store"
+    monkeypatch.setenv("GUARDED_PG_DSN", pg_dsn)
+    monkeypatch.setenv("GUARDED_PG_SCHEMA", schema_name)
+    monkeypatch.setenv("GUARDED_PG_MIGRATE", "0")
+    ran = in_process(capsys, "snapshot", "list", "--snapshots", factory)
+    assert ran.code == EXIT_NOT_MIGRATED
+    assert ran.error.startswith(f"error: schema {schema_name!r} is at migration version 0")
+    assert ran.error.endswith("hint: run 'guarded pg migrate' for the store's schema")
+
+    monkeypatch.setenv("GUARDED_PG_MIGRATE", "1")
+    monkeypatch.setenv("GUARDED_SNAPSHOT_STORE", factory)
+    ran = in_process(capsys, "snapshot", "capture", "--from", SOURCE, "--session", "s1", "--id", "pg-1")
+    assert ran.code == 0, ran.err
+    ran = in_process(capsys, "snapshot", "list", "--json")
+    assert [item["id"] for item in json.loads(ran.out)["items"]] == ["pg-1"]
+
+    monkeypatch.setenv("GUARDED_PG_DSN", f"postgresql://x@127.0.0.1:{closed_port()}/x")
+    ran = in_process(capsys, "snapshot", "list")
+    assert ran.code == EXIT_UNREACHABLE
+    assert ran.error.startswith("error: cannot reach the store's backend at postgresql://")
