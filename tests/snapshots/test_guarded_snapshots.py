@@ -15,6 +15,7 @@ import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
 from guarded import guard
+from guarded import telemetry_names as names
 from guarded.backends.postgres import PostgresSnapshotStore
 from guarded.controller import controller
 from guarded.guard import GuardedStore
@@ -28,8 +29,17 @@ from guarded.snapshots import (
     SnapshotStoreUnavailableError,
 )
 from guarded.testing.snapshot_contract import make_content, run_snapshot_contracts
-from tests.postgres._outages import method_outcomes
 from tests.postgres.conftest import SMALL_POOL
+
+
+def method_outcomes(registry: CollectorRegistry, store: str) -> Counter[tuple[str, str]]:
+    """Calls of ``store`` by (method, outcome)."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for family in registry.collect():
+        for found in family.samples:
+            if found.name == names.CALLS + "_total" and found.value and found.labels.get("store") == store:
+                counts[(found.labels["method"], found.labels["outcome"])] += int(found.value)
+    return counts
 
 
 def test_guard_recognises_a_snapshot_store(tmp_path: Path) -> None:
