@@ -12,6 +12,10 @@ Sections run in order:
 * ``durability``: group commit of ``guard(store)`` at 1 to 1,000 writers against unbatched writes
   and ``COPY`` (store encoding), caller latency from call to commit, the dead-letter spill rate
   of held upserts and the drain of held upserts and events after an outage.
+* ``snapshots``: capture (into the file and the PostgreSQL snapshot stores) and restore of a
+  session of 100,000 events and 100 MB of artifacts from and into ``PostgresStateStore``, time and
+  peak RSS, each in a process of its own (target: peak RSS under 200 MB; ``--quick``: 20,000
+  events and 20 MB).
 
 Without ``--dsn`` an embedded PostgreSQL server (``guarded.testing.postgres``) is started for the
 PostgreSQL sections and removed afterwards; the durability section stops and restarts it (with
@@ -32,7 +36,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import durability_bench, guard_bench, postgres_bench, postgres_protocol
+from . import durability_bench, guard_bench, postgres_bench, postgres_protocol, snapshot_bench
 from .guard_report import Verdict, format_section
 from .side_by_side import format_table
 
@@ -43,8 +47,9 @@ GUARD = "guard"
 PROTOCOL = "protocol"
 POSTGRES = postgres_bench.SECTION
 DURABILITY = durability_bench.SECTION
-SECTIONS = (GUARD, PROTOCOL, POSTGRES, DURABILITY)
-POSTGRES_SECTIONS = (PROTOCOL, POSTGRES, DURABILITY)
+SNAPSHOTS = snapshot_bench.SECTION
+SECTIONS = (GUARD, PROTOCOL, POSTGRES, DURABILITY, SNAPSHOTS)
+POSTGRES_SECTIONS = (PROTOCOL, POSTGRES, DURABILITY, SNAPSHOTS)
 
 
 def _say(text: str) -> None:
@@ -91,6 +96,14 @@ async def run_postgres(
         printed.append(durability_bench.format_report(report))
         met &= all(verdict.passed for verdict in report.verdicts)
         issue += [verdict for verdict in report.verdicts if "COPY" in verdict.target]
+    if SNAPSHOTS in sections:
+        _say(f"running {SNAPSHOTS} ...")
+        events, artifact_bytes = (
+            snapshot_bench.TINY if tiny else snapshot_bench.QUICK if quick else snapshot_bench.FULL
+        )
+        snapshots = await snapshot_bench.run(dsn, events=events, artifact_bytes=artifact_bytes)
+        printed.append(snapshot_bench.format_report(snapshots))
+        met &= snapshots.met
     return printed, met, issue
 
 

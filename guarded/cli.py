@@ -29,6 +29,7 @@ EXIT_BROKEN_PIPE = 141
 COMMANDS: tuple[str, ...] = (
     "guarded.cli_check",
     "guarded.cli_dlq",
+    "guarded.cli_snapshot",
     "guarded.backends.postgres.cli",
     "guarded.demo.cli",
     "guarded.cli_assets",

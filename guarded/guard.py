@@ -51,6 +51,7 @@ from .layers.stale_reads import StaleReadLayer
 from .policy import LIFECYCLE_METHODS, MethodPolicy, PolicyTable
 from .protocol import CAPABILITIES, LEGACY_ALIASES
 from .proxy import CallShape, build_proxy_class, call_shape, public_names
+from .snapshot_guard import guard_snapshots, is_snapshot_store
 from .unanswered import DEFAULT_GRACE, UnansweredConsumes
 
 S = TypeVar("S")
@@ -346,7 +347,21 @@ def guard(
         **overrides: settings of :class:`~guarded.config.GuardConfig` (sections, or the flat
             shorthands ``timeout``, ``retries``, ``spill_path``, ``batching``, ``breaker``) merged
             section by section over those ``config`` was given (docs/configuration.md).
+
+    A :class:`~guarded.snapshots.SnapshotStore` is guarded by
+    :func:`~guarded.snapshot_guard.guard_snapshots` (same arguments; docs/snapshots.md).
     """
+    if is_snapshot_store(store):
+        return guard_snapshots(  # type: ignore[return-value]
+            store,
+            name=name,
+            config=config,
+            policies=policies,
+            registry=registry,
+            tracer_provider=tracer_provider,
+            extra_layers=extra_layers,
+            **overrides,
+        )
     _check_store(store)
     base = build_config(config, overrides)
     table = PolicyTable.for_state_store()

@@ -447,6 +447,51 @@ def _artifact_policies() -> list[MethodPolicy]:
     ]
 
 
+SNAPSHOT_ANSWERS = "snapshot_answers"
+"""The key space of the answers the guarded reads of a SnapshotStore keep for stale-if-error: no
+method of that name is ever called (a snapshot read's ``merge_from``; nothing is held for it)."""
+
+
+def _answer_key(method: str, *getters: ArgGetter) -> ArgGetter:
+    """A snapshot read's stale-cache key: its method name and its arguments."""
+
+    def get(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+        return (method, *(getter(args, kwargs) for getter in getters))
+
+    return get
+
+
+def _listing_key(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+    return ("list", args, tuple(sorted(kwargs.items())))
+
+
+def _snapshot_policies() -> list[MethodPolicy]:
+    def stale_read(name: str, key: ArgGetter) -> MethodPolicy:
+        return MethodPolicy(name, Kind.READ, merge_from=SNAPSHOT_ANSWERS, merge=Merge.LATEST, read_key=key)
+
+    snapshot_id = arg("snapshot_id", 0)
+    return [
+        # What the stale reads remember: never called, never held.
+        MethodPolicy(SNAPSHOT_ANSWERS, Kind.UPSERT, value=arg("answer", 1)),
+        # A save is idempotent (same id, same content hash), so a retry is safe; it is not held:
+        # the dead-letter buffer keeps JSON arguments, a content is streams and blobs.
+        MethodPolicy("save", Kind.UPSERT),
+        # A content streams from the backend after load returns: nothing to serve stale.
+        MethodPolicy("load", Kind.READ),
+        stale_read("get", _answer_key("get", snapshot_id)),
+        stale_read("list", _listing_key),
+        stale_read("lineage", _answer_key("lineage", snapshot_id)),
+        stale_read("diff", _answer_key("diff", arg("a", 0), arg("b", 1))),
+        # Adding or removing tags twice leaves what once did.
+        MethodPolicy("tag", Kind.UPSERT),
+        MethodPolicy("untag", Kind.UPSERT),
+        # A repeat answers differently (a delete whose answer was lost says False the second time;
+        # gc deletes by the time it runs): never retried blindly, never held.
+        MethodPolicy("delete", Kind.DELETE, repeat_safe=False),
+        MethodPolicy("gc", Kind.DELETE, repeat_safe=False),
+    ]
+
+
 _WRITE_PREFIXES = ("save_", "put_", "set_", "mark_", "delete_", "upsert_", "append_", "add_", "update_")
 _READ_PREFIXES = ("load_", "get_", "list_", "find_", "exists", "fetch_", "read_", "count_", "has_")
 
@@ -498,6 +543,14 @@ class PolicyTable:
                 for policy in _artifact_policies()
             }
         )
+
+    @classmethod
+    def for_snapshot_store(cls) -> PolicyTable:
+        """The table of the :class:`~guarded.snapshots.SnapshotStore` methods
+        (:func:`guarded.snapshot_guard.guard_snapshots`): ``save``, ``tag`` and ``untag`` retried
+        (idempotent), never held; ``get``, ``list``, ``lineage`` and ``diff`` stale-if-error;
+        ``load`` a plain read; ``delete`` and ``gc`` never retried blindly."""
+        return cls({policy.name: policy for policy in _snapshot_policies()})
 
     def get(self, name: str) -> MethodPolicy:
         """The policy of ``name``: explicit entry, else its alias target's, else inferred."""

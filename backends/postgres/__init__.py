@@ -11,6 +11,7 @@ from .migrations import MigrationError, MigrationStatus, SchemaNotMigratedError,
 from .options import RetentionPolicy
 from .retention import CleanupReport
 from .schema_names import InvalidSchemaNameError, validate_schema_name
+from .snapshots import PostgresSnapshotStore
 from .store import PostgresStateStore, StoreOptions
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "PoolSettings",
     "PostgresArtifactStore",
     "PostgresErrors",
+    "PostgresSnapshotStore",
     "PostgresStateStore",
     "RetentionPolicy",
     "SchemaNotMigratedError",

@@ -8,6 +8,8 @@ async. Two callables are offered::
 
 * :func:`create_store` (async): connects, applies migrations, returns a ready store.
 * :func:`create_store_lazy` (sync): returns at once; the pool opens on the first call.
+* :func:`create_snapshot_store` (async): the snapshot store (``guarded snapshot --snapshots``) of
+  the same database and schema.
 
 Environment variables (all optional; durations as the command line takes them: ``30s``, ``15m``,
 ``12h``, ``30d``, ``1h30m`` or a plain number of seconds; ``none`` disables a timeout):
@@ -51,6 +53,7 @@ from guarded.models import ArtifactRetentionConfig
 from .connection import PoolSettings
 from .options import RetentionPolicy
 from .schema_names import validate_schema_name
+from .snapshots import PostgresSnapshotStore
 from .store import PostgresStateStore, StoreOptions
 
 PREFIX = "GUARDED_PG_"
@@ -184,6 +187,15 @@ async def create_store() -> PostgresStateStore:
     )
 
 
+async def create_snapshot_store() -> PostgresSnapshotStore:
+    """Async factory of the snapshot store in the same schema (``guarded snapshot --snapshots``):
+    the ``DSN``, ``SCHEMA``, pool and ``MIGRATE`` variables above."""
+    config = config_from_env()
+    return await PostgresSnapshotStore.connect(
+        config.dsn, schema=config.schema, pool=config.pool, migrate=config.options.get("migrate", True)
+    )
+
+
 def create_store_lazy() -> PostgresStateStore:
     """Sync factory (``module:callable``): a store from the environment that connects on first use."""
     config = config_from_env()
@@ -195,6 +207,7 @@ __all__ = [
     "ConfigurationError",
     "FactoryConfig",
     "config_from_env",
+    "create_snapshot_store",
     "create_store",
     "create_store_lazy",
 ]

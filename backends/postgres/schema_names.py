@@ -32,6 +32,11 @@ TABLES: tuple[str, ...] = (
     "session_traces",
     "planner_events",
     "artifacts",
+    "snapshots",
+    "snapshot_lines",
+    "snapshot_blobs",
+    "snapshot_blob_chunks",
+    "snapshot_blob_refs",
 )
 """Every data table of a store's schema (the migrations table aside)."""
 

@@ -63,6 +63,7 @@ from .errors import (
     SnapshotCorruptError,
     SnapshotError,
     SnapshotNotFoundError,
+    SnapshotStoreUnavailableError,
 )
 from .file_store import FileSnapshotStore
 from .migrations import DEFAULT_MIGRATIONS, Migration, MigrationRegistry, migrate
@@ -106,6 +107,7 @@ __all__ = [
     "SnapshotNotFoundError",
     "SnapshotPage",
     "SnapshotStore",
+    "SnapshotStoreUnavailableError",
     "SpooledSnapshot",
     "SubjectKind",
     "capture",

@@ -91,6 +91,17 @@ class MigrationFailedError(FormatVersionError):
         )
 
 
+class SnapshotStoreUnavailableError(SnapshotError, ConnectionError):
+    """A guarded snapshot store could not answer (the backend failed, timed out or its circuit is
+    open) and had no stale answer to give: nothing was saved, deleted or collected by this call
+    unless its answer was lost (``save`` again: it is idempotent; ``get`` tells after a ``delete``).
+    The backend's error is chained."""
+
+    def __init__(self, method: str, reason: str) -> None:
+        self.method = method
+        super().__init__(f"the snapshot store could not answer {method}: {reason}")
+
+
 __all__ = [
     "FormatTooNewError",
     "FormatVersionError",
@@ -101,4 +112,5 @@ __all__ = [
     "SnapshotCorruptError",
     "SnapshotError",
     "SnapshotNotFoundError",
+    "SnapshotStoreUnavailableError",
 ]

@@ -29,8 +29,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from .content import (
     DirectoryContent,
     SectionWriter,
@@ -45,7 +43,6 @@ from .content import (
 )
 from .diff import diff_contents
 from .errors import (
-    MigrationFailedError,
     SnapshotConflictError,
     SnapshotCorruptError,
     SnapshotError,
@@ -53,6 +50,7 @@ from .errors import (
 )
 from .file_layout import Layout, read_json, write_json_atomically
 from .listing import ListFilter, paginate, retention_victims
+from .manifests import listed_record, stored_record
 from .migrations import DEFAULT_MIGRATIONS, MigrationRegistry, format_version_of, migrate
 from .record import (
     SECTIONS,
@@ -218,27 +216,8 @@ class FileSnapshotStore:
         return self._listed(manifest, snapshot_id)
 
     def _listed(self, manifest: dict[str, Any], snapshot_id: str) -> Snapshot:
-        """The record of a stored manifest of any format: an older one's manifest is migrated (its
-        ``format_version`` stays the stored one)."""
-        version = format_version_of(manifest)
-        if version == self.migrations.current:
-            return _record(manifest, snapshot_id)
-        if version > self.migrations.current:
-            known = {name: manifest[name] for name in Snapshot.model_fields if name in manifest}
-            return _record(known, snapshot_id)
-        migrated = dict(manifest)
-        for step in self.migrations.plan(version):
-            try:
-                migrated = step.manifest(migrated)
-            except Exception as exc:
-                raise MigrationFailedError(
-                    found=version,
-                    current=self.migrations.current,
-                    step_from=step.from_version,
-                    step_to=step.to_version,
-                    reason=f"{type(exc).__name__}: {exc}",
-                ) from exc
-        return _record({**migrated, "format_version": version}, snapshot_id)
+        """The record of a stored manifest of any format (:func:`~.manifests.listed_record`)."""
+        return listed_record(manifest, snapshot_id, self.migrations)
 
     # --- list --------------------------------------------------------------------------------------
 
@@ -392,15 +371,7 @@ def _checked_id(snapshot_id: str) -> str:
 
 
 def _record(manifest: dict[str, Any], snapshot_id: str) -> Snapshot:
-    try:
-        snapshot = Snapshot.from_manifest(manifest)
-    except ValidationError as exc:
-        raise SnapshotCorruptError(
-            f"snapshot {snapshot_id!r}: invalid manifest ({exc.error_count()} errors)"
-        ) from exc
-    if snapshot.id != snapshot_id:
-        raise SnapshotCorruptError(f"snapshot directory {snapshot_id!r} holds snapshot {snapshot.id!r}")
-    return snapshot
+    return stored_record(manifest, snapshot_id)
 
 
 __all__ = ["FileSnapshotStore"]

@@ -43,7 +43,12 @@ def order_key(snapshot: Snapshot) -> tuple[datetime, str]:
 
 def encode_cursor(snapshot: Snapshot) -> str:
     """An opaque cursor: the position after ``snapshot``."""
-    raw = json.dumps([snapshot.created_at.isoformat(), snapshot.id]).encode()
+    return encode_position(snapshot.created_at, snapshot.id)
+
+
+def encode_position(created_at: datetime, snapshot_id: str) -> str:
+    """The cursor of :func:`encode_cursor` from a position (a database backend's columns)."""
+    raw = json.dumps([created_at.isoformat(), snapshot_id]).encode()
     return base64.urlsafe_b64encode(raw).decode()
 
 
@@ -90,4 +95,12 @@ def retention_victims(snapshots: Iterable[Snapshot], policy: RetentionPolicy) ->
     return sorted(doomed)
 
 
-__all__ = ["ListFilter", "decode_cursor", "encode_cursor", "order_key", "paginate", "retention_victims"]
+__all__ = [
+    "ListFilter",
+    "decode_cursor",
+    "encode_cursor",
+    "encode_position",
+    "order_key",
+    "paginate",
+    "retention_victims",
+]

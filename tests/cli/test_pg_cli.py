@@ -48,7 +48,7 @@ def test_status_exit_codes_tell_pending_from_unreachable_from_a_problem(
 
     ran = pg(capsys, pg_dsn, schema_name, "migrate")
     assert ran.code == 0, ran.err
-    assert ran.out == f"schema {schema_name}: applied 0001, 0002, 0003; now at version 3\n"
+    assert ran.out == f"schema {schema_name}: applied 0001, 0002, 0003, 0004; now at version 4\n"
     ran = pg(capsys, pg_dsn, schema_name, "status", "--json")
     assert ran.code == 0
     document = json.loads(ran.out)
@@ -155,9 +155,9 @@ def test_migrate_shows_progress(
     ran = pg(capsys, pg_dsn, schema_name, "migrate")
     assert ran.code == 0
     lines = [line for line in ran.err_lines if line.startswith(f"migrate {schema_name}: ")]
-    assert lines[0].startswith(f"migrate {schema_name}: 1 of 3 migrations (33%), ")
-    assert lines[-1].startswith(f"migrate {schema_name}: done: 3 of 3 migrations (100%), ")
-    assert lines[-1].endswith("; applied 0003_session_traces")
+    assert lines[0].startswith(f"migrate {schema_name}: 1 of 4 migrations (25%), ")
+    assert lines[-1].startswith(f"migrate {schema_name}: done: 4 of 4 migrations (100%), ")
+    assert lines[-1].endswith("; applied 0004_snapshots")
 
 
 def tables(dsn: str, schema: str) -> dict[str, list[tuple[str, str]]]:
@@ -179,7 +179,7 @@ def test_migrate_sql_prints_the_migration_without_running_it(
     ran = pg(capsys, pg_dsn, schema_name, "migrate", "--sql")
     assert ran.code == 0, ran.err
     script = ran.out
-    assert "-- pending: 0001_initial, 0002_logical_time, 0003_session_traces" in script
+    assert "-- pending: 0001_initial, 0002_logical_time, 0003_session_traces, 0004_snapshots" in script
     assert script.count("BEGIN;") == script.count("COMMIT;") == latest_version()
     exists = sql(pg_dsn, "SELECT count(*) AS n FROM pg_namespace WHERE nspname = $1", schema_name)
     assert exists[0]["n"] == 0, "--sql ran something"
