@@ -5,12 +5,15 @@
   and waits to be SIGKILLed.
 * ``saver <root> <label> <count>``: saves ``count`` snapshots sharing a blob, prints their ids.
 * ``collector <root> <seconds>``: runs ``gc`` in a loop for that long.
+* ``held <root> <spool>``: a guarded save (guard name ``killed``) while the backend refuses every
+  call: held; prints one JSON line (id, content hash) and waits to be SIGKILLed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -78,6 +81,29 @@ async def collector(root: str, seconds: float) -> None:
     print(json.dumps({"runs": runs}), flush=True)
 
 
+async def held(root: str, spool: str) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from guarded import guard
+    from guarded.testing import Fault, FaultPlan, FaultyStore
+
+    os.makedirs(spool, exist_ok=True)
+    tempfile.tempdir = spool  # the content's spool dies with the process: keep it in the test's directory
+    down = FaultPlan.always(Fault.error_before(ConnectionRefusedError))
+    guarded = guard(
+        FaultyStore(FileSnapshotStore(root), down),
+        name="killed",
+        registry=CollectorRegistry(),
+        timeout=0.5,
+        retries=0,
+    )
+    async with guarded:  # type: ignore[attr-defined]
+        content = await make_content("s-killed", snapshot_id="killed-1", events=500, blobs=(b"k" * 50_000,))
+        saved = await guarded.save(content)  # type: ignore[attr-defined]
+        print(json.dumps({"id": saved.id, "content_hash": saved.content_hash}), flush=True)
+        await asyncio.sleep(120)  # SIGKILLed here: the guard is never closed
+
+
 if __name__ == "__main__":
     mode, *args = sys.argv[1:]
     if mode == "killed":
@@ -86,5 +112,7 @@ if __name__ == "__main__":
         asyncio.run(saver(args[0], args[1], int(args[2])))
     elif mode == "collector":
         asyncio.run(collector(args[0], float(args[1])))
+    elif mode == "held":
+        asyncio.run(held(args[0], args[1]))
     else:
         raise SystemExit(f"unknown mode {mode}")
