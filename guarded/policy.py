@@ -177,6 +177,11 @@ class MethodPolicy:
     """The write (an upsert) or read of agent memory whose ``health`` the memory health gauge follows."""
     local_fallback: LocalFallback | None = None
     """Of an artifact store method: what it does with the copies kept in process."""
+    staged: bool = False
+    """Of a snapshot store's ``save``: a content the backend cannot take (an operational failure)
+    is staged on local disk and its call -- JSON arguments naming the staged copy -- held in the
+    dead-letter buffer and replayed (:mod:`guarded.snapshot_staging`). Not :attr:`dead_letter`:
+    a content is not a JSON argument, and a save that cannot be staged is raised, never held."""
 
 
 def _key(*getters: ArgGetter) -> ArgGetter:
@@ -473,9 +478,10 @@ def _snapshot_policies() -> list[MethodPolicy]:
     return [
         # What the stale reads remember: never called, never held.
         MethodPolicy(SNAPSHOT_ANSWERS, Kind.UPSERT, value=arg("answer", 1)),
-        # A save is idempotent (same id, same content hash), so a retry is safe; it is not held:
+        # A save is idempotent (same id, same content hash), so a retry is safe. One the backend
+        # cannot take is staged on local disk and held as save(snapshot_id, content_hash):
         # the dead-letter buffer keeps JSON arguments, a content is streams and blobs.
-        MethodPolicy("save", Kind.UPSERT),
+        MethodPolicy("save", Kind.UPSERT, staged=True),
         # A content streams from the backend after load returns: nothing to serve stale.
         MethodPolicy("load", Kind.READ),
         stale_read("get", _answer_key("get", snapshot_id)),
@@ -548,7 +554,8 @@ class PolicyTable:
     def for_snapshot_store(cls) -> PolicyTable:
         """The table of the :class:`~guarded.snapshots.SnapshotStore` methods
         (:func:`guarded.snapshot_guard.guard_snapshots`): ``save``, ``tag`` and ``untag`` retried
-        (idempotent), never held; ``get``, ``list``, ``lineage`` and ``diff`` stale-if-error;
+        (idempotent); a ``save`` the backend cannot take staged and held (:attr:`MethodPolicy.staged`);
+        ``get``, ``list``, ``lineage`` and ``diff`` stale-if-error;
         ``load`` a plain read; ``delete`` and ``gc`` never retried blindly."""
         return cls({policy.name: policy for policy in _snapshot_policies()})
 

@@ -36,8 +36,14 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextvars
+import os
+import shutil
+import tempfile
+import uuid
+import weakref
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 from opentelemetry.trace import TracerProvider
@@ -48,8 +54,23 @@ from .classify import CircuitOpenError, no_wait_fixes, safe_message
 from .config import GuardConfig, MethodConfig, build_config
 from .cores import register
 from .policy import MethodPolicy, PolicyTable
+from .snapshot_staging import (
+    Answer,
+    LiveContents,
+    SnapshotStagingLayer,
+    StagedSaveRejected,
+    StagedSnapshots,
+    snapshot_spill_path,
+    staging_root,
+)
 from .snapshots.content import SnapshotContent
-from .snapshots.errors import SnapshotError, SnapshotStoreUnavailableError
+from .snapshots.errors import (
+    SnapshotConflictError,
+    SnapshotError,
+    SnapshotNotFoundError,
+    SnapshotStagingError,
+    SnapshotStoreUnavailableError,
+)
 from .snapshots.protocol import SnapshotStore
 from .snapshots.record import GcReport, RetentionPolicy, Snapshot, SnapshotDiff, SnapshotPage, SubjectKind
 
@@ -70,21 +91,26 @@ _failures: contextvars.ContextVar[builtins.list[BaseException] | None] = context
 )
 
 
-class _Answer:
-    """A snapshot error the backend answered with, carried through the chain as a result."""
+_Answer = Answer
 
-    __slots__ = ("error",)
 
-    def __init__(self, error: SnapshotError) -> None:
-        self.error = error
+def note_failure(exc: BaseException) -> None:
+    """Note ``exc`` as a failure of the guarded call in progress (the caller's error names the last)."""
+    noted = _failures.get()
+    if noted is not None:
+        noted.append(exc)
 
 
 class SnapshotCalls:
     """What the guard's chain calls: the store's methods, whose snapshot errors come back as
     values (the backend answered) and whose failures are noted for the caller's error."""
 
-    def __init__(self, store: object) -> None:
+    def __init__(
+        self, store: object, live: LiveContents | None = None, staging: StagedSnapshots | None = None
+    ) -> None:
         self._store = store
+        self.live: LiveContents = live if live is not None else {}
+        self.staging = staging
         for name in ("error_classifier", "max_concurrency", "db_system_name", "target_identity"):
             value = getattr(store, name, None)
             if value is not None:
@@ -107,8 +133,56 @@ class SnapshotCalls:
                 noted.append(TimeoutError("no answer within the call's deadline"))
             raise
 
-    async def save(self, content: SnapshotContent) -> Snapshot | _Answer:
-        return await self._call(self._store.save(content))  # type: ignore[attr-defined]
+    async def save(self, snapshot_id: str, content_hash: str, live: str | None = None) -> Snapshot | _Answer:
+        """Save the content of the guarded save in progress ``live`` (a ticket of :attr:`live`);
+        without one, replay the held save of ``snapshot_id`` from its staged copy."""
+        if live is not None:
+            content = self.live.get(live)
+            if content is None:
+                raise RuntimeError(f"no save in progress with ticket {live!r}")
+            return await self._call(self._store.save(content))  # type: ignore[attr-defined]
+        return await self._replay_save(snapshot_id, content_hash)
+
+    async def _replay_save(self, snapshot_id: str, content_hash: str) -> Snapshot:
+        """A held save: its staged copy into the backend, then the copy removed. What can never
+        succeed raises :class:`StagedSaveRejected` (parked with the reason)."""
+        staged = await self.staging.load(snapshot_id) if self.staging is not None else None
+        if staged is None:
+            # Replayed already (by another process sharing the staging directory, or before a crash
+            # that kept the call), or deleted while held: the backend tells which.
+            try:
+                found: Snapshot = await self._store.get(snapshot_id)  # type: ignore[attr-defined]
+            except SnapshotNotFoundError:
+                raise StagedSaveRejected(
+                    f"held save of snapshot {snapshot_id!r}: its staged copy is gone (deleted while "
+                    "held, or removed by hand) and the backend has no such snapshot"
+                ) from None
+            except SnapshotError as exc:
+                raise StagedSaveRejected(f"held save of snapshot {snapshot_id!r}: {exc}") from exc
+            if found.content_hash != content_hash:
+                raise StagedSaveRejected(_conflict(snapshot_id, "no staged copy is left"))
+            return found
+        try:
+            if staged.snapshot.content_hash != content_hash:
+                raise StagedSaveRejected(
+                    f"held save of snapshot {snapshot_id!r}: the staged copy is another content "
+                    f"({staged.snapshot.content_hash[:12]}, held {content_hash[:12]})"
+                )
+            try:
+                saved: Snapshot = await self._store.save(staged)  # type: ignore[attr-defined]
+            except SnapshotConflictError:
+                assert self.staging is not None
+                where = self.staging.directory(snapshot_id)
+                raise StagedSaveRejected(
+                    _conflict(snapshot_id, f"the staged copy is kept in {where}")
+                ) from None
+            except SnapshotError as exc:
+                raise StagedSaveRejected(f"held save of snapshot {snapshot_id!r}: {exc}") from exc
+        finally:
+            await staged.aclose()
+        assert self.staging is not None
+        await self.staging.remove(snapshot_id)
+        return saved
 
     async def load(self, snapshot_id: str) -> SnapshotContent | _Answer:
         return await self._call(self._store.load(snapshot_id))  # type: ignore[attr-defined]
@@ -164,10 +238,17 @@ class GuardedSnapshotStore:
     ``async with`` it, or ``await guarded.controller(it).aclose()`` at shutdown, as any guard.
     """
 
-    def __init__(self, proxy: Any, store: object) -> None:
+    def __init__(
+        self, proxy: Any, store: object, calls: SnapshotCalls | None = None, ports: Any = None
+    ) -> None:
         self._proxy = proxy
         self.store = store
         """The store behind the guard."""
+        self._calls = calls if calls is not None else SnapshotCalls(store)
+        self._ports = ports
+        self.staging: StagedSnapshots | None = self._calls.staging
+        """Where saves the backend could not take are staged while held (``None``: saves are
+        not held, the dead-letter buffer being disabled)."""
 
     async def _run(self, method: str, call: Any) -> Any:
         noted: builtins.list[BaseException] = []
@@ -180,6 +261,8 @@ class GuardedSnapshotStore:
             raise result.error
         if result is None:  # the chain's fallback: the call failed and nothing stale answered
             cause = noted[-1] if noted else None
+            if isinstance(cause, SnapshotStagingError):
+                raise cause  # neither saved nor held: the staging failure is chained
             if cause is not None and no_wait_fixes(cause):
                 raise cause  # the caller's bug or bad value, as it is
             if cause is None:  # the backend was not asked
@@ -194,16 +277,49 @@ class GuardedSnapshotStore:
         return result
 
     async def save(self, content: SnapshotContent) -> Snapshot:
-        saved: Snapshot = await self._run("save", self._proxy.save(content))
+        snapshot = content.snapshot
+        ticket = uuid.uuid4().hex
+        live = self._calls.live
+        live[ticket] = content
+        try:
+            saved: Snapshot = await self._run(
+                "save", self._proxy.save(snapshot.id, snapshot.content_hash, ticket)
+            )
+        finally:
+            del live[ticket]
         return saved
 
     async def load(self, snapshot_id: str) -> SnapshotContent:
-        content: SnapshotContent = await self._run("load", self._proxy.load(snapshot_id))
+        try:
+            content: SnapshotContent = await self._run("load", self._proxy.load(snapshot_id))
+        except (SnapshotNotFoundError, SnapshotStoreUnavailableError):
+            staged = await self._staged(snapshot_id, content=True)
+            if staged is None:
+                raise
+            return staged  # type: ignore[no-any-return]
         return content
 
     async def get(self, snapshot_id: str) -> Snapshot:
-        found: Snapshot = await self._run("get", self._proxy.get(snapshot_id))
+        try:
+            found: Snapshot = await self._run("get", self._proxy.get(snapshot_id))
+        except (SnapshotNotFoundError, SnapshotStoreUnavailableError):
+            staged = await self._staged(snapshot_id, content=False)
+            if staged is None:
+                raise
+            return staged  # type: ignore[no-any-return]
         return found
+
+    async def _staged(self, snapshot_id: str, *, content: bool) -> Any:
+        """The staged copy (content or record) of a held save of ``snapshot_id``, or ``None``: what
+        the backend has not got yet answers reads of it from this process (read-your-writes)."""
+        if self.staging is None or not isinstance(snapshot_id, str):
+            return None
+        try:
+            if content:
+                return await self.staging.load(snapshot_id)
+            return await self.staging.get(snapshot_id)
+        except (OSError, SnapshotError):
+            return None
 
     async def list(
         self,
@@ -231,8 +347,31 @@ class GuardedSnapshotStore:
         return page
 
     async def delete(self, snapshot_id: str) -> bool:
+        unheld = await self._unhold(snapshot_id)
         deleted: bool = await self._run("delete", self._proxy.delete(snapshot_id))
-        return deleted
+        return deleted or unheld
+
+    async def _unhold(self, snapshot_id: str) -> bool:
+        """Take a held save of ``snapshot_id`` out of this guard's buffer and remove its staged
+        copy, so no replay brings a deleted snapshot back: a replay of it in flight ends first."""
+        ports, staging = self._ports, self.staging
+        if ports is None or staging is None or ports.gate is None or ports.lookups is None:
+            return False
+        if not isinstance(snapshot_id, str) or snapshot_id not in staging.ids():
+            return False
+        await ports.lifecycle.ensure_open()
+        gate = ports.gate
+        slot = gate.slot("save", snapshot_id)
+        stamp = ports.next_stamp()
+        if slot is not None and not gate.try_enter(slot, stamp):
+            await gate.enter(slot, stamp)
+        try:
+            while await ports.lookups.take("save", snapshot_id) is not None:
+                pass
+            return await staging.remove(snapshot_id)
+        finally:
+            if slot is not None:
+                gate.leave(slot, stamp)
 
     async def tag(self, snapshot_id: str, tags: Iterable[str]) -> Snapshot:
         tagged: Snapshot = await self._run("tag", self._proxy.tag(snapshot_id, tuple(tags)))
@@ -274,6 +413,13 @@ def is_snapshot_store(store: object) -> bool:
     )
 
 
+def _conflict(snapshot_id: str, where: str) -> str:
+    return (
+        f"held save of snapshot {snapshot_id!r}: the backend holds another content under this id "
+        f"(a conflict); {where}"
+    )
+
+
 def guard_snapshots(
     store: object,
     *,
@@ -283,11 +429,16 @@ def guard_snapshots(
     registry: CollectorRegistry = REGISTRY,
     tracer_provider: TracerProvider | None = None,
     extra_layers: Sequence[Layer] = (),
+    staging_dir: str | os.PathLike[str] | None = None,
     **overrides: Any,
 ) -> GuardedSnapshotStore:
     """Guard a :class:`~guarded.snapshots.SnapshotStore` (``guard(store)`` calls this for one).
 
-    The arguments are :func:`guarded.guard`'s. Nothing is spilled to disk (no method is held).
+    The arguments are :func:`guarded.guard`'s. Held saves are kept in a spill file of their own
+    beside the dead-letter path (``{name}-snapshots.sqlite``), their contents staged in
+    ``staging_dir`` -- by default ``{name}-snapshots.staged/<backend digest>/`` beside it (a
+    temporary directory when the buffer is in memory only). With the dead-letter buffer disabled,
+    saves are not held: a save that fails raises.
     """
     from .guard import GuardCore, GuardedStore, make_proxy
 
@@ -298,10 +449,13 @@ def guard_snapshots(
         )
     base = build_config(config, overrides)
     long_calls = LONG_CALLS if config is None and "timeout" not in overrides else {}
+    dead_letter = base.dead_letter
+    spill_path = snapshot_spill_path(dead_letter.path)
     base = base.model_copy(
         update={
             "methods": {**long_calls, **base.methods},
-            "dead_letter": base.dead_letter.model_copy(update={"enabled": False, "path": None}),
+            "dead_letter": dead_letter.model_copy(update={"path": spill_path}),
+            "batching": base.batching.model_copy(update={"enabled": False}),
             "breaker": base.breaker.model_copy(
                 update={"slow_call_duration": max(base.breaker.slow_call_duration, SLOW_CALL_SECONDS)}
             ),
@@ -310,20 +464,43 @@ def guard_snapshots(
     table = PolicyTable.for_snapshot_store()
     if policies:
         table = table.with_overrides(policies)
+    live: LiveContents = {}
+    staging: StagedSnapshots | None = None
+    temporary: str | None = None
+    if dead_letter.enabled:
+        if staging_dir is not None:
+            root = Path(staging_dir)
+        elif spill_path is not None:
+            root = staging_root(spill_path, name, store)
+        else:  # held in memory only: the staged copies die with the process too
+            temporary = tempfile.mkdtemp(prefix="guarded-staged-snapshots-")
+            root = Path(temporary)
+        staging = StagedSnapshots(root)
+    calls = SnapshotCalls(store, live, staging)
+    staging_layer = SnapshotStagingLayer(staging, live) if staging is not None else None
     core = GuardCore(
-        SnapshotCalls(store),
+        calls,
         name=name,
         config=base,
         policies=table,
         registry=registry,
         tracer_provider=tracer_provider,
         extra_layers=extra_layers,
-        durable=True,  # the stale cache; no method dead-letters
+        durable=True,  # the stale cache, and the buffer of held saves
         protocol_methods=frozenset(SNAPSHOT_METHODS),
+        degraded_layers=[staging_layer] if staging_layer is not None else (),
     )
+    ports = core.durability.ports() if core.durability is not None else None
+    if staging_layer is not None and ports is not None:
+        staging_layer.bind(ports, core.failure_log)
     proxy = make_proxy(core, GuardedStore)
-    guarded = GuardedSnapshotStore(proxy, store)
+    guarded = GuardedSnapshotStore(proxy, store, calls, ports)
     register(guarded, core)  # guarded.controller(guarded) works as for any guard
+    if core.durability is not None:
+        # A guard never closed says so, with the saves it still holds, when collected or at exit.
+        weakref.finalize(guarded, core.durability.report_unclosed, "was garbage-collected")
+    if temporary is not None:
+        weakref.finalize(guarded, shutil.rmtree, temporary, True)
     return guarded
 
 

@@ -63,6 +63,7 @@ from .errors import (
     SnapshotCorruptError,
     SnapshotError,
     SnapshotNotFoundError,
+    SnapshotStagingError,
     SnapshotStoreUnavailableError,
 )
 from .file_store import FileSnapshotStore
@@ -107,6 +108,7 @@ __all__ = [
     "SnapshotNotFoundError",
     "SnapshotPage",
     "SnapshotStore",
+    "SnapshotStagingError",
     "SnapshotStoreUnavailableError",
     "SpooledSnapshot",
     "SubjectKind",

@@ -102,6 +102,21 @@ class SnapshotStoreUnavailableError(SnapshotError, ConnectionError):
         super().__init__(f"the snapshot store could not answer {method}: {reason}")
 
 
+class SnapshotStagingError(SnapshotStoreUnavailableError):
+    """A guarded save the backend could not take could not be held either: its content could not
+    be staged on local disk (a full or unwritable disk, an unreadable source) or its call could not
+    be kept in the dead-letter buffer. Nothing was saved or held: save again. The staging failure
+    is chained (``__cause__``); the backend's failure is named in the message."""
+
+    def __init__(self, snapshot_id: str, backend_failure: str, failure: str) -> None:
+        self.snapshot_id = snapshot_id
+        super().__init__(
+            "save",
+            f"{backend_failure}; and snapshot {snapshot_id!r} could not be staged to be held "
+            f"({failure}): nothing was saved or held",
+        )
+
+
 __all__ = [
     "FormatTooNewError",
     "FormatVersionError",
@@ -112,5 +127,6 @@ __all__ = [
     "SnapshotCorruptError",
     "SnapshotError",
     "SnapshotNotFoundError",
+    "SnapshotStagingError",
     "SnapshotStoreUnavailableError",
 ]

@@ -1,6 +1,7 @@
 """``guard(snapshot_store)``: the contract suite through the guard, and a database outage on the
-PostgreSQL backend (real embedded server): reads answer stale, a save fails loudly, the store's
-own answers (not found, conflict) are raised as they are, every call measured."""
+PostgreSQL backend (real embedded server): reads answer stale, a save is staged and held (replayed
+once the database answers again), the store's own answers (not found, conflict) are raised as they
+are, every call measured."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def test_guard_recognises_a_snapshot_store(tmp_path: Path) -> None:
 def test_the_policy_table_of_snapshot_methods() -> None:
     table = PolicyTable.for_snapshot_store()
     assert table.get("save").kind is Kind.UPSERT
-    assert not table.get("save").dead_letter
+    assert not table.get("save").dead_letter  # not held as its arguments: staged, then held
+    assert table.get("save").staged
     assert table.get("save").repeat_safe
     assert table.get("tag").repeat_safe
     assert not table.get("delete").repeat_safe
@@ -81,7 +83,7 @@ async def pg_snapshots(pg_dsn: str, schema_name: str) -> AsyncIterator[PostgresS
 
 
 @pytest.mark.asyncio
-async def test_a_database_outage_answers_reads_stale_and_fails_saves_loudly(
+async def test_a_database_outage_answers_reads_stale_and_holds_saves(
     pg_snapshots: PostgresSnapshotStore, pg_dsn: str, schema_name: str
 ) -> None:
     registry = CollectorRegistry()
@@ -115,16 +117,25 @@ async def test_a_database_outage_answers_reads_stale_and_fails_saves_loudly(
                 await guarded.list(subject_id="never-listed")
             with pytest.raises(SnapshotStoreUnavailableError, match="could not answer load"):
                 await guarded.load(saved.id)
-            fresh = await make_content("s-out", snapshot_id="out-2")
-            with pytest.raises(SnapshotStoreUnavailableError, match="could not answer save") as caught:
-                await guarded.save(fresh)
-            assert caught.value.__cause__ is not None
+            # A save the database cannot take is staged and held: the caller gets its record.
+            fresh = await make_content("s-out", snapshot_id="out-2", events=40)
+            assert await guarded.save(fresh) == fresh.snapshot
+            assert controller(guarded).dead_letters is not None
+            assert controller(guarded).dead_letters.depth == 1
+            async with await guarded.load("out-2") as staged:  # read-your-writes, from the staged copy
+                assert staged.snapshot.content_hash == fresh.snapshot.content_hash
         finally:
             await locker.execute("ROLLBACK")
             await locker.close()
 
-        # The database is back: the save the outage refused goes through when made again.
-        assert (await guarded.save(fresh)).id == "out-2"
+        # The database is back: the held save is replayed, once.
+        assert await controller(guarded).drain(30) == 0
+        assert guarded.staging is not None
+        assert guarded.staging.ids() == []
+        async with await pg_snapshots.load("out-2") as landed:
+            assert landed.snapshot.content_hash == fresh.snapshot.content_hash
+            assert [len(b) async for b in landed.lines("events")] == [40]
+        assert (await guarded.save(fresh)).id == "out-2"  # and saving it again is idempotent
         await fresh.aclose()
         await other.aclose()
         assert [s.id for s in (await guarded.list(subject_id="s-out")).items] == ["out-1", "out-2"]
@@ -134,5 +145,6 @@ async def test_a_database_outage_answers_reads_stale_and_fails_saves_loudly(
     assert outcomes[("get", "stale")] == 2
     assert outcomes[("lineage", "stale")] == 1
     assert outcomes[("save", "ok")] == 4  # a conflict is the store's answer, not a failure
+    assert outcomes[("save", "dead_lettered")] == 1
     failed = Counter({method: n for (method, outcome), n in outcomes.items() if outcome == "timeout"})
-    assert failed == Counter({"list": 1, "load": 1, "save": 1})
+    assert failed == Counter({"list": 1, "load": 2})  # the second load answered from staging

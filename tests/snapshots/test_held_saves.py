@@ -70,7 +70,7 @@ async def fingerprint(content: SnapshotContent) -> tuple[str, dict[str, str]]:
 
 
 def buffer_of(store: GuardedSnapshotStore) -> DeadLetterBuffer:
-    found = controller(store).dead_letters()
+    found = controller(store).dead_letters
     assert found is not None
     return found
 
