@@ -88,6 +88,12 @@ class FileSnapshotStore:
     def root(self) -> Path:
         return self.layout.root
 
+    @property
+    def target_identity(self) -> str:
+        """Where this store writes (its directory): a guard's held saves belong to it alone, so a
+        guard of another directory never adopts or replays them (:mod:`guarded.snapshot_staging`)."""
+        return f"file-snapshots:{self.layout.root.resolve()}"
+
     # --- save --------------------------------------------------------------------------------------
 
     async def save(self, content: SnapshotContent) -> Snapshot:

@@ -306,3 +306,40 @@ async def test_bad_data_is_never_staged(tmp_path: Path) -> None:
         assert (await buffer_of(guarded).stats()).parked == 0
         assert staged_ids(guarded) == []
         await inner.aclose()
+
+
+@pytest.mark.asyncio
+async def test_deleting_a_held_snapshot_takes_its_save_out(tmp_path: Path) -> None:
+    backend = FileSnapshotStore(tmp_path / "backend")
+    faulty = FaultyStore(backend, DOWN)
+    guarded = guard(faulty, name="gone", registry=CollectorRegistry(), timeout=0.5, retries=0, breaker=False)
+    assert isinstance(guarded, GuardedSnapshotStore)
+    async with guarded:
+        content = await make_content("s-gone", snapshot_id="gone-1")
+        async with content:
+            await guarded.save(content)
+        assert buffer_of(guarded).depth == 1
+        # The backend answers again, but not saves yet: the held save cannot land before the delete.
+        fault_injector(faulty).plan = FaultPlan.always(
+            Fault.error_before(ConnectionRefusedError), methods=["save"]
+        )
+        assert await guarded.delete("gone-1") is True  # held here, not in the backend
+        fault_injector(faulty).plan = FaultPlan()
+        assert buffer_of(guarded).depth == 0
+        assert staged_ids(guarded) == []
+        assert await controller(guarded).drain(10) == 0
+        with pytest.raises(SnapshotNotFoundError):
+            await guarded.get("gone-1")
+    with pytest.raises(SnapshotNotFoundError):
+        await backend.get("gone-1")
+
+
+def test_guards_of_two_file_stores_never_share_held_saves(tmp_path: Path) -> None:
+    first = guard(FileSnapshotStore(tmp_path / "a"), registry=CollectorRegistry())
+    second = guard(FileSnapshotStore(tmp_path / "b"), registry=CollectorRegistry())
+    assert isinstance(first, GuardedSnapshotStore)
+    assert isinstance(second, GuardedSnapshotStore)
+    assert first.staging is not None
+    assert second.staging is not None
+    assert first.staging.root != second.staging.root
+    assert first.staging.root.parent.name == "default-snapshots.staged"
