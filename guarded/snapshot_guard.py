@@ -20,11 +20,17 @@ than an agent that must never see an exception:
   :class:`~guarded.snapshots.SnapshotStoreUnavailableError` (the backend's error chained, outcome
   ``fallback``/``timeout``/``circuit_open`` in the metrics) instead of returning a default;
   the caller's own bugs (a ``ValueError``, a ``TypeError``) are raised as they are;
-* **saves are not held**: a save that fails after its retries raises; it is not kept in the
-  dead-letter buffer, which holds JSON arguments (a content is streams and blobs, up to gigabytes).
-  Saves are idempotent: save again once the backend is back.
-* ``delete`` and ``gc`` are never retried (a repeat answers differently); ``save``, ``tag`` and
-  ``untag`` are.
+* **saves are held** (:mod:`guarded.snapshot_staging`): a save the backend cannot take (a timeout,
+  a lost connection, an open circuit: never bad data nor the store's answers) is staged on local
+  disk -- the content copied into a :class:`~guarded.snapshots.FileSnapshotStore` of its own beside
+  the spill file -- and ``save(snapshot_id, content_hash)`` held in the dead-letter buffer (a spill
+  file of its own, ``{name}-snapshots.sqlite``); the caller gets the record (outcome
+  ``dead_lettered``). The replay saves the staged copy into the backend (idempotent) and removes
+  it; a conflict met on replay is parked with its reason. A save that can be neither saved nor
+  staged raises :class:`~guarded.snapshots.SnapshotStagingError`. ``load`` and ``get`` of a held
+  snapshot answer from its staged copy; ``delete`` of one takes its held save out first;
+* ``delete`` and ``gc`` are never retried (a repeat answers differently) nor held; ``save``,
+  ``tag`` and ``untag`` are retried.
 
 Snapshot calls are slow next to a StateStore's: unless given a ``config`` or a ``timeout``,
 ``save``, ``load``, ``diff`` and ``gc`` get a 15-minute deadline (:data:`LONG_CALLS`), the other
