@@ -230,7 +230,10 @@ class SnapshotStagingLayer:
             except Exception as exc:
                 if no_wait_fixes(exc):
                     raise
-                return await self._stage_and_hold(call, exc, method, ports)
+                # Shielded: a caller cancelled while its content is staged leaves it staged and
+                # held (as a cancelled StateStore write being committed is kept), never a staged
+                # copy without its held call.
+                return await asyncio.shield(self._stage_and_hold(call, exc, method, ports))
 
         return save
 
