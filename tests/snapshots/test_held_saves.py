@@ -343,3 +343,21 @@ def test_guards_of_two_file_stores_never_share_held_saves(tmp_path: Path) -> Non
     assert second.staging is not None
     assert first.staging.root != second.staging.root
     assert first.staging.root.parent.name == "default-snapshots.staged"
+
+
+@pytest.mark.asyncio
+async def test_a_held_save_that_had_committed_lands_once(tmp_path: Path) -> None:
+    backend = FileSnapshotStore(tmp_path / "backend")
+    # The save commits, then its answer is lost: held, and its replay finds it saved already.
+    faulty = FaultyStore(backend, FaultPlan.script({"save": [Fault.error_after(ConnectionResetError)]}))
+    guarded = guard(faulty, name="lost", registry=CollectorRegistry(), timeout=0.5, retries=0)
+    assert isinstance(guarded, GuardedSnapshotStore)
+    async with guarded:
+        content = await make_content("s-lost", snapshot_id="lost-1")
+        async with content:
+            assert (await guarded.save(content)).id == "lost-1"
+        assert await controller(guarded).drain(10) == 0
+        assert (await buffer_of(guarded).stats()).parked == 0
+        assert staged_ids(guarded) == []
+    assert [item.id for item in (await backend.list()).items] == ["lost-1"]
+    assert (await backend.get("lost-1")).content_hash == content.snapshot.content_hash
