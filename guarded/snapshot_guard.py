@@ -442,9 +442,9 @@ def guard_snapshots(
 
     The arguments are :func:`guarded.guard`'s. Held saves are kept in a spill file of their own
     beside the dead-letter path (``{name}-snapshots.sqlite``), their contents staged in
-    ``staging_dir`` -- by default ``{name}-snapshots.staged/<backend digest>/`` beside it (a
-    temporary directory when the buffer is in memory only). With the dead-letter buffer disabled,
-    saves are not held: a save that fails raises.
+    ``<staging_dir>/<backend digest>/`` -- ``staging_dir`` by default ``{name}-snapshots.staged``
+    beside the spill file (a temporary directory when the buffer is in memory only). With the
+    dead-letter buffer disabled, saves are not held: a save that fails raises.
     """
     from .guard import GuardCore, GuardedStore, make_proxy
 
@@ -475,7 +475,7 @@ def guard_snapshots(
     temporary: str | None = None
     if dead_letter.enabled:
         if staging_dir is not None:
-            root = Path(staging_dir)
+            root = staging_root(None, name, store, Path(staging_dir))
         elif spill_path is not None:
             root = staging_root(spill_path, name, store)
         else:  # held in memory only: the staged copies die with the process too

@@ -87,16 +87,19 @@ def snapshot_spill_path(path: str | None) -> str | None:
     return f"{root}-snapshots{ext}"
 
 
-def staging_root(spill_path: str, store_name: str, target: object) -> Path:
-    """The staging directory of held saves for the spill file ``spill_path`` (``{name}`` not yet
-    replaced): ``<spill file without extension>.staged/<digest of the backend's identity>/``, so
+def staging_root(spill_path: str | None, store_name: str, target: object, base: Path | None = None) -> Path:
+    """The staging directory of held saves: ``<base>/<digest of the backend's identity>/``, where
+    ``base`` is by default ``<spill file without extension>.staged`` (``{name}`` replaced), so
     guards of the same store on the same paths share it, and another backend never sees it."""
-    path = spill_path.replace("{name}", re.sub(r"[^A-Za-z0-9._-]", "_", store_name) or "_")
-    root, ext = os.path.splitext(path)
-    if not ext or os.sep in ext:
-        root = path
+    if base is None:
+        assert spill_path is not None
+        path = spill_path.replace("{name}", re.sub(r"[^A-Za-z0-9._-]", "_", store_name) or "_")
+        root, ext = os.path.splitext(path)
+        if not ext or os.sep in ext:
+            root = path
+        base = Path(f"{root}.staged")
     digest = hashlib.sha256(spill_target(target, store_name).encode("utf-8")).hexdigest()[:16]
-    return Path(f"{root}.staged") / digest
+    return base / digest
 
 
 def _checked(snapshot_id: str) -> str:

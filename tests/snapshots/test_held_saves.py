@@ -361,3 +361,24 @@ async def test_a_held_save_that_had_committed_lands_once(tmp_path: Path) -> None
         assert staged_ids(guarded) == []
     assert [item.id for item in (await backend.list()).items] == ["lost-1"]
     assert (await backend.get("lost-1")).content_hash == content.snapshot.content_hash
+
+
+@pytest.mark.asyncio
+async def test_a_chosen_staging_directory_holds_saves_per_backend(tmp_path: Path) -> None:
+    backend = FileSnapshotStore(tmp_path / "backend")
+    faulty = FaultyStore(backend, DOWN)
+    chosen = tmp_path / "staging"
+    guarded = guard(
+        faulty, name="chosen", registry=CollectorRegistry(), staging_dir=chosen, timeout=0.5, retries=0
+    )
+    assert isinstance(guarded, GuardedSnapshotStore)
+    async with guarded:
+        content = await make_content("s-chosen", snapshot_id="chosen-1")
+        async with content:
+            await guarded.save(content)
+        assert guarded.staging is not None
+        assert guarded.staging.root.parent == chosen
+        assert (guarded.staging.root / "chosen-1").is_dir()
+        fault_injector(faulty).plan = FaultPlan()
+        assert await controller(guarded).drain(10) == 0
+    assert (await backend.get("chosen-1")).id == "chosen-1"
