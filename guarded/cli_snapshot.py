@@ -363,18 +363,20 @@ async def _capture(args: argparse.Namespace) -> int:
         source = await _state_store(args.source)
         try:
             started = time.perf_counter()
-            captured = await capture(
-                source,
-                session_id=args.session if args.trace is None else args.trace_session,
-                trace_id=args.trace,
-                parent=args.parent,
-                tags=args.tag,
-                description=args.description,
-                memory_keys=args.memory_key,
-                trace_ids=args.trace_id,
-                pause_tokens=args.pause_token,
-                snapshot_id=args.snapshot_id,
-            )
+            with Progress("capture", total=None, unit="records") as reading:
+                captured = await capture(
+                    source,
+                    session_id=args.session if args.trace is None else args.trace_session,
+                    trace_id=args.trace,
+                    parent=args.parent,
+                    tags=args.tag,
+                    description=args.description,
+                    memory_keys=args.memory_key,
+                    trace_ids=args.trace_id,
+                    pause_tokens=args.pause_token,
+                    snapshot_id=args.snapshot_id,
+                    progress=lambda section, count: reading.advance(count, detail=section),
+                )
         finally:
             await close_store(source)
         args.state.done = "nothing was saved (a snapshot is published whole or not at all)"

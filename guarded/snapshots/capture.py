@@ -26,7 +26,7 @@ time. The result is a :class:`~guarded.snapshots.content.SpooledSnapshot`: pass 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -69,19 +69,21 @@ async def capture(
     pause_tokens: Iterable[str] = (),
     snapshot_id: str | None = None,
     spool_dir: Path | None = None,
+    progress: Callable[[str, int], None] | None = None,
 ) -> SpooledSnapshot:
     """Capture the state of one session (``session_id``) or one trace (``trace_id``, with
     ``session_id`` to include its trajectory) from ``store``.
 
     ``parent`` (a snapshot or its id) records lineage. The snapshot's id is ``snapshot_id`` or a
-    new UUID. Raises ``ValueError`` when neither subject is given, and whatever the store raises.
+    new UUID. ``progress(section, count)`` is told of the records as they are read. Raises
+    ``ValueError`` when neither subject is given, and whatever the store raises.
     """
     if trace_id is None and session_id is None:
         raise ValueError("capture needs session_id= or trace_id=")
     kind: SubjectKind = "trace" if trace_id is not None else "session"
     subject = trace_id if trace_id is not None else session_id
     assert subject is not None
-    writer = SpoolWriter(spool_dir)
+    writer = SpoolWriter(spool_dir, on_lines=progress)
     try:
         reader = _Reader(store, writer)
         if kind == "session":

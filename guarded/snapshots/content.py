@@ -276,7 +276,11 @@ class SpooledSnapshot(DirectoryContent):
 class SpoolWriter:
     """Builds a :class:`SpooledSnapshot` section by section in a temporary directory."""
 
-    def __init__(self, directory: Path | None = None) -> None:
+    def __init__(
+        self, directory: Path | None = None, *, on_lines: Callable[[str, int], None] | None = None
+    ) -> None:
+        self._on_lines = on_lines
+        """Told ``(section, count)`` as each record is added (progress of a capture)."""
         self.directory = Path(tempfile.mkdtemp(prefix="guarded-snapshot-", dir=directory))
         (self.directory / "sections").mkdir()
         (self.directory / "blobs").mkdir()
@@ -295,6 +299,8 @@ class SpoolWriter:
         """Append a canonical line to ``section``."""
         pending = self._pending[section]
         pending.append(line)
+        if self._on_lines is not None:
+            self._on_lines(section, 1)
         if len(pending) >= BATCH:
             self._pending[section] = []
             await asyncio.to_thread(self._writers[section].write, pending)
