@@ -242,12 +242,14 @@ class Events:
         """
         if not rows:
             return
-        seen: set[tuple[str, bytes]] = set()
-        unique: list[EventRow] = []
-        for row in rows:  # the first of duplicates wins, as with ON CONFLICT DO NOTHING
-            if (row[0], row[5]) not in seen:
-                seen.add((row[0], row[5]))
-                unique.append(row)
+        unique: Sequence[EventRow] = rows
+        if len({row[5] for row in rows}) != len(rows):  # distinct fingerprints: distinct keys
+            seen: set[tuple[str, bytes]] = set()
+            unique = []
+            for row in rows:  # the first of duplicates wins, as with ON CONFLICT DO NOTHING
+                if (row[0], row[5]) not in seen:
+                    seen.add((row[0], row[5]))
+                    unique.append(row)
         if len(unique) == 1:
             await self.save(unique[0])
             return
