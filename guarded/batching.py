@@ -9,10 +9,14 @@ decides what a failed flush means (retry, dead-letter) and reports each write's 
 of acknowledging a write, per write:
 
 - **group commit** (the guard's default): the write carries a future (:attr:`PendingWrite.done`)
-  that the batcher settles with the write's outcome once its batch is written. A write goes out on
-  the next loop iteration when fewer than the method's flush limit are running; writes arriving
-  while the limit is reached form the next batch, started as soon as a flush ends. No timer: a lone
-  writer pays no batching delay.
+  that the batcher settles with the write's outcome once its batch is written. When no flush of
+  its method runs, a write goes out at once, written by its caller in the caller's own task
+  (:meth:`Batcher.offer` answers :data:`ALONE`; no flush task, no loop iteration). Writes arriving
+  while a flush runs form the next batch, started when that flush ends; a further flush runs
+  beside the running ones only for a full batch (``max_batch`` writes waiting), up to the method's
+  flush limit. The callers a batch answered resume on the next loop iteration and usually write
+  again at once: the next batch starts after them, so they share it. No timer: a lone writer pays
+  no batching delay.
 - **write-behind** (``done`` is ``None``): the caller is acknowledged once the write is queued. A
   queue flushes as soon as it holds ``max_batch`` writes, or once its oldest write has waited
   ``max_delay`` seconds (one timer per queue; ``max_delay=0`` flushes on the next iteration).
