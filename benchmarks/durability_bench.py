@@ -303,6 +303,10 @@ async def run(dsn: str, *, repeats: int = 7, server: EmbeddedPostgres | None = N
         + ")"
         + "; the store's row encoding (COPY series) "
         + f"{_encode_cost(levels) * 1e6:.1f} µs/event.",
+        "pipelined: every call of a repetition is in flight at once, and Python's cyclic garbage "
+        "collector traverses each one's task, coroutine frames and future at every collection, so "
+        "its cost per write grows with the calls in flight (python -m benchmarks.durability_profile "
+        "--pipelined [--no-gc] shows the share).",
     ]
     if one is not None and BARE in one.series:
         bare = one.series[BARE]

@@ -9,10 +9,14 @@ decides what a failed flush means (retry, dead-letter) and reports each write's 
 of acknowledging a write, per write:
 
 - **group commit** (the guard's default): the write carries a future (:attr:`PendingWrite.done`)
-  that the batcher settles with the write's outcome once its batch is written. A write goes out on
-  the next loop iteration when fewer than the method's flush limit are running; writes arriving
-  while the limit is reached form the next batch, started as soon as a flush ends. No timer: a lone
-  writer pays no batching delay.
+  that the batcher settles with the write's outcome once its batch is written. When no flush of
+  its method runs, a write goes out at once, written by its caller in the caller's own task
+  (:meth:`Batcher.offer` answers :data:`ALONE`; no flush task, no loop iteration). Writes arriving
+  while a flush runs form the next batch, started when that flush ends; a further flush runs
+  beside the running ones only for a full batch (``max_batch`` writes waiting), up to the method's
+  flush limit. The callers a batch answered resume on the next loop iteration and usually write
+  again at once: the next batch starts after them, so they share it. No timer: a lone writer pays
+  no batching delay.
 - **write-behind** (``done`` is ``None``): the caller is acknowledged once the write is queued. A
   queue flushes as soon as it holds ``max_batch`` writes, or once its oldest write has waited
   ``max_delay`` seconds (one timer per queue; ``max_delay=0`` flushes on the next iteration).
@@ -65,13 +69,23 @@ from .store_gauge import StoreTotalGauge, store_total_gauge
 
 logger = logging.getLogger("guarded.batching")
 
+_OK = Outcome.OK
 _CANCEL_GRACE = 1.0
+
+QUEUED = 0
+""":meth:`Batcher.offer`: the write is queued."""
+ALONE = 1
+""":meth:`Batcher.offer`: the write is queued and no flush of its method runs: the caller writes
+it at once (:meth:`Batcher.write_alone`), with no task and no loop iteration."""
+NO_ROOM = 2
+""":meth:`Batcher.offer`: the write is not queued (the batcher is full or closed)."""
 """Seconds :meth:`Batcher.aclose` waits for cancelled flushes to unwind after its timeout."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PendingWrite:
-    """One acknowledged write waiting to be flushed."""
+    """One write waiting to be flushed. Treat it as immutable: it is not frozen only because a
+    frozen dataclass's ``__init__`` costs three times as much, and one is built per call."""
 
     method: str
     """The store method, e.g. ``"save_event"``."""
@@ -298,6 +312,20 @@ class Batcher:
 
     # --- submitting ---------------------------------------------------------------------------------
 
+    def offer(self, write: PendingWrite) -> int:
+        """The part of :meth:`submit` that never waits: :data:`QUEUED` when ``write`` is queued,
+        :data:`ALONE` when it is queued and is to be written at once in the caller's own task
+        (``await`` :meth:`write_alone` before anything else runs), :data:`NO_ROOM` when it was not
+        queued (the batcher is full, or closed: :meth:`submit` it instead)."""
+        if self._pending < self._capacity and not self._waiters and not self._closing:
+            self._pending += 1
+            return QUEUED if self._enqueue(write) is None else ALONE
+        return NO_ROOM
+
+    async def write_alone(self, method: str) -> None:
+        """Write the one queued write of ``method`` that :meth:`offer` answered :data:`ALONE`."""
+        await self._flush_alone(self._queues[method])
+
     async def submit(self, write: PendingWrite, *, deadline: float) -> bool:
         """Queue ``write``; ``True`` once it is queued (the caller may be acknowledged).
 
@@ -384,8 +412,14 @@ class Batcher:
         if mq.eager:
             if not mq.active and len(queue) == 1 and mq.timer is None:
                 return mq
-            # Writes submitted in this loop iteration join one batch: pump on the next iteration.
-            if mq.timer is None and not mq.due and mq.active < self._limit(mq):
+            # Writes submitted in this loop iteration join one batch, started on the next
+            # iteration when no flush runs (or a full batch waits and the limit allows another);
+            # otherwise the end of the running flush starts it.
+            if (
+                mq.timer is None
+                and not mq.due
+                and (not mq.active or (len(queue) >= self._max_batch and mq.active < self._limit(mq)))
+            ):
                 mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
         elif len(queue) >= self._max_batch:
             self._pump(mq)
@@ -402,7 +436,13 @@ class Batcher:
     def _take(mq: _MethodQueue, size: int) -> tuple[int, list[PendingWrite]]:
         """Move the next ``size`` queued writes of ``mq`` in flight as one batch; returns the
         batch's first sequence number and its writes."""
-        batch = [mq.queue.popleft() for _ in range(size)]
+        queue = mq.queue
+        if size == len(queue):
+            batch = list(queue)
+            queue.clear()
+        else:
+            popleft = queue.popleft
+            batch = [popleft() for _ in range(size)]
         start = mq.taken
         mq.taken += size
         mq.in_flight[start] = batch
@@ -427,9 +467,13 @@ class Batcher:
         limit = self._limit(mq)
         eager = mq.eager
         while queue and mq.active < limit:
-            if not (
-                eager or len(queue) >= max_batch or mq.due or mq.taken < mq.urgent_through or self._closing
-            ):
+            if eager:
+                # Group commit: the writes that arrive while a flush runs form the next batch; a
+                # further flush runs beside it only for a full batch (or a read or close waiting).
+                waits = mq.active and len(queue) < max_batch and mq.taken >= mq.urgent_through
+                if waits and not self._closing:
+                    break
+            elif not (len(queue) >= max_batch or mq.due or mq.taken < mq.urgent_through or self._closing):
                 break
             start, batch = self._take(mq, min(len(queue), max_batch))
             mq.due = False
@@ -458,9 +502,11 @@ class Batcher:
         try:
             outcomes = await self._writer(mq.method, batch)
             finished = True
-            if outcomes is None:
+            if outcomes is None or all(outcome is _OK for outcome in outcomes):
                 for write in batch:
-                    write.settle(Outcome.OK)
+                    done = write.done
+                    if done is not None and not done.done():
+                        done.set_result(_OK)
             else:
                 for write, outcome in zip(batch, outcomes, strict=True):
                     write.settle(outcome)
@@ -512,7 +558,14 @@ class Batcher:
                     del scopes[scope]
         self._wake_flushers(mq)
         self._release(len(batch))
-        if pump and mq.queue:
+        if not pump:
+            return
+        if mq.eager and len(batch) > 1 and mq.timer is None and not self._closing:
+            # The callers just answered resume on the next loop iteration and most write again at
+            # once: start the next batch after them, so that they join it instead of the first of
+            # them going out alone and the rest waiting a round trip for it.
+            mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
+        elif mq.queue:
             self._pump(mq)
 
     def _wake_flushers(self, mq: _MethodQueue) -> None:
@@ -621,4 +674,4 @@ class Batcher:
         return unwritten
 
 
-__all__ = ["Batcher", "PendingWrite", "Writer"]
+__all__ = ["ALONE", "NO_ROOM", "QUEUED", "Batcher", "PendingWrite", "Writer"]

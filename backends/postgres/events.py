@@ -15,6 +15,7 @@ equal-``ts`` ties keep the order saved) and duplicates are skipped.
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Sequence
 from json.encoder import encode_basestring
 from typing import Any
@@ -48,6 +49,9 @@ _orjson_dumps = orjson.dumps
 _SORT_KEYS = orjson.OPT_SORT_KEYS
 _OrjsonError = orjson.JSONEncodeError
 _sha256 = hashlib.sha256
+_event_fields = operator.attrgetter("trace_id", "ts", "kind", "node_name", "node_id", "payload")
+_MIN_FIXED, _MAX_FIXED = 1e-4, 1e16
+"""The magnitudes :func:`~.json_codec.fixed_float` accepts (besides zero)."""
 
 
 def _field(event: Any, name: str) -> Any:
@@ -68,6 +72,59 @@ def _json_string(value: str | None) -> str:
 
 def encode_event(event: Any) -> EventRow:
     """Validate ``event`` and return its row; raise :class:`InvalidPayloadError` naming the field.
+
+    The usual event (ASCII texts, a ``float`` ``ts`` without exponent, an :func:`orjson_ready`
+    payload dict) takes a path with no function call per field; anything else, and every error,
+    goes through :func:`encode_event_checked`, whose row and errors this path reproduces exactly.
+    """
+    try:
+        raw_trace, ts, kind, node_name, node_id, raw_payload = _event_fields(event)
+    except AttributeError:
+        return encode_event_checked(event)
+    if (
+        ORJSON_AGREES
+        and type(raw_payload) is dict
+        and type(ts) is float
+        and (_MIN_FIXED <= abs(ts) < _MAX_FIXED or ts == 0.0)
+        and type(kind) is str
+        and kind.isascii()
+        and (raw_trace is None or (type(raw_trace) is str and raw_trace.isascii()))
+        and (node_name is None or (type(node_name) is str and node_name.isascii()))
+        and (node_id is None or (type(node_id) is str and node_id.isascii()))
+    ):
+        trace_id = raw_trace or GLOBAL_TRACE_ID
+        try:
+            if orjson_ready(raw_payload):
+                identity = _orjson_dumps(
+                    {
+                        "kind": kind,
+                        "node_id": node_id,
+                        "node_name": node_name,
+                        "payload": raw_payload,
+                        "trace_id": trace_id,
+                        "ts": ts,
+                    },
+                    option=_SORT_KEYS,
+                )
+                payload = _orjson_dumps(raw_payload).decode()
+                # ASCII text holds no escape sentinel: only a NUL needs the text-column escape.
+                return (
+                    trace_id if "\x00" not in trace_id else to_db_text(trace_id),
+                    ts,
+                    kind if "\x00" not in kind else to_db_text(kind),
+                    node_name if node_name is None or "\x00" not in node_name else to_db_text(node_name),
+                    node_id if node_id is None or "\x00" not in node_id else to_db_text(node_id),
+                    _sha256(identity).digest(),
+                    payload,
+                )
+        except (_OrjsonError, RecursionError):
+            pass
+    return encode_event_checked(event)
+
+
+def encode_event_checked(event: Any) -> EventRow:
+    """:func:`encode_event`, one field at a time: every check, every path, the error that names
+    the field.
 
     This is the hot path of bulk writes. The fingerprint hashes the canonical JSON of
     ``{kind, node_id, node_name, payload, trace_id, ts}`` exactly as ``json.dumps({...},
@@ -130,6 +187,10 @@ def encode_event(event: Any) -> EventRow:
 
 def encode_events(events: Sequence[Any]) -> list[EventRow]:
     """:func:`encode_event` for each event; the error path names the event (``events[3].payload``)."""
+    try:
+        return [encode_event(event) for event in events]
+    except InvalidPayloadError:
+        pass  # again, one by one, to name the event
     rows = []
     for index, event in enumerate(events):
         try:
@@ -181,12 +242,14 @@ class Events:
         """
         if not rows:
             return
-        seen: set[tuple[str, bytes]] = set()
-        unique: list[EventRow] = []
-        for row in rows:  # the first of duplicates wins, as with ON CONFLICT DO NOTHING
-            if (row[0], row[5]) not in seen:
-                seen.add((row[0], row[5]))
-                unique.append(row)
+        unique: Sequence[EventRow] = rows
+        if len({row[5] for row in rows}) != len(rows):  # distinct fingerprints: distinct keys
+            seen: set[tuple[str, bytes]] = set()
+            unique = []
+            for row in rows:  # the first of duplicates wins, as with ON CONFLICT DO NOTHING
+                if (row[0], row[5]) not in seen:
+                    seen.add((row[0], row[5]))
+                    unique.append(row)
         if len(unique) == 1:
             await self.save(unique[0])
             return
@@ -226,4 +289,4 @@ class Events:
         ]
 
 
-__all__ = ["COPY_THRESHOLD", "EventRow", "Events", "encode_event", "encode_events"]
+__all__ = ["COPY_THRESHOLD", "EventRow", "Events", "encode_event", "encode_event_checked", "encode_events"]

@@ -16,6 +16,7 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -29,6 +30,7 @@ from ..config import GuardConfig
 from ..deadletter import DeadLetterBuffer, ReplayResult
 from ..errors import InvalidPayloadError
 from ..failure_log import FailureLog, operational_errors
+from ..idempotency import ITEM_KEYS as _ITEM_KEYS
 from ..idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_call
 from ..outcome import Outcome
 from ..policy import PolicyTable
@@ -58,6 +60,26 @@ _DRAIN_MAX_PAUSE = 1.0
 _DRAIN_BATCH = 1000
 """Held writes a drain sends in one bulk call, at most."""
 _OK, _DEAD_LETTERED, _REJECTED = Outcome.OK, Outcome.DEAD_LETTERED, Outcome.REJECTED
+_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
+
+_ITEM_ARITY = {
+    policy.name: len(policy.bulk_item) for policy in PolicyTable.for_state_store() if policy.bulk_form
+}
+"""Parameters per bulk item of each write with a bulk form (the table :func:`bulk_args` reads)."""
+
+
+def _bulk_args(method: str, writes: Sequence[PendingWrite]) -> tuple[Any, ...]:
+    """:func:`~guarded.bulk_forms.bulk_args` of a flush, without a call per write when every write
+    passed its item's arguments positionally (the usual case)."""
+    arity = _ITEM_ARITY.get(method)
+    if arity == 1:
+        try:
+            return ([write.args[0] for write in writes],)
+        except IndexError:
+            pass
+    elif arity and all(len(write.args) >= arity for write in writes):
+        return ([write.args[:arity] for write in writes],)
+    return bulk_args(method, writes)
 
 
 def target_identity(target: object) -> str | None:
@@ -324,8 +346,11 @@ class Durability:
         bulk = bulk_method_for(self.target, method)
         if bulk is not None:
             try:
-                with item_keys(self._item_keys(writes)):
-                    await self._run(bulk, bulk_args(method, writes), {})
+                if method in self._keyed_appends or _ITEM_KEYS.get() is not None:
+                    with item_keys(self._item_keys(writes)):
+                        await self._run(bulk, _bulk_args(method, writes), _NO_KWARGS)
+                else:
+                    await self._run(bulk, _bulk_args(method, writes), _NO_KWARGS)
                 return [_OK] * len(writes)
             except Exception as exc:
                 if not no_wait_fixes(exc):
@@ -334,25 +359,34 @@ class Durability:
         return await self._write_singles(writes)
 
     async def _write_singles(self, writes: Sequence[PendingWrite]) -> list[Outcome]:
-        limit = asyncio.Semaphore(self.config.batching.single_write_concurrency)
         outcomes = [_OK] * len(writes)
         failed: list[tuple[int, PendingWrite, BaseException]] = []
 
         async def write_one(index: int, write: PendingWrite) -> None:
-            async with limit:
-                try:
-                    with item_keys(self._item_keys((write,))):
-                        await self._run(self._offered(write.method), write.args, write.kwargs)
-                except Exception as exc:
-                    if no_wait_fixes(exc):
-                        if is_programming_error(exc):
-                            self._log_bug(write.method, exc)
-                        await self.park(write.method, write.args, write.kwargs, exc)
-                        outcomes[index] = _REJECTED
-                    else:
-                        failed.append((index, write, exc))
+            try:
+                with item_keys(self._item_keys((write,))):
+                    await self._run(self._offered(write.method), write.args, write.kwargs)
+            except Exception as exc:
+                if no_wait_fixes(exc):
+                    if is_programming_error(exc):
+                        self._log_bug(write.method, exc)
+                    await self.park(write.method, write.args, write.kwargs, exc)
+                    outcomes[index] = _REJECTED
+                else:
+                    failed.append((index, write, exc))
 
-        await asyncio.gather(*(write_one(index, write) for index, write in enumerate(writes)))
+        if len(writes) == 1:
+            # A lone write (group commit's usual case at low concurrency): in this task, with no
+            # semaphore and no task of its own.
+            await write_one(0, writes[0])
+        else:
+            limit = asyncio.Semaphore(self.config.batching.single_write_concurrency)
+
+            async def limited(index: int, write: PendingWrite) -> None:
+                async with limit:
+                    await write_one(index, write)
+
+            await asyncio.gather(*(limited(index, write) for index, write in enumerate(writes)))
         if failed:
             kept = await self._dead_letter_writes([(write, exc) for _, write, exc in failed])
             for (index, _, _), outcome in zip(failed, kept, strict=True):

@@ -37,6 +37,9 @@ class Lifecycle:
 
     def __init__(self, is_open: Callable[[], bool], open_: Callable[[], Awaitable[None]]) -> None:
         self._is_open = is_open
+        self.is_open = is_open
+        """Whether the durable parts are open (a hot path may test this before awaiting
+        :meth:`ensure_open`)."""
         self._open = open_
         self.is_open = is_open
         """Whether the durable parts are open (no call needs to open them)."""
@@ -50,11 +53,16 @@ class Lifecycle:
 class WriteQueue:
     """The batcher, as the batching and read layers see it."""
 
-    __slots__ = ("flush_scope", "pending_for_scope", "submit")
+    __slots__ = ("flush_scope", "offer", "pending_for_scope", "submit", "write_alone")
 
     def __init__(self, batcher: Batcher) -> None:
         self.submit: Callable[..., Awaitable[bool]] = batcher.submit
         """``submit(write, deadline=...)``: queue ``write``; ``False`` when no room came in time."""
+        self.offer: Callable[[PendingWrite], int] = batcher.offer
+        """``offer(write)``: queue ``write`` without waiting; ``QUEUED``, ``ALONE`` (then await
+        ``write_alone(method)`` at once) or ``NO_ROOM`` (then ``submit`` it)."""
+        self.write_alone: Callable[[str], Awaitable[None]] = batcher.write_alone
+        """Write the lone write :attr:`offer` answered ``ALONE`` for, in the caller's task."""
         self.flush_scope: Callable[[str, str], Awaitable[None]] = batcher.flush_scope
         """Write out what waits for one trace or session (before a read of it)."""
         self.pending_for_scope: Callable[[str, str], list[PendingWrite]] = batcher.pending_for_scope

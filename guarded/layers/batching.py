@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..batching import PendingWrite
+from ..batching import ALONE, QUEUED, PendingWrite
 from ..call import Call, MethodSetup, Service
 from ..compiled import PASS, Hooks
 from ..durability import DurabilityPorts
@@ -40,27 +40,38 @@ class BatchingLayer:
         name = policy.alias_of or policy.name
         scope_of = policy.scope_key
         next_stamp = self._next_stamp
-        ensure_open = self._lifecycle.ensure_open
-        submit, hold, kept_kwargs = queue.submit, keeper.hold, keeper.kept_kwargs
+        is_open, ensure_open = self._lifecycle.is_open, self._lifecycle.ensure_open
+        offer, write_alone, submit = queue.offer, queue.write_alone, queue.submit
+        hold, kept_kwargs = keeper.hold, keeper.kept_kwargs
         commit = method.settings.ack == "commit"
         ok, rejected = Outcome.OK, Outcome.REJECTED
 
         async def batched(call: Call) -> Any:
-            await ensure_open()
+            if not is_open():
+                await ensure_open()
             scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
-            loop = call.loop
             write = PendingWrite(
                 name,
                 call.args,
                 call.kwargs,
                 scope if isinstance(scope, str) else None,
                 next_stamp(),
-                loop.time(),
-                loop.create_future() if commit else None,
+                call.started,
+                call.loop.create_future() if commit else None,
             )
-            if await submit(write, deadline=call.deadline):
-                if write.done is not None:
-                    outcome = await write.done
+            # Group commit, leader style: when no flush of the method runs, the caller writes its
+            # own write at once in its own task (no flush task, no loop iteration); otherwise the
+            # write joins the next batch and the caller waits for that batch's commit.
+            offered = offer(write)
+            if offered == ALONE:
+                await write_alone(name)
+                queued = True
+            else:
+                queued = offered == QUEUED or await submit(write, deadline=call.deadline)
+            if queued:
+                done = write.done
+                if done is not None:
+                    outcome = await done
                     if outcome is rejected:
                         raise WriteRefusedError(
                             f"{name}: the backend refused the write; it is parked with its reason "
