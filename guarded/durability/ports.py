@@ -37,12 +37,10 @@ class Lifecycle:
 
     def __init__(self, is_open: Callable[[], bool], open_: Callable[[], Awaitable[None]]) -> None:
         self._is_open = is_open
+        self._open = open_
         self.is_open = is_open
         """Whether the durable parts are open (a hot path may test this before awaiting
         :meth:`ensure_open`)."""
-        self._open = open_
-        self.is_open = is_open
-        """Whether the durable parts are open (no call needs to open them)."""
 
     async def ensure_open(self) -> None:
         """Return at once when open, else open (once, whoever asks)."""
