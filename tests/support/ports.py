@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from guarded.batching import PendingWrite
+from guarded.batching import NO_ROOM, PendingWrite
 from guarded.durability import DurabilityPorts
 from guarded.durability.ports import Held, Lifecycle
 from guarded.outcome import Outcome
@@ -172,6 +172,14 @@ class FakeQueue:
     @staticmethod
     def takes(policy: MethodPolicy) -> bool:
         return policy.batch
+
+    @staticmethod
+    def offer(write: PendingWrite) -> int:
+        """Never takes a write at once: every write goes through :meth:`submit`, as scripted."""
+        return NO_ROOM
+
+    async def write_alone(self, method: str) -> None:
+        raise AssertionError("offer() never answers ALONE")
 
     async def submit(self, write: PendingWrite, *, deadline: float) -> bool:
         self.submitted.append((write, deadline))
