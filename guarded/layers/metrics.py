@@ -121,15 +121,26 @@ class MetricsLayer:
     def hooks(self, method: MethodSetup) -> Hooks:
         """One observation of a call that took the success path (one attempt, no span)."""
         stats = self._stats
+        operational = self._operational
         store, label = method.store_name, method.label
         series: dict[Outcome, DurationSeries] = {}
 
-        def observed(call: Call, result: Any) -> Any:
+        def observe(call: Call) -> None:
             outcome = call.outcome
             found = series.get(outcome)
             if found is None:
                 found = series[outcome] = stats.series(store, label, outcome.value)
             found.observe(call.loop.time() - call.started)
+            if call.error is not None:
+                operational.count(store, label, call.error)
+
+        def observed(call: Call, result: Any) -> Any:
+            observe(call)
             return result
 
-        return Hooks(after=observed)
+        def raised(call: Call, exc: BaseException) -> None:
+            if not isinstance(exc, Exception):
+                call.outcome = Outcome.CANCELLED
+            observe(call)
+
+        return Hooks(after=observed, on_raise=raised)

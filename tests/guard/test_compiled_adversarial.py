@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry
 from guarded import controller, guard
 from guarded.backends.memory import InMemoryStateStore
 from guarded.call_stats import call_stats
+from guarded.cores import core_of
+from guarded.logical_time import LOGICAL_TIMES
 from guarded.models import StoredEvent
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.lenient]
@@ -162,4 +164,89 @@ async def test_a_list_read_in_flight_while_a_write_of_its_scope_gets_held_merges
 
     chain, compiled = await both(scenario, monkeypatch)
     assert len(chain[0]) == 2, chain
+    assert compiled == chain
+
+
+# --- the caller's cancellation during an async ``after`` hook -------------------------------------
+
+
+class CancelledOnReturn(InMemoryStateStore):
+    """Saves fail while ``saves_fail``; a save made while ``cancel_on_return`` succeeds and the
+    caller's task is cancelled as it returns (it sees the cancellation at its next wait: the
+    dead-letter layer's supersede of the key's older held write)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saves_fail = False
+        self.cancel_on_return = False
+
+    async def save_memory_state(self, key: str, state: Any) -> None:
+        if self.saves_fail:
+            raise ConnectionRefusedError("down")
+        await super().save_memory_state(key, state)
+        if self.cancel_on_return:
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+
+
+async def test_a_cancellation_during_the_supersede_after_the_write_is_counted_cancelled_as_the_chain(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    async def scenario(compiled: bool) -> Any:
+        backend = CancelledOnReturn()
+        registry = CollectorRegistry()
+        options = {**SETTINGS, "retries": 1, "spill_path": str(tmp_path / f"dlq-{compiled}.sqlite")}
+        store = guard(backend, name="cancel-after", registry=registry, **options)
+        async with store:
+            backend.saves_fail = True
+            await store.save_memory_state("k", {"v": 1})  # held: the next write of k supersedes it
+            backend.saves_fail = False
+            backend.cancel_on_return = True
+            call = asyncio.ensure_future(store.save_memory_state("k", {"v": 2}))
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            backend.cancel_on_return = False
+            core = core_of(store)
+            assert core is not None
+            held = controller(store).dead_letters
+            assert held is not None
+            observed = (
+                sorted(counts(registry, "cancel-after").items()),
+                LOGICAL_TIMES.get(),
+                len(held.gate),
+                core.breaker.state.value,
+                await InMemoryStateStore.load_memory_state(backend, "k"),
+            )
+        return observed
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert ("save_memory_state", "cancelled") in dict(chain[0]), chain
+    assert compiled == chain
+
+
+# --- an ``after`` hook's failure in strict mode -------------------------------------------------
+
+
+class NoneForLists(InMemoryStateStore):
+    """A store whose history read answers ``None`` (a bug of the store's: a list was due)."""
+
+    async def load_history(self, trace_id: str) -> Any:
+        await super().load_history(trace_id)
+        return None
+
+
+async def test_a_failing_after_hook_in_strict_mode_raises_and_is_counted_as_the_chain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def scenario(compiled: bool) -> Any:
+        registry = CollectorRegistry()
+        store = guard(NoneForLists(), name="strict-after", registry=registry, strict=True, **SETTINGS)
+        async with store:
+            with pytest.raises(TypeError) as raised:
+                await store.load_history("t")
+        return type(raised.value), sorted(counts(registry, "strict-after").items())
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert chain[1] == [(("load_history", "rejected"), 1)], chain
     assert compiled == chain
