@@ -250,3 +250,60 @@ async def test_a_failing_after_hook_in_strict_mode_raises_and_is_counted_as_the_
     chain, compiled = await both(scenario, monkeypatch)
     assert chain[1] == [(("load_history", "rejected"), 1)], chain
     assert compiled == chain
+
+
+# --- tracing switched on while a call is in flight ----------------------------------------------
+
+
+class FailsOnceAfterGate(InMemoryStateStore):
+    """The first history read waits for ``gate``, then fails (retryable); the others answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.calls = 0
+
+    async def load_history(self, trace_id: str) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            await self.gate.wait()
+            raise ConnectionResetError("reset")
+        return await super().load_history(trace_id)
+
+
+async def test_tracing_switched_on_during_a_call_records_spans_as_the_chain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call begun while nothing could record has no span on the chain, even when tracing is
+    switched on (a tracer provider set, ALWAYS_ON) before its first attempt fails; the success
+    path must not start one when it hands the call over."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    async def scenario(compiled: bool) -> Any:
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        backend = FailsOnceAfterGate()
+        registry = CollectorRegistry()
+        with monkeypatch.context() as patch:
+            patch.setattr(trace, "_TRACER_PROVIDER", None)
+            store = guard(backend, name="tracing-on", registry=registry, **SETTINGS)
+            async with store:
+                call = asyncio.ensure_future(store.load_history("t"))
+                await asyncio.sleep(0.01)  # the first attempt is in the backend
+                patch.setattr(trace, "_TRACER_PROVIDER", provider)
+                backend.gate.set()
+                first = await call
+                second = await store.load_history("t")
+        spans = [
+            (span.name, dict(span.attributes or {}), [event.name for event in span.events])
+            for span in exporter.get_finished_spans()
+        ]
+        return first, second, spans, sorted(counts(registry, "tracing-on").items())
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert len(chain[2]) == 1, chain
+    assert compiled == chain
