@@ -307,3 +307,115 @@ async def test_tracing_switched_on_during_a_call_records_spans_as_the_chain(
     chain, compiled = await both(scenario, monkeypatch)
     assert len(chain[2]) == 1, chain
     assert compiled == chain
+
+
+# --- many tasks on few keys: faults, cancellations, a saturated bulkhead --------------------------
+
+
+class Yielding(InMemoryStateStore):
+    """Each call lets the loop run a few times first (how many depends on its arguments), so
+    concurrent calls interleave without any clock in the way."""
+
+    async def _turns(self, *args: Any) -> None:
+        for _ in range(len(repr(args)) % 4):
+            await asyncio.sleep(0)
+
+    async def save_memory_state(self, key: str, state: Any) -> None:
+        await self._turns(key, state)
+        await super().save_memory_state(key, state)
+
+    async def load_memory_state(self, key: str) -> Any:
+        await self._turns(key)
+        return await super().load_memory_state(key)
+
+    async def save_event(self, event: StoredEvent) -> None:
+        await self._turns(event.node_id)
+        await super().save_event(event)
+
+    async def load_history(self, trace_id: str) -> Any:
+        await self._turns(trace_id, 1)
+        return await super().load_history(trace_id)
+
+
+CONCURRENT_SETTINGS: dict[str, Any] = {
+    **SETTINGS,
+    "timeout": {"attempt": 5.0, "deadline": 10.0, "critical_deadline": 10.0},
+    "retries": 1,
+    "bulkhead": {"max_concurrent": 2},
+    "breaker": {"minimum_calls": 1000, "window_size": 1000},
+}
+
+
+async def run_concurrently(seed: int) -> Any:
+    import random
+
+    from guarded.testing import FaultPlan, FaultyStore, fault_injector
+
+    rng = random.Random(seed)
+    backend = Yielding()
+    faulty = FaultyStore(
+        backend,
+        FaultPlan.random(
+            seed,
+            error_before=0.15,
+            error_after=0.1,
+            errors=(ConnectionResetError, ValueError, TypeError, asyncio.CancelledError),
+        ),
+    )
+    registry = CollectorRegistry()
+    store = guard(faulty, name=f"many-{seed}", registry=registry, **CONCURRENT_SETTINGS)
+
+    def call(index: int) -> Awaitable[Any]:
+        key = rng.choice(("k0", "k1"))
+        choice = rng.randrange(4)
+        if choice == 0:
+            return store.save_memory_state(key, {"v": index})
+        if choice == 1:
+            return store.load_memory_state(key)
+        if choice == 2:
+            return store.save_event(StoredEvent(key, float(index), "node_end", "n", f"e{index}", {}))
+        return store.load_history(key)
+
+    async def cancel_after(task: asyncio.Future[Any], turns: int) -> None:
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        task.cancel()
+
+    async with store:
+        tasks = [asyncio.ensure_future(call(index)) for index in range(40)]
+        cancellers = [
+            asyncio.ensure_future(cancel_after(task, rng.randrange(8)))
+            for task in tasks
+            if rng.random() < 0.25
+        ]
+        answers = await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*cancellers)
+        core = core_of(store)
+        assert core is not None
+        assert core.bulkhead is not None
+        held = controller(store).dead_letters
+        assert held is not None
+        observed = [
+            [type(answer).__name__ if isinstance(answer, BaseException) else answer for answer in answers],
+            sorted(counts(registry, f"many-{seed}").items()),
+            core.bulkhead.in_use,
+            core.bulkhead.waiting,
+            LOGICAL_TIMES.get(),
+            len(held.gate),
+            core.breaker.state.value,
+            [(record.method, record.fault.kind, record.ending) for record in fault_injector(faulty).log],
+            {key: await InMemoryStateStore.load_memory_state(backend, key) for key in ("k0", "k1")},
+            sorted((entry.method, repr(entry.args)) for entry in await held.entries()),
+        ]
+    return observed
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_many_concurrent_calls_with_faults_and_cancellations_end_as_on_the_chain(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chain, compiled = await both(lambda compiled: run_concurrently(seed), monkeypatch)
+    assert chain[2:4] == [0, 0], "no permit leaked, nobody left waiting"
+    assert chain[4] is None, "the logical time is unset"
+    for index, (expected, got) in enumerate(zip(chain, compiled, strict=True)):
+        assert got == expected, f"seed {seed}: item {index} differs"
