@@ -134,6 +134,7 @@ def _build(
     stats: Any,
 ) -> Service:
     befores = [hooks for hooks in outer if hooks.before is not None]
+    undos = [hooks.undo for hooks in reversed(befores) if hooks.undo is not None]
     afters = [
         hooks
         for hooks in reversed(outer)
@@ -173,7 +174,14 @@ def _build(
             release()
         call.preloaded = failure
         call.attempts = 0
-        return await chain(call)
+        try:
+            return await chain(call)
+        finally:
+            if call.ticket is not None or call.held is not None:
+                # The chain ended the call before the layer that adopts what a ``before`` hook
+                # took (it refused the call on a second look): given back now.
+                for hooks in undos:
+                    hooks(call)
 
     async def after_failed(call: Call, exc: BaseException, stage: int) -> Any:
         """The ``after`` hook at ``stage`` raised (a caller's cancellation included): the layers

@@ -156,7 +156,10 @@ class DeadLetterLayer:
             return True
 
         def give_back(call: Call) -> None:
-            stamp, slot, token, _ = call.held
+            held = call.held
+            if held is None:
+                return  # adopted by the chain (or never taken)
+            stamp, slot, token, _ = held
             call.held = None
             reset_time(token)
             if slot is not None:

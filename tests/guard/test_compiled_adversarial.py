@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from guarded import controller, guard
 from guarded.backends.memory import InMemoryStateStore
+from guarded.breaker import BreakerState
 from guarded.call_stats import call_stats
 from guarded.cores import core_of
 from guarded.logical_time import LOGICAL_TIMES
@@ -419,3 +420,110 @@ async def test_many_concurrent_calls_with_faults_and_cancellations_end_as_on_the
     assert chain[4] is None, "the logical time is unset"
     for index, (expected, got) in enumerate(zip(chain, compiled, strict=True)):
         assert got == expected, f"seed {seed}: item {index} differs"
+
+
+# --- odd calls: keywords, wrong types, missing or extra arguments ---------------------------------
+
+ODD_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+    ("save_memory_state", (), {"key": "k", "state": {"v": 1}}),
+    ("load_memory_state", (), {"key": "k"}),
+    ("load_memory_state", ("k",), {"key": "k"}),
+    ("load_memory_state", (), {}),
+    ("load_memory_state", (["unhashable"],), {}),
+    ("save_memory_state", (["unhashable"], {"v": 1}), {}),
+    ("save_memory_state", ("k", {"v": 1}, "extra"), {}),
+    ("save_memory_state", ("k",), {"state": {"v": 2}, "bogus": 1}),
+    ("load_history", (), {"trace_id": "t"}),
+    ("load_history", (7,), {}),
+    ("load_history", (None,), {}),
+    ("list_traces", (), {"session_id": "s"}),
+    ("list_traces", ({"not": "a session"},), {}),
+    ("save_event", ("not an event",), {}),
+    ("get_trajectory", ("t", "s"), {}),
+    ("get_trajectory", (), {"trace_id": "t", "session_id": "s"}),
+    ("load_memory_state", ("k",), {}),
+]
+
+
+@pytest.mark.parametrize("strict", [False, True])
+async def test_odd_calls_end_as_on_the_chain(strict: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario(compiled: bool) -> Any:
+        registry = CollectorRegistry()
+        store = guard(InMemoryStateStore(), name="odd", registry=registry, strict=strict, **SETTINGS)
+        seen: list[Any] = []
+        async with store:
+            for method, args, kwargs in ODD_CALLS:
+                try:
+                    answer = await getattr(store, method)(*args, **kwargs)
+                except Exception as exc:  # strict mode: the caller's bug raised
+                    answer = ("raised", type(exc).__name__)
+                seen.append((method, answer, LOGICAL_TIMES.get()))
+            seen.append(sorted(counts(registry, "odd").items()))
+        return seen
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert any(item[1] == ("raised", "CallerError") for item in chain[:-1]) is strict
+    assert compiled == chain
+
+
+# --- a call the chain refuses after the success path's attempt failed ---------------------------
+
+
+class Record:
+    """A task record by its fields (duck-typed: the call check accepts it)."""
+
+    def __init__(self, task: Any) -> None:
+        import dataclasses
+
+        for field in dataclasses.fields(task):
+            setattr(self, field.name, getattr(task, field.name))
+
+
+class SpoilsOnFailure(InMemoryStateStore):
+    """A store whose failing save leaves the caller's record unreadable (an ORM object expired by
+    the rollback: its fields are gone)."""
+
+    async def save_task(self, state: Any) -> None:
+        if isinstance(state, Record) and state.task_id == "spoilt":
+            del state.priority
+            raise ConnectionResetError("rolled back")
+        await super().save_task(state)
+
+
+async def test_a_call_refused_by_the_chain_after_a_failed_attempt_gives_back_what_its_hooks_took(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chain checks the call again when it takes it over; one it refuses then never reaches the
+    dead-letter or breaker layer that would adopt the success path's key slot, logical time and
+    breaker admission: they must still be given back (else the key's replays wait for ever, the
+    logical time stays set in the caller's context, a half-open breaker keeps a probe in flight)."""
+    from tests.support.records import plain_task
+
+    async def scenario(compiled: bool) -> Any:
+        registry = CollectorRegistry()
+        store = guard(
+            SpoilsOnFailure(),
+            name="refused",
+            registry=registry,
+            **{**SETTINGS, "retries": 1},
+            breaker={"minimum_calls": 1, "window_size": 1, "half_open_probes": 1},
+        )
+        core = core_of(store)
+        assert core is not None
+        async with store:
+            held = controller(store).dead_letters
+            assert held is not None
+            core.breaker._transition(BreakerState.HALF_OPEN)  # one probe admitted
+            await store.save_task(Record(plain_task(task_id="spoilt")))
+            after = (LOGICAL_TIMES.get(), len(held.gate), core.breaker.state.value)
+            if core.breaker.state.value == "open":
+                core.breaker.probe_now()
+            await store.save_task(plain_task(task_id="next"))
+        return after, sorted(counts(registry, "refused").items())
+
+    chain, compiled = await both(scenario, monkeypatch)
+    for seen in (chain, compiled):
+        logical_time, gate, _ = seen[0]
+        assert logical_time is None, seen
+        assert gate == 0, seen
+        assert (("save_task", "circuit_open"), 1) not in seen[1], seen
