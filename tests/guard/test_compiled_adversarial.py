@@ -527,3 +527,119 @@ async def test_a_call_refused_by_the_chain_after_a_failed_attempt_gives_back_wha
         assert logical_time is None, seen
         assert gate == 0, seen
         assert (("save_task", "circuit_open"), 1) not in seen[1], seen
+
+
+# --- BaseExceptions from the backend, a store that swallows the watchdog's cancellation ----------
+
+
+class Doom(BaseException):
+    """A BaseException of the store's own (neither an Exception nor a cancellation)."""
+
+
+def raising(error: BaseException) -> type[InMemoryStateStore]:
+    class Raising(InMemoryStateStore):
+        async def save_memory_state(self, key: str, state: Any) -> None:
+            raise error
+
+        async def load_memory_state(self, key: str) -> Any:
+            raise error
+
+    return Raising
+
+
+@pytest.mark.parametrize(
+    "error",
+    [KeyboardInterrupt(), SystemExit(3), Doom(), asyncio.CancelledError(), GeneratorExit()],
+    ids=lambda error: type(error).__name__,
+)
+async def test_a_base_exception_of_the_store_ends_the_call_as_on_the_chain(
+    error: BaseException, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario(compiled: bool) -> Any:
+        registry = CollectorRegistry()
+        store = guard(
+            raising(error)(),
+            name="base",
+            registry=registry,
+            **SETTINGS,
+            bulkhead={"max_concurrent": 1},
+            breaker={"minimum_calls": 1, "window_size": 2, "half_open_probes": 1},
+        )
+        core = core_of(store)
+        assert core is not None
+        assert core.bulkhead is not None
+        seen: list[Any] = []
+        async with store:
+            held = controller(store).dead_letters
+            assert held is not None
+            for half_open in (False, True):
+                if half_open:
+                    core.breaker._transition(BreakerState.HALF_OPEN)
+                for method, args in (("save_memory_state", ("k", {"v": 1})), ("load_memory_state", ("k",))):
+                    try:
+                        answer: Any = await getattr(store, method)(*args)
+                    except BaseException as exc:  # what reached the caller is compared
+                        answer = type(exc).__name__
+                    task = asyncio.current_task()
+                    assert task is not None
+                    seen.append(
+                        (
+                            method,
+                            answer,
+                            LOGICAL_TIMES.get(),
+                            len(held.gate),
+                            core.bulkhead.in_use,
+                            core.breaker.state.value,
+                            core.breaker._probes_in_flight,
+                            task.cancelling(),
+                        )
+                    )
+            seen.append(sorted(counts(registry, "base").items()))
+            seen.append(await held.entries())
+        return seen
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert compiled == chain
+
+
+async def test_a_store_that_swallows_the_watchdogs_cancellation_times_out_as_on_the_chain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+
+    async def scenario(compiled: bool) -> Any:
+        registry = CollectorRegistry()
+        faulty = FaultyStore(
+            InMemoryStateStore(),
+            FaultPlan.script(
+                {
+                    "load_memory_state": [Fault.stubborn(0.08), None],
+                    "save_memory_state": [None, Fault.stubborn(0.08), Fault.stubborn(0.08)],
+                }
+            ),
+        )
+        store = guard(
+            faulty,
+            name="stubborn",
+            registry=registry,
+            **{**SETTINGS, "timeout": {"attempt": 0.03, "deadline": 1.0, "critical_deadline": 1.0}},
+            bulkhead={"max_concurrent": 2},
+        )
+        core = core_of(store)
+        assert core is not None
+        assert core.bulkhead is not None
+        task = asyncio.current_task()
+        assert task is not None
+        seen: list[Any] = []
+        async with store:
+            seen.append(await store.save_memory_state("k", {"v": 1}))
+            seen.append(await store.load_memory_state("k"))
+            seen.append(await store.save_memory_state("k", {"v": 2}))
+            seen.append((task.cancelling(), core.bulkhead.in_use, LOGICAL_TIMES.get()))
+            seen.append(sorted(counts(registry, "stubborn").items()))
+        seen.append([(r.method, r.fault.kind, r.ending) for r in fault_injector(faulty).log])
+        return seen
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert chain[3] == (0, 0, None), chain
+    assert compiled == chain
