@@ -643,3 +643,85 @@ async def test_a_store_that_swallows_the_watchdogs_cancellation_times_out_as_on_
     chain, compiled = await both(scenario, monkeypatch)
     assert chain[3] == (0, 0, None), chain
     assert compiled == chain
+
+
+# --- a replay of a held write racing a direct write of its key -----------------------------------
+
+
+class Holding(InMemoryStateStore):
+    """A memory-state store without logical times (the last write that arrives wins: only the
+    guard's key gate keeps a replay from landing over a newer write). Saves of a value in
+    ``failing`` fail; a save of a value in ``hold_values`` waits for ``hold`` (and says so with
+    ``holding``); every save that reaches the store is logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing: set[int] = set()
+        self.hold = asyncio.Event()
+        self.holding = asyncio.Event()
+        self.hold_values: set[int] = set()
+        self.written: list[Any] = []
+        self.values: dict[str, Any] = {}
+
+    async def save_memory_state(self, key: str, state: Any) -> None:
+        if state["v"] in self.failing:
+            raise ConnectionResetError("down")
+        if state["v"] in self.hold_values:
+            self.holding.set()
+            await self.hold.wait()
+        self.written.append(state["v"])
+        self.values[key] = state
+
+    async def load_memory_state(self, key: str) -> Any:
+        return self.values.get(key)
+
+
+@pytest.mark.parametrize("first", ["replay", "direct"])
+async def test_a_replay_racing_a_direct_write_of_its_key_never_lands_older_over_newer(
+    first: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held write of ``k`` is replayed (by the guard's own replay, through ``run_internal``)
+    while a newer direct write of ``k`` on the success path is in the store, or the direct write
+    comes while the replay is in the store: the key gate orders them as on the chain."""
+
+    async def scenario(compiled: bool) -> Any:
+        backend = Holding()
+        registry = CollectorRegistry()
+        store = guard(backend, name="replay-race", registry=registry, **{**SETTINGS, "retries": 1})
+        async with store:
+            held = controller(store).dead_letters
+            assert held is not None
+            backend.failing = {1}
+            await store.save_memory_state("k", {"v": 1})  # held
+            if first == "replay":
+                backend.hold_values = {1}
+                backend.failing = set()
+                await store.load_memory_state("other")  # the backend answers: the replay starts
+                await asyncio.wait_for(backend.holding.wait(), 2.0)  # v1's replay in the store
+                direct = asyncio.ensure_future(store.save_memory_state("k", {"v": 2}))
+            else:
+                backend.hold_values = {2}
+                direct = asyncio.ensure_future(store.save_memory_state("k", {"v": 2}))
+                await asyncio.wait_for(backend.holding.wait(), 2.0)  # v2 in the store
+                backend.failing = set()
+            await asyncio.sleep(0.1)  # the other one has its chance to go
+            backend.hold.set()
+            await direct
+            for _ in range(200):  # the replay ends (written, or superseded by v2)
+                if not held.depth:
+                    break
+                await asyncio.sleep(0.01)
+            seen = (
+                backend.written,
+                held.depth,
+                backend.values.get("k"),
+                await store.load_memory_state("k"),
+                LOGICAL_TIMES.get(),
+                len(held.gate),
+                sorted(counts(registry, "replay-race").items()),
+            )
+        return seen
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert chain[2] == {"v": 2}, chain
+    assert compiled == chain
