@@ -406,7 +406,7 @@ async def run_concurrently(seed: int) -> Any:
             core.breaker.state.value,
             [(record.method, record.fault.kind, record.ending) for record in fault_injector(faulty).log],
             {key: await InMemoryStateStore.load_memory_state(backend, key) for key in ("k0", "k1")},
-            sorted((entry.method, repr(entry.args)) for entry in await held.entries()),
+            sorted((entry.method, entry.key, entry.error) for entry in await held.entries()),
         ]
     return observed
 
@@ -724,4 +724,62 @@ async def test_a_replay_racing_a_direct_write_of_its_key_never_lands_older_over_
 
     chain, compiled = await both(scenario, monkeypatch)
     assert chain[2] == {"v": 2}, chain
+    assert compiled == chain
+
+
+# --- a half-open breaker admitting several probes at once ---------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_concurrent_half_open_probes_are_judged_as_on_the_chain(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from guarded.testing import FaultPlan, FaultyStore, fault_injector
+
+    async def scenario(compiled: bool) -> Any:
+        registry = CollectorRegistry()
+        faulty = FaultyStore(
+            Yielding(),
+            FaultPlan.random(seed, error_before=0.3, errors=(ConnectionResetError, ValueError)),
+        )
+        store = guard(
+            faulty,
+            name="probes",
+            registry=registry,
+            **{**SETTINGS, "retries": 1},
+            bulkhead={"max_concurrent": 2},
+            breaker={"minimum_calls": 2, "window_size": 4, "half_open_probes": 3},
+        )
+        core = core_of(store)
+        assert core is not None
+        assert core.bulkhead is not None
+        seen: list[Any] = []
+        async with store:
+            for round_ in range(4):
+                core.breaker._transition(BreakerState.HALF_OPEN)
+                calls = [
+                    store.load_memory_state(f"k{index % 2}")
+                    if index % 3
+                    else store.save_memory_state(f"k{index % 2}", {"v": index})
+                    for index in range(7)
+                ]
+                answers = await asyncio.gather(*calls)
+                seen.append(
+                    (
+                        round_,
+                        answers,
+                        core.breaker.state.value,
+                        core.breaker._probes_in_flight,
+                        list(core.breaker._probe_results),
+                        core.bulkhead.in_use,
+                    )
+                )
+            seen.append(sorted(counts(registry, "probes").items()))
+            seen.append([(r.method, r.fault.kind, r.ending) for r in fault_injector(faulty).log])
+            held = controller(store).dead_letters
+            assert held is not None
+            seen.append(sorted((entry.method, entry.key, entry.error) for entry in await held.entries()))
+        return seen
+
+    chain, compiled = await both(scenario, monkeypatch)
     assert compiled == chain
