@@ -783,3 +783,83 @@ async def test_concurrent_half_open_probes_are_judged_as_on_the_chain(
 
     chain, compiled = await both(scenario, monkeypatch)
     assert compiled == chain
+
+
+# --- ``after`` hooks that fail on odd values ------------------------------------------------------
+
+
+class Touchy:
+    """A value the guard's bookkeeping chokes on: comparing, hashing or sizing it raises."""
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no comparing")
+
+    def __hash__(self) -> int:
+        raise RuntimeError("no hashing")
+
+    def __sizeof__(self) -> int:
+        raise RuntimeError("no sizing")
+
+    def __len__(self) -> int:
+        raise RuntimeError("no length")
+
+    def __iter__(self) -> Any:
+        raise RuntimeError("no iterating")
+
+
+class KeepsAnything(InMemoryStateStore):
+    """Keeps memory states as they are (no encoding), so odd values come back from reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: dict[Any, Any] = {}
+
+    async def save_memory_state(self, key: str, state: Any) -> None:
+        self.kept[key] = state
+
+    async def load_memory_state(self, key: str) -> Any:
+        return self.kept.get(key)
+
+    async def load_history(self, trace_id: str) -> Any:
+        return self.kept.get(("history", trace_id), [])
+
+
+@pytest.mark.parametrize("strict", [False, True])
+async def test_after_hooks_failing_on_odd_values_end_as_on_the_chain(
+    strict: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    odd_states: list[Any] = [
+        {"x": Touchy()},
+        {"x": Touchy()},  # the second write of the key compares with the first
+        {"health": Touchy()},
+        {"health": "degraded", "x": [Touchy()]},
+        Touchy(),
+    ]
+
+    async def scenario(compiled: bool) -> Any:
+        registry = CollectorRegistry()
+        backend = KeepsAnything()
+        store = guard(backend, name="odd-after", registry=registry, strict=strict, **SETTINGS)
+        seen: list[Any] = []
+        async with store:
+            held = controller(store).dead_letters
+            assert held is not None
+            for index, state in enumerate(odd_states):
+                for method, args in (("save_memory_state", ("k", state)), ("load_memory_state", ("k",))):
+                    try:
+                        answer = await getattr(store, method)(*args)
+                    except Exception as exc:  # strict mode
+                        answer = ("raised", type(exc).__name__)
+                    same = answer is state or answer
+                    seen.append((index, method, same, LOGICAL_TIMES.get(), len(held.gate)))
+            backend.kept[("history", "t")] = Touchy()
+            try:
+                seen.append(await store.load_history("t"))
+            except Exception as exc:  # strict mode
+                seen.append(("raised", type(exc).__name__))
+            seen.append(sorted(counts(registry, "odd-after").items()))
+        return seen
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert (("save_memory_state", "fallback"), 4) in chain[-1], "the bookkeeping failed after the write"
+    assert compiled == chain
