@@ -863,3 +863,62 @@ async def test_after_hooks_failing_on_odd_values_end_as_on_the_chain(
     chain, compiled = await both(scenario, monkeypatch)
     assert (("save_memory_state", "fallback"), 4) in chain[-1], "the bookkeeping failed after the write"
     assert compiled == chain
+
+
+# --- the caller's cancellation at every turn of a call --------------------------------------------
+
+
+async def test_a_cancellation_at_any_turn_of_a_call_leaves_nothing_behind(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A write whose key has an older write held (its supersede waits for the spill file) and a
+    read, each cancelled after 0, 1, 2, ... turns of the loop: before, in and after the store,
+    in the supersede. Whatever turn the cancellation lands on, the call is counted once, no permit,
+    key slot, breaker probe or logical time is left behind, and the task's cancellation count is
+    back to 0 once it is withdrawn, compiled as on the chain."""
+
+    async def scenario(compiled: bool) -> Any:
+        backend = CancelledOnReturn()
+        registry = CollectorRegistry()
+        options = {**SETTINGS, "retries": 1, "spill_path": str(tmp_path / f"turns-{compiled}.sqlite")}
+        store = guard(backend, name="turns", registry=registry, bulkhead={"max_concurrent": 1}, **options)
+        core = core_of(store)
+        assert core is not None
+        assert core.bulkhead is not None
+        endings: list[str] = []
+        async with store:
+            held = controller(store).dead_letters
+            assert held is not None
+            for turns in range(1, 15):  # (at 0 the call never starts: nothing to count)
+                for method in ("save_memory_state", "load_memory_state"):
+                    backend.saves_fail = True
+                    await store.save_memory_state("k", {"v": -turns})  # held: the next write supersedes it
+                    backend.saves_fail = False
+                    core.breaker._transition(BreakerState.HALF_OPEN if turns % 2 else BreakerState.CLOSED)
+                    args = ("k", {"v": turns}) if method == "save_memory_state" else ("k",)
+
+                    async def call(method: str = method, args: tuple[Any, ...] = args) -> Any:
+                        return await getattr(store, method)(*args)
+
+                    task = asyncio.ensure_future(call())
+                    for _ in range(turns):
+                        await asyncio.sleep(0)
+                    task.cancel()
+                    try:
+                        await task
+                    except asyncio.CancelledError:
+                        endings.append("cancelled")
+                    else:
+                        endings.append("answered")
+                    assert LOGICAL_TIMES.get() is None
+                    assert len(held.gate) == 0, (turns, method)
+                    assert core.bulkhead.in_use == 0, (turns, method)
+                    assert core.breaker._probes_in_flight == 0, (turns, method)
+            total = sum(counts(registry, "turns").values())
+        return endings, total
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert chain[1] == 14 * 2 * 2, "every call counted once"
+    assert "cancelled" in chain[0]
+    assert compiled[1] == chain[1]
+    assert "cancelled" in compiled[0]
