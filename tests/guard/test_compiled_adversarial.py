@@ -940,3 +940,62 @@ async def test_many_concurrent_calls_with_batching_and_a_spill_file_leave_nothin
         assert (in_use, waiting, logical_time, gate) == (0, 0, None, 0), seen
         assert all(a in (None, "CancelledError") or isinstance(a, list | dict) for a in answers)
         assert 0 < sum(count for _, count in outcomes) <= 40
+
+
+# --- the guard's own calls (flushes, replays): ``run_internal`` ----------------------------------
+
+
+async def test_the_guards_own_calls_fail_and_succeed_as_on_the_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+
+    faults = [
+        None,
+        Fault.error_before(ConnectionResetError),
+        Fault.error_before(ConnectionResetError),
+        Fault.error_before(ValueError),
+        Fault.hang(),
+        Fault.hang(),
+        Fault.stubborn(0.06),
+        Fault.stubborn(0.06),
+        Fault.error_after(TypeError),
+        Fault.error_before(asyncio.CancelledError),
+        Fault.error_before(KeyboardInterrupt),
+        None,
+    ]
+
+    async def scenario(compiled: bool) -> Any:
+        faulty = FaultyStore(InMemoryStateStore(), FaultPlan.script({"save_memory_state": faults}))
+        store = guard(
+            faulty,
+            name="internal",
+            registry=CollectorRegistry(),
+            **{**SETTINGS, "timeout": {"attempt": 0.03, "deadline": 0.2, "critical_deadline": 0.2}},
+            bulkhead={"max_concurrent": 1},
+            breaker={"minimum_calls": 4, "window_size": 4},
+        )
+        core = core_of(store)
+        assert core is not None
+        assert core.bulkhead is not None
+        task = asyncio.current_task()
+        assert task is not None
+        seen: list[Any] = []
+        for index in range(len(faults) + 2):
+            try:
+                answer: Any = await core.run_internal("save_memory_state", ("k", {"v": index}), {})
+            except BaseException as exc:  # the guard's own calls raise: what they raise is compared
+                answer = type(exc).__name__
+            seen.append(
+                (
+                    index,
+                    answer,
+                    core.breaker.state.value,
+                    core.bulkhead.in_use,
+                    task.cancelling(),
+                    LOGICAL_TIMES.get(),
+                )
+            )
+        seen.append([(r.method, r.fault.kind, r.ending) for r in fault_injector(faulty).log])
+        return seen
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert compiled == chain
