@@ -562,6 +562,7 @@ async def test_a_base_exception_of_the_store_ends_the_call_as_on_the_chain(
             name="base",
             registry=registry,
             **SETTINGS,
+            dead_letter={"drain_timeout": 0.1},
             bulkhead={"max_concurrent": 1},
             breaker={"minimum_calls": 1, "window_size": 2, "half_open_probes": 1},
         )
@@ -595,7 +596,7 @@ async def test_a_base_exception_of_the_store_ends_the_call_as_on_the_chain(
                         )
                     )
             seen.append(sorted(counts(registry, "base").items()))
-            seen.append(await held.entries())
+            seen.append(sorted((entry.method, entry.key, entry.error) for entry in await held.entries()))
         return seen
 
     chain, compiled = await both(scenario, monkeypatch)
@@ -998,4 +999,48 @@ async def test_the_guards_own_calls_fail_and_succeed_as_on_the_chain(monkeypatch
         return seen
 
     chain, compiled = await both(scenario, monkeypatch)
+    assert compiled == chain
+
+
+# --- a write the store fails with a CancelledError of its own ------------------------------------
+
+
+class CancelsItsOwnSaves(InMemoryStateStore):
+    """A store whose driver cancels an internal future while ``broken``: its save raises
+    ``CancelledError`` though nobody cancelled the caller."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = True
+
+    async def save_memory_state(self, key: str, state: Any) -> None:
+        if self.broken:
+            raise asyncio.CancelledError()
+        await super().save_memory_state(key, state)
+
+
+async def test_a_write_the_store_fails_with_its_own_cancelled_error_is_held_not_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fallback layer treats a CancelledError the store raised on its own as a failure, and
+    answers the write normally: so the write must be held and replayed, as any failed write is
+    (it was dropped: outcome ``fallback``, nothing held, the state never written)."""
+
+    async def scenario(compiled: bool) -> Any:
+        backend = CancelsItsOwnSaves()
+        registry = CollectorRegistry()
+        store = guard(backend, name="own-cancel", registry=registry, **{**SETTINGS, "retries": 1})
+        async with store:
+            answer = await store.save_memory_state("k", {"v": 1})
+            held = controller(store).dead_letters
+            assert held is not None
+            depth = held.depth
+            backend.broken = False
+            left = await controller(store).drain(2.0)
+            written = await InMemoryStateStore.load_memory_state(backend, "k")
+        outcomes = sorted(counts(registry, "own-cancel").items())
+        return answer, depth, left, written, LOGICAL_TIMES.get(), outcomes
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert chain == (None, 1, 0, {"v": 1}, None, [(("save_memory_state", "dead_lettered"), 1)])
     assert compiled == chain
