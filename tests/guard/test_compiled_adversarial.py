@@ -1044,3 +1044,43 @@ async def test_a_write_the_store_fails_with_its_own_cancelled_error_is_held_not_
     chain, compiled = await both(scenario, monkeypatch)
     assert chain == (None, 1, 0, {"v": 1}, None, [(("save_memory_state", "dead_lettered"), 1)])
     assert compiled == chain
+
+
+class CancelsItsOwnEventSaves(InMemoryStateStore):
+    """The same for batched events: the bulk and the single write raise ``CancelledError``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = True
+
+    async def save_events(self, events: Any) -> None:
+        if self.broken:
+            raise asyncio.CancelledError()
+        await super().save_events(events)
+
+    async def save_event(self, event: StoredEvent) -> None:
+        if self.broken:
+            raise asyncio.CancelledError()
+        await super().save_event(event)
+
+
+async def test_a_batched_write_the_store_fails_with_its_own_cancelled_error_is_held_not_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def scenario(compiled: bool) -> Any:
+        backend = CancelsItsOwnEventSaves()
+        registry = CollectorRegistry()
+        store = guard(backend, name="own-cancel-batch", registry=registry, **{**SETTINGS, "batching": True})
+        async with store:
+            answer = await store.save_event(StoredEvent("t", 1.0, "node_end", "n", "e1", {}))
+            held = controller(store).dead_letters
+            assert held is not None
+            depth = held.depth
+            backend.broken = False
+            left = await controller(store).drain(2.0)
+            written = [event.node_id for event in await InMemoryStateStore.load_history(backend, "t")]
+        return answer, depth, left, written, sorted(counts(registry, "own-cancel-batch").items())
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert chain == (None, 1, 0, ["e1"], [(("save_event", "dead_lettered"), 1)])
+    assert compiled == chain
