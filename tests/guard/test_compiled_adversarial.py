@@ -1084,3 +1084,56 @@ async def test_a_batched_write_the_store_fails_with_its_own_cancelled_error_is_h
     chain, compiled = await both(scenario, monkeypatch)
     assert chain == (None, 1, 0, ["e1"], [(("save_event", "dead_lettered"), 1)])
     assert compiled == chain
+
+
+# --- tracing on for a whole run --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_with_tracing_on_every_span_is_recorded_as_on_the_chain(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tracer provider set (ALWAYS_ON) while random calls meet random faults: every span (name,
+    attributes, events, status) and every exemplar-carrying observation as on the chain."""
+    import random
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from guarded.testing import FaultPlan, FaultyStore
+    from tests.guard.test_compiled_path import step
+
+    async def scenario(compiled: bool) -> Any:
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        registry = CollectorRegistry()
+        faulty = FaultyStore(
+            InMemoryStateStore(),
+            FaultPlan.random(seed, error_before=0.2, error_after=0.1, errors=(ConnectionResetError, OSError)),
+        )
+        rng = random.Random(seed)
+        answers: list[Any] = []
+        with monkeypatch.context() as patch:
+            patch.setattr(trace, "_TRACER_PROVIDER", provider)
+            store = guard(faulty, name="traced", registry=registry, **SETTINGS)
+            async with store:
+                for index in range(40):
+                    method, args, kwargs = step(rng, index)
+                    answers.append(await getattr(store, method)(*args, **kwargs))
+        spans = [
+            (
+                span.name,
+                dict(span.attributes or {}),
+                [(event.name, dict(event.attributes or {}).get("error.type")) for event in span.events],
+                span.status.status_code.name,
+            )
+            for span in exporter.get_finished_spans()
+        ]
+        return answers, spans, sorted(counts(registry, "traced").items())
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert len(chain[1]) == 40
+    assert compiled == chain
