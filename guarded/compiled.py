@@ -43,8 +43,12 @@ class Hooks:
     """After the backend answered: returns the answer the caller gets (usually ``result``)."""
     after_is_async: bool = False
     """``after`` is a coroutine function (awaited)."""
-    on_failure: Callable[[Call, Exception], Any] | None = None
-    """The must-not-throw layer's answer to a failure of an ``after`` hook inside it."""
+    on_failure: Callable[[Call, BaseException], Any] | None = None
+    """The must-not-throw layer's answer to a failure of an ``after`` hook inside it (it raises
+    what it does not answer, as its ``wrap()`` lets it through)."""
+    on_raise: Callable[[Call, BaseException], None] | None = None
+    """A failure passes through this layer on its way to the caller (the metrics layer counts the
+    call, as its ``wrap()`` does)."""
 
 
 PASS = Hooks()
@@ -130,7 +134,12 @@ def _build(
     stats: Any,
 ) -> Service:
     befores = [hooks for hooks in outer if hooks.before is not None]
-    afters = [hooks for hooks in reversed(outer) if hooks.after is not None or hooks.on_failure is not None]
+    undos = [hooks.undo for hooks in reversed(befores) if hooks.undo is not None]
+    afters = [
+        hooks
+        for hooks in reversed(outer)
+        if hooks.after is not None or hooks.on_failure is not None or hooks.on_raise is not None
+    ]
     current_task = asyncio.current_task
     label = setup.label
     last: list[Any] = [None, None]
@@ -165,24 +174,42 @@ def _build(
             release()
         call.preloaded = failure
         call.attempts = 0
-        return await chain(call)
+        try:
+            return await chain(call)
+        finally:
+            if call.ticket is not None or call.held is not None:
+                # The chain ended the call before the layer that adopts what a ``before`` hook
+                # took (it refused the call on a second look): given back now.
+                for hooks in undos:
+                    hooks(call)
 
-    async def after_failed(call: Call, exc: Exception, stage: int) -> Any:
-        """The ``after`` hook at ``stage`` raised: the must-not-throw layer outside it answers, and
-        the hooks outside that one still run (metrics)."""
-        for index in range(stage + 1, len(afters)):
-            on_failure = afters[index].on_failure
-            if on_failure is not None:
-                result = on_failure(call, exc)
-                for hooks in afters[index + 1 :]:
-                    if hooks.after is not None:
-                        result = (
-                            (await hooks.after(call, result))
-                            if hooks.after_is_async
-                            else hooks.after(call, result)
-                        )
-                return result
-        raise exc
+    async def after_failed(call: Call, exc: BaseException, stage: int) -> Any:
+        """The ``after`` hook at ``stage`` raised (a caller's cancellation included): the layers
+        outside it meet the failure as their ``wrap()`` would: the must-not-throw layer answers it
+        (or lets it through), the metrics layer counts it, and the hooks outside an answer run."""
+        failure: BaseException | None = exc
+        result: Any = None
+        for hooks in afters[stage + 1 :]:
+            if failure is not None:
+                if hooks.on_failure is not None:
+                    try:
+                        result = hooks.on_failure(call, failure)
+                    except BaseException as again:
+                        failure = again
+                    else:
+                        failure = None
+                elif hooks.on_raise is not None:
+                    hooks.on_raise(call, failure)
+            elif hooks.after is not None:
+                try:
+                    result = hooks.after(call, result)
+                    if hooks.after_is_async:
+                        result = await result
+                except BaseException as again:
+                    failure = again
+        if failure is not None:
+            raise failure
+        return result
 
     namespace: dict[str, Any] = {
         "Call": Call,
@@ -256,7 +283,7 @@ def _source(befores: Sequence[Hooks], afters: Sequence[Hooks], *, with_permit: b
             awaited = "await " if hooks.after_is_async else ""
             body.append(f"    stage = {index}")
             body.append(f"    result = {awaited}after_{index}(call, result)")
-        body.append("except Exception as exc:")
+        body.append("except BaseException as exc:")
         body.append("    return await after_failed(call, exc, stage)")
     body.append("return result")
     lines = ["async def compiled(call):", *("    " + line for line in body)]

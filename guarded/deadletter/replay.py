@@ -244,8 +244,10 @@ async def attempt(send: Send, method: str, call: Call) -> Attempt:
     """Run ``send`` and turn an exception into a result and a reason (cancellation propagates)."""
     try:
         return Attempt(await send(method, *call))
-    except asyncio.CancelledError:
-        raise
+    except asyncio.CancelledError as exc:
+        if _cancelled_by_caller():
+            raise
+        return Attempt(judge(exc), describe_failure(exc), exc)  # the store's own: retried later
     except Exception as exc:
         return Attempt(judge(exc), describe_failure(exc), exc)
 
@@ -254,10 +256,19 @@ async def attempt_bulk(send_bulk: SendBulk, method: str, calls: Sequence[Call]) 
     """:func:`attempt` for a bulk sender."""
     try:
         return Attempt(await send_bulk(method, list(calls)))
-    except asyncio.CancelledError:
-        raise
+    except asyncio.CancelledError as exc:
+        if _cancelled_by_caller():
+            raise
+        return Attempt(judge(exc), describe_failure(exc), exc)  # the store's own: retried later
     except Exception as exc:
         return Attempt(judge(exc), describe_failure(exc), exc)
+
+
+def _cancelled_by_caller() -> bool:
+    """Whether a ``CancelledError`` just caught is the replaying task's own cancellation (else the
+    store raised it on its own: a failed send like any other)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 async def call_sender(send: Send, method: str, call: Call) -> tuple[ReplayResult, str | None]:

@@ -352,7 +352,9 @@ class Durability:
                 else:
                     await self._run(bulk, _bulk_args(method, writes), _NO_KWARGS)
                 return [_OK] * len(writes)
-            except Exception as exc:
+            except BaseException as exc:
+                if not isinstance(exc, Exception) and not _raised_by_store(exc):
+                    raise  # the flush was cancelled (the batcher keeps its writes), or worse
                 if not no_wait_fixes(exc):
                     return await self._dead_letter_writes([(write, exc) for write in writes])
                 # One bad write rejects the whole bulk call: write one by one to find it.
@@ -366,7 +368,9 @@ class Durability:
             try:
                 with item_keys(self._item_keys((write,))):
                     await self._run(self._offered(write.method), write.args, write.kwargs)
-            except Exception as exc:
+            except BaseException as exc:
+                if not isinstance(exc, Exception) and not _raised_by_store(exc):
+                    raise
                 if no_wait_fixes(exc):
                     if is_programming_error(exc):
                         self._log_bug(write.method, exc)
@@ -658,6 +662,15 @@ class Durability:
                 },
             )
         return remaining
+
+
+def _raised_by_store(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``CancelledError`` the store raised on its own (its driver cancelled an
+    internal future; nobody cancelled the flush): a failed write like any other, held for replay."""
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    return task is not None and not task.cancelling()
 
 
 async def _cancelled(task: asyncio.Task[None] | None) -> None:

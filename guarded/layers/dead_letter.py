@@ -14,6 +14,7 @@ wrote since.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ..call import Call, MethodSetup, Service
@@ -86,7 +87,9 @@ class DeadLetterLayer:
             await ensure_open()
             try:
                 result = await inner(call)
-            except Exception as exc:
+            except BaseException as exc:
+                if not isinstance(exc, Exception) and not _raised_by_store(exc):
+                    raise  # the caller's cancellation, KeyboardInterrupt, SystemExit
                 if no_wait_fixes(exc):
                     # Bad data, or a bug of the backend's (a TypeError, an AttributeError): no wait
                     # fixes it, so it is never held for replay; parked with its reason, it can be
@@ -156,7 +159,10 @@ class DeadLetterLayer:
             return True
 
         def give_back(call: Call) -> None:
-            stamp, slot, token, _ = call.held
+            held = call.held
+            if held is None:
+                return  # adopted by the chain (or never taken)
+            stamp, slot, token, _ = held
             call.held = None
             reset_time(token)
             if slot is not None:
@@ -175,3 +181,13 @@ class DeadLetterLayer:
             return result
 
         return Hooks(before=enter, undo=give_back, after=superseded, after_is_async=True)
+
+
+def _raised_by_store(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``CancelledError`` the store raised on its own (an internal future of
+    its driver was cancelled; the caller did not cancel): a failure of the write like any other,
+    as the fallback layer sees it, so the write is held, not dropped behind a fallback answer."""
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    return task is not None and not task.cancelling()

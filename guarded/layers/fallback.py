@@ -91,6 +91,8 @@ class FallbackLayer:
         normalise_empty = policy.kind is Kind.CONSUME
         single_item = policy.single_item
         ok, not_found = Outcome.OK, Outcome.NOT_FOUND
+        current_task = asyncio.current_task
+        failed = self._failure_handler(method)
 
         def answered(call: Call, result: Any) -> Any:
             if normalise_empty and result == {}:
@@ -99,7 +101,16 @@ class FallbackLayer:
                 call.outcome = not_found
             return result
 
-        return Hooks(after=answered, on_failure=self._failure_handler(method))
+        def answer_failure(call: Call, exc: BaseException) -> Any:
+            # As must_not_throw: the caller's cancellation (and any other BaseException) goes
+            # through; a CancelledError of the store's own is just a failure.
+            if not isinstance(exc, Exception):
+                task = current_task()
+                if not isinstance(exc, asyncio.CancelledError) or task is None or task.cancelling():
+                    raise exc
+            return failed(call, exc)
+
+        return Hooks(after=answered, on_failure=answer_failure)
 
     def _failure_handler(self, method: MethodSetup) -> Callable[[Call, BaseException], Any]:
         make_fallback = method.policy.fallback.value_factory()

@@ -111,14 +111,27 @@ class MetricsLayer:
         return measured
 
     def hooks(self, method: MethodSetup) -> Hooks:
-        """One observation of a call that took the success path (one attempt, no span)."""
+        """One observation of a call that ended on the success path (one attempt, no span), or
+        whose ``after`` stage raised (a caller's cancellation, a rejected call in strict mode)."""
         series_of = self._series_of(method)
+        operational = self._operational
+        store, label = method.store_name, method.label
+
+        def observe(call: Call) -> None:
+            series_of(call.outcome).observe(call.loop.time() - call.started)
+            if call.error is not None:
+                operational.count(store, label, call.error)
 
         def observed(call: Call, result: Any) -> Any:
-            series_of(call.outcome).observe(call.loop.time() - call.started)
+            observe(call)
             return result
 
-        return Hooks(after=observed)
+        def raised(call: Call, exc: BaseException) -> None:
+            if not isinstance(exc, Exception):
+                call.outcome = Outcome.CANCELLED
+            observe(call)
+
+        return Hooks(after=observed, on_raise=raised)
 
     def _series_of(self, method: MethodSetup) -> Callable[[Outcome], DurationSeries]:
         """The duration series of ``method`` by outcome, each looked up once."""

@@ -84,14 +84,23 @@ class StaleReadLayer:
             def unmerged(call: Call) -> bool:
                 return is_open() and (nothing_held or lookups.is_empty)  # type: ignore[union-attr]
 
-            def cached(call: Call, result: Any) -> Any:
-                if cache is not None:
-                    key = key_of(call.args, call.kwargs)
-                    if key is not None and _hashable(key):
-                        _remember_latest(cache, (write, key), result)
+            found_value_of = self._policies.get(write).value
+            assert found_value_of is not None
+            value_of: ArgGetter = found_value_of
+
+            async def cached(call: Call, result: Any) -> Any:
+                key = key_of(call.args, call.kwargs)
+                if lookups is not None and not lookups.is_empty:
+                    # A write of the key held while the backend answered is newer than its
+                    # answer: answered and cached instead, as the chain does.
+                    held = await lookups.latest_for_key(write, key)
+                    if held is not None:
+                        result = value_of(*held)
+                if cache is not None and key is not None and _hashable(key):
+                    _remember_latest(cache, (write, key), result)
                 return result
 
-            return Hooks(before=unmerged, after=cached)
+            return Hooks(before=unmerged, after=cached, after_is_async=True)
 
         scope_of = policy.scope_key
         if scope_of is None:
@@ -110,14 +119,27 @@ class StaleReadLayer:
                 return not isinstance(scope, str) or not pending_for_scope(write, scope)  # type: ignore[misc]
             return True
 
-        def listed(call: Call, result: Any) -> Any:
-            if cache is not None and isinstance(scope_of(call.args, call.kwargs), str):
+        found_value_of = self._policies.get(write).value
+        assert found_value_of is not None
+        item_of: ArgGetter = found_value_of
+        merge = _list_merger(policy.merge_id)
+
+        async def listed(call: Call, result: Any) -> Any:
+            scope = scope_of(call.args, call.kwargs)
+            if not isinstance(scope, str):
+                return result
+            if lookups is not None and not lookups.is_empty:
+                # Writes of the scope held while the backend answered: merged, as the chain does.
+                held = [item_of(*entry) for entry in await lookups.pending_for_scope(write, scope)]
+                if held:
+                    result = merge(list(result), held, call.kwargs)
+            if cache is not None:
                 cache_key = _call_key(name, call.args, call.kwargs)
                 if cache_key is not None:
                     cache.put(cache_key, list(result))
             return result
 
-        return Hooks(before=nothing_to_merge, after=listed)
+        return Hooks(before=nothing_to_merge, after=listed, after_is_async=True)
 
     def _remembering(self, method: MethodSetup) -> Callable[[Call, Any], Any] | None:
         """Keeps the value of a successful write for the reads that answer it from the cache."""

@@ -80,6 +80,10 @@ class TracingLayer:
             # answer, inlined.
             if (no_explicit_provider and getattr(api, "_TRACER_PROVIDER", _UNKNOWN) is None) or tracing_off():
                 return inner(call)
+            if call.preloaded is not None:
+                # Begun on the compiled success path, which it took because no span could record
+                # then: as on the chain, a call that began without a span never gets one.
+                return inner(call)
             return spanned(call)
 
         async def spanned(call: Call) -> Any:
