@@ -16,6 +16,7 @@ from guarded.config import (
     StaleConfig,
     TimeoutConfig,
 )
+from guarded.cores import core_of
 from guarded.models import StoredEvent
 from tests.support import records
 
@@ -73,3 +74,12 @@ class Stopwatch:
 
     def __exit__(self, *exc_info: object) -> None:
         self.elapsed = time.perf_counter() - self._started
+
+
+def no_background_replay(store: Any) -> None:
+    """Held writes wait for the drain at close: the background replay is paced by the clock, and
+    its calls to the store (drawing faults from the plan) would make two runs differ."""
+    core = core_of(store)
+    assert core is not None
+    assert core.durability is not None
+    core.durability.kick_replay = lambda: None  # type: ignore[method-assign]

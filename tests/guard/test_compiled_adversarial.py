@@ -23,6 +23,8 @@ from guarded.cores import core_of
 from guarded.logical_time import LOGICAL_TIMES
 from guarded.models import StoredEvent
 
+from .support import no_background_replay
+
 pytestmark = [pytest.mark.asyncio, pytest.mark.lenient]
 
 guard_module = importlib.import_module("guarded.guard")  # the package's ``guard`` is the function
@@ -43,15 +45,6 @@ def chain_only(compiled: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
         if not compiled:
             patch.setattr(guard_module, "compile_method", lambda *args, **kwargs: None)
         yield
-
-
-def no_background_replay(store: Any) -> None:
-    """Held writes wait for the drain at close: the background replay is paced by the clock, and
-    its calls to the store (drawing faults from the plan) would make two runs differ."""
-    core = core_of(store)
-    assert core is not None
-    assert core.durability is not None
-    core.durability.kick_replay = lambda: None  # type: ignore[method-assign]
 
 
 def counts(registry: CollectorRegistry, store: str) -> Counter[tuple[str, str]]:
