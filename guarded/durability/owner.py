@@ -343,7 +343,9 @@ class Durability:
     async def _write_batch(self, method: str, writes: Sequence[PendingWrite]) -> list[Outcome]:
         """The batcher's writer: one bulk call when the backend has one, else bounded singles;
         what fails is dead-lettered, what is bad data is parked. Returns each write's outcome."""
-        bulk = bulk_method_for(self.target, method)
+        # A batch of one (a lone writer: group commit's usual case at low concurrency) goes out
+        # as the single write: the bulk form of one row costs more round trips (a one-row COPY).
+        bulk = bulk_method_for(self.target, method) if len(writes) > 1 else None
         if bulk is not None:
             try:
                 if method in self._keyed_appends or _ITEM_KEYS.get() is not None:

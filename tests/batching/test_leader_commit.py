@@ -129,7 +129,7 @@ async def test_an_ordered_method_never_overlaps_its_flushes_and_keeps_call_order
 
 
 class RecordingStore(InMemoryStateStore):
-    """Records the task each bulk write of events runs in."""
+    """Records the task each write of events runs in (a batch of one goes out as the single write)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -138,6 +138,10 @@ class RecordingStore(InMemoryStateStore):
     async def save_events(self, events: Sequence[Any]) -> None:
         self.tasks.append(asyncio.current_task())
         await super().save_events(events)
+
+    async def save_event(self, event: Any) -> None:
+        self.tasks.append(asyncio.current_task())
+        await super().save_event(event)
 
 
 def _config(**batching: Any) -> GuardConfig:
