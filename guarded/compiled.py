@@ -46,6 +46,10 @@ class Hooks:
     on_failure: Callable[[Call, BaseException], Any] | None = None
     """The must-not-throw layer's answer to a failure of an ``after`` hook inside it (it raises
     what it does not answer, as its ``wrap()`` lets it through)."""
+    terminal: Service | None = None
+    """The layer ends the call itself and never calls the layers inside it (the batching layer
+    hands a write to the batcher): the success path awaits this instead of the backend, and a
+    failure it raises is final (the layers outside meet it as ``after_failed`` does)."""
     on_raise: Callable[[Call, BaseException], None] | None = None
     """A failure passes through this layer on its way to the caller (the metrics layer counts the
     call, as its ``wrap()`` does)."""
@@ -89,6 +93,7 @@ def compile_method(
     their attempt bounds (``attempt_hooks``), the others their :class:`Hooks`.
     """
     outer: list[Hooks] = []
+    terminal: Service | None = None
     attempt_timeout: float | None = None
     acquire = release = succeeded = None
     stats: Any = None
@@ -115,11 +120,25 @@ def compile_method(
             hooks = PASS if layer.wrap(_probe, setup) is _probe else None
         if hooks is None:
             return None
+        if hooks.terminal is not None:
+            terminal = hooks.terminal  # the layers inside it never see this method's calls
+            break
         if hooks is not PASS:
             outer.append(hooks)
-    if not inside_retry or attempt_timeout is None:
+    if terminal is None and (not inside_retry or attempt_timeout is None):
         return None
-    return _build(setup, outer, backend, chain, attempt_timeout, acquire, release, succeeded, stats)
+    return _build(
+        setup,
+        outer,
+        terminal or backend,
+        chain,
+        attempt_timeout or 0.0,
+        acquire,
+        release,
+        succeeded,
+        stats,
+        terminal=terminal is not None,
+    )
 
 
 def _build(
@@ -132,6 +151,8 @@ def _build(
     release: Callable[[], None] | None,
     succeeded: Callable[[], None] | None,
     stats: Any,
+    *,
+    terminal: bool = False,
 ) -> Service:
     befores = [hooks for hooks in outer if hooks.before is not None]
     undos = [hooks.undo for hooks in reversed(befores) if hooks.undo is not None]
@@ -233,14 +254,16 @@ def _build(
         namespace[f"before_{index}"] = hooks.before
     for index, hooks in enumerate(afters):
         namespace[f"after_{index}"] = hooks.after
-    source = _source(befores, afters, with_permit=acquire is not None)
+    source = _source(befores, afters, with_permit=acquire is not None and not terminal, terminal=terminal)
     exec(compile(source, f"<guarded compiled {label}>", "exec"), namespace)
     compiled: Service = namespace["compiled"]
     compiled.entry = namespace["entry"]  # type: ignore[attr-defined]
     return compiled
 
 
-def _source(befores: Sequence[Hooks], afters: Sequence[Hooks], *, with_permit: bool) -> str:
+def _source(
+    befores: Sequence[Hooks], afters: Sequence[Hooks], *, with_permit: bool, terminal: bool = False
+) -> str:
     """The success path's source: every hook called inline, in order (as ``dataclasses`` writes an
     ``__init__``). ``compiled(call)`` is the service; ``entry(*args, **kwargs)`` starts the call too."""
     body: list[str] = []
@@ -259,22 +282,15 @@ def _source(befores: Sequence[Hooks], afters: Sequence[Hooks], *, with_permit: b
         body.append("if not acquire():")
         body.append(f"    return await leave_fast_path(call, {len(befores)})")
         body.append("stats.immediate += 1")
-    body += [
-        "loop = call.loop",
-        "task = current_task(loop)",
-        "dog = last[1] if loop is last[0] else watchdog(loop)",
-        "when = call.started + attempt_timeout",
-        "dog.arm(call, task, when if when < call.deadline else call.deadline)",
-        "call.attempts = 1",
-        "try:",
-        "    result = await backend(call)",
-        "except BaseException as exc:",
-        "    return await fail(call, exc, dog, task)",
-        "if dog.disarm(call) and task.uncancel() == 0:",
-        "    return await fail(call, None, dog, task)",
-    ]
-    if with_permit:
-        body += ["release()", "succeeded()"]
+    if terminal:
+        body += [
+            "try:",
+            "    result = await backend(call)  # the terminal layer's service",
+            "except BaseException as exc:",
+            "    return await after_failed(call, exc, -1)",
+        ]
+    else:
+        body += _attempt_source(with_permit=with_permit)
     steps = [(index, hooks) for index, hooks in enumerate(afters) if hooks.after is not None]
     if steps:
         body.append("stage = 0")
@@ -294,6 +310,27 @@ def _source(befores: Sequence[Hooks], afters: Sequence[Hooks], *, with_permit: b
         *("    " + line for line in body),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _attempt_source(*, with_permit: bool) -> list[str]:
+    """The first attempt: armed by the watchdog, its failure handed to the chain (``fail``)."""
+    lines = [
+        "loop = call.loop",
+        "task = current_task(loop)",
+        "dog = last[1] if loop is last[0] else watchdog(loop)",
+        "when = call.started + attempt_timeout",
+        "dog.arm(call, task, when if when < call.deadline else call.deadline)",
+        "call.attempts = 1",
+        "try:",
+        "    result = await backend(call)",
+        "except BaseException as exc:",
+        "    return await fail(call, exc, dog, task)",
+        "if dog.disarm(call) and task.uncancel() == 0:",
+        "    return await fail(call, None, dog, task)",
+    ]
+    if with_permit:
+        lines += ["release()", "succeeded()"]
+    return lines
 
 
 def _probe(call: Call) -> Awaitable[Any]:

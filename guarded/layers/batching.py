@@ -94,9 +94,14 @@ class BatchingLayer:
 
         return batched
 
-    def hooks(self, method: MethodSetup) -> Hooks | None:
-        """Nothing for a method the queue does not take; a batched write takes the chain."""
+    def hooks(self, method: MethodSetup) -> Hooks:
+        """Nothing for a method the queue does not take; for a batched write this layer ends the
+        call (the batcher writes it), so the compiled path awaits it in place of the backend."""
         queue = self._queue
         if queue is None or self._keeper is None or not queue.takes(method.policy):
             return PASS
-        return None
+        return Hooks(terminal=self.wrap(_unreachable, method))
+
+
+def _unreachable(call: Call) -> Any:
+    raise AssertionError("a batched write never reaches the layers inside the batching layer")

@@ -26,6 +26,7 @@ from guarded.backends.memory import InMemoryStateStore
 from guarded.call_stats import call_stats
 from guarded.cores import core_of
 from guarded.logical_time import LOGICAL_TIMES
+from guarded.models import StoredEvent
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
 from .support import no_background_replay
@@ -67,9 +68,19 @@ def plan(seed: int) -> FaultPlan:
     )
 
 
-def step(rng: random.Random, index: int) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+def step(
+    rng: random.Random, index: int, *, batched: bool = False
+) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     key = rng.choice(KEYS)
-    choice = rng.randrange(6)
+    choice = rng.randrange(8 if batched else 6)
+    if choice == 6:
+        return (
+            "save_event",
+            (StoredEvent(f"trace-{key}", float(index), "node_end", "n", "n1", {"i": index}),),
+            {},
+        )
+    if choice == 7:
+        return "load_history", (f"trace-{key}",), {}
     if choice == 0:
         return "save_memory_state", (key, {"version": index}), {}
     if choice == 1:
@@ -83,26 +94,32 @@ def step(rng: random.Random, index: int) -> tuple[str, tuple[Any, ...], dict[str
     return "list_traces", ("session",), {}
 
 
-async def run_sequence(seed: int, *, compiled: bool, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Every answer and outcome count of one random sequence, and what the backend got and holds."""
+async def run_sequence(
+    seed: int, *, compiled: bool, monkeypatch: pytest.MonkeyPatch, batched: bool = False
+) -> list[Any]:
+    """Every answer and outcome count of one random sequence, and what the backend got and holds.
+    ``batched``: events too, group-committed (one call at a time: each a lone write in its caller's
+    task, so the batcher adds no timing of its own)."""
     with monkeypatch.context() as patch:
         if not compiled:
             patch.setattr(guard_module, "compile_method", lambda *args, **kwargs: None)
         backend = InMemoryStateStore()
         faulty = FaultyStore(backend, plan(seed))
         registry = CollectorRegistry()
-        store = guard(faulty, name=f"diff-{seed}", registry=registry, **DIFFERENTIAL_SETTINGS)
+        settings = {**DIFFERENTIAL_SETTINGS, "batching": batched}
+        store = guard(faulty, name=f"diff-{seed}", registry=registry, **settings)
         no_background_replay(store)  # held writes are replayed by the drain at close, in order
         rng = random.Random(seed)
         seen: list[Any] = []
         async with store:
             for index in range(CALLS):
-                method, args, kwargs = step(rng, index)
+                method, args, kwargs = step(rng, index, batched=batched)
                 answer = await getattr(store, method)(*args, **kwargs)
                 seen.append((index, method, answer, sorted(counts(registry, f"diff-{seed}").items())))
         injector = fault_injector(faulty)
         seen.append(("backend calls", [(record.method, record.fault.kind) for record in injector.log]))
         seen.append(("held", {key: await backend.load_memory_state(key) for key in KEYS}))
+        seen.append(("events", {key: await backend.load_history(f"trace-{key}") for key in KEYS}))
     return seen
 
 
@@ -112,6 +129,17 @@ async def test_compiled_and_chain_answer_alike_under_random_faults(
 ) -> None:
     chain = await run_sequence(seed, compiled=False, monkeypatch=monkeypatch)
     compiled = await run_sequence(seed, compiled=True, monkeypatch=monkeypatch)
+    for expected, got in zip(chain, compiled, strict=True):
+        assert got == expected, f"seed {seed}: the compiled path differs at {expected[0]}"
+
+
+@pytest.mark.parametrize("seed", range(SEQUENCES))
+async def test_compiled_and_chain_answer_alike_with_group_committed_events(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chain = await run_sequence(seed, compiled=False, monkeypatch=monkeypatch, batched=True)
+    compiled = await run_sequence(seed, compiled=True, monkeypatch=monkeypatch, batched=True)
+    assert any(step[1] == "save_event" for step in chain[:CALLS])
     for expected, got in zip(chain, compiled, strict=True):
         assert got == expected, f"seed {seed}: the compiled path differs at {expected[0]}"
 
