@@ -35,14 +35,28 @@ class FailureLog:
         method: str,
         error_type: str,
         outcome: str,
-        message: str,
+        message: str | Callable[[], str],
         level: int = logging.WARNING,
         distinct: bool = False,
     ) -> None:
         """Log one failure of ``method`` (at ``level``: ERROR for a programming error). With
-        ``distinct``, failures of one error type with different messages are rate-limited apart."""
-        self._log.log(
-            (method, error_type, message[:100]) if distinct else (method, error_type),
+        ``distinct``, failures of one error type with different messages are rate-limited apart.
+        ``message`` may be a function making it: only called for a record that is logged (most
+        failures of an outage are suppressed), or to tell ``distinct`` ones apart."""
+        if distinct and not isinstance(message, str):
+            message = message()
+        kind = (
+            (method, error_type, message[:100])
+            if isinstance(message, str) and distinct
+            else (method, error_type)
+        )
+        suppressed = self._log.admit(kind)
+        if suppressed is None:
+            return
+        if not isinstance(message, str):
+            message = message()
+        self._log.emit(
+            suppressed,
             level,
             "statestore %s failed on store %r: %s%s; returned %s",
             method,

@@ -31,6 +31,22 @@ class RateLimitedLog:
         self._last: dict[Hashable, float] = {}
         self._suppressed: dict[Hashable, int] = {}
 
+    def admit(self, kind: Hashable) -> int | None:
+        """Whether a record of ``kind`` may be logged now: ``None`` when one was logged less than
+        ``interval`` seconds ago (this one is counted as suppressed), else how many were suppressed
+        since the last (the caller logs the record now)."""
+        now = self._clock()
+        last = self._last.get(kind)
+        if last is not None and now - last < self._interval:
+            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            return None
+        if last is None and len(self._last) >= _MAX_KINDS:
+            oldest = next(iter(self._last))
+            del self._last[oldest]
+            self._suppressed.pop(oldest, None)
+        self._last[kind] = now
+        return self._suppressed.pop(kind, 0)
+
     def log(
         self,
         kind: Hashable,
@@ -41,19 +57,17 @@ class RateLimitedLog:
     ) -> bool:
         """Log ``message % args`` unless a record of ``kind`` was logged less than ``interval``
         seconds ago; returns whether it was logged."""
-        now = self._clock()
-        last = self._last.get(kind)
-        if last is not None and now - last < self._interval:
-            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+        suppressed = self.admit(kind)
+        if suppressed is None:
             return False
-        if last is None and len(self._last) >= _MAX_KINDS:
-            oldest = next(iter(self._last))
-            del self._last[oldest]
-            self._suppressed.pop(oldest, None)
-        self._last[kind] = now
-        suppressed = self._suppressed.pop(kind, 0)
+        self.emit(suppressed, level, message, *args, extra=extra)
+        return True
+
+    def emit(
+        self, suppressed: int, level: int, message: str, *args: object, extra: Mapping[str, Any] | None = None
+    ) -> None:
+        """Log a record :meth:`admit` let through, saying how many of its kind it suppressed."""
         if suppressed:
             message += " [%d similar suppressed]"
             args = (*args, suppressed)
         self._log.log(level, message, *args, extra={**(extra or {}), "suppressed": suppressed})
-        return True

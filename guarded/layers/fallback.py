@@ -129,7 +129,7 @@ class FallbackLayer:
                 method=method.label,
                 error_type=error_type(exc),
                 outcome=call.outcome.value,
-                message=safe_message(exc),
+                message=lambda: safe_message(exc),  # made only for a record that is logged
                 level=logging.ERROR if bug else logging.WARNING,
                 distinct=bug,  # each bug's own message is logged, not only the first of its type
             )

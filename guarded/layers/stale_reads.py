@@ -280,6 +280,7 @@ class StaleReadLayer:
     ) -> Service:
         ports = self._ports
         lookups, cache, ensure_open = ports.lookups, ports.cache, ports.lifecycle.ensure_open
+        is_open = ports.lifecycle.is_open
         if key_of is None:
             return inner
 
@@ -290,7 +291,8 @@ class StaleReadLayer:
             return (False, None) if held is None else (True, value_of(*held))
 
         async def latest(call: Call) -> Any:
-            await ensure_open()
+            if not is_open():
+                await ensure_open()
             key = key_of(call.args, call.kwargs)
             cache_key = (write, key) if key is not None and _hashable(key) else None
             try:
@@ -318,7 +320,7 @@ class StaleReadLayer:
     def _wrap_list(self, inner: Service, method: MethodSetup, value_of: ArgGetter) -> Service:
         ports = self._ports
         lookups, cache, queue = ports.lookups, ports.cache, ports.queue
-        ensure_open = ports.lifecycle.ensure_open
+        ensure_open, is_open = ports.lifecycle.ensure_open, ports.lifecycle.is_open
         policy = method.policy
         write = policy.merge_from
         scope_of = policy.scope_key
@@ -336,32 +338,38 @@ class StaleReadLayer:
             return values
 
         async def held_in_buffer(scope: str) -> list[Any]:
-            if lookups is None or lookups.is_empty:
-                return []
+            assert lookups is not None
             return [value_of(*held) for held in await lookups.pending_for_scope(write, scope)]
 
+        def anything_held() -> bool:
+            return lookups is not None and not lookups.is_empty
+
         async def listed(call: Call) -> Any:
-            await ensure_open()
+            if not is_open():
+                await ensure_open()
             scope = scope_of(call.args, call.kwargs)
             if not isinstance(scope, str):
                 return await inner(call)
-            if write_batched and queue is not None:
-                await queue.flush_scope(write, scope)
+            if write_batched and queue is not None and queue.pending_for_scope(write, scope):
+                await queue.flush_scope(write, scope)  # what waits for the scope, queued or in flight
             cache_key = _call_key(name, call.args, call.kwargs)
             try:
                 result = await inner(call)
             except Exception as exc:
                 if is_programming_error(exc):
                     raise  # a bug, not an outage: rejected, never hidden behind a stale value
-                held = held_values(scope) + await held_in_buffer(scope)
+                held = held_values(scope)
+                if anything_held():
+                    held += await held_in_buffer(scope)
                 cached = cache.get(cache_key) if cache is not None and cache_key is not None else None
                 if cached is None and not held:
                     raise
                 call.error, call.outcome = exc, Outcome.STALE
                 return merge(list(cached or ()), held, call.kwargs)
-            held = await held_in_buffer(scope)
-            if held:
-                result = merge(list(result), held, call.kwargs)
+            if anything_held():
+                held = await held_in_buffer(scope)
+                if held:
+                    result = merge(list(result), held, call.kwargs)
             if cache is not None and cache_key is not None:
                 cache.put(cache_key, list(result))
             return result

@@ -144,6 +144,7 @@ async def test_a_cancelled_read_is_not_answered_from_the_cache() -> None:
 
 async def test_a_history_read_flushes_the_traces_batched_writes_first() -> None:
     queue = FakeQueue()
+    queue.pending.append(PendingWrite("save_event", (event("t", 1),), {}, "t", 1, 0.0, None))
     flushed_when_read: list[list[tuple[str, str]]] = []
 
     async def inner(call: Call) -> list[Any]:
