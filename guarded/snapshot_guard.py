@@ -296,24 +296,27 @@ class GuardedSnapshotStore:
         return saved
 
     async def load(self, snapshot_id: str) -> SnapshotContent:
-        try:
-            content: SnapshotContent = await self._run("load", self._proxy.load(snapshot_id))
-        except (SnapshotNotFoundError, SnapshotStoreUnavailableError):
-            staged = await self._staged(snapshot_id, content=True)
-            if staged is None:
-                raise
-            return staged  # type: ignore[no-any-return]
+        content: SnapshotContent = await self._or_staged(
+            "load", self._proxy.load(snapshot_id), snapshot_id, content=True
+        )
         return content
 
     async def get(self, snapshot_id: str) -> Snapshot:
+        found: Snapshot = await self._or_staged(
+            "get", self._proxy.get(snapshot_id), snapshot_id, content=False
+        )
+        return found
+
+    async def _or_staged(self, method: str, call: Awaitable[Any], snapshot_id: str, *, content: bool) -> Any:
+        """The backend's answer, or, when it has not got ``snapshot_id`` (not found, or down), the
+        staged copy of a held save of it."""
         try:
-            found: Snapshot = await self._run("get", self._proxy.get(snapshot_id))
+            return await self._run(method, call)
         except (SnapshotNotFoundError, SnapshotStoreUnavailableError):
-            staged = await self._staged(snapshot_id, content=False)
+            staged = await self._staged(snapshot_id, content=content)
             if staged is None:
                 raise
-            return staged  # type: ignore[no-any-return]
-        return found
+            return staged
 
     async def _staged(self, snapshot_id: str, *, content: bool) -> Any:
         """The staged copy (content or record) of a held save of ``snapshot_id``, or ``None``: what

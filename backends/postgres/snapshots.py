@@ -44,7 +44,7 @@ from typing import Any, Self
 import asyncpg
 
 from guarded.snapshots.content import SnapshotContent, content_hash, parse
-from guarded.snapshots.diff import diff_contents
+from guarded.snapshots.derived import diff_of, lineage_of
 from guarded.snapshots.errors import (
     SnapshotConflictError,
     SnapshotCorruptError,
@@ -435,26 +435,10 @@ class PostgresSnapshotStore:
         return listed_record(manifest, snapshot_id, self.migrations)
 
     async def lineage(self, snapshot_id: str) -> builtins.list[Snapshot]:
-        chain = [await self.get(snapshot_id)]
-        seen = {snapshot_id}
-        while (parent := chain[-1].parent_id) is not None and parent not in seen:
-            seen.add(parent)
-            try:
-                chain.append(await self.get(parent))
-            except SnapshotNotFoundError:
-                break
-        return chain
+        return await lineage_of(self, snapshot_id)
 
     async def diff(self, a: str, b: str) -> SnapshotDiff:
-        first = await self.load(a)
-        try:
-            second = await self.load(b)
-            try:
-                return await diff_contents(first, second)
-            finally:
-                await second.aclose()
-        finally:
-            await first.aclose()
+        return await diff_of(self, a, b)
 
     # --- gc -----------------------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ from .content import (
     read_section,
     write_file,
 )
-from .diff import diff_contents
+from .derived import diff_of, lineage_of
 from .errors import (
     SnapshotConflictError,
     SnapshotCorruptError,
@@ -289,26 +289,10 @@ class FileSnapshotStore:
         return self._listed(manifest, snapshot_id)
 
     async def lineage(self, snapshot_id: str) -> builtins.list[Snapshot]:
-        chain = [await self.get(snapshot_id)]
-        seen = {snapshot_id}
-        while (parent := chain[-1].parent_id) is not None and parent not in seen:
-            seen.add(parent)
-            try:
-                chain.append(await self.get(parent))
-            except SnapshotNotFoundError:
-                break
-        return chain
+        return await lineage_of(self, snapshot_id)
 
     async def diff(self, a: str, b: str) -> SnapshotDiff:
-        first = await self.load(a)
-        try:
-            second = await self.load(b)
-            try:
-                return await diff_contents(first, second)
-            finally:
-                await second.aclose()
-        finally:
-            await first.aclose()
+        return await diff_of(self, a, b)
 
     # --- gc ----------------------------------------------------------------------------------------
 
