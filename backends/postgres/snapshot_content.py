@@ -14,10 +14,14 @@ import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
-from guarded.snapshots.content import CHUNK, DirectoryContent, SnapshotContent, SpooledSnapshot
+from guarded.snapshots.content import (
+    CHUNK,
+    ClosingContent,
+    DirectoryContent,
+    SnapshotContent,
+    SpooledSnapshot,
+)
 from guarded.snapshots.errors import SnapshotCorruptError
 from guarded.snapshots.record import SECTIONS, Snapshot
 
@@ -59,7 +63,7 @@ class BlobReader:
         return b"".join([chunk async for chunk in self.chunks(digest)])
 
 
-class PostgresContent:
+class PostgresContent(ClosingContent):
     """A stored snapshot's content, read from the database on demand (a :class:`SnapshotContent`)."""
 
     def __init__(
@@ -87,17 +91,6 @@ class PostgresContent:
     def blob_chunks(self, digest: str) -> AsyncIterator[bytes]:
         """The blob in chunks (a PostgreSQL-to-PostgreSQL copy never holds a whole blob)."""
         return self.blobs.chunks(digest)
-
-    async def aclose(self) -> None:
-        return None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 async def read_section(

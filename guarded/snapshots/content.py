@@ -214,7 +214,22 @@ def write_file(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
 
 
-class DirectoryContent:
+class ClosingContent:
+    """An async context manager closing the content on exit (``aclose``: nothing to release here)."""
+
+    async def aclose(self) -> None:
+        return None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+class DirectoryContent(ClosingContent):
     """Content stored as section files in ``sections_dir`` and blobs found by ``blob_path``.
 
     What the file backend's ``load`` returns, and the base of :class:`SpooledSnapshot`.
@@ -247,17 +262,6 @@ class DirectoryContent:
         if hashlib.sha256(data).hexdigest() != digest:
             raise SnapshotCorruptError(f"artifact blob {digest} does not match its hash")
         return data
-
-    async def aclose(self) -> None:
-        return None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 class SpooledSnapshot(DirectoryContent):
