@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from ..call import Call, MethodSetup, Service
@@ -67,49 +67,33 @@ class StaleReadLayer:
             return PASS if remember is None else Hooks(after=remember)
         if policy.merge is None or policy.merge_from is None:
             return PASS
-        if self._policies.get(policy.merge_from).value is None:
+        write = policy.merge_from
+        value_of = self._policies.get(write).value
+        if value_of is None:
             return PASS
         if policy.merge is Merge.TAKE:
             return None
         ports = self._ports
-        lookups, cache, is_open = ports.lookups, ports.cache, ports.lifecycle.is_open
+        lookups, is_open = ports.lookups, ports.lifecycle.is_open
         nothing_held = lookups is None
 
         if policy.merge is Merge.LATEST:
             key_of = policy.read_key
             if key_of is None:
                 return PASS
-            write = policy.merge_from
 
             def unmerged(call: Call) -> bool:
                 return is_open() and (nothing_held or lookups.is_empty)  # type: ignore[union-attr]
 
-            found_value_of = self._policies.get(write).value
-            assert found_value_of is not None
-            value_of: ArgGetter = found_value_of
-
-            async def cached(call: Call, result: Any) -> Any:
-                key = key_of(call.args, call.kwargs)
-                if lookups is not None and not lookups.is_empty:
-                    # A write of the key held while the backend answered is newer than its
-                    # answer: answered and cached instead, as the chain does.
-                    held = await lookups.latest_for_key(write, key)
-                    if held is not None:
-                        result = value_of(*held)
-                if cache is not None and key is not None and _hashable(key):
-                    _remember_latest(cache, (write, key), result)
-                return result
-
-            return Hooks(before=unmerged, after=cached, after_is_async=True)
+            answered = self._latest_answered(write, key_of, value_of)
+            return Hooks(before=unmerged, after=answered, after_is_async=True)
 
         scope_of = policy.scope_key
         if scope_of is None:
             return PASS
-        write = policy.merge_from
         queue = ports.queue
         write_batched = queue is not None and queue.takes(self._policies.get(write))
         pending_for_scope = queue.pending_for_scope if queue is not None else None
-        name = policy.name
 
         def nothing_to_merge(call: Call) -> bool:
             if not is_open() or not (nothing_held or lookups.is_empty):  # type: ignore[union-attr]
@@ -119,18 +103,48 @@ class StaleReadLayer:
                 return not isinstance(scope, str) or not pending_for_scope(write, scope)  # type: ignore[misc]
             return True
 
-        found_value_of = self._policies.get(write).value
-        assert found_value_of is not None
-        item_of: ArgGetter = found_value_of
+        answered_list = self._list_answered(method, value_of)
+        return Hooks(before=nothing_to_merge, after=answered_list, after_is_async=True)
+
+    def _latest_answered(
+        self, write: str, key_of: ArgGetter, value_of: ArgGetter
+    ) -> Callable[[Call, Any], Awaitable[Any]]:
+        """What a single-value read answers once the backend answered it: a write of the key held
+        meanwhile is newer than the backend's answer and is answered instead; the answer is kept
+        for stale-if-error (the chain and the compiled path alike)."""
+        lookups, cache = self._ports.lookups, self._ports.cache
+
+        async def answered(call: Call, result: Any) -> Any:
+            key = key_of(call.args, call.kwargs)
+            if lookups is not None and not lookups.is_empty:
+                held = await lookups.latest_for_key(write, key)
+                if held is not None:
+                    result = value_of(*held)
+            if cache is not None and key is not None and _hashable(key):
+                _remember_latest(cache, (write, key), result)
+            return result
+
+        return answered
+
+    def _list_answered(
+        self, method: MethodSetup, value_of: ArgGetter
+    ) -> Callable[[Call, Any], Awaitable[Any]]:
+        """What a list read answers once the backend answered it: the writes of its scope held
+        meanwhile merged in; the answer is kept for stale-if-error (the chain and the compiled
+        path alike)."""
+        lookups, cache = self._ports.lookups, self._ports.cache
+        policy = method.policy
+        write, scope_of, name = policy.merge_from, policy.scope_key, policy.name
+        assert write is not None
+        assert scope_of is not None
         merge = _list_merger(policy.merge_id)
 
-        async def listed(call: Call, result: Any) -> Any:
+        async def answered(call: Call, result: Any) -> Any:
             scope = scope_of(call.args, call.kwargs)
             if not isinstance(scope, str):
                 return result
             if lookups is not None and not lookups.is_empty:
-                # Writes of the scope held while the backend answered: merged, as the chain does.
-                held = [item_of(*entry) for entry in await lookups.pending_for_scope(write, scope)]
+                held = [value_of(*entry) for entry in await lookups.pending_for_scope(write, scope)]
                 if held:
                     result = merge(list(result), held, call.kwargs)
             if cache is not None:
@@ -139,7 +153,7 @@ class StaleReadLayer:
                     cache.put(cache_key, list(result))
             return result
 
-        return Hooks(before=nothing_to_merge, after=listed, after_is_async=True)
+        return answered
 
     def _remembering(self, method: MethodSetup) -> Callable[[Call, Any], Any] | None:
         """Keeps the value of a successful write for the reads that answer it from the cache."""
@@ -283,6 +297,7 @@ class StaleReadLayer:
         is_open = ports.lifecycle.is_open
         if key_of is None:
             return inner
+        answered = self._latest_answered(write, key_of, value_of)
 
         async def held_value(key: Any) -> tuple[bool, Any]:
             if lookups is None or lookups.is_empty:
@@ -307,13 +322,7 @@ class StaleReadLayer:
                     raise
                 call.error, call.outcome = exc, Outcome.STALE
                 return value
-            if lookups is not None and not lookups.is_empty:
-                found, value = await held_value(key)
-                if found:
-                    result = value
-            if cache is not None and cache_key is not None:
-                _remember_latest(cache, cache_key, result)
-            return result
+            return await answered(call, result)
 
         return latest
 
@@ -330,6 +339,7 @@ class StaleReadLayer:
         write_batched = queue is not None and queue.takes(self._policies.get(write))
         merge = _list_merger(policy.merge_id)
         name = policy.name
+        answered = self._list_answered(method, value_of)
 
         def held_values(scope: str) -> list[Any]:
             values: list[Any] = []
@@ -366,13 +376,7 @@ class StaleReadLayer:
                     raise
                 call.error, call.outcome = exc, Outcome.STALE
                 return merge(list(cached or ()), held, call.kwargs)
-            if anything_held():
-                held = await held_in_buffer(scope)
-                if held:
-                    result = merge(list(result), held, call.kwargs)
-            if cache is not None and cache_key is not None:
-                cache.put(cache_key, list(result))
-            return result
+            return await answered(call, result)
 
         return listed
 
