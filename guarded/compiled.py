@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .call import Call, Layer, MethodSetup, Service
-from .watchdog import watchdog_for
+from .watchdog import attempt_timed_out, watchdog_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,7 @@ PASS = Hooks()
 
 class Attempt:
     """The attempt's own bounds on the success path: the bulkhead's permit and the per-attempt
-    timeout, declared by the layers inside retry (:meth:`attempt_bounds`)."""
+    timeout, declared by the layers inside retry (their ``attempt_hooks``)."""
 
     __slots__ = ("acquire", "attempt_timeout", "release", "stats", "succeeded")
 
@@ -181,16 +181,11 @@ def _build(
         """The attempt failed: settle its bounds as the timeout and bulkhead layers do, then hand
         the call to the chain with the failure preloaded."""
         if exc is None:
-            failure: BaseException = TimeoutError(f"{label} timed out (the store swallowed the cancellation)")
+            failure = attempt_timed_out(label, None)
         else:
             failure = exc
             if dog.disarm(call) and task.uncancel() == 0:
-                if isinstance(exc, asyncio.CancelledError):
-                    failure = TimeoutError(f"{label} timed out")
-                    failure.__suppress_context__ = True
-                elif isinstance(exc, Exception):
-                    failure = TimeoutError(f"{label} timed out")
-                    failure.__cause__ = exc
+                failure = attempt_timed_out(label, exc)
         if release is not None:
             release()
         call.preloaded = failure

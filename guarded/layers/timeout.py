@@ -7,7 +7,7 @@ from typing import Any
 
 from ..call import Call, MethodSetup, Service
 from ..compiled import Attempt
-from ..watchdog import watchdog_for
+from ..watchdog import attempt_timed_out, watchdog_for
 
 
 class TimeoutLayer:
@@ -47,13 +47,10 @@ class TimeoutLayer:
                 # task's cancellation count stays raised, which breaks the caller's own
                 # asyncio.timeout); unless the caller cancelled too, the attempt timed out.
                 if dog.disarm(call) and task.uncancel() == 0:
-                    if isinstance(exc, asyncio.CancelledError):
-                        raise TimeoutError(f"{method.label} timed out") from None
-                    if isinstance(exc, Exception):
-                        raise TimeoutError(f"{method.label} timed out") from exc
+                    raise attempt_timed_out(method.label, exc)  # noqa: B904 (chained as it says)
                 raise
             if dog.disarm(call) and task.uncancel() == 0:
-                raise TimeoutError(f"{method.label} timed out (the store swallowed the cancellation)")
+                raise attempt_timed_out(method.label, None)
             return result
 
         return timed
