@@ -77,13 +77,47 @@ class MetricsLayer:
         self._operational = instruments.operational
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
+        observe, raised = self._observers(method)
+
+        async def measured(call: Call) -> Any:
+            try:
+                result = await inner(call)
+            except BaseException as exc:  # strict mode: a rejected call raised, its outcome set
+                raised(call, exc)
+                raise
+            observe(call)
+            return result
+
+        return measured
+
+    def hooks(self, method: MethodSetup) -> Hooks:
+        """The same observation of a call that ended on the success path, or whose ``after`` stage
+        raised (a caller's cancellation, a rejected call in strict mode)."""
+        observe, raised = self._observers(method)
+
+        def observed(call: Call, result: Any) -> Any:
+            observe(call)
+            return result
+
+        return Hooks(after=observed, on_raise=raised)
+
+    def _observers(
+        self, method: MethodSetup
+    ) -> tuple[Callable[[Call], None], Callable[[Call, BaseException], None]]:
+        """Of ``method``: one observation of a call that ended (its duration by outcome, with the
+        trace id as exemplar when a span recorded it; its retries; its operational error), and
+        the same for a call that raised (a ``BaseException``: outcome ``cancelled``)."""
         stats = self._stats
         operational = self._operational
         store, label = method.store_name, method.label
-        series_of = self._series_of(method)
+        series: dict[Outcome, DurationSeries] = {}
 
-        def observe(call: Call, elapsed: float) -> None:
-            found = series_of(call.outcome)
+        def observe(call: Call) -> None:
+            outcome = call.outcome
+            found = series.get(outcome)
+            if found is None:
+                found = series[outcome] = stats.series(store, label, outcome.value)
+            elapsed = call.loop.time() - call.started
             span = call.span
             if span is None:
                 found.observe(elapsed)
@@ -94,55 +128,9 @@ class MetricsLayer:
             if call.error is not None:
                 operational.count(store, label, call.error)
 
-        async def measured(call: Call) -> Any:
-            started = call.started
-            try:
-                result = await inner(call)
-            except Exception:  # strict mode: a rejected call raised, its outcome set
-                observe(call, call.loop.time() - started)
-                raise
-            except BaseException:
-                call.outcome = Outcome.CANCELLED
-                observe(call, call.loop.time() - started)
-                raise
-            observe(call, call.loop.time() - started)
-            return result
-
-        return measured
-
-    def hooks(self, method: MethodSetup) -> Hooks:
-        """One observation of a call that ended on the success path (one attempt, no span), or
-        whose ``after`` stage raised (a caller's cancellation, a rejected call in strict mode)."""
-        series_of = self._series_of(method)
-        operational = self._operational
-        store, label = method.store_name, method.label
-
-        def observe(call: Call) -> None:
-            series_of(call.outcome).observe(call.loop.time() - call.started)
-            if call.error is not None:
-                operational.count(store, label, call.error)
-
-        def observed(call: Call, result: Any) -> Any:
-            observe(call)
-            return result
-
         def raised(call: Call, exc: BaseException) -> None:
             if not isinstance(exc, Exception):
                 call.outcome = Outcome.CANCELLED
             observe(call)
 
-        return Hooks(after=observed, on_raise=raised)
-
-    def _series_of(self, method: MethodSetup) -> Callable[[Outcome], DurationSeries]:
-        """The duration series of ``method`` by outcome, each looked up once."""
-        stats = self._stats
-        store, label = method.store_name, method.label
-        series: dict[Outcome, DurationSeries] = {}
-
-        def series_of(outcome: Outcome) -> DurationSeries:
-            found = series.get(outcome)
-            if found is None:
-                found = series[outcome] = stats.series(store, label, outcome.value)
-            return found
-
-        return series_of
+        return observe, raised
