@@ -15,6 +15,7 @@ wrote since.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from ..call import Call, MethodSetup, Service
@@ -57,13 +58,10 @@ class DeadLetterLayer:
             held = call.held
             if held is not None:  # stamped and let in on the compiled success path
                 call.held = None
-                stamp, slot, token, key = held
                 try:
-                    return await write(call, stamp, key)
+                    return await write(call, held[0], held[3])
                 finally:
-                    if slot is not None:
-                        leave(slot, stamp)
-                    logical_times.reset(token)
+                    _release_key(held, leave)
             stamp = next_stamp()
             # The logical time of the call: the backend refuses to let a write older than the
             # row's replace it, so a replay of this write never undoes a newer one.
@@ -145,7 +143,7 @@ class DeadLetterLayer:
         name = policy.name
         next_stamp, supersede = self._next_stamp, keeper.supersede
         slot_of, try_enter, leave = gate.slot, gate.try_enter, gate.leave
-        set_time, reset_time = logical_times.set, logical_times.reset
+        set_time = logical_times.set
 
         def enter(call: Call) -> bool:
             if not is_open():
@@ -160,27 +158,29 @@ class DeadLetterLayer:
 
         def give_back(call: Call) -> None:
             held = call.held
-            if held is None:
-                return  # adopted by the chain (or never taken)
-            stamp, slot, token, _ = held
-            call.held = None
-            reset_time(token)
-            if slot is not None:
-                leave(slot, stamp)
+            if held is not None:  # else adopted by the chain (or never taken)
+                call.held = None
+                _release_key(held, leave)
 
         async def superseded(call: Call, result: Any) -> Any:
-            stamp, slot, token, key = call.held
-            call.held = None
+            stamp, _, _, key = call.held
             try:
                 if key is not None:
                     await supersede(name, key, stamp)
             finally:
-                reset_time(token)
-                if slot is not None:
-                    leave(slot, stamp)
+                give_back(call)
             return result
 
         return Hooks(before=enter, undo=give_back, after=superseded, after_is_async=True)
+
+
+def _release_key(held: tuple[int, Any, Any, Any], leave: Callable[[Any, int], None]) -> None:
+    """Give back what a write of a key took on the compiled success path (``Call.held``: its stamp,
+    key slot, logical-time token and key): the logical time unset, the slot left."""
+    stamp, slot, token, _ = held
+    logical_times.reset(token)
+    if slot is not None:
+        leave(slot, stamp)
 
 
 def _raised_by_store(exc: BaseException) -> bool:
