@@ -23,8 +23,10 @@ method on the chain: your own layers (``extra_layers``) never lose their place.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from types import CodeType
 from typing import Any
 
 from .call import Call, Layer, MethodSetup, Service
@@ -250,7 +252,7 @@ def _build(
     for index, hooks in enumerate(afters):
         namespace[f"after_{index}"] = hooks.after
     source = _source(befores, afters, with_permit=acquire is not None and not terminal, terminal=terminal)
-    exec(compile(source, f"<guarded compiled {label}>", "exec"), namespace)
+    exec(_code(source, label), namespace)
     compiled: Service = namespace["compiled"]
     compiled.entry = namespace["entry"]  # type: ignore[attr-defined]
     return compiled
@@ -305,6 +307,14 @@ def _source(
         *("    " + line for line in body),
     ]
     return "\n".join(lines) + "\n"
+
+
+@functools.lru_cache(maxsize=1024)
+def _code(source: str, label: str) -> CodeType:
+    """The code of a method's generated source, compiled once per process: every guard of a store
+    with the same layers generates the same source for the method (its hooks are in the namespace
+    the code runs in, not in the source)."""
+    return compile(source, f"<guarded compiled {label}>", "exec")
 
 
 def _attempt_source(*, with_permit: bool) -> list[str]:
