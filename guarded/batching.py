@@ -13,10 +13,12 @@ of acknowledging a write, per write:
   its method runs, a write goes out at once, written by its caller in the caller's own task
   (:meth:`Batcher.offer` answers :data:`ALONE`; no flush task, no loop iteration). Writes arriving
   while a flush runs form the next batch, started when that flush ends; a further flush runs
-  beside the running ones only for a full batch (``max_batch`` writes waiting), up to the method's
-  flush limit. The callers a batch answered resume on the next loop iteration and usually write
-  again at once: the next batch starts after them, so they share it. No timer: a lone writer pays
-  no batching delay.
+  beside the running ones once ``parallel_flush_at`` writes wait, up to the method's flush limit,
+  and a queue of twice that many or more is split evenly over the free flushes. The callers a
+  batch answered resume on the next loop iteration and usually write again at once, so they stay
+  together: the split makes cohorts whose flushes overlap (one is prepared and encoded while the
+  backend commits another) instead of one batch that the process and the backend take in turns.
+  No timer: a lone writer pays no batching delay.
 - **write-behind** (``done`` is ``None``): the caller is acknowledged once the write is queued. A
   queue flushes as soon as it holds ``max_batch`` writes, or once its oldest write has waited
   ``max_delay`` seconds (one timer per queue; ``max_delay=0`` flushes on the next iteration).
@@ -260,6 +262,7 @@ class Batcher:
         self._max_delay = config.max_delay
         self._capacity = config.queue_size
         self._max_flushes = config.max_concurrent_flushes
+        self._parallel_at = min(config.parallel_flush_at, config.max_batch)
         self._queues: dict[str, _MethodQueue] = {}
         self._pending = 0
         self._waiters: deque[asyncio.Future[bool]] = deque()
@@ -413,12 +416,12 @@ class Batcher:
             if not mq.active and len(queue) == 1 and mq.timer is None:
                 return mq
             # Writes submitted in this loop iteration join one batch, started on the next
-            # iteration when no flush runs (or a full batch waits and the limit allows another);
+            # iteration when no flush runs (or ``parallel_flush_at`` wait and the limit allows another);
             # otherwise the end of the running flush starts it.
             if (
                 mq.timer is None
                 and not mq.due
-                and (not mq.active or (len(queue) >= self._max_batch and mq.active < self._limit(mq)))
+                and (not mq.active or (len(queue) >= self._parallel_at and mq.active < self._limit(mq)))
             ):
                 mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
         elif len(queue) >= self._max_batch:
@@ -463,19 +466,33 @@ class Batcher:
         """Start the flushes ``mq`` is ready for, then keep its timer armed while writes wait."""
         queue = mq.queue
         max_batch = self._max_batch
+        parallel_at = self._parallel_at
         started = False
         limit = self._limit(mq)
         eager = mq.eager
         while queue and mq.active < limit:
             if eager:
                 # Group commit: the writes that arrive while a flush runs form the next batch; a
-                # further flush runs beside it only for a full batch (or a read or close waiting).
-                waits = mq.active and len(queue) < max_batch and mq.taken >= mq.urgent_through
-                if waits and not self._closing:
+                # further flush runs beside it once ``parallel_flush_at`` writes wait (or a read or
+                # close waits), and a long queue is split over the free flushes.
+                waiting = len(queue)
+                if (
+                    mq.active
+                    and waiting < parallel_at
+                    and mq.taken >= mq.urgent_through
+                    and not self._closing
+                ):
                     break
-            elif not (len(queue) >= max_batch or mq.due or mq.taken < mq.urgent_through or self._closing):
-                break
-            start, batch = self._take(mq, min(len(queue), max_batch))
+                if waiting >= 2 * parallel_at:
+                    parts = min(limit - mq.active, waiting // parallel_at)
+                    size = min(-(-waiting // parts), max_batch)
+                else:
+                    size = min(waiting, max_batch)
+            else:
+                size = min(len(queue), max_batch)
+                if not (len(queue) >= max_batch or mq.due or mq.taken < mq.urgent_through or self._closing):
+                    break
+            start, batch = self._take(mq, size)
             mq.due = False
             started = True
             task = asyncio.get_running_loop().create_task(self._run_flush(mq, start, batch))

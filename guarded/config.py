@@ -187,6 +187,11 @@ class BatchConfig(_Frozen):
     (up to their deadline, then the write is dead-lettered)."""
     max_concurrent_flushes: int = Field(4, ge=1)
     """Flushes of one method running at once."""
+    parallel_flush_at: int = Field(48, ge=1)
+    """Group commit: writes waiting while a flush runs that start a further flush beside it (up
+    to ``max_concurrent_flushes``; a full batch of ``max_batch`` always does); a queue of at least
+    twice as many is split evenly over the free flushes. Callers then fall into cohorts whose
+    flushes overlap: the process prepares one batch while the database commits another."""
     single_write_concurrency: int = Field(16, ge=1)
     """Concurrent single writes per flush when the backend has no bulk method."""
 

@@ -12,6 +12,15 @@ and runs the operation once more on a fresh connection -- for operations that ar
 repeat, which is every operation of this backend except the two that could act twice without an
 idempotency key: a pause consume and a planner-event append. Anything else (and a second
 failure) propagates: the guard's retry layer handles outages that last.
+
+**Releasing a connection.** asyncpg resets every connection it takes back (advisory unlock,
+``CLOSE ALL``, ``UNLISTEN``, ``RESET ALL``): one more round trip per statement, about a third of a
+single write's time. The store's own statements leave no session state behind (a transaction is
+committed or rolled back, a lock is transaction-scoped), so a connection that ran one to its end is
+only rolled back if a transaction is open (asyncpg does that on every release) and given back.
+Any other release -- a statement cancelled or failed, a migration (which sets session state), a
+connection borrowed from :attr:`PostgresStateStore.pool` by the application -- gets asyncpg's full
+reset, as before.
 """
 
 from __future__ import annotations
@@ -113,9 +122,47 @@ async def create_pool(dsn: str | None, settings: PoolSettings) -> asyncpg.Pool:
     }
     if settings.init is not None:
         options["init"] = settings.init
+    if "connection_class" not in settings.extra and "reset" not in settings.extra:
+        options["connection_class"] = StoreConnection
+        options["reset"] = reset_session
     options.update(settings.extra)
     pool: asyncpg.Pool = await asyncpg.create_pool(dsn, **options)
     return pool
+
+
+class StoreConnection(asyncpg.Connection):
+    """A pooled connection that can be vouched free of session state until it is released."""
+
+    __slots__ = ("_session_clean",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._session_clean = False
+
+    def vouch_session_clean(self) -> None:
+        """This connection's last user ran only statements that leave no session state."""
+        self._session_clean = True
+
+    def take_session_clean(self) -> bool:
+        """Whether the connection was vouched clean since it was acquired (and forget it)."""
+        clean, self._session_clean = self._session_clean, False
+        return clean
+
+
+async def reset_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset on release: asyncpg's full reset query unless the connection was vouched
+    free of session state (asyncpg has already rolled back an open transaction either way)."""
+    if isinstance(conn, StoreConnection) and conn.take_session_clean():
+        return
+    query = conn.get_reset_query()
+    if query:
+        await conn.execute(query)
+
+
+def _vouch_clean(conn: Connection) -> None:
+    vouch = getattr(conn, "vouch_session_clean", None)  # absent on an application's own pool
+    if vouch is not None:
+        vouch()
 
 
 class Database:
@@ -200,7 +247,9 @@ class Database:
         """Run ``operation(conn)``; once more on a fresh connection if the first one was dead."""
         try:
             async with self.acquire() as conn:
-                return await operation(conn)
+                result = await operation(conn)
+                _vouch_clean(conn)
+                return result
         except Exception as exc:
             if not is_connection_error(exc):
                 raise
@@ -212,7 +261,9 @@ class Database:
                 raise
         await self._expire()
         async with self.acquire() as conn:
-            return await operation(conn)
+            result = await operation(conn)
+            _vouch_clean(conn)
+            return result
 
     async def _expire(self) -> None:
         with contextlib.suppress(TimeoutError, asyncpg.InterfaceError):
@@ -265,6 +316,7 @@ __all__ = [
     "CONNECTION_ERRORS",
     "Connection",
     "Database",
+    "StoreConnection",
     "PoolSettings",
     "create_pool",
     "is_connection_error",

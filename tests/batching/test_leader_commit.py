@@ -87,6 +87,45 @@ async def test_a_full_batch_goes_out_beside_the_running_flush() -> None:
     assert len(writer.written) == 9
 
 
+async def test_enough_waiting_writes_are_split_over_the_free_flushes() -> None:
+    gate = asyncio.Event()
+    batcher, writer = make(
+        StoreWriter(InMemoryStateStore(), gate=gate),
+        max_batch=100,
+        max_concurrent_flushes=3,
+        parallel_flush_at=4,
+    )
+    writes = [committed(event_write("t", index)) for index in range(16)]
+    submitted = [asyncio.create_task(batcher.submit(write, deadline=deadline())) for write in writes]
+    for _ in range(3):
+        await asyncio.sleep(0)
+    # One write went out alone; the fifteen waiting fill the two free flushes, evenly.
+    assert [len(batch) for batch in writer.started] == [1, 8, 7]
+    gate.set()
+    assert all(await asyncio.gather(*submitted))
+    await asyncio.wait_for(asyncio.gather(*(w.done for w in writes if w.done is not None)), 5.0)
+    assert len(writer.written) == 16
+
+
+async def test_a_hundred_callers_fall_into_cohorts_whose_flushes_overlap() -> None:
+    batcher, writer = make(
+        NetworkWriter(InMemoryStateStore()), max_concurrent_flushes=4, parallel_flush_at=48
+    )
+
+    async def caller(trace: str) -> None:
+        for index in range(5):
+            write = committed(event_write(trace, index))
+            assert await batcher.submit(write, deadline=deadline())
+            assert write.done is not None
+            assert await write.done is Outcome.OK
+
+    await asyncio.wait_for(asyncio.gather(*(caller(f"t{n}") for n in range(100))), 10.0)
+    sizes = [len(writes) for _, writes in writer.flushes]
+    assert sum(sizes) == 500
+    assert sizes[:3] == [1, 50, 49], "the 99 arriving during the lone write: two cohorts"
+    assert max(sizes[3:]) <= 51, "the cohorts stay apart: never one batch of all the callers"
+
+
 async def test_an_ordered_method_never_overlaps_its_flushes_and_keeps_call_order() -> None:
     store = InMemoryStateStore()
     writer = NetworkWriter(store)
