@@ -51,7 +51,58 @@ def argument_check(label: str, method: object, policy: MethodPolicy) -> Check | 
         for check_argument in checks:
             check_argument(args, kwargs)
 
+    return _with_fast_path(check, signature, policy.arguments)
+
+
+def _with_fast_path(
+    check: Check, signature: inspect.Signature | None, arguments: Sequence[Argument]
+) -> Check:
+    """``check``, answered in one function for the usual call: every required argument passed by
+    position, nothing else, each record argument of exactly a type it accepts. Any other call
+    takes ``check`` itself, which accepts and refuses the same calls."""
+    if signature is None:
+        return check
+    parameters = list(signature.parameters.values())
+    if any(
+        parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is inspect.Parameter.empty
+        for parameter in parameters
+    ):
+        return check
+    arity = sum(
+        1
+        for parameter in parameters
+        if parameter.kind in _POSITIONAL and parameter.default is inspect.Parameter.empty
+    )
+    typed: list[tuple[int, frozenset[type]]] = []
+    for argument in arguments:
+        if argument.index >= arity:
+            continue
+        if argument.many:
+            return check
+        typed.append((argument.index, _exact_types(argument.expects)))
+    if not typed:
+
+        def untyped(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+            if kwargs or len(args) != arity:
+                check(args, kwargs)
+
+        return untyped
+    if len(typed) == 1:
+        ((index, types),) = typed
+
+        def one(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+            if kwargs or len(args) != arity or type(args[index]) not in types:
+                check(args, kwargs)
+
+        return one
     return check
+
+
+def _exact_types(expects: str) -> frozenset[type]:
+    """The types a value of ``expects`` may have for the fast path (subclasses take the full check)."""
+    if expects in ("mapping", "trajectory"):
+        return frozenset({dict})
+    return frozenset({getattr(DEFAULT_TYPES, expects), getattr(installed_types(), expects)})
 
 
 @functools.cache

@@ -82,10 +82,11 @@ def arg(name: str, index: int) -> ArgGetter:
 
 def attr_of(name: str, index: int, attribute: str) -> ArgGetter:
     """Read ``attribute`` of argument ``name`` (by keyword or position ``index``)."""
-    get_arg = arg(name, index)
 
     def get(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-        return getattr(get_arg(args, kwargs), attribute, None)
+        if name in kwargs:
+            return getattr(kwargs[name], attribute, None)
+        return getattr(args[index], attribute, None) if len(args) > index else None
 
     return get
 

@@ -76,3 +76,75 @@ def test_a_store_that_says_nothing_is_checked_against_the_protocol() -> None:
     takes_anything = _function("def f(a, b=2, *args, k=3, **kw): pass")
     assert argument_check("custom", takes_anything, table.get("custom")) is None
     assert argument_check("custom", forwarding, table.get("custom")) is None
+
+
+class _Anything:
+    """Has every attribute (a duck-typed record)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return None
+
+
+class _Dict(dict[str, Any]):
+    pass
+
+
+def _values() -> list[Any]:
+    from guarded import models
+    from guarded.codec import installed_types
+
+    values: list[Any] = [None, "text", 3, [], {}, _Dict(), _Anything(), object()]
+    for record in (
+        "StoredEvent",
+        "RemoteBinding",
+        "TaskState",
+        "StateUpdate",
+        "SteeringEvent",
+        "PlannerEvent",
+    ):
+        for types in (models, installed_types()):
+            cls = getattr(types, record)
+            values.append(cls.__new__(cls))  # its type is what the check reads
+            values.append(type("Sub" + record, (cls,), {}).__new__(type("Sub" + record, (cls,), {})))
+    return values
+
+
+def _outcome(check: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    try:
+        check(args, kwargs)
+    except CallerError as refused:
+        return str(refused)
+    return "accepted"
+
+
+@pytest.mark.parametrize("method", sorted(policy.name for policy in PolicyTable.for_state_store()))
+def test_the_fast_path_accepts_and_refuses_exactly_what_the_full_check_does(
+    method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import guarded.call_check as call_check
+
+    policy = PolicyTable.for_state_store().get(method)
+    signature = protocol_signature(method)
+    if signature is None:
+        return
+    fast = argument_check(method, None, policy)
+    monkeypatch.setattr(call_check, "_with_fast_path", lambda check, signature, arguments: check)
+    full = argument_check(method, None, policy)
+    assert fast is not None
+    assert full is not None
+    positional = [
+        parameter
+        for parameter in signature.parameters.values()
+        if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    values = _values()
+    for count in range(len(positional) + 2):
+        for position in range(max(count, 1)):
+            for value in values:
+                args = tuple(value if index == position else f"arg{index}" for index in range(count))
+                for kwargs in ({}, {"unexpected": 1}, {positional[0].name: value} if positional else {}):
+                    assert _outcome(fast, args, kwargs) == _outcome(full, args, kwargs), (
+                        method,
+                        args,
+                        kwargs,
+                    )

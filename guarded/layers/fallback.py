@@ -110,7 +110,9 @@ class FallbackLayer:
                     raise exc
             return failed(call, exc)
 
-        return Hooks(after=answered, on_failure=answer_failure)
+        # A method whose result this layer never rewrites has no ``after`` step.
+        rewrites = normalise_empty or single_item
+        return Hooks(after=answered if rewrites else None, on_failure=answer_failure)
 
     def _failure_handler(self, method: MethodSetup) -> Callable[[Call, BaseException], Any]:
         make_fallback = method.policy.fallback.value_factory()

@@ -85,7 +85,7 @@ class MetricsLayer:
             except BaseException as exc:  # strict mode: a rejected call raised, its outcome set
                 raised(call, exc)
                 raise
-            observe(call)
+            observe(call, None)
             return result
 
         return measured
@@ -94,25 +94,21 @@ class MetricsLayer:
         """The same observation of a call that ended on the success path, or whose ``after`` stage
         raised (a caller's cancellation, a rejected call in strict mode)."""
         observe, raised = self._observers(method)
-
-        def observed(call: Call, result: Any) -> Any:
-            observe(call)
-            return result
-
-        return Hooks(after=observed, on_raise=raised)
+        return Hooks(after=observe, on_raise=raised)
 
     def _observers(
         self, method: MethodSetup
-    ) -> tuple[Callable[[Call], None], Callable[[Call, BaseException], None]]:
+    ) -> tuple[Callable[[Call, Any], Any], Callable[[Call, BaseException], None]]:
         """Of ``method``: one observation of a call that ended (its duration by outcome, with the
-        trace id as exemplar when a span recorded it; its retries; its operational error), and
-        the same for a call that raised (a ``BaseException``: outcome ``cancelled``)."""
+        trace id as exemplar when a span recorded it; its retries; its operational error), which
+        returns the call's result it is given (an ``after`` hook as it is), and the same for a
+        call that raised (a ``BaseException``: outcome ``cancelled``)."""
         stats = self._stats
         operational = self._operational
         store, label = method.store_name, method.label
         series: dict[Outcome, DurationSeries] = {}
 
-        def observe(call: Call) -> None:
+        def observe(call: Call, result: Any) -> Any:
             outcome = call.outcome
             found = series.get(outcome)
             if found is None:
@@ -127,10 +123,11 @@ class MetricsLayer:
                 stats.add_retries(store, label, call.attempts - 1)
             if call.error is not None:
                 operational.count(store, label, call.error)
+            return result
 
         def raised(call: Call, exc: BaseException) -> None:
             if not isinstance(exc, Exception):
                 call.outcome = Outcome.CANCELLED
-            observe(call)
+            observe(call, None)
 
         return observe, raised
