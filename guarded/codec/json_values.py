@@ -67,8 +67,55 @@ def check_text(value: str, path: str) -> str:
     return value if type(value) is str else str.__str__(value)
 
 
+class _NotPlain(Exception):
+    """:func:`_plain_copy` met something it does not copy itself."""
+
+
+def _plain_copy(value: Any, depth: int) -> JSONValue:
+    """:func:`to_json_value` of a tree of exactly ``dict`` (``str`` keys), ``list``, ``tuple``,
+    ASCII ``str``, ``None``, ``bool``, ``int`` of at most :data:`_SAFE_INT_BITS` bits and finite
+    ``float``, copied without building a path; raises :class:`_NotPlain` for anything else, which
+    :func:`to_json_value` then walks with paths (the same copy, or the error naming the path)."""
+    kind = type(value)
+    if kind is str:
+        if value.isascii():
+            return value  # type: ignore[no-any-return]
+        raise _NotPlain
+    if value is None or kind is bool:
+        return value  # type: ignore[no-any-return]
+    if kind is int:
+        if value.bit_length() <= _SAFE_INT_BITS:
+            return value  # type: ignore[no-any-return]
+        raise _NotPlain
+    if kind is float:
+        if value - value == 0.0:  # finite: inf - inf and nan - nan are nan
+            return value  # type: ignore[no-any-return]
+        raise _NotPlain
+    if depth >= MAX_DEPTH:
+        raise _NotPlain
+    depth += 1
+    if kind is dict:
+        result: dict[str, JSONValue] = {}
+        for key, item in value.items():
+            if type(key) is not str or not key.isascii():
+                raise _NotPlain
+            result[key] = _plain_copy(item, depth)
+        return result
+    if kind is list or kind is tuple:
+        return [_plain_copy(item, depth) for item in value]
+    raise _NotPlain
+
+
 def to_json_value(value: Any, path: str = "", depth: int = 0) -> JSONValue:
     """Return a plain-JSON copy of ``value`` or raise :class:`InvalidPayloadError` naming its path."""
+    try:
+        return _plain_copy(value, depth)
+    except (_NotPlain, RecursionError):
+        return _checked_copy(value, path, depth)
+
+
+def _checked_copy(value: Any, path: str, depth: int) -> JSONValue:
+    """:func:`to_json_value` one value at a time, each with its path (for the error that names it)."""
     kind = type(value)
     if kind is str:
         return check_text(value, path)
@@ -91,18 +138,18 @@ def to_json_value(value: Any, path: str = "", depth: int = 0) -> JSONValue:
                     f"a mapping key is a {type(key).__name__}; JSON object keys must be strings",
                     path=where,
                 )
-            result[check_text(key, where)] = to_json_value(item, where, depth + 1)
+            result[check_text(key, where)] = _checked_copy(item, where, depth + 1)
         return result
     if isinstance(value, list | tuple):
-        return [to_json_value(item, f"{path}[{index}]", depth + 1) for index, item in enumerate(value)]
+        return [_checked_copy(item, f"{path}[{index}]", depth + 1) for index, item in enumerate(value)]
     if isinstance(value, Enum):
-        return to_json_value(value.value, path, depth + 1)
+        return _checked_copy(value.value, path, depth + 1)
     if isinstance(value, str):
         return check_text(value, path)
     if isinstance(value, int):
         return _check_int(int(value), path)
     if isinstance(value, float):
-        return to_json_value(float(value), path, depth)
+        return _checked_copy(float(value), path, depth)
     raise InvalidPayloadError(f"a {kind.__module__}.{kind.__qualname__} is not JSON-serialisable", path=path)
 
 

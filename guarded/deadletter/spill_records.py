@@ -7,6 +7,8 @@ import json
 import sqlite3
 from dataclasses import dataclass
 
+import orjson
+
 from .spill_format import SIZE_SUM
 
 
@@ -96,8 +98,14 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan
 
 
 def dumps(value: object) -> str:
-    """Compact JSON text of an encoded call, as stored."""
-    return _ENCODER.encode(value)
+    """Compact JSON text of an encoded call (plain JSON values only), as stored.
+
+    ``orjson`` writes it several times faster than the standard encoder; the standard encoder
+    takes what ``orjson`` refuses (an integer beyond 64 bits) and refuses what is not JSON."""
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        return _ENCODER.encode(value)
 
 
 @dataclass(slots=True)
