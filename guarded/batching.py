@@ -40,7 +40,8 @@ before a read of it; :meth:`Batcher.pending_for_scope` lists those writes (for a
 must show them while the backend is down).
 
 Metrics (prometheus-client, shared by every batcher of one registry): ``guarded_batch_size`` and
-``guarded_batch_flush_duration_seconds`` histograms by store and method, observed once per flush,
+``guarded_batch_flush_duration_seconds`` histograms by store and method, counted once per flush
+in plain integers and exported at scrape time (:mod:`guarded.batch_stats`),
 the ``guarded_batch_pending`` and ``guarded_batch_capacity`` gauges by store, read from the
 batchers at scrape time so that :meth:`Batcher.submit` never touches a metric, and the
 ``guarded_batch_failed_writes_total`` counter by store and method (writes a raising writer lost).
@@ -61,9 +62,10 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from . import telemetry_names as names
+from .batch_stats import BatchStats, FlushSeries, batch_stats
 from .config import BatchConfig
 from .outcome import Outcome
 from .per_registry import PerRegistry
@@ -123,8 +125,7 @@ the error type (never payloads), counts the writes in :attr:`Batcher.failed`, se
 
 @dataclass(frozen=True, slots=True)
 class _Instruments:
-    size: Histogram
-    duration: Histogram
+    flushes: BatchStats
     pending: StoreTotalGauge
     capacity: StoreTotalGauge
     failed: Counter
@@ -133,20 +134,7 @@ class _Instruments:
 def _build_instruments(registry: CollectorRegistry) -> _Instruments:
     labels = [names.LABEL_STORE, names.LABEL_METHOD]
     return _Instruments(
-        size=Histogram(
-            names.BATCH_SIZE,
-            "Writes per batch flush.",
-            labels,
-            buckets=names.BATCH_SIZE_BUCKETS,
-            registry=registry,
-        ),
-        duration=Histogram(
-            names.BATCH_FLUSH_DURATION,
-            "Time one batch flush took, writer included.",
-            labels,
-            buckets=names.CALL_DURATION_BUCKETS,
-            registry=registry,
-        ),
+        flushes=batch_stats(registry),
         pending=store_total_gauge(
             registry,
             names.BATCH_PENDING,
@@ -195,20 +183,19 @@ class _MethodQueue:
     __slots__ = (
         "active",
         "due",
-        "duration",
         "eager",
         "flush_waiters",
+        "flushes",
         "in_flight",
         "method",
         "queue",
         "scopes",
-        "size",
         "taken",
         "timer",
         "urgent_through",
     )
 
-    def __init__(self, method: str, size: Histogram, duration: Histogram) -> None:
+    def __init__(self, method: str, flushes: FlushSeries) -> None:
         self.method = method
         self.queue: deque[PendingWrite] = deque()
         self.taken = 0
@@ -221,8 +208,7 @@ class _MethodQueue:
         self.scopes: dict[str, _ScopeEntry] = {}
         self.flush_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         """Heap of (sequence number to reach, tie-breaker, future) of pending flush calls."""
-        self.size = size
-        self.duration = duration
+        self.flushes = flushes
         self.eager = False
         """Group commit: start a flush whenever fewer than the limit run (no size or delay)."""
 
@@ -274,8 +260,7 @@ class Batcher:
         self.failed = 0
         """Writes whose writer raised (a bug in the writer): logged, counted, not retried."""
         instruments = _instruments_for(registry)
-        self._size = instruments.size
-        self._duration = instruments.duration
+        self._flushes = instruments.flushes
         self._failed = instruments.failed
         instruments.pending.add(self)
         instruments.capacity.add(self)
@@ -396,11 +381,7 @@ class Batcher:
         method = write.method
         mq = self._queues.get(method)
         if mq is None:
-            mq = self._queues[method] = _MethodQueue(
-                method,
-                self._size.labels(self.store_name, method),
-                self._duration.labels(self.store_name, method),
-            )
+            mq = self._queues[method] = _MethodQueue(method, self._flushes.of(self.store_name, method))
             mq.eager = write.done is not None
         queue = mq.queue
         queue.append(write)
@@ -557,8 +538,7 @@ class Batcher:
                 self._abandoned.discard(id(batch))
             else:
                 if finished:
-                    mq.size.observe(len(batch))
-                    mq.duration.observe(loop.time() - began)
+                    mq.flushes.observe(len(batch), loop.time() - began)
                 self._finish(mq, start, batch, pump=not cancelled)
 
     def _finish(self, mq: _MethodQueue, start: int, batch: list[PendingWrite], *, pump: bool = True) -> None:

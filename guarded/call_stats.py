@@ -26,7 +26,8 @@ _OUTCOMES = tuple(outcome.value for outcome in Outcome)
 
 
 class DurationSeries:
-    """Latency observations of one (store, method, outcome)."""
+    """The observations of one histogram series: the latencies of one (store, method, outcome),
+    or the sizes or durations of one method's batch flushes (:mod:`guarded.batch_stats`)."""
 
     __slots__ = ("_bounds", "counts", "exemplars", "total")
 
@@ -86,7 +87,7 @@ class _CallStatsCollector(Collector):
             names.CALL_DURATION, "Latency of guarded StateStore calls, all attempts included.", labels=labels
         )
         calls = CounterMetricFamily(names.CALLS, "Guarded StateStore calls by outcome.", labels=labels)
-        bounds = [*(_format_bound(bound) for bound in self._stats.bounds), "+Inf"]
+        bounds = [*(format_bound(bound) for bound in self._stats.bounds), "+Inf"]
         methods: set[tuple[str, str]] = set()
         for key, series in list(self._stats.durations.items()):
             counts = list(series.counts)
@@ -124,7 +125,8 @@ class _CallStatsCollector(Collector):
         yield CounterMetricFamily(names.RETRIES, "", labels=[names.LABEL_STORE, names.LABEL_METHOD])
 
 
-def _format_bound(bound: float) -> str:
+def format_bound(bound: float) -> str:
+    """A bucket bound as Prometheus writes ``le`` (``1.0``, ``0.005``)."""
     return repr(float(bound))
 
 
