@@ -363,41 +363,54 @@ class Durability:
         return await self._write_singles(writes)
 
     async def _write_singles(self, writes: Sequence[PendingWrite]) -> list[Outcome]:
-        outcomes = [_OK] * len(writes)
-        failed: list[tuple[int, PendingWrite, BaseException]] = []
-
-        async def write_one(index: int, write: PendingWrite) -> None:
-            try:
-                with item_keys(self._item_keys((write,))):
-                    await self._run(self._offered(write.method), write.args, write.kwargs)
-            except BaseException as exc:
-                if not isinstance(exc, Exception) and not _raised_by_store(exc):
-                    raise
-                if no_wait_fixes(exc):
-                    if is_programming_error(exc):
-                        self._log_bug(write.method, exc)
-                    await self.park(write.method, write.args, write.kwargs, exc)
-                    outcomes[index] = _REJECTED
-                else:
-                    failed.append((index, write, exc))
-
         if len(writes) == 1:
             # A lone write (group commit's usual case at low concurrency): in this task, with no
             # semaphore and no task of its own.
-            await write_one(0, writes[0])
-        else:
-            limit = asyncio.Semaphore(self.config.batching.single_write_concurrency)
+            return [await self._write_one(writes[0])]
+        failed: list[tuple[int, PendingWrite, BaseException]] = []
+        limit = asyncio.Semaphore(self.config.batching.single_write_concurrency)
 
-            async def limited(index: int, write: PendingWrite) -> None:
-                async with limit:
-                    await write_one(index, write)
+        async def limited(index: int, write: PendingWrite) -> Outcome:
+            async with limit:
+                return await self._write_one(write, failed=failed, index=index)
 
-            await asyncio.gather(*(limited(index, write) for index, write in enumerate(writes)))
+        outcomes = await asyncio.gather(*(limited(index, write) for index, write in enumerate(writes)))
         if failed:
             kept = await self._dead_letter_writes([(write, exc) for _, write, exc in failed])
             for (index, _, _), outcome in zip(failed, kept, strict=True):
                 outcomes[index] = outcome
         return outcomes
+
+    async def _write_one(
+        self,
+        write: PendingWrite,
+        *,
+        failed: list[tuple[int, PendingWrite, BaseException]] | None = None,
+        index: int = 0,
+    ) -> Outcome:
+        """Write one queued write alone; its outcome. Bad data is parked (``REJECTED``); any other
+        failure is dead-lettered at once, or, with ``failed``, appended to it for the caller to
+        dead-letter with the others (the outcome returned is then a placeholder)."""
+        try:
+            keys = self._item_keys((write,))
+            if keys is None and _ITEM_KEYS.get() is None:
+                await self._run(self._offered(write.method), write.args, write.kwargs)
+            else:
+                with item_keys(keys):
+                    await self._run(self._offered(write.method), write.args, write.kwargs)
+            return _OK
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and not _raised_by_store(exc):
+                raise
+            if no_wait_fixes(exc):
+                if is_programming_error(exc):
+                    self._log_bug(write.method, exc)
+                await self.park(write.method, write.args, write.kwargs, exc)
+                return _REJECTED
+            if failed is None:
+                return (await self._dead_letter_writes([(write, exc)]))[0]
+            failed.append((index, write, exc))
+            return _OK
 
     # --- replay -----------------------------------------------------------------------------------
 

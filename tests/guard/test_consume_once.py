@@ -28,6 +28,7 @@ from guarded.guard import controller, guard
 from guarded.idempotency import current_idempotency_key, current_unanswered_keys, idempotency_key
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
+from ..support.aio import eventually_async
 from .support import fast_config
 
 TOKENS = 10
@@ -291,6 +292,10 @@ async def still_held(store: Any, tokens: Iterable[str]) -> list[bool]:
     return [await buffer.latest_for_key("save_planner_state", token) is not None for token in tokens]
 
 
+async def _none_held(store: Any, tokens: list[str]) -> bool:
+    return not any(await still_held(store, tokens))
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize("spill", [False, True], ids=["memory", "spill-file"])
 async def test_a_held_pause_whose_resume_is_cancelled_stays_for_the_next_resume(
@@ -306,8 +311,9 @@ async def test_a_held_pause_whose_resume_is_cancelled_stays_for_the_next_resume(
 
     fault_injector(faulty).plan = SAVES_FAIL
     assert delivered(await resume_concurrently(store, tokens)) == once_each(tokens)
-    await asyncio.sleep(0.01)  # the removals, in tasks of their own
-    assert await still_held(store, tokens) == [False] * TOKENS
+    await eventually_async(  # the removals, in tasks of their own
+        lambda: _none_held(store, tokens), what="the resumed pauses removed from the buffer"
+    )
     fault_injector(faulty).plan = FaultPlan()
     assert await controller(store).drain(timeout=5) == 0
     assert delivered(await resume_concurrently(store, tokens)) == Counter()  # never replayed
@@ -336,6 +342,5 @@ async def test_a_held_pause_is_answered_when_the_backend_fails_and_removed_after
     fault_injector(faulty).plan = FaultPlan.always(Fault.error_before(ConnectionRefusedError))
     assert await store.load_planner_state(tokens[0]) == payload(tokens[0])
     assert controller(store).stats()[("load_planner_state", "stale")] == 1
-    await asyncio.sleep(0.01)
-    assert await still_held(store, tokens) == [False]
+    await eventually_async(lambda: _none_held(store, tokens), what="the answered pause removed")
     assert await store.load_planner_state(tokens[0]) is None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 
 async def settle(rounds: int = 5) -> None:
@@ -21,6 +21,22 @@ async def eventually(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(poll)
+
+
+async def eventually_async(
+    condition: Callable[[], Awaitable[bool]],
+    *,
+    what: str = "the condition",
+    within: float = 10.0,
+    poll: float = 0.001,
+) -> None:
+    """:func:`eventually` for a condition that must be awaited (a read of the guard's buffer)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not await condition():
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what}")
         await asyncio.sleep(poll)
