@@ -27,8 +27,8 @@ from guarded.config import BatchConfig, DeadLetterConfig, StaleConfig
 from guarded.guard import controller, guard
 from guarded.idempotency import current_idempotency_key, current_unanswered_keys, idempotency_key
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+from tests.support.aio import eventually_async
 
-from ..support.aio import eventually_async
 from .support import fast_config
 
 TOKENS = 10
