@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from . import telemetry_names as names
 from .call_stats import DurationSeries, format_bound
-from .per_registry import PerRegistry
+from .per_registry import PerRegistry, registered
 
 
 class FlushSeries:
@@ -54,17 +53,6 @@ def _histogram(
     return family, [*(format_bound(bound) for bound in bounds), "+Inf"]
 
 
-def _add(
-    family: HistogramMetricFamily, bounds: list[str], key: tuple[str, str], series: DurationSeries
-) -> None:
-    cumulative = 0
-    buckets: list[tuple[str, float]] = []
-    for bound, count in zip(bounds, list(series.counts), strict=True):
-        cumulative += count
-        buckets.append((bound, cumulative))
-    family.add_metric(list(key), buckets, series.total)
-
-
 class _BatchStatsCollector(Collector):
     def __init__(self, stats: BatchStats) -> None:
         self._stats = stats
@@ -77,8 +65,10 @@ class _BatchStatsCollector(Collector):
             names.CALL_DURATION_BUCKETS,
         )
         for key, series in list(self._stats.series.items()):
-            _add(sizes, size_bounds, key, series.size)
-            _add(durations, duration_bounds, key, series.duration)
+            sizes.add_metric(list(key), series.size.buckets(size_bounds)[0], series.size.total)
+            durations.add_metric(
+                list(key), series.duration.buckets(duration_bounds)[0], series.duration.total
+            )
         yield sizes
         yield durations
 
@@ -88,11 +78,5 @@ class _BatchStatsCollector(Collector):
         yield HistogramMetricFamily(names.BATCH_FLUSH_DURATION, "", labels=labels)
 
 
-def _exported_batch_stats(registry: CollectorRegistry) -> BatchStats:
-    found = BatchStats()
-    registry.register(_BatchStatsCollector(found))
-    return found
-
-
-batch_stats: PerRegistry[BatchStats] = PerRegistry(_exported_batch_stats)
+batch_stats: PerRegistry[BatchStats] = registered(BatchStats, _BatchStatsCollector)
 """The flush statistics exported through a registry, registered on first use."""

@@ -33,7 +33,7 @@ from . import telemetry_names as names
 from .call_stats import DurationSeries
 from .classify import ErrorClass
 from .errors import GuardedError
-from .per_registry import PerRegistry
+from .per_registry import PerRegistry, registered
 
 if TYPE_CHECKING:
     from .config import BulkheadConfig
@@ -265,13 +265,7 @@ class _BulkheadCollector(Collector):
         yield CounterMetricFamily(names.BULKHEAD_TIMEOUTS, "", labels=[names.LABEL_STORE, names.LABEL_METHOD])
 
 
-def _registered_collector(registry: CollectorRegistry) -> _BulkheadCollector:
-    found = _BulkheadCollector()
-    registry.register(found)
-    return found
-
-
-_collector_for: PerRegistry[_BulkheadCollector] = PerRegistry(_registered_collector)
+_collector_for: PerRegistry[_BulkheadCollector] = registered(_BulkheadCollector)
 
 
 __all__ = [

@@ -13,14 +13,13 @@ import time
 from bisect import bisect_left
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 
 from . import telemetry_names as names
 from .outcome import Outcome
-from .per_registry import PerRegistry
+from .per_registry import PerRegistry, registered
 
 _OUTCOMES = tuple(outcome.value for outcome in Outcome)
 
@@ -47,6 +46,16 @@ class DurationSeries:
     @property
     def count(self) -> int:
         return sum(self.counts)
+
+    def buckets(self, bounds: list[str]) -> tuple[list[tuple[str, float] | tuple[str, float, Exemplar]], int]:
+        """The cumulative buckets of a Prometheus histogram (``bounds``: each ``le``, ``+Inf``
+        last), with their exemplars, and the count of observations."""
+        cumulative = 0
+        buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+        for bound, count, exemplar in zip(bounds, list(self.counts), list(self.exemplars), strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative, exemplar) if exemplar else (bound, cumulative))
+        return buckets, cumulative
 
 
 class CallStats:
@@ -90,15 +99,9 @@ class _CallStatsCollector(Collector):
         bounds = [*(format_bound(bound) for bound in self._stats.bounds), "+Inf"]
         methods: set[tuple[str, str]] = set()
         for key, series in list(self._stats.durations.items()):
-            counts = list(series.counts)
-            exemplars = list(series.exemplars)
-            cumulative = 0
-            buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
-            for bound, count, exemplar in zip(bounds, counts, exemplars, strict=True):
-                cumulative += count
-                buckets.append((bound, cumulative, exemplar) if exemplar else (bound, cumulative))
+            buckets, count = series.buckets(bounds)
             durations.add_metric(list(key), buckets, series.total)
-            calls.add_metric(list(key), cumulative)
+            calls.add_metric(list(key), count)
             methods.add(key[:2])
         # Every outcome of a method in use reads 0 until it happens, so increase() and rate() see
         # a first failure (a counter series that appears at N shows no increase).
@@ -130,11 +133,5 @@ def format_bound(bound: float) -> str:
     return repr(float(bound))
 
 
-def _exported_call_stats(registry: CollectorRegistry) -> CallStats:
-    found = CallStats()
-    registry.register(_CallStatsCollector(found))
-    return found
-
-
-call_stats: PerRegistry[CallStats] = PerRegistry(_exported_call_stats)
+call_stats: PerRegistry[CallStats] = registered(CallStats, _CallStatsCollector)
 """The call statistics exported through a registry, registered on first use."""

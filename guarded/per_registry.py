@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.registry import Collector
 
 T = TypeVar("T")
 
@@ -36,4 +37,17 @@ class PerRegistry(Generic[T]):
         return found
 
 
-__all__ = ["PerRegistry"]
+def registered(build: Callable[[], T], collector: Callable[[T], Collector] | None = None) -> PerRegistry[T]:
+    """One ``build()`` per registry, registered with that registry on first use: through
+    ``collector(it)`` when given (statistics a collector reads at scrape time), else itself (it is
+    the collector)."""
+
+    def make(registry: CollectorRegistry) -> T:
+        found = build()
+        registry.register(collector(found) if collector is not None else found)  # type: ignore[arg-type]
+        return found
+
+    return PerRegistry(make)
+
+
+__all__ = ["PerRegistry", "registered"]

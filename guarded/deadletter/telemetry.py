@@ -15,12 +15,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .. import telemetry_names as names
-from ..per_registry import PerRegistry
+from ..per_registry import PerRegistry, registered
 
 logger = logging.getLogger("guarded.deadletter")
 
@@ -213,13 +212,7 @@ class _Collector(Collector):
         yield GaugeMetricFamily(names.DLQ_SPILL_AVAILABLE, "", labels=store)
 
 
-def _registered_telemetry(registry: CollectorRegistry) -> DeadLetterTelemetry:
-    found = DeadLetterTelemetry()
-    registry.register(_Collector(found))
-    return found
-
-
-deadletter_telemetry: PerRegistry[DeadLetterTelemetry] = PerRegistry(_registered_telemetry)
+deadletter_telemetry: PerRegistry[DeadLetterTelemetry] = registered(DeadLetterTelemetry, _Collector)
 """The dead-letter telemetry of a registry, registered on first use and shared by every buffer."""
 
 

@@ -28,7 +28,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .. import telemetry_names as names
-from ..per_registry import PerRegistry
+from ..per_registry import PerRegistry, registered
 
 logger = logging.getLogger("guarded.telemetry")
 
@@ -145,13 +145,7 @@ class _MemoryHealthCollector(Collector):
         )
 
 
-def _registered_collector(registry: CollectorRegistry) -> _MemoryHealthCollector:
-    collector = _MemoryHealthCollector()
-    registry.register(collector)
-    return collector
-
-
-_collector_for: PerRegistry[_MemoryHealthCollector] = PerRegistry(_registered_collector)
+_collector_for: PerRegistry[_MemoryHealthCollector] = registered(_MemoryHealthCollector)
 
 
 def memory_health_tracker(
