@@ -37,7 +37,8 @@ Backpressure: writes queued plus writes being flushed (all methods together) nev
 
 Read-your-writes: :meth:`Batcher.flush_scope` writes out what is pending for one trace or session
 before a read of it; :meth:`Batcher.pending_for_scope` lists those writes (for a fallback that
-must show them while the backend is down).
+must show them while the backend is down). Both see write-behind writes only: a group-commit write
+is acknowledged once written, so no read has to see it before then.
 
 Metrics (prometheus-client, shared by every batcher of one registry): ``guarded_batch_size`` and
 ``guarded_batch_flush_duration_seconds`` histograms by store and method, counted once per flush
@@ -290,7 +291,7 @@ class Batcher:
         return self._closing
 
     def pending_for_scope(self, method: str, scope: str) -> list[PendingWrite]:
-        """Writes of ``method`` for ``scope`` queued or in flight, in submission order."""
+        """Write-behind writes of ``method`` for ``scope`` queued or in flight, in submission order."""
         mq = self._queues.get(method)
         if mq is None or scope not in mq.scopes:
             return []
@@ -386,7 +387,9 @@ class Batcher:
         queue = mq.queue
         queue.append(write)
         scope = write.scope
-        if scope is not None:
+        # Read-your-writes needs the scopes of acknowledged writes only: a group-commit write is
+        # acknowledged once written, so a read concurrent with it need not wait for it.
+        if scope is not None and not mq.eager:
             entry = mq.scopes.get(scope)
             if entry is None:
                 mq.scopes[scope] = _ScopeEntry(mq.taken + len(queue) - 1)
@@ -414,7 +417,14 @@ class Batcher:
     async def _flush_alone(self, mq: _MethodQueue) -> None:
         """Write the one waiting write of ``mq`` in the caller's task (see :meth:`_enqueue`)."""
         start, batch = self._take(mq, 1)
-        await self._run_flush(mq, start, batch)
+        try:
+            await self._run_flush(mq, start, batch)
+        except asyncio.CancelledError:
+            # The caller gave up: its write is handed back, but the writes that queued behind it
+            # must still go out (a cancelled flush does not start the next one).
+            if mq.queue and mq.timer is None and not self._closing:
+                mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
+            raise
 
     @staticmethod
     def _take(mq: _MethodQueue, size: int) -> tuple[int, list[PendingWrite]]:
@@ -545,14 +555,15 @@ class Batcher:
         """A batch left the batcher: free its slots, settle its scopes, wake flush waiters, go on."""
         del mq.in_flight[start]
         mq.active -= 1
-        scopes = mq.scopes
-        for write in batch:
-            scope = write.scope
-            if scope is not None:
-                entry = scopes[scope]
-                entry.count -= 1
-                if not entry.count:
-                    del scopes[scope]
+        if not mq.eager:
+            scopes = mq.scopes
+            for write in batch:
+                scope = write.scope
+                if scope is not None:
+                    entry = scopes[scope]
+                    entry.count -= 1
+                    if not entry.count:
+                        del scopes[scope]
         self._wake_flushers(mq)
         self._release(len(batch))
         if not pump:

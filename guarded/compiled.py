@@ -50,8 +50,9 @@ class Hooks:
     what it does not answer, as its ``wrap()`` lets it through)."""
     terminal: Service | None = None
     """The layer ends the call itself and never calls the layers inside it (the batching layer
-    hands a write to the batcher): the success path awaits this instead of the backend, and a
-    failure it raises is final (the layers outside meet it as ``after_failed`` does)."""
+    hands a write to the batcher): the success path awaits this instead of the backend, then this
+    layer's own ``after`` (when it declares one) on what it returned; a failure either raises is
+    final (the layers outside meet it as ``after_failed`` does)."""
     on_raise: Callable[[Call, BaseException], None] | None = None
     """A failure passes through this layer on its way to the caller (the metrics layer counts the
     call, as its ``wrap()`` does)."""
@@ -124,6 +125,8 @@ def compile_method(
             return None
         if hooks.terminal is not None:
             terminal = hooks.terminal  # the layers inside it never see this method's calls
+            if hooks.after is not None:  # its own answer to what its terminal step returned
+                outer.append(Hooks(after=hooks.after, after_is_async=hooks.after_is_async))
             break
         if hooks is not PASS:
             outer.append(hooks)

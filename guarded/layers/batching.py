@@ -13,7 +13,8 @@ wait, up to its deadline; then the write is dead-lettered: memory stays bounded,
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeAlias
 
 from ..batching import ALONE, QUEUED, PendingWrite
 from ..call import Call, MethodSetup, Service
@@ -33,24 +34,66 @@ class BatchingLayer:
         self._next_stamp = ports.next_stamp
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
-        queue, keeper = self._queue, self._keeper
-        policy = method.policy
-        if queue is None or keeper is None or not queue.takes(policy):
+        steps = self._steps(method)
+        if steps is None:
             return inner
-        name = policy.alias_of or policy.name
-        scope_of = policy.scope_key
-        next_stamp = self._next_stamp
-        is_open, ensure_open = self._lifecycle.is_open, self._lifecycle.ensure_open
-        offer, write_alone, submit = queue.offer, queue.write_alone, queue.submit
-        hold, kept_kwargs = keeper.hold, keeper.kept_kwargs
-        commit = method.settings.ack == "commit"
-        ok, rejected = Outcome.OK, Outcome.REJECTED
+        is_open, ensure_open, new_write, offer, finish, settle = steps
 
         async def batched(call: Call) -> Any:
             if not is_open():
                 await ensure_open()
+            write = new_write(call)
+            return settle(call, await finish(call, write, offer(write)))
+
+        return batched
+
+    def hooks(self, method: MethodSetup) -> Hooks:
+        """Nothing for a method the queue does not take. For a batched write this layer ends the
+        call (the batcher writes it): the compiled path awaits its terminal step in place of the
+        backend -- for a group-commit write queued behind a running flush, the write's own future,
+        with no frame of its own -- and its ``after`` step settles the write's outcome."""
+        steps = self._steps(method)
+        if steps is None:
+            return PASS
+        is_open, ensure_open, new_write, offer, finish, settle = steps
+
+        async def opened_first(call: Call) -> Outcome | None:
+            await ensure_open()
+            write = new_write(call)
+            return await finish(call, write, offer(write))
+
+        def enqueued(call: Call) -> Awaitable[Outcome | None]:
+            if not is_open():
+                return opened_first(call)
+            write = new_write(call)
+            offered = offer(write)
+            done = write.done
+            if offered == QUEUED and done is not None:
+                return done
+            return finish(call, write, offered)
+
+        return Hooks(terminal=enqueued, after=settle)
+
+    def _steps(self, method: MethodSetup) -> _Steps | None:
+        """The steps of a batched write of ``method`` (``None`` when the queue does not take it):
+        whether the durability is open and opening it, the write of a call, offering it to the
+        batcher, waiting for what the batcher says (its outcome, ``None`` once it is settled), and
+        the caller's answer to that outcome."""
+        queue, keeper = self._queue, self._keeper
+        policy = method.policy
+        if queue is None or keeper is None or not queue.takes(policy):
+            return None
+        name = policy.alias_of or policy.name
+        scope_of = policy.scope_key
+        next_stamp = self._next_stamp
+        write_alone, submit = queue.write_alone, queue.submit
+        hold, kept_kwargs = keeper.hold, keeper.kept_kwargs
+        commit = method.settings.ack == "commit"
+        ok, rejected, dead_lettered = Outcome.OK, Outcome.REJECTED, Outcome.DEAD_LETTERED
+
+        def new_write(call: Call) -> PendingWrite:
             scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
-            write = PendingWrite(
+            return PendingWrite(
                 name,
                 call.args,
                 call.kwargs,
@@ -59,10 +102,11 @@ class BatchingLayer:
                 call.started,
                 call.loop.create_future() if commit else None,
             )
+
+        async def finish(call: Call, write: PendingWrite, offered: int) -> Outcome | None:
             # Group commit, leader style: when no flush of the method runs, the caller writes its
             # own write at once in its own task (no flush task, no loop iteration); otherwise the
             # write joins the next batch and the caller waits for that batch's commit.
-            offered = offer(write)
             if offered == ALONE:
                 await write_alone(name)
                 queued = True
@@ -70,16 +114,7 @@ class BatchingLayer:
                 queued = offered == QUEUED or await submit(write, deadline=call.deadline)
             if queued:
                 done = write.done
-                if done is not None:
-                    outcome = await done
-                    if outcome is rejected:
-                        raise WriteRefusedError(
-                            f"{name}: the backend refused the write; it is parked with its reason "
-                            "(guarded dlq list --parked)"
-                        )
-                    if outcome is not ok:
-                        call.outcome = outcome
-                return None
+                return None if done is None else await done
             kept = await hold(
                 name,
                 call.args,
@@ -89,18 +124,31 @@ class BatchingLayer:
                 stamp=write.stamp,
                 error="queue_full",
             )
-            call.outcome = Outcome.DEAD_LETTERED if kept else Outcome.REJECTED
+            call.outcome = dead_lettered if kept else rejected
             return None
 
-        return batched
+        def settle(call: Call, outcome: Outcome | None) -> None:
+            if outcome is None or outcome is ok:
+                return None
+            if outcome is rejected:
+                raise WriteRefusedError(
+                    f"{name}: the backend refused the write; it is parked with its reason "
+                    "(guarded dlq list --parked)"
+                )
+            call.outcome = outcome
+            return None
 
-    def hooks(self, method: MethodSetup) -> Hooks:
-        """Nothing for a method the queue does not take; for a batched write this layer ends the
-        call (the batcher writes it), so the compiled path awaits it in place of the backend."""
-        queue = self._queue
-        if queue is None or self._keeper is None or not queue.takes(method.policy):
-            return PASS
-        return Hooks(terminal=self.wrap(_unreachable, method))
+        return self._lifecycle.is_open, self._lifecycle.ensure_open, new_write, queue.offer, finish, settle
+
+
+_Steps: TypeAlias = tuple[
+    Callable[[], bool],
+    Callable[[], Awaitable[None]],
+    Callable[[Call], PendingWrite],
+    Callable[[PendingWrite], int],
+    Callable[[Call, PendingWrite, int], Awaitable["Outcome | None"]],
+    Callable[[Call, "Outcome | None"], None],
+]
 
 
 def _unreachable(call: Call) -> Any:

@@ -54,6 +54,23 @@ async def test_offer_says_whether_the_caller_writes_alone_joins_a_batch_or_must_
     assert [len(writes) for _, writes in writer.flushes] == [1, 1]
 
 
+async def test_a_cancelled_lone_writer_does_not_strand_the_writes_queued_behind_it() -> None:
+    gate = asyncio.Event()
+    batcher, writer = make(StoreWriter(InMemoryStateStore(), gate=gate))
+    first, second = (committed(event_write("t", index)) for index in range(2))
+    assert batcher.offer(first) == ALONE
+    leader = asyncio.create_task(batcher.write_alone("save_event"))
+    await asyncio.sleep(0)
+    assert batcher.offer(second) == QUEUED, "a flush of the method runs: the write waits for it"
+    leader.cancel()  # the lone writer's caller gives up (a client disconnects)
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    gate.set()
+    assert second.done is not None
+    assert await asyncio.wait_for(second.done, 5.0) is Outcome.OK, "nothing else writes: it must go out"
+    assert [len(writes) for _, writes in writer.flushes][-1:] == [1]
+
+
 async def test_one_flush_in_flight_and_the_callers_it_answered_rejoin_one_batch() -> None:
     batcher, writer = make(NetworkWriter(InMemoryStateStore()), max_concurrent_flushes=4)
 
