@@ -70,7 +70,7 @@ from guarded.codec import (
     encode_trajectory,
     to_json_object,
 )
-from guarded.local_artifacts import InMemoryArtifactStore
+from guarded.durability.local_artifacts import InMemoryArtifactStore
 from guarded.logical_time import LOGICAL_TIMES, current_logical_times
 from guarded.models import (
     ArtifactRetentionConfig,

@@ -1,7 +1,7 @@
 """The in-memory backend's artifact store: the core's bounded local store
-(:mod:`guarded.local_artifacts`), under the name it has always had here."""
+(:mod:`guarded.durability.local_artifacts`), under the name it has always had here."""
 
-from guarded.local_artifacts import (
+from guarded.durability.local_artifacts import (
     ArtifactLimitError,
     ArtifactTooLargeError,
     InMemoryArtifactStore,

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry
 
 from guarded import controller, guard
-from guarded import telemetry_names as names
 from guarded.config import BatchConfig, GuardConfig
+from guarded.observability import telemetry_names as names
 
 from .durability_workload import (
     SCHEMA,

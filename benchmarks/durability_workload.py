@@ -19,9 +19,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from guarded import controller
-from guarded import telemetry_names as names
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
 from guarded.models import StoredEvent, TaskContextSnapshot, TaskState, TaskStatus, TaskType
+from guarded.observability import telemetry_names as names
 
 from .guard_report import Verdict
 

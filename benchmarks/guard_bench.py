@@ -49,7 +49,7 @@ from prometheus_client import CollectorRegistry
 from purgatory import AsyncCircuitBreakerFactory
 
 from guarded import controller, guard
-from guarded import telemetry_names as names
+from guarded.observability import telemetry_names as names
 
 from .guard_report import BenchRow, MethodRow, SectionResult, Verdict
 from .stacks import LEAN_CALLS, NAIVE_CALLS, LeanGuard, NaiveGuard

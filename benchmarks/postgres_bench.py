@@ -30,8 +30,8 @@ from prometheus_client import CollectorRegistry
 from guarded import controller, guard
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
 from guarded.backends.postgres.events import encode_events
-from guarded.idempotency import idempotency_key
 from guarded.models import StoredEvent
+from guarded.pipeline.idempotency import idempotency_key
 
 from .side_by_side import Row, medians
 

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from purgatory import AsyncCircuitBreakerFactory
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from guarded import telemetry_names as names
+from guarded.observability import telemetry_names as names
 
 AsyncMethod = Callable[..., Awaitable[Any]]
 

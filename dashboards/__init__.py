@@ -1,6 +1,6 @@
 """Dashboards and alert rules as code.
 
-Built from the metric-name constants in :mod:`guarded.telemetry_names`, so a renamed metric can
+Built from the metric-name constants in :mod:`guarded.observability.telemetry_names`, so a renamed metric can
 never leave a panel or an alert silently empty. ``python -m dashboards`` writes what operators
 deploy into ``grafana/``; a test fails when the committed files differ from what this package
 generates.

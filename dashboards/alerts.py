@@ -1,6 +1,6 @@
 """Prometheus alert and recording rules for guarded, as code.
 
-Every metric name comes from :mod:`guarded.telemetry_names`, every alert name from its
+Every metric name comes from :mod:`guarded.observability.telemetry_names`, every alert name from its
 ``ALERT_*`` constants, and every label value the rules select on (outcomes, breaker states,
 memory health, task event types) from the enum or tuple that defines it, so a rename can never
 leave a rule silently matching nothing. ``python -m dashboards.alerts`` writes the rule file to
@@ -39,10 +39,10 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from guarded import telemetry_names as names
-from guarded.breaker import BreakerState
 from guarded.deadletter.telemetry import LABEL_REASON
+from guarded.observability import telemetry_names as names
 from guarded.outcome import Outcome
+from guarded.pipeline.breaker import BreakerState
 
 from .promql import bucket, counter, eq, one_of
 from .semantics import (

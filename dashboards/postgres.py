@@ -6,7 +6,7 @@ and schema (one schema per tenant); table series add the table.
 
 from __future__ import annotations
 
-from guarded import telemetry_names as names
+from guarded.observability import telemetry_names as names
 
 from . import promql as q
 from .model import AlertAnnotation, Dashboard, Panel, Query, QueryVariable, Row, SeriesStyle, Threshold

@@ -1,6 +1,6 @@
 """Builders for the PromQL the dashboards use, so every query filters on the template variables.
 
-Metric names come from :mod:`guarded.telemetry_names`; this module only derives the series names
+Metric names come from :mod:`guarded.observability.telemetry_names`; this module only derives the series names
 Prometheus exposes for them (``_total`` of a counter, ``_bucket``/``_sum``/``_count`` of a
 histogram) and composes expressions. ``$__rate_interval`` is Grafana's: at least four scrape
 intervals, so a rate always has enough samples.

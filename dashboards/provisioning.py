@@ -30,7 +30,7 @@ TEMPO_UID = "guarded-tempo"
 TEMPO_NAME = "guarded Tempo"
 TEMPO_URL = f"${{{TEMPO_URL_VARIABLE}}}"
 EXEMPLAR_TRACE_ID_LABEL = "trace_id"
-"""The exemplar label carrying the trace id (guarded/call_stats.py writes it)."""
+"""The exemplar label carrying the trace id (guarded/observability/call_stats.py writes it)."""
 SCRAPE_INTERVAL = "15s"
 """Prometheus' scrape interval; Grafana's ``$__rate_interval`` is at least four of these."""
 

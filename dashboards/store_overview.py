@@ -8,8 +8,8 @@ dead-letter buffer, batching, stale cache and memory health.
 
 from __future__ import annotations
 
-from guarded import telemetry_names as names
 from guarded.deadletter.telemetry import LABEL_LOCATION, LABEL_REASON
+from guarded.observability import telemetry_names as names
 from guarded.outcome import Outcome
 
 from . import promql as q

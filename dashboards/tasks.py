@@ -7,7 +7,7 @@ dashboard filters on ``instance`` only and breaks series down by task type and m
 
 from __future__ import annotations
 
-from guarded import telemetry_names as names
+from guarded.observability import telemetry_names as names
 
 from . import promql as q
 from .model import AlertAnnotation, Dashboard, Panel, Query, QueryVariable, Row, Threshold

@@ -5,8 +5,6 @@ breaker, retry, timeout) so every method is must-not-throw and observable, while
 exactly the store's capabilities. See DESIGN.md and the README.
 """
 
-from .breaker import BreakerState, CircuitBreaker
-from .call import Call, Layer, MethodSetup, Service
 from .config import (
     BreakerConfig,
     BulkheadConfig,
@@ -20,6 +18,8 @@ from .errors import CapabilityError, GuardedError, InvalidPayloadError, Steering
 from .guard import GuardController, GuardedStore, controller, guard
 from .otlp import OtlpConfigError, OtlpExporterMissingError, OtlpSetup, configure_otlp_from_env
 from .outcome import Outcome
+from .pipeline.breaker import BreakerState, CircuitBreaker
+from .pipeline.call import Call, Layer, MethodSetup, Service
 from .policy import Fallback, Kind, MethodPolicy, PolicyTable
 from .protocol import StateStore, capabilities, missing_capabilities, require_capabilities
 from .telemetry import (

@@ -253,7 +253,7 @@ class StaleConfig(_Frozen):
     enabled: bool = True
     max_entries: int = Field(10_000, ge=0)
     max_bytes: int = Field(64 * 1024 * 1024, ge=0)
-    """Estimated bytes of the values held (see :func:`guarded.stale.estimate_size`); a value above
+    """Estimated bytes of the values held (see :func:`guarded.durability.stale.estimate_size`); a value above
     an eighth of this is not kept. ``0`` keeps nothing."""
 
 
@@ -286,7 +286,7 @@ class GuardConfig(_Frozen):
     """Strict mode (``GUARDED_STRICT=1``): a call rejected as the caller's bug (arguments that do
     not bind, a wrong type, bad data) or failing with a programming error raises to the caller
     instead of returning the fallback; store failures still degrade. For tests and development
-    (see :mod:`guarded.strict_mode` and :func:`guarded.testing.strict`)."""
+    (see :mod:`guarded.pipeline.strict_mode` and :func:`guarded.testing.strict`)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -8,12 +8,12 @@ import inspect
 import logging
 from typing import TYPE_CHECKING
 
-from .artifact_side import artifact_durability
-from .breaker import CircuitBreaker
-from .bulkhead import Bulkhead
 from .config import GuardConfig
-from .cores import core_of
 from .deadletter import DeadLetterBuffer
+from .durability.artifact_side import artifact_durability
+from .pipeline.breaker import CircuitBreaker
+from .pipeline.bulkhead import Bulkhead
+from .pipeline.cores import core_of
 from .policy import MethodPolicy
 
 if TYPE_CHECKING:

@@ -15,24 +15,15 @@ from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from . import telemetry_names as names
-from .artifact_side import (
+from .config import GuardConfig, build_config
+from .controller import GuardController, controller
+from .durability.artifact_side import (
     ARTIFACT_STORE_METHODS,
     artifact_durability,
     artifact_spill_path,
     guarded_artifact_property,
 )
-from .breaker import BreakerState, CircuitBreaker
-from .bulkhead import Bulkhead, bulkhead_for
-from .call import Call, Layer, MethodSetup, Service
-from .classify import register_classifier
-from .compiled import compile_method, preloadable
-from .config import GuardConfig, build_config
-from .controller import GuardController, controller
-from .cores import core_of, register
-from .durability import Durability
-from .entry import entry_point
-from .failure_log import FailureLog
+from .durability.owner import Durability
 from .layers import (
     BulkheadLayer,
     CircuitBreakerLayer,
@@ -48,11 +39,20 @@ from .layers.dead_letter import DeadLetterLayer
 from .layers.memory_health import MemoryHealthLayer
 from .layers.metrics import GuardInstruments, guard_instruments, publish_breaker_state
 from .layers.stale_reads import StaleReadLayer
+from .observability import telemetry_names as names
+from .observability.failure_log import FailureLog
+from .pipeline.breaker import BreakerState, CircuitBreaker
+from .pipeline.bulkhead import Bulkhead, bulkhead_for
+from .pipeline.call import Call, Layer, MethodSetup, Service
+from .pipeline.classify import register_classifier
+from .pipeline.compiled import compile_method, preloadable
+from .pipeline.cores import core_of, register
+from .pipeline.entry import entry_point
+from .pipeline.proxy import CallShape, build_proxy_class, call_shape, public_names
+from .pipeline.unanswered import DEFAULT_GRACE, UnansweredConsumes
 from .policy import LIFECYCLE_METHODS, MethodPolicy, PolicyTable
 from .protocol import CAPABILITIES, LEGACY_ALIASES
-from .proxy import CallShape, build_proxy_class, call_shape, public_names
-from .snapshot_guard import guard_snapshots, is_snapshot_store
-from .unanswered import DEFAULT_GRACE, UnansweredConsumes
+from .snapshots.guarded import guard_snapshots, is_snapshot_store
 
 S = TypeVar("S")
 
@@ -78,17 +78,17 @@ logger = logging.getLogger("guarded")
 
 
 ERROR_CLASSIFIER = "error_classifier"
-"""A backend names its :class:`~guarded.classify.ErrorClassifier` in this attribute; the guard
+"""A backend names its :class:`~guarded.pipeline.classify.ErrorClassifier` in this attribute; the guard
 registers it, so its driver's errors are classified by what the backend knows of them."""
 
 HONOURS_IDEMPOTENCY_KEY = "honours_idempotency_key"
 """A backend sets this class attribute to ``True`` when it honours
-:data:`guarded.idempotency.IDEMPOTENCY_KEY` for consumes; the guard then retries them."""
+:data:`guarded.pipeline.idempotency.IDEMPOTENCY_KEY` for consumes; the guard then retries them."""
 
 RECOVERS_UNANSWERED_CONSUMES = "recovers_unanswered_consumes"
 """A backend that honours idempotency keys sets this class attribute to ``True`` when it also
-honours :data:`guarded.idempotency.UNANSWERED_KEYS`; the guard then keeps the keys of consumes that
-got no answer and has the next consume of the token recover them (:mod:`guarded.unanswered`)."""
+honours :data:`guarded.pipeline.idempotency.UNANSWERED_KEYS`; the guard then keeps the keys of consumes that
+got no answer and has the next consume of the token recover them (:mod:`guarded.pipeline.unanswered`)."""
 
 
 class GuardedStore:
@@ -349,7 +349,7 @@ def guard(
             section by section over those ``config`` was given (docs/configuration.md).
 
     A :class:`~guarded.snapshots.SnapshotStore` is guarded by
-    :func:`~guarded.snapshot_guard.guard_snapshots` (same arguments; docs/snapshots.md).
+    :func:`~guarded.snapshots.guarded.guard_snapshots` (same arguments; docs/snapshots.md).
     """
     if is_snapshot_store(store):
         return guard_snapshots(  # type: ignore[return-value]

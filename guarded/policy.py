@@ -115,7 +115,7 @@ class Ids:
 
 @dataclass(frozen=True, slots=True)
 class Argument:
-    """An argument checked before a call enters the chain (:mod:`guarded.call_check`): a wrong
+    """An argument checked before a call enters the chain (:mod:`guarded.pipeline.call_check`): a wrong
     type is the caller's bug, rejected at once, never held or parked."""
 
     name: str
@@ -181,7 +181,7 @@ class MethodPolicy:
     staged: bool = False
     """Of a snapshot store's ``save``: a content the backend cannot take (an operational failure)
     is staged on local disk and its call -- JSON arguments naming the staged copy -- held in the
-    dead-letter buffer and replayed (:mod:`guarded.snapshot_staging`). Not :attr:`dead_letter`:
+    dead-letter buffer and replayed (:mod:`guarded.snapshots.staging`). Not :attr:`dead_letter`:
     a content is not a JSON argument, and a save that cannot be staged is raised, never held."""
 
 
@@ -554,7 +554,7 @@ class PolicyTable:
     @classmethod
     def for_snapshot_store(cls) -> PolicyTable:
         """The table of the :class:`~guarded.snapshots.SnapshotStore` methods
-        (:func:`guarded.snapshot_guard.guard_snapshots`): ``save``, ``tag`` and ``untag`` retried
+        (:func:`guarded.snapshots.guarded.guard_snapshots`): ``save``, ``tag`` and ``untag`` retried
         (idempotent); a ``save`` the backend cannot take staged and held (:attr:`MethodPolicy.staged`);
         ``get``, ``list``, ``lineage`` and ``diff`` stale-if-error;
         ``load`` a plain read; ``delete`` and ``gc`` never retried blindly."""

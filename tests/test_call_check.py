@@ -1,4 +1,4 @@
-"""guarded.call_check: the quick binding agrees with ``inspect.Signature.bind`` on every call."""
+"""guarded.pipeline.call_check: the quick binding agrees with ``inspect.Signature.bind`` on every call."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from guarded.call_check import argument_check, protocol_signature
 from guarded.errors import CallerError
+from guarded.pipeline.call_check import argument_check, protocol_signature
 from guarded.policy import PolicyTable
 
 SIGNATURES = [
@@ -121,7 +121,7 @@ def _outcome(check: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 def test_the_fast_path_accepts_and_refuses_exactly_what_the_full_check_does(
     method: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import guarded.call_check as call_check
+    import guarded.pipeline.call_check as call_check
 
     policy = PolicyTable.for_state_store().get(method)
     signature = protocol_signature(method)

@@ -15,14 +15,15 @@ import asyncpg
 import pytest
 from asyncpg import exceptions as pg
 
-from guarded import telemetry_names as names
 from guarded.backends.postgres.errors import (
     NOT_SENT_SQLSTATES,
     SQLSTATE_CLASS_HANDLING,
     SQLSTATE_HANDLING,
     sqlstate_handling,
 )
-from guarded.classify import (
+from guarded.errors import InvalidPayloadError
+from guarded.observability import telemetry_names as names
+from guarded.pipeline.classify import (
     OPERATIONAL_CONDITIONS,
     ErrorClass,
     classify,
@@ -30,7 +31,6 @@ from guarded.classify import (
     reached_backend,
     safe_message,
 )
-from guarded.errors import InvalidPayloadError
 
 RETRY, HOLD, PARK, FATAL = ErrorClass.RETRYABLE, ErrorClass.OPERATIONAL, ErrorClass.REJECTED, ErrorClass.FATAL
 

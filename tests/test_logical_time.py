@@ -9,8 +9,7 @@ import pytest
 
 from guarded import logical_time
 from guarded.backends.memory import InMemoryStateStore
-from guarded.bulk_forms import bulk_call
-from guarded.idempotency import WRITE_KEY_ARGUMENT, current_item_keys, replayed_call
+from guarded.durability.bulk_forms import bulk_call
 from guarded.logical_time import (
     WRITE_TIME_ARGUMENT,
     current_logical_time,
@@ -19,6 +18,7 @@ from guarded.logical_time import (
     next_logical_time,
 )
 from guarded.models import RemoteBinding
+from guarded.pipeline.idempotency import WRITE_KEY_ARGUMENT, current_item_keys, replayed_call
 
 
 def test_the_clock_is_strictly_increasing_even_when_the_wall_clock_steps_back(

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from guarded.config import StaleConfig, build_config
+from guarded.durability.stale import LARGEST_SHARE, SAMPLE, VISITS, StaleCache, estimate_size
 from guarded.models import StoredEvent
-from guarded.stale import LARGEST_SHARE, SAMPLE, VISITS, StaleCache, estimate_size
 
 
 def _text(length: int) -> str:
@@ -77,7 +77,7 @@ def test_replacing_and_discarding_keep_the_byte_count_exact() -> None:
 def test_a_state_put_again_unchanged_is_not_measured_again_but_a_changed_one_is(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import guarded.stale as stale_module
+    import guarded.durability.stale as stale_module
 
     measured: list[object] = []
     real = stale_module.estimate_size

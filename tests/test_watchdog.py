@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from guarded.watchdog import DEFAULT_TICK, Watchdog
+from guarded.pipeline.watchdog import DEFAULT_TICK, Watchdog
 
 pytestmark = pytest.mark.asyncio
 

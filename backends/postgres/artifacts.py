@@ -1,6 +1,6 @@
 """An :class:`~guarded.models.ArtifactStore` on ``bytea`` honouring ``ArtifactRetentionConfig``.
 
-Same rules as the in-memory reference (:mod:`guarded.local_artifacts`):
+Same rules as the in-memory reference (:mod:`guarded.durability.local_artifacts`):
 
 * IDs are content-addressed like PenguiFlow's (``{namespace or 'art'}_{sha256[:12]}``); putting
   the same content under the same namespace returns the stored ref and refreshes its TTL.
@@ -27,8 +27,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from guarded.codec import ARTIFACT_REF, ARTIFACT_SCOPE, RecordTypes, to_json_object
+from guarded.durability.local_artifacts import ArtifactLimitError, ArtifactTooLargeError, artifact_id
 from guarded.errors import InvalidPayloadError
-from guarded.local_artifacts import ArtifactLimitError, ArtifactTooLargeError, artifact_id
 from guarded.models import ArtifactRetentionConfig
 
 from .connection import Connection, Database

@@ -9,7 +9,7 @@
 
 The connection comes from ``--dsn`` (else ``GUARDED_PG_DSN`` / ``DATABASE_URL`` / asyncpg's
 ``PG*`` variables and defaults) and the schema from ``--schema`` (else ``GUARDED_PG_SCHEMA``, else
-``public``). Exit codes follow :mod:`guarded.cli_support`: 0 success, 1 a problem (a checksum
+``public``). Exit codes follow :mod:`guarded.cli.support`: 0 success, 1 a problem (a checksum
 mismatch, a schema newer than this code, a failed migration), 2 user error, 3 database
 unreachable (the error names the target tried), 4 migrations pending, 130 interrupted.
 """
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from guarded.cli_support import (
+from guarded.cli.support import (
     EXIT_NOT_MIGRATED,
     EXIT_OK,
     EXIT_PROBLEM,

@@ -7,7 +7,7 @@ consumable again, exactly like the reference store.
 ``load_planner_state`` consumes the token. The problem it must solve: if the response is lost
 after the database ran the consume, a blind retry finds nothing and the pause is gone. So:
 
-* **With an idempotency key** (:func:`guarded.idempotency.current_idempotency_key`, set by the
+* **With an idempotency key** (:func:`guarded.pipeline.idempotency.current_idempotency_key`, set by the
   guard for each logical call and reused by its retries) the consume *marks* the row --
   ``consumed_at = now(), consumer_key = key`` -- instead of deleting it. When the mark finds
   the row already consumed, a second statement (with a fresh snapshot, so it sees a concurrent
@@ -17,7 +17,7 @@ after the database ran the consume, a blind retry finds nothing and the pause is
 * **Recovering unanswered consumes.** A consume whose answer never reached its caller (it timed
   out, was cancelled, lost its connection) may have been committed: the row is then consumed by a
   key nobody will use again. The guard keeps such keys and gives them, once, to the next consume
-  of the token (:func:`guarded.idempotency.current_unanswered_keys`). With them the mark also
+  of the token (:func:`guarded.pipeline.idempotency.current_unanswered_keys`). With them the mark also
   takes a row consumed by one of those keys less than ``consume_grace`` seconds ago, and moves it
   to the current key (``consumed_at = now(), consumer_key = key``) in the same statement: a
   concurrent consume waits on the row lock and then sees the row consumed by another key, so the
@@ -40,8 +40,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from guarded.idempotency import current_idempotency_key, current_unanswered_keys
 from guarded.logical_time import LOGICAL_TIMES, current_logical_time
+from guarded.pipeline.idempotency import current_idempotency_key, current_unanswered_keys
 
 from .bulk import last_per_key, with_logical_times
 from .connection import Connection, Database

@@ -46,9 +46,9 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from ..bulk_forms import BATCHED_BULK_FORMS
 from ..codec import DEFAULT_TYPES, RecordTypes
 from ..config import DeadLetterConfig
+from ..durability.bulk_forms import BATCHED_BULK_FORMS
 from ..errors import InvalidPayloadError
 from .adoption import adopt_if_usable, adopt_orphans
 from .closing import close_link

@@ -11,11 +11,18 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from ..bulk_forms import bulk_call, bulk_method_for, bulk_methods_of
-from ..call_check import own_signature, protocol_signature
-from ..classify import CircuitOpenError, ErrorClass, classify, error_type, no_wait_fixes, safe_message
+from ..durability.bulk_forms import bulk_call, bulk_method_for, bulk_methods_of
 from ..errors import GuardedError, InvalidPayloadError
-from ..idempotency import KEPT_ARGUMENTS, replayed_call
+from ..pipeline.call_check import own_signature, protocol_signature
+from ..pipeline.classify import (
+    CircuitOpenError,
+    ErrorClass,
+    classify,
+    error_type,
+    no_wait_fixes,
+    safe_message,
+)
+from ..pipeline.idempotency import KEPT_ARGUMENTS, replayed_call
 from ..protocol import LEGACY_NAMES
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
@@ -36,7 +43,7 @@ class ReplayResult(str, Enum):
 
 Send = Callable[[str, tuple[Any, ...], dict[str, Any]], Awaitable[ReplayResult]]
 """``send(method, args, kwargs)``: replay one write. It may also raise: an exception classified
-as bad data (:func:`guarded.classify.classify`, e.g. :class:`InvalidPayloadError`) or a
+as bad data (:func:`guarded.pipeline.classify.classify`, e.g. :class:`InvalidPayloadError`) or a
 :class:`ReplayRejected` parks the entry with the exception as reason; any other retries later."""
 SendBulk = Callable[[str, list[Call]], Awaitable[ReplayResult]]
 """``send_bulk(method, calls)``: replay a run of consecutive writes of ``method`` (one of the
@@ -209,7 +216,7 @@ def judge(exc: BaseException) -> ReplayResult:
 
 def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
     """A sender (and a bulk sender when the store has bulk forms, see
-    :func:`guarded.bulk_forms.bulk_methods_of`) that replays into a plain store.
+    :func:`guarded.durability.bulk_forms.bulk_methods_of`) that replays into a plain store.
 
     A method the store lacks is rejected (parked), exceptions are judged by :func:`judge`.
     """
@@ -295,7 +302,7 @@ class CallCheck:
     signature (``inspect.signature(getattr(target, method)).bind(*args, **kwargs)``) are certain:
     :meth:`problem` says why, and the entry is parked at once. Without one, a call is checked
     against the protocol's signature of its method
-    (:func:`guarded.call_check.protocol_signatures`), and so is a store method that takes anything
+    (:func:`guarded.pipeline.call_check.protocol_signatures`), and so is a store method that takes anything
     (``*args, **kwargs``: a wrapper or proxy); a backend may accept more than the protocol, so such
     a call is only :meth:`doubtful`: it is sent alone, and parked when the store then refuses it
     with a ``TypeError``.

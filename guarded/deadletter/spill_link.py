@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..classify import error_type
 from ..config import DeadLetterConfig
+from ..pipeline.classify import error_type
 from .counters import BufferCounters
 from .entries import DeadLetter
 from .gate import Slot

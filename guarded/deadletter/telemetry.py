@@ -18,8 +18,8 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .. import telemetry_names as names
-from ..per_registry import PerRegistry, registered
+from ..observability import telemetry_names as names
+from ..observability.per_registry import PerRegistry, registered
 
 logger = logging.getLogger("guarded.deadletter")
 

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from guarded.cli_support import duration, port, print_error, whole_number
+from guarded.cli.support import duration, port, print_error, whole_number
 from guarded.testing.postgres import EmbeddedPostgresError
 
 from .report import render_verdict

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
-from guarded import telemetry_names as names
-from guarded.call_stats import CallStats
 from guarded.guard import GuardController
+from guarded.observability import telemetry_names as names
+from guarded.observability.call_stats import CallStats
 
 WINDOW_SECONDS = 5.0
 """Rates and p99 are computed over this trailing window."""

@@ -1,28 +1,11 @@
 """Durability: what stands behind "nothing acknowledged is lost".
 
-:class:`Durability` (:mod:`.owner`) is the one owner of the batcher, the dead-letter buffer, the
-stale cache, their lifecycle and the replay. The layers receive only narrow ports of it
-(:mod:`.ports`).
+:class:`~.owner.Durability` (:mod:`.owner`) is the one owner of the batcher (:mod:`.batching`,
+with the bulk forms of methods in :mod:`.bulk_forms`), the dead-letter buffer, the stale cache
+(:mod:`.stale`), their lifecycle and the replay; the artifact side (:mod:`.artifact_side`,
+:mod:`.local_artifacts`) keeps artifacts when the backend cannot. The layers receive only narrow
+ports of it (:mod:`.ports`).
+
+This package imports none of its modules: :mod:`guarded.deadletter` uses :mod:`.bulk_forms`, and
+:mod:`.owner` uses the dead-letter buffer.
 """
-
-from .owner import Durability, InternalCall, target_identity
-from .ports import (
-    DirectWriteGate,
-    DurabilityPorts,
-    HeldWriteKeeper,
-    HeldWriteLookups,
-    Lifecycle,
-    WriteQueue,
-)
-
-__all__ = [
-    "DirectWriteGate",
-    "Durability",
-    "DurabilityPorts",
-    "HeldWriteKeeper",
-    "HeldWriteLookups",
-    "InternalCall",
-    "Lifecycle",
-    "WriteQueue",
-    "target_identity",
-]

@@ -21,21 +21,20 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ..batching import Batcher, PendingWrite
-from ..breaker import BreakerState, CircuitBreaker
-from ..bulk_forms import bulk_args, bulk_call, bulk_method_for, bulk_methods_of
-from ..classify import error_type, is_programming_error, no_wait_fixes, safe_message
 from ..codec import record_types_of
 from ..config import GuardConfig
 from ..deadletter import DeadLetterBuffer, ReplayResult
 from ..errors import InvalidPayloadError
-from ..failure_log import FailureLog, operational_errors
-from ..idempotency import ITEM_KEYS as _ITEM_KEYS
-from ..idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_call
+from ..observability.failure_log import FailureLog, operational_errors
 from ..outcome import Outcome
+from ..pipeline.breaker import BreakerState, CircuitBreaker
+from ..pipeline.classify import error_type, is_programming_error, no_wait_fixes, safe_message
+from ..pipeline.idempotency import ITEM_KEYS as _ITEM_KEYS
+from ..pipeline.idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_call
 from ..policy import PolicyTable
 from ..protocol import LEGACY_NAMES
-from ..stale import StaleCache
+from .batching import Batcher, PendingWrite
+from .bulk_forms import bulk_args, bulk_call, bulk_method_for, bulk_methods_of
 from .ports import (
     DirectWriteGate,
     DurabilityPorts,
@@ -44,6 +43,7 @@ from .ports import (
     Lifecycle,
     WriteQueue,
 )
+from .stale import StaleCache
 
 logger = logging.getLogger("guarded.durability")
 
@@ -69,7 +69,7 @@ _ITEM_ARITY = {
 
 
 def _bulk_args(method: str, writes: Sequence[PendingWrite]) -> tuple[Any, ...]:
-    """:func:`~guarded.bulk_forms.bulk_args` of a flush, without a call per write when every write
+    """:func:`~guarded.durability.bulk_forms.bulk_args` of a flush, without a call per write when every write
     passed its item's arguments positionally (the usual case)."""
     arity = _ITEM_ARITY.get(method)
     if arity == 1:
@@ -123,7 +123,7 @@ class Durability:
         self._offered_names: dict[str, str] = {}
         self._keyed_appends = frozenset(policy.name for policy in policies if policy.item_keys)
         """Appends whose writes each get a key of their own, used by the flush, kept with the write
-        when it is held and used again by its replay (:data:`guarded.idempotency.ITEM_KEYS`)."""
+        when it is held and used again by its replay (:data:`guarded.pipeline.idempotency.ITEM_KEYS`)."""
         self.buffer: DeadLetterBuffer | None = (
             DeadLetterBuffer(
                 config.dead_letter,

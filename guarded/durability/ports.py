@@ -21,12 +21,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..batching import Batcher, PendingWrite
 from ..deadletter import DeadLetterBuffer, DeadLetterStats
 from ..deadletter.gate import Slot
 from ..deadletter.replay import Call as Held
 from ..policy import MethodPolicy
-from ..stale import StaleCache
+from .batching import Batcher, PendingWrite
+from .stale import StaleCache
 
 
 class Lifecycle:

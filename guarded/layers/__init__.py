@@ -1,10 +1,10 @@
 """The guard's layers, outermost first: tracing, metrics, fallback, circuit breaker, retry,
 bulkhead, timeout.
 
-Each has the same shape (:class:`guarded.call.Layer`): ``wrap(inner, method) -> service``.
+Each has the same shape (:class:`guarded.pipeline.call.Layer`): ``wrap(inner, method) -> service``.
 """
 
-from ..call import Call, Layer, MethodSetup, Service
+from ..pipeline.call import Call, Layer, MethodSetup, Service
 from .breaker import CircuitBreakerLayer
 from .bulkhead import BulkheadLayer
 from .fallback import FallbackLayer

@@ -6,7 +6,7 @@ A ``put_bytes`` / ``put_text`` that fails for a reason other than bad data:
 * stores the artifact in a bounded in-process store and returns its (valid, content-addressed)
   reference, so PenguiFlow never receives ``None`` where it expects an ``ArtifactRef``, and reads
   of it in this process (``get``, ``get_ref``, ``exists``, ``list``) are answered from there;
-* when the guard has an artifact durability (:class:`~guarded.durability.DurabilityPorts`) and
+* when the guard has an artifact durability (:class:`~guarded.durability.ports.DurabilityPorts`) and
   the policy marks the put ``dead_letter``, is also held by its dead-letter buffer (committed to
   the artifact spill file before the caller returns), keyed by the artifact id, and replayed into
   the backend's artifact store when it recovers; the id is content-addressed, so the replayed put
@@ -28,12 +28,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ..call import Call, MethodSetup, Service
-from ..classify import error_type, no_wait_fixes, safe_message
-from ..durability import DurabilityPorts
-from ..failure_log import FailureLog
-from ..local_artifacts import InMemoryArtifactStore
+from ..durability.local_artifacts import InMemoryArtifactStore
+from ..durability.ports import DurabilityPorts
+from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
+from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.classify import error_type, no_wait_fixes, safe_message
 from ..policy import LocalFallback, PolicyTable
 
 logger = logging.getLogger("guarded.artifacts")

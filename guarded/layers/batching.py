@@ -1,5 +1,6 @@
 """Batching layer: append-only writes (policy ``batch``) go through the guard's
-:class:`~guarded.batching.Batcher`, coalesced with concurrent writes of their method into bulk writes.
+:class:`~guarded.durability.batching.Batcher`, coalesced with concurrent writes of their method into
+bulk writes.
 
 Group commit (``ack="commit"``, the default): the caller returns once the batch holding its write
 is committed, to the backend (outcome ``ok``) or to the dead-letter buffer when the backend cannot
@@ -16,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
-from ..batching import ALONE, QUEUED, PendingWrite
-from ..call import Call, MethodSetup, Service
-from ..compiled import PASS, Hooks
-from ..durability import DurabilityPorts
+from ..durability.batching import ALONE, QUEUED, PendingWrite
+from ..durability.ports import DurabilityPorts
 from ..errors import WriteRefusedError
 from ..outcome import Outcome
+from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.compiled import PASS, Hooks
 
 
 class BatchingLayer:

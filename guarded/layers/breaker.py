@@ -5,19 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..breaker import CircuitBreaker
-from ..call import Call, MethodSetup, Service
-from ..classify import CircuitOpenError, counts_against_backend
-from ..compiled import Hooks
+from ..pipeline.breaker import CircuitBreaker
+from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.classify import CircuitOpenError, counts_against_backend
+from ..pipeline.compiled import Hooks
 
 
 class CircuitBreakerLayer:
-    """Admits calls through a :class:`~guarded.breaker.CircuitBreaker` and records their results.
+    """Admits calls through a :class:`~guarded.pipeline.breaker.CircuitBreaker` and records their results.
 
     The breaker judges the backend only. A call's duration leaves out the time it waited for
-    admission by the bulkhead (:attr:`Call.queued <guarded.call.Call.queued>`). A failure is
+    admission by the bulkhead (:attr:`Call.queued <guarded.pipeline.call.Call.queued>`). A failure is
     recorded only when ``counts(error)`` says it is the backend's
-    (:func:`~guarded.classify.counts_against_backend`: not bad data, which is the caller's fault,
+    (:func:`~guarded.pipeline.classify.counts_against_backend`: not bad data, which is the caller's fault,
     not an admission timeout of the bulkhead, which never asked the backend); otherwise the
     admission is given back without a result.
     """

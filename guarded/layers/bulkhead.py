@@ -3,13 +3,13 @@
 Sits between retry and timeout, so each attempt waits for admission on its own (a retry does not
 hold a permit while it backs off) and the per-attempt timeout measures the backend only, from the
 moment the attempt is admitted. Time spent in line is written to :attr:`Call.queued
-<guarded.call.Call.queued>`: it is the guard's own queueing, which the circuit breaker leaves out
+<guarded.pipeline.call.Call.queued>`: it is the guard's own queueing, which the circuit breaker leaves out
 of the call's duration.
 
 A caller waits while it has time left for an attempt: ``min(attempt timeout,
 breaker.slow_call_duration, half the deadline)`` — the *reserve*. An admitted call thus has the
 time to answer, or to be shown slow or failing by its own timeout. Past that it gets
-:class:`~guarded.bulkhead.BulkheadTimeoutError` without the backend being asked; so does a retry
+:class:`~guarded.pipeline.bulkhead.BulkheadTimeoutError` without the backend being asked; so does a retry
 that would start with less than the reserve left, even with a permit free. Under overload the
 backend serves whole calls of the callers it admits, instead of starting calls that the deadline
 cuts short (which would also look like backend failures to the breaker).
@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..bulkhead import Bulkhead, BulkheadTimeoutError
-from ..call import Call, MethodSetup, Service
-from ..compiled import Attempt
+from ..pipeline.bulkhead import Bulkhead, BulkheadTimeoutError
+from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.compiled import Attempt
 
 
 class BulkheadLayer:
-    """Admits calls through a :class:`~guarded.bulkhead.Bulkhead` (shared by every method of the
+    """Admits calls through a :class:`~guarded.pipeline.bulkhead.Bulkhead` (shared by every method of the
     store and by the guard's own calls); without one, it does not wrap at all."""
 
     def __init__(self, bulkhead: Bulkhead | None, *, slow_call_duration: float) -> None:

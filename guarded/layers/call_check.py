@@ -1,7 +1,7 @@
 """Call-check layer: a call the caller got wrong never enters the rest of the chain.
 
 Placed right inside the fallback layer, it refuses a call whose arguments do not bind or have the
-wrong type (:mod:`guarded.call_check`) with :class:`~guarded.errors.CallerError`, raised as the
+wrong type (:mod:`guarded.pipeline.call_check`) with :class:`~guarded.errors.CallerError`, raised as the
 call is made, before stale reads, the dead-letter buffer, batching or the backend see it: the
 fallback layer ends it ``rejected``. It adds no frame: its service is a plain function.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..call import Call, MethodSetup, Service
-from ..call_check import argument_check
-from ..compiled import PASS, Hooks
+from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.call_check import argument_check
+from ..pipeline.compiled import PASS, Hooks
 
 
 class CallCheckLayer:

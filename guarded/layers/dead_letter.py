@@ -18,14 +18,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from ..call import Call, MethodSetup, Service
-from ..classify import error_type, no_wait_fixes, safe_message
-from ..compiled import PASS, Hooks
-from ..durability import DurabilityPorts
-from ..failure_log import FailureLog
+from ..durability.ports import DurabilityPorts
 from ..logical_time import LOGICAL_TIMES as logical_times
 from ..logical_time import WRITE_TIME_ARGUMENT, next_logical_time
+from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
+from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.classify import error_type, no_wait_fixes, safe_message
+from ..pipeline.compiled import PASS, Hooks
 
 
 class DeadLetterLayer:

@@ -2,7 +2,7 @@
 
 A programming error (the caller's wrong call, a ``TypeError`` or ``AttributeError`` of the
 backend) ends ``rejected`` and is logged at ERROR with its message. In strict mode
-(:mod:`guarded.strict_mode`) a rejected call raises to the caller instead; store failures degrade
+(:mod:`guarded.pipeline.strict_mode`) a rejected call raises to the caller instead; store failures degrade
 all the same.
 
 Caller cancellation (``asyncio.CancelledError``), ``KeyboardInterrupt`` and ``SystemExit`` are
@@ -18,8 +18,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..call import Call, MethodSetup, Service
-from ..classify import (
+from ..observability.failure_log import FailureLog
+from ..outcome import Outcome
+from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.classify import (
     NO_WAIT_FIXES,
     CircuitOpenError,
     ErrorClass,
@@ -28,11 +30,9 @@ from ..classify import (
     no_wait_fixes,
     safe_message,
 )
-from ..compiled import Hooks
-from ..failure_log import FailureLog
-from ..outcome import Outcome
+from ..pipeline.compiled import Hooks
+from ..pipeline.strict_mode import forced as strict_forced
 from ..policy import Kind
-from ..strict_mode import forced as strict_forced
 
 
 def failure_outcome(exc: BaseException) -> Outcome:

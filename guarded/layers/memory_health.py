@@ -24,11 +24,11 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from ..call import Call, MethodSetup, Service
-from ..classify import error_type
-from ..compiled import PASS, Hooks
+from ..observability.rate_limited_log import RateLimitedLog
+from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.classify import error_type
+from ..pipeline.compiled import PASS, Hooks
 from ..policy import ArgGetter
-from ..rate_limited_log import RateLimitedLog
 from ..telemetry.memory_health import DEFAULT_MAX_KEYS, MemoryHealthTracker, memory_health_tracker
 
 

@@ -1,6 +1,6 @@
 """Metrics: one latency observation per logical call, by store, method and final outcome.
 
-Observations go to :class:`~guarded.call_stats.CallStats` (plain counters, exported at scrape
+Observations go to :class:`~guarded.observability.call_stats.CallStats` (plain counters, exported at scrape
 time); breaker state and transitions are ordinary prometheus-client instruments. Exemplars carry
 the trace id when the call's span is recording.
 """
@@ -14,14 +14,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from .. import telemetry_names as names
-from ..breaker import BreakerState, CircuitBreaker
-from ..call import Call, MethodSetup, Service
-from ..call_stats import CallStats, DurationSeries, call_stats
-from ..compiled import Hooks
-from ..failure_log import OperationalErrors, operational_errors
+from ..observability import telemetry_names as names
+from ..observability.call_stats import CallStats, DurationSeries, call_stats
+from ..observability.failure_log import OperationalErrors, operational_errors
+from ..observability.per_registry import PerRegistry
 from ..outcome import Outcome
-from ..per_registry import PerRegistry
+from ..pipeline.breaker import BreakerState, CircuitBreaker
+from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.compiled import Hooks
 
 
 @dataclass(frozen=True, slots=True)

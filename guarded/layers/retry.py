@@ -15,9 +15,9 @@ from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
-from ..call import Call, MethodSetup, Service
-from ..classify import ErrorClass, classify, error_type, reached_backend
 from ..config import RetryConfig
+from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.classify import ErrorClass, classify, error_type, reached_backend
 
 _FIRST_BACKOFF = (
     "multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter).parameters else "initial"
@@ -29,7 +29,7 @@ class RetryLayer:
     """Retries retryable failures of repeat-safe calls (see module docs)."""
 
     retry_boundary = True
-    """The layers after this one bound each attempt (:func:`guarded.compiled.compile_method`); a
+    """The layers after this one bound each attempt (:func:`guarded.pipeline.compiled.compile_method`); a
     first attempt needs nothing of this layer on the success path."""
 
     def __init__(self, config: RetryConfig) -> None:

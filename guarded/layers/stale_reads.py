@@ -22,14 +22,14 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-from ..call import Call, MethodSetup, Service
-from ..classify import is_programming_error
-from ..compiled import PASS, Hooks
-from ..durability import DurabilityPorts
+from ..durability.ports import DurabilityPorts
+from ..durability.stale import StaleCache
 from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time
 from ..outcome import Outcome
+from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.classify import is_programming_error
+from ..pipeline.compiled import PASS, Hooks
 from ..policy import ArgGetter, Kind, Merge, PolicyTable
-from ..stale import StaleCache
 
 logger = logging.getLogger("guarded")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..call import Call, MethodSetup, Service
-from ..compiled import Attempt
-from ..watchdog import attempt_timed_out, watchdog_for
+from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.compiled import Attempt
+from ..pipeline.watchdog import attempt_timed_out, watchdog_for
 
 
 class TimeoutLayer:

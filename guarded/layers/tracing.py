@@ -21,10 +21,10 @@ from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
-from .. import telemetry_names as names
-from ..call import Call, MethodSetup, Service
-from ..classify import error_type, safe_message
-from ..compiled import Hooks
+from ..observability import telemetry_names as names
+from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.classify import error_type, safe_message
+from ..pipeline.compiled import Hooks
 
 _UNKNOWN = object()
 

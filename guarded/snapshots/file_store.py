@@ -91,7 +91,7 @@ class FileSnapshotStore:
     @property
     def target_identity(self) -> str:
         """Where this store writes (its directory): a guard's held saves belong to it alone, so a
-        guard of another directory never adopts or replays them (:mod:`guarded.snapshot_staging`)."""
+        guard of another directory never adopts or replays them (:mod:`guarded.snapshots.staging`)."""
         return f"file-snapshots:{self.layout.root.resolve()}"
 
     # --- save --------------------------------------------------------------------------------------

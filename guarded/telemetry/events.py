@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from ..rate_limited_log import RateLimitedLog
+from ..observability.rate_limited_log import RateLimitedLog
 
 EVENT_TYPES: tuple[str, ...] = (
     "task_spawned",

@@ -27,8 +27,8 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .. import telemetry_names as names
-from ..per_registry import PerRegistry, registered
+from ..observability import telemetry_names as names
+from ..observability.per_registry import PerRegistry, registered
 
 logger = logging.getLogger("guarded.telemetry")
 

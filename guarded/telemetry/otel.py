@@ -15,7 +15,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import Counter, Histogram, MeterProvider, UpDownCounter
 from opentelemetry.util.types import AttributeValue
 
-from .. import telemetry_names as names
+from ..observability import telemetry_names as names
 from .events import TaskEventFacts, read_task_event
 from .in_flight import InFlightLabels, InFlightTasks
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from .. import telemetry_names as names
-from ..per_registry import PerRegistry
+from ..observability import telemetry_names as names
+from ..observability.per_registry import PerRegistry
 from .events import read_task_event
 from .in_flight import InFlightLabels, InFlightTasks
 

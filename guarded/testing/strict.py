@@ -1,12 +1,12 @@
 """``with guarded.testing.strict(): ...``: every guard raises the caller's bugs (see
-:mod:`guarded.strict_mode`)."""
+:mod:`guarded.pipeline.strict_mode`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..strict_mode import forcing
+from ..pipeline.strict_mode import forcing
 
 
 @contextmanager

@@ -3,7 +3,7 @@
 ``python -m tests.alerts.promtool_cases`` writes one promtool test file per alert into
 ``grafana/alerts/tests/``; tests/alerts/test_promtool.py fails when the committed files differ,
 and runs them with ``promtool test rules``. Metric and alert names come from
-:mod:`guarded.telemetry_names` like the rules themselves; everything an alert must say (labels,
+:mod:`guarded.observability.telemetry_names` like the rules themselves; everything an alert must say (labels,
 rendered summary and description, runbook link) is written out literally, so a test states what
 an operator receives.
 
@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 
 from dashboards import alerts, semantics
-from guarded import telemetry_names as names
 from guarded.deadletter.telemetry import DROP_DISK_FULL, DROP_MEMORY_FULL, LABEL_REASON
+from guarded.observability import telemetry_names as names
 
 TEST_DIR = Path(__file__).resolve().parents[2] / "grafana" / "alerts" / "tests"
 """Where the promtool test files live (next to the rule file they test)."""

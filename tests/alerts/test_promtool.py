@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from dashboards import alerts
-from guarded import telemetry_names as names
+from guarded.observability import telemetry_names as names
 
 from . import promtool_cases
 

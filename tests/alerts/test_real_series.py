@@ -20,11 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from dashboards import alerts
-from guarded import telemetry_names as names
 from guarded.backends.memory import InMemoryStateStore
-from guarded.batching import Batcher, PendingWrite
 from guarded.config import BatchConfig, GuardConfig, RetryConfig
+from guarded.durability.batching import Batcher, PendingWrite
 from guarded.guard import guard
+from guarded.observability import telemetry_names as names
 from guarded.testing import Fault, FaultPlan, FaultyStore
 
 from ..batching.support import event_write

@@ -12,10 +12,10 @@ import yaml
 from penguiflow.sessions.telemetry import TaskTelemetryEvent
 
 from dashboards import alerts, semantics
-from guarded import telemetry_names as names
-from guarded.breaker import BreakerState
 from guarded.deadletter.telemetry import LABEL_REASON
+from guarded.observability import telemetry_names as names
 from guarded.outcome import Outcome
+from guarded.pipeline.breaker import BreakerState
 from guarded.policy import Kind, PolicyTable
 from guarded.telemetry.events import TASK_ENDS
 

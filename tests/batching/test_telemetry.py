@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
-from guarded.batching import PendingWrite
+from guarded.durability.batching import PendingWrite
 from tests.support.metrics import sample
 
 from .support import StoreWriter, deadline, event_write, make, settle

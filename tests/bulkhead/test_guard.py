@@ -15,12 +15,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from guarded import telemetry_names as names
 from guarded.backends.memory import InMemoryStateStore
-from guarded.breaker import BreakerState
-from guarded.bulkhead import MAX_CONCURRENCY, Bulkhead
 from guarded.config import BatchConfig, BulkheadConfig, DeadLetterConfig, GuardConfig, MethodConfig
 from guarded.guard import controller, guard
+from guarded.observability import telemetry_names as names
+from guarded.pipeline.breaker import BreakerState
+from guarded.pipeline.bulkhead import MAX_CONCURRENCY, Bulkhead
 from tests.guard.support import fast_config
 from tests.support.metrics import calls, outcome_counts, retries
 

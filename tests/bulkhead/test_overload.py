@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded import telemetry_names as names
 from guarded.config import BatchConfig, BulkheadConfig, DeadLetterConfig, MethodConfig, StaleConfig
 from guarded.guard import controller, guard
+from guarded.observability import telemetry_names as names
 from tests.guard.support import fast_config
 from tests.support.metrics import calls
 
@@ -94,7 +94,7 @@ async def test_writes_that_cannot_be_admitted_are_committed_to_the_spill_file_an
     assert stats.parked == 0
     assert stats.dropped_total == 0
     held = await buffer.entries()
-    assert {entry.error for entry in held} <= {"timeout", "guarded.bulkhead.BulkheadTimeoutError"}
+    assert {entry.error for entry in held} <= {"timeout", "guarded.pipeline.bulkhead.BulkheadTimeoutError"}
     # Read-your-writes while the write is held.
     assert await store.load_memory_state("m") == {"turns": ["b"]}
     assert await holder == [[]] * AHEAD

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from guarded.backends.postgres import PostgresStateStore
 from guarded.backends.postgres.schema_names import MIGRATIONS_TABLE, TABLES
-from guarded.cli_check import SCRATCH_PREFIX
-from guarded.cli_support import EXIT_UNREACHABLE, EXIT_USAGE
+from guarded.cli.check import SCRATCH_PREFIX
+from guarded.cli.support import EXIT_UNREACHABLE, EXIT_USAGE
 from guarded.codec import DEFAULT_TYPES
 from guarded.models import RemoteBinding, StoredEvent
 

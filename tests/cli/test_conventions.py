@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from guarded.cli import build_parser
-from guarded.cli_support import (
+from guarded.cli.support import (
     EXIT_CODES,
     EXIT_NOT_MIGRATED,
     EXIT_UNREACHABLE,

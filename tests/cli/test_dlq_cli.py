@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded import cli_support
-from guarded.cli_dlq import UNRECORDED_ERROR
-from guarded.cli_support import EXIT_INTERRUPTED, EXIT_UNREACHABLE
+from guarded.cli import support as cli_support
+from guarded.cli.dlq import UNRECORDED_ERROR
+from guarded.cli.support import EXIT_INTERRUPTED, EXIT_UNREACHABLE
 from guarded.config import DeadLetterConfig, GuardConfig
 from guarded.deadletter import SpillFile
 from guarded.guard import controller, guard

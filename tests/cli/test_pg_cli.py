@@ -10,11 +10,11 @@ from typing import Any
 import asyncpg
 import pytest
 
-from guarded import cli_support
 from guarded.backends.postgres import cli as pg_cli
 from guarded.backends.postgres.migrations import latest_version
 from guarded.backends.postgres.schema_names import TABLES
-from guarded.cli_support import EXIT_INTERRUPTED, EXIT_NOT_MIGRATED, EXIT_PROBLEM, EXIT_UNREACHABLE
+from guarded.cli import support as cli_support
+from guarded.cli.support import EXIT_INTERRUPTED, EXIT_NOT_MIGRATED, EXIT_PROBLEM, EXIT_UNREACHABLE
 
 from .support import Ran, closed_port, in_process
 

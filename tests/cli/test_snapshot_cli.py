@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from guarded import cli_snapshot
 from guarded.backends.memory import InMemoryStateStore
-from guarded.cli_support import (
+from guarded.cli import snapshot as cli_snapshot
+from guarded.cli.support import (
     EXIT_INTERRUPTED,
     EXIT_NOT_MIGRATED,
     EXIT_PROBLEM,

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from dashboards import build
-from guarded import telemetry_names as names
+from guarded.observability import telemetry_names as names
 
 SELECTOR = re.compile(r"\b(guarded_\w+)\{([^}]*)\}")
 METRIC = re.compile(r"\bguarded_\w+")

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from dashboards import build, provisioning
 from dashboards.output import DASHBOARDS_DIR, GRAFANA_DIR
 from guarded.assets import PROMETHEUS_URL_VARIABLE, TEMPO_URL_VARIABLE
-from guarded.call_stats import call_stats
+from guarded.observability.call_stats import call_stats
 
 REPO = GRAFANA_DIR.parent
 

@@ -13,7 +13,7 @@ import pytest
 from dashboards import build
 from dashboards.model import DATASOURCE_VARIABLE, GRID_WIDTH, PROMETHEUS_REF
 from dashboards.provisioning import PROMETHEUS_UID
-from guarded import telemetry_names as names
+from guarded.observability import telemetry_names as names
 
 from .support import METRIC, SELECTOR, dashboards_by_uid, exposed_names, raw_expressions
 
@@ -42,7 +42,7 @@ def test_every_metric_a_query_names_is_a_telemetry_name(dashboard: dict[str, Any
         for metric in METRIC.findall(expr)
         if metric not in known
     ]
-    assert not unknown, "not a series of guarded/telemetry_names.py:\n" + "\n".join(unknown)
+    assert not unknown, "not a series of guarded/observability/telemetry_names.py:\n" + "\n".join(unknown)
 
 
 def test_the_name_check_catches_a_misspelt_or_mis_suffixed_metric() -> None:
@@ -249,4 +249,4 @@ def test_no_metric_name_is_spelt_out_in_the_dashboard_code() -> None:
         for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and "guarded_" in node.value:
                 literals.append(f"{module.name}:{node.lineno}: {node.value!r}")
-    assert not literals, "use guarded.telemetry_names constants:\n" + "\n".join(literals)
+    assert not literals, "use guarded.observability.telemetry_names constants:\n" + "\n".join(literals)

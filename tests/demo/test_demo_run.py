@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 
-from guarded import telemetry_names as names
 from guarded.demo import DemoOptions, DemoResult, parse_schedule, run_demo
 from guarded.demo.ledger import WriteKind
 from guarded.demo.readback import read_back
 from guarded.demo.runner import SCHEMA
 from guarded.demo.verdict import Verdict, compute_verdict
+from guarded.observability import telemetry_names as names
 from guarded.testing.postgres import EmbeddedPostgres, free_port
 
 DURATION = 14.0

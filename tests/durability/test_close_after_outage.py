@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded.breaker import BreakerState
 from guarded.guard import controller, guard
+from guarded.pipeline.breaker import BreakerState
 from guarded.testing.postgres import EmbeddedPostgres
 from tests.postgres._outages import differences, open_store
 

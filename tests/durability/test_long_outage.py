@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded import telemetry_names as names
 from guarded.guard import controller, guard
 from guarded.models import StoredEvent
+from guarded.observability import telemetry_names as names
 from guarded.testing.postgres import EmbeddedPostgres
 from tests.postgres._outages import Ledger, drain_all, open_store, read_back
 from tests.support.metrics import total

@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded import controller, guard, strict_mode
+from guarded import controller, guard
 from guarded.backends.memory import InMemoryStateStore
 from guarded.config import BreakerConfig
 from guarded.errors import CallerError, InvalidPayloadError, WriteRefusedError
 from guarded.models import StoredEvent
+from guarded.pipeline import strict_mode
 from guarded.testing import strict
 from tests.support.metrics import calls, outcome_counts
 

@@ -1,4 +1,4 @@
-"""Adversarial tests of the compiled success path (:mod:`guarded.compiled`): each runs a scenario
+"""Adversarial tests of the compiled success path (:mod:`guarded.pipeline.compiled`): each runs a scenario
 through ``guard()`` compiled and with compilation switched off, and requires that nothing a caller,
 the backend or an operator can observe differs (answers, outcome counts, the buffer, the breaker,
 the bulkhead's permits, the watchdog, the logical-time contextvar)."""
@@ -17,11 +17,11 @@ from prometheus_client import CollectorRegistry
 
 from guarded import controller, guard
 from guarded.backends.memory import InMemoryStateStore
-from guarded.breaker import BreakerState
-from guarded.call_stats import call_stats
-from guarded.cores import core_of
 from guarded.logical_time import LOGICAL_TIMES
 from guarded.models import StoredEvent
+from guarded.observability.call_stats import call_stats
+from guarded.pipeline.breaker import BreakerState
+from guarded.pipeline.cores import core_of
 
 from .support import no_background_replay
 

@@ -1,7 +1,7 @@
 """The compiled success path (issue 15, item 1) behaves exactly as the layered chain.
 
 A guarded method's layers run in one frame while the call succeeds; a failure is handed to the
-layered chain with the first attempt's failure preloaded (:mod:`guarded.compiled`). The promise:
+layered chain with the first attempt's failure preloaded (:mod:`guarded.pipeline.compiled`). The promise:
 nothing a caller, the backend or an operator can see differs from the chain alone. The
 differential test runs the same random calls and faults through ``guard()`` twice, compiled and
 with compilation switched off, and compares every answer, every outcome counted, every call the
@@ -23,10 +23,10 @@ from prometheus_client import CollectorRegistry
 
 from guarded import guard
 from guarded.backends.memory import InMemoryStateStore
-from guarded.call_stats import call_stats
-from guarded.cores import core_of
 from guarded.logical_time import LOGICAL_TIMES
 from guarded.models import StoredEvent
+from guarded.observability.call_stats import call_stats
+from guarded.pipeline.cores import core_of
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
 from .support import no_background_replay

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from guarded.backends.memory import InMemoryStateStore
 from guarded.config import BatchConfig, DeadLetterConfig, StaleConfig
 from guarded.guard import controller, guard
-from guarded.idempotency import current_idempotency_key, current_unanswered_keys, idempotency_key
+from guarded.pipeline.idempotency import current_idempotency_key, current_unanswered_keys, idempotency_key
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.support.aio import eventually_async
 

@@ -21,8 +21,8 @@ from guarded.backends.memory import InMemoryStateStore
 from guarded.config import BatchConfig, DeadLetterConfig, MethodConfig, StaleConfig
 from guarded.deadletter import decode_call
 from guarded.guard import controller, guard
-from guarded.idempotency import WRITE_KEY_ARGUMENT
 from guarded.models import PlannerEvent, TaskContextSnapshot, TaskState, TaskStatus, TaskType
+from guarded.pipeline.idempotency import WRITE_KEY_ARGUMENT
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.support.metrics import calls, outcome_counts
 

@@ -10,7 +10,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
-from guarded.failure_log import FailureLog
 from guarded.guard import guard
 from guarded.models import (
     PlannerEvent,
@@ -20,6 +19,7 @@ from guarded.models import (
     TaskContextSnapshot,
     TaskState,
 )
+from guarded.observability.failure_log import FailureLog
 from guarded.testing import Fault, FaultPlan, FaultyStore
 from tests.broken_stores import BrokenStore
 from tests.support.metrics import calls, outcome_counts

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from guarded.unanswered import UnansweredConsumes
+from guarded.pipeline.unanswered import UnansweredConsumes
 
 
 class Clock:

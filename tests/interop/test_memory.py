@@ -18,7 +18,7 @@ import pytest
 from penguiflow.planner.memory import DefaultShortTermMemory, MemoryHealth, MemoryKey
 from prometheus_client import CollectorRegistry
 
-from guarded.telemetry_names import MEMORY_HEALTH_KEYS, MEMORY_HEALTH_STATES
+from guarded.observability.telemetry_names import MEMORY_HEALTH_KEYS, MEMORY_HEALTH_STATES
 
 from ._session_support import guarded_store, joining_summarizer, memory_config, run_worker, turn
 

@@ -31,7 +31,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from guarded import telemetry_names as names
+from guarded.observability import telemetry_names as names
 from guarded.testing.postgres import EmbeddedPostgres, embedded_postgres
 from tests.postgres.conftest import new_schema_name
 

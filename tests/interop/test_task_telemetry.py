@@ -18,8 +18,8 @@ import pytest
 from penguiflow.sessions import SessionManager, StreamingSession, TaskType
 from prometheus_client import CollectorRegistry
 
+from guarded.observability.telemetry_names import TASK_DURATION, TASK_EVENTS, TASKS_IN_FLIGHT
 from guarded.telemetry import PrometheusTaskTelemetrySink
-from guarded.telemetry_names import TASK_DURATION, TASK_EVENTS, TASKS_IN_FLIGHT
 from tests.support.aio import eventually
 from tests.support.metrics import task_events as events
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from guarded.call import Call
+from guarded.durability.local_artifacts import InMemoryArtifactStore, artifact_id
 from guarded.errors import InvalidPayloadError
-from guarded.failure_log import FailureLog
 from guarded.layers.artifact_fallback import LocalArtifactFallbackLayer
-from guarded.local_artifacts import InMemoryArtifactStore, artifact_id
+from guarded.observability.failure_log import FailureLog
 from guarded.outcome import Outcome
+from guarded.pipeline.call import Call
 from guarded.policy import PolicyTable
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from guarded.breaker import BreakerState, CircuitBreaker
-from guarded.bulkhead import BulkheadTimeoutError
-from guarded.classify import CircuitOpenError
 from guarded.config import BreakerConfig
 from guarded.errors import CallerError
 from guarded.layers import CircuitBreakerLayer
+from guarded.pipeline.breaker import BreakerState, CircuitBreaker
+from guarded.pipeline.bulkhead import BulkheadTimeoutError
+from guarded.pipeline.classify import CircuitOpenError
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call
 from tests.support.scripted import ScriptedService

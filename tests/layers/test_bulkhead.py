@@ -12,12 +12,12 @@ import asyncio
 
 import pytest
 
-from guarded.bulkhead import Bulkhead, BulkheadTimeoutError
-from guarded.call import Call, MethodSetup, Service
-from guarded.classify import ErrorClass, classify, counts_against_backend, reached_backend
 from guarded.layers.bulkhead import BulkheadLayer
 from guarded.layers.fallback import failure_outcome
 from guarded.outcome import Outcome
+from guarded.pipeline.bulkhead import Bulkhead, BulkheadTimeoutError
+from guarded.pipeline.call import Call, MethodSetup, Service
+from guarded.pipeline.classify import ErrorClass, classify, counts_against_backend, reached_backend
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call
 from tests.support.scripted import GatedService, ScriptedService

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded import telemetry_names as names
 from guarded.backends.memory import InMemoryStateStore
-from guarded.call import Call, MethodSetup
 from guarded.config import GuardConfig
 from guarded.layers.memory_health import MemoryHealthLayer
+from guarded.observability import telemetry_names as names
 from guarded.outcome import Outcome
+from guarded.pipeline.call import Call, MethodSetup
+from guarded.pipeline.proxy import async_method_names
 from guarded.policy import PolicyTable
-from guarded.proxy import async_method_names
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call
 from tests.support.metrics import sample

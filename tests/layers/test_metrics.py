@@ -18,11 +18,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 import guarded.backends.postgres  # noqa: F401 - registers the PostgreSQL error classifier
-from guarded import telemetry_names as names
-from guarded.call import Call
 from guarded.errors import CallerError
 from guarded.layers.metrics import MetricsLayer, guard_instruments
+from guarded.observability import telemetry_names as names
 from guarded.outcome import Outcome
+from guarded.pipeline.call import Call
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call
 from tests.support.metrics import DURATION_COUNT, calls, outcome_counts, retries, sample

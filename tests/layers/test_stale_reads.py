@@ -17,16 +17,16 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded.batching import PendingWrite
-from guarded.bulkhead import BulkheadTimeoutError
-from guarded.call import Call
-from guarded.classify import CircuitOpenError
+from guarded.durability.batching import PendingWrite
+from guarded.durability.stale import StaleCache
 from guarded.errors import CallerError
 from guarded.layers.stale_reads import StaleReadLayer
 from guarded.logical_time import WRITE_TIME_ARGUMENT
 from guarded.outcome import Outcome
+from guarded.pipeline.bulkhead import BulkheadTimeoutError
+from guarded.pipeline.call import Call
+from guarded.pipeline.classify import CircuitOpenError
 from guarded.policy import PolicyTable
-from guarded.stale import StaleCache
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call
 from tests.support.ports import FakeBuffer, FakeGate, FakeQueue, fake_ports

@@ -24,11 +24,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags
 
-from guarded import telemetry_names as names
-from guarded.call import Call
 from guarded.errors import CallerError
 from guarded.layers.tracing import TracingLayer
+from guarded.observability import telemetry_names as names
 from guarded.outcome import Outcome
+from guarded.pipeline.call import Call
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call
 from tests.support.scripted import ScriptedService

@@ -34,9 +34,9 @@ import pytest
 import yaml
 
 from dashboards.build import all_dashboards, annotation_queries, panel_queries
-from guarded import telemetry_names as names
 from guarded.demo import DemoOptions, DemoResult, parse_schedule, run_demo
 from guarded.demo.runner import STORE_NAME
+from guarded.observability import telemetry_names as names
 from guarded.testing.postgres import EmbeddedPostgres
 
 from .prometheus_server import PrometheusError, PrometheusServer, free_port, prometheus_server

@@ -23,10 +23,10 @@ from opentelemetry import metrics, trace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from prometheus_client import CollectorRegistry
 
-from guarded import telemetry_names as names
 from guarded.backends.memory import InMemoryStateStore
 from guarded.guard import controller, guard
 from guarded.models import StoredEvent
+from guarded.observability import telemetry_names as names
 from guarded.otlp import OtlpConfigError, OtlpExporterMissingError, OtlpSetup, configure_otlp_from_env
 
 from .receiver import OtlpReceiver, attributes

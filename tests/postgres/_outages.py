@@ -34,7 +34,6 @@ from typing import Any
 import asyncpg
 from prometheus_client import CollectorRegistry
 
-from guarded import telemetry_names as names
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
 from guarded.config import (
     BatchConfig,
@@ -58,6 +57,7 @@ from guarded.models import (
     TaskType,
     UpdateType,
 )
+from guarded.observability import telemetry_names as names
 
 ATTEMPT = 0.5
 DEADLINE = 1.0

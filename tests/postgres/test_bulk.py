@@ -8,8 +8,8 @@ import pytest
 
 from guarded.backends.postgres import PostgresStateStore
 from guarded.backends.postgres.events import COPY_THRESHOLD
-from guarded.idempotency import idempotency_key
 from guarded.models import PlannerEvent, StateUpdate, StoredEvent, UpdateType
+from guarded.pipeline.idempotency import idempotency_key
 
 
 @pytest.mark.asyncio

@@ -17,8 +17,8 @@ import pytest_asyncio
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
 from guarded.backends.postgres.schema_names import quote_ident
 from guarded.errors import InvalidPayloadError
-from guarded.idempotency import idempotency_key
 from guarded.models import RemoteBinding, TaskContextSnapshot, TaskState, TaskStatus, TaskType
+from guarded.pipeline.idempotency import idempotency_key
 
 from .conftest import StoreFactory, new_schema_name
 

@@ -14,9 +14,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.postgres import PostgresStateStore
-from guarded.call_stats import call_stats
 from guarded.guard import controller, guard
 from guarded.logical_time import LOGICAL_TIMES
+from guarded.observability.call_stats import call_stats
 
 pytestmark = pytest.mark.asyncio
 

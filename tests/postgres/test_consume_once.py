@@ -35,7 +35,7 @@ from guarded.config import (
     TimeoutConfig,
 )
 from guarded.guard import controller, guard
-from guarded.idempotency import idempotency_key, unanswered_keys
+from guarded.pipeline.idempotency import idempotency_key, unanswered_keys
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
 from .conftest import StoreFactory

@@ -27,11 +27,11 @@ import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded import telemetry_names as names
 from guarded.config import BatchConfig, BreakerConfig, DeadLetterConfig
 from guarded.deadletter import DeadLetterBuffer
 from guarded.guard import controller, guard
 from guarded.models import StoredEvent, TaskContextSnapshot, TaskState, TaskStatus, TaskType
+from guarded.observability import telemetry_names as names
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from guarded.testing.postgres import EmbeddedPostgres, embedded_postgres
 from tests.support.metrics import method_outcomes, total

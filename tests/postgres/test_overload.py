@@ -29,12 +29,12 @@ import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded import telemetry_names as names
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
-from guarded.breaker import BreakerState
 from guarded.config import GuardConfig, LoggingConfig
 from guarded.guard import controller, guard
 from guarded.models import StoredEvent, TaskContextSnapshot, TaskState, TaskStatus, TaskType
+from guarded.observability import telemetry_names as names
+from guarded.pipeline.breaker import BreakerState
 from tests.support.metrics import outcome_counts as outcomes
 from tests.support.metrics import total
 

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from guarded.backends.postgres import PostgresStateStore
 from guarded.config import GuardConfig, RetryConfig
 from guarded.guard import guard
-from guarded.idempotency import current_idempotency_key, idempotency_key
+from guarded.pipeline.idempotency import current_idempotency_key, idempotency_key
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
 from .conftest import StoreFactory

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
 from guarded.backends.postgres.connection import is_connection_error
 from guarded.models import StoredEvent
-from guarded.telemetry_names import GUARDED_PG_CONNECTION_ERRORS_TOTAL
+from guarded.observability.telemetry_names import GUARDED_PG_CONNECTION_ERRORS_TOTAL
 from guarded.testing.postgres import EmbeddedPostgres, embedded_postgres
 
 

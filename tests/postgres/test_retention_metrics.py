@@ -8,7 +8,6 @@ import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded import telemetry_names as names
 from guarded.backends.postgres import PostgresStateStore, RetentionPolicy
 from guarded.backends.postgres.migrations import latest_version
 from guarded.backends.postgres.schema_names import TABLES
@@ -20,6 +19,7 @@ from guarded.models import (
     StoredEvent,
     UpdateType,
 )
+from guarded.observability import telemetry_names as names
 
 from .conftest import StoreFactory
 

@@ -20,9 +20,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboards import alerts
-from guarded import telemetry_names as names
 from guarded.backends.postgres import migrations
 from guarded.backends.postgres.migrations import Migration, latest_version, load_migrations
+from guarded.observability import telemetry_names as names
 from tests.alerts import promtool_cases as cases
 
 from .conftest import StoreFactory

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from guarded.backends.postgres import InvalidSchemaNameError, PostgresStateStore, validate_schema_name
-from guarded.idempotency import idempotency_key
 from guarded.models import (
     PlannerEvent,
     RemoteBinding,
@@ -22,6 +21,7 @@ from guarded.models import (
     TaskType,
     UpdateType,
 )
+from guarded.pipeline.idempotency import idempotency_key
 
 from .conftest import StoreFactory, new_schema_name
 

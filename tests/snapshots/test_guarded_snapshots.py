@@ -16,12 +16,11 @@ import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
 from guarded import guard
-from guarded import telemetry_names as names
 from guarded.backends.postgres import PostgresSnapshotStore
 from guarded.controller import controller
 from guarded.guard import GuardedStore
+from guarded.observability import telemetry_names as names
 from guarded.policy import Kind, PolicyTable
-from guarded.snapshot_guard import GuardedSnapshotStore, guard_snapshots
 from guarded.snapshots import (
     FileSnapshotStore,
     SnapshotConflictError,
@@ -29,6 +28,7 @@ from guarded.snapshots import (
     SnapshotStore,
     SnapshotStoreUnavailableError,
 )
+from guarded.snapshots.guarded import GuardedSnapshotStore, guard_snapshots
 from guarded.testing.snapshot_contract import make_content, run_snapshot_contracts
 from tests.postgres.conftest import SMALL_POOL
 

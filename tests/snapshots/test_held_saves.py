@@ -22,10 +22,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded import guard
-from guarded import telemetry_names as names
 from guarded.controller import controller
 from guarded.deadletter import DeadLetterBuffer
-from guarded.snapshot_guard import GuardedSnapshotStore
+from guarded.observability import telemetry_names as names
 from guarded.snapshots import (
     FileSnapshotStore,
     Snapshot,
@@ -35,6 +34,7 @@ from guarded.snapshots import (
     SnapshotStoreUnavailableError,
 )
 from guarded.snapshots.content import SnapshotContent, content_hash
+from guarded.snapshots.guarded import GuardedSnapshotStore
 from guarded.snapshots.record import SECTIONS
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from guarded.testing.snapshot_contract import make_content

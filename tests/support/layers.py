@@ -1,13 +1,13 @@
-"""Building one method's :class:`~guarded.call.MethodSetup` and :class:`~guarded.call.Call`, to
-drive a single layer without a guard around it."""
+"""Building one method's :class:`~guarded.pipeline.call.MethodSetup` and
+:class:`~guarded.pipeline.call.Call`, to drive a single layer without a guard around it."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from guarded.call import Call, MethodSetup
 from guarded.config import Ack, BatchConfig, GuardConfig, RetryConfig, TimeoutConfig
+from guarded.pipeline.call import Call, MethodSetup
 from guarded.policy import PolicyTable
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 from prometheus_client import CollectorRegistry
 
-from guarded import telemetry_names as names
+from guarded.observability import telemetry_names as names
 
 CALLS = names.CALLS + "_total"
 DURATION_COUNT = names.CALL_DURATION + "_count"

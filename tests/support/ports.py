@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from guarded.batching import NO_ROOM, PendingWrite
-from guarded.durability import DurabilityPorts
-from guarded.durability.ports import Held, Lifecycle
+from guarded.durability.batching import NO_ROOM, PendingWrite
+from guarded.durability.ports import DurabilityPorts, Held, Lifecycle
+from guarded.durability.stale import StaleCache
 from guarded.outcome import Outcome
 from guarded.policy import MethodPolicy
-from guarded.stale import StaleCache
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from guarded.call import Call
+from guarded.pipeline.call import Call
 
 
 @dataclass(frozen=True, slots=True)

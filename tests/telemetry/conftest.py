@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from guarded.rate_limited_log import RateLimitedLog
+from guarded.observability.rate_limited_log import RateLimitedLog
 from guarded.telemetry import events
 
 

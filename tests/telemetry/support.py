@@ -9,8 +9,8 @@ from penguiflow.sessions import TaskTelemetryEvent as PFTaskTelemetryEvent
 from penguiflow.sessions import TaskType as PFTaskType
 from prometheus_client import CollectorRegistry
 
-from guarded import telemetry_names as names
 from guarded.models import TaskStatus, TaskTelemetryEvent, TaskType
+from guarded.observability import telemetry_names as names
 from tests.support.metrics import sample as value
 from tests.support.metrics import task_events as events  # noqa: F401 - shared, re-exported
 

@@ -20,10 +20,10 @@ from penguiflow.planner.memory import (
 )
 from prometheus_client import CollectorRegistry
 
-from guarded import telemetry_names as names
 from guarded.backends.memory import InMemoryStateStore
 from guarded.config import DeadLetterConfig, StaleConfig
 from guarded.guard import controller, guard
+from guarded.observability import telemetry_names as names
 from guarded.telemetry import MemoryHealthTracker, memory_health_tracker
 from guarded.telemetry.memory_health import health_of
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector

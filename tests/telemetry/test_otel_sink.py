@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from guarded import telemetry_names as names
+from guarded.observability import telemetry_names as names
 from guarded.telemetry import OTelTaskTelemetrySink
 from guarded.telemetry.otel import SPAN_EVENT_TASK
 

@@ -14,9 +14,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from penguiflow.sessions import SessionManager, StreamingSession, TaskResult, TaskRuntime, TaskType
 from prometheus_client import CollectorRegistry
 
-from guarded import telemetry_names as names
 from guarded.backends.memory import InMemoryStateStore
 from guarded.guard import guard
+from guarded.observability import telemetry_names as names
 from guarded.telemetry import (
     FanOutTaskTelemetrySink,
     LoggingTaskTelemetrySink,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded import telemetry_names as names
+from guarded.observability import telemetry_names as names
 from guarded.telemetry import PrometheusTaskTelemetrySink
 from guarded.telemetry.in_flight import InFlightTasks
 

@@ -1,0 +1,80 @@
+"""The ``guarded`` command line.
+
+Each subcommand lives in its own module listed in :data:`COMMANDS`; the module exposes
+``register(subparsers)``, which adds its parser (with a ``description``) and sets ``handler``
+(``Namespace -> int``) as a default. Every command follows one convention, shared through
+:mod:`guarded.cli.support` and tabled in docs/cli.md: a user error is one ``error: ...; hint: ...``
+line and exit 2, an unreachable backend exit 3 naming the target tried, pending migrations exit 4,
+a problem found exit 1, Ctrl-C exit 130 after saying what was done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import TypeAlias
+
+from .. import __version__
+from .support import EXIT_CODES, EXIT_INTERRUPTED, ArgumentParser, CommandError, report
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Handler: TypeAlias = Callable[[argparse.Namespace], int]
+
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE: what a shell reports for a command whose output pipe closed."""
+
+COMMANDS: tuple[str, ...] = (
+    "guarded.cli.check",
+    "guarded.cli.dlq",
+    "guarded.cli.snapshot",
+    "guarded.backends.postgres.cli",
+    "guarded.demo.cli",
+    "guarded.cli.assets",
+)
+"""Modules that each register one subcommand, in the order ``--help`` lists them."""
+
+EPILOG = (
+    "exit codes: " + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES) + ". See docs/cli.md."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand of :data:`COMMANDS` registered."""
+    parser = ArgumentParser(
+        prog="guarded",
+        description="Make PenguiFlow StateStores production-safe: check, inspect and operate them.",
+        epilog=EPILOG,
+    )
+    parser.add_argument("--version", action="version", version=f"guarded {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except CommandError as exc:
+        return report(exc)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``guarded ... | head``): stop quietly, as command-line tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+__all__ = ["COMMANDS", "EPILOG", "Handler", "Subparsers", "build_parser", "main"]

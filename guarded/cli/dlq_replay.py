@@ -1,0 +1,294 @@
+"""``guarded dlq replay`` and ``guarded dlq purge``: operating the spill files of a path that no
+live process holds (replaying their writes into a store a factory builds, or deleting them)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..deadletter import (
+    ReplayResult,
+    ReplaySummary,
+    SpillFile,
+    store_sender,
+)
+from ..deadletter.replay import Send, SendBulk
+from ..durability.bulk_forms import bulk_methods_of
+from .check import build_store, close_store, load_factory
+from .dlq_files import Failures, SlotFile, pinned_buffer, quiet_recovery, writable_files
+from .support import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_USAGE,
+    Progress,
+    UnreachableError,
+    UsageError,
+    interrupted,
+    report,
+)
+
+
+def _counted(store: Any, state: _Replay) -> tuple[Send, SendBulk | None]:
+    """The store's senders, advancing the progress by each write the store took and keeping the
+    last failure not followed by a success (to tell a backend that is down)."""
+    send, send_bulk = store_sender(store)
+    progress = state.progress
+
+    async def counted(method: str, call_args: tuple[Any, ...], kwargs: dict[str, Any]) -> ReplayResult:
+        try:
+            result = await send(method, call_args, kwargs)
+        except Exception as exc:
+            state.failure = exc
+            raise
+        if result is ReplayResult.OK:
+            state.failure = None
+            progress.advance(1, detail=method)
+        return result
+
+    if send_bulk is None:
+        return counted, None
+    bulk = send_bulk
+
+    async def counted_bulk(method: str, calls: list[Any]) -> ReplayResult:
+        try:
+            result = await bulk(method, calls)
+        except Exception as exc:
+            state.failure = exc
+            raise
+        if result is ReplayResult.OK:
+            state.failure = None
+            progress.advance(len(calls), detail=method)
+        return result
+
+    return counted, counted_bulk
+
+
+async def _replay_file(
+    file: SlotFile, args: argparse.Namespace, store: Any, state: _Replay
+) -> tuple[ReplaySummary | None, int, int, str | None]:
+    buffer = pinned_buffer(file.path)
+    try:
+        waiting = await buffer.open()
+        if buffer.spill_path is None:
+            return None, 0, 0, buffer.spill_error or f"cannot open {file.path!r}"
+        unparked = await buffer.unpark() if args.include_parked else 0
+        send, send_bulk = _counted(store, state)
+        summary = await buffer.replay(
+            send, send_bulk=send_bulk, bulk_methods=bulk_methods_of(store), rate=args.rate, target=store
+        )
+        state.quarantined.append((await buffer.stats()).quarantined_total)
+        return summary, waiting, unparked, None
+    finally:
+        await buffer.aclose()
+
+
+@dataclass
+class _Replay:
+    """What a replay has done so far (read after Ctrl-C too)."""
+
+    progress: Progress
+    target: str | None = None
+    done: list[tuple[SlotFile, ReplaySummary, int, int]] = field(default_factory=list)
+    quarantined: list[int] = field(default_factory=list)
+    failure: BaseException | None = None
+    """The last send that failed, unless a send succeeded since."""
+
+    @property
+    def backend_down(self) -> bool:
+        """The pass said so, or the last sends failed to reach the backend."""
+        from guarded.backends.postgres.cli_target import is_unreachable
+
+        if any(summary.backend_down for _, summary, _, _ in self.done):
+            return True
+        return self.failure is not None and is_unreachable(self.failure)
+
+
+async def _replay(
+    args: argparse.Namespace, files: Sequence[SlotFile], failures: Failures, state: _Replay
+) -> None:
+    factory = load_factory(args.store)
+    store = await build_store(factory, args.store)
+    target = getattr(store, "target_identity", None)
+    state.target = target if isinstance(target, str) else None
+    state.progress.start()
+    try:
+        for file in files:
+            summary, waiting, unparked, error = await _replay_file(file, args, store, state)
+            if summary is None:
+                failures.report(file, error or f"cannot open {file.path!r}")
+                continue
+            state.done.append((file, summary, waiting, unparked))
+            if state.backend_down:
+                break  # the other files wait for the backend too
+    finally:
+        state.progress.close()
+        await close_store(store)
+
+
+def _still_waiting(files: Sequence[SlotFile]) -> int:
+    """Writes waiting in ``files`` now (read-only; unreadable files count as none)."""
+    left = 0
+    for file in files:
+        with contextlib.suppress(Exception):
+            reader = SpillFile.open_read_only(file.path)
+            try:
+                left += reader.totals().pending
+            finally:
+                reader.close()
+    return left
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    failures = Failures()
+    files, busy = writable_files(args, failures, target=args.target, check_targets=True)
+    sys.path.insert(0, os.path.abspath(args.app_dir))
+    total = sum(file.waiting for file in files)
+    state = _Replay(Progress("replay", total=total, unit="writes"))
+    if files:
+        try:
+            with quiet_recovery():
+                asyncio.run(_replay(args, files, failures, state))
+        except KeyboardInterrupt:
+            left = _still_waiting(files)
+            raise interrupted(
+                f"replayed {state.progress.summary()} before Ctrl-C; {left:,} write(s) still wait in "
+                f"{args.path} (nothing was lost); run 'guarded dlq replay' again to continue"
+            ) from None
+    done = state.done
+    quarantined = state.quarantined
+    visited = {file.path for file, _, _, _ in done}
+    unvisited = sum(file.waiting for file in files if file.path not in visited)
+    replayed = sum(summary.replayed for _, summary, _, _ in done)
+    parked = sum(summary.parked for _, summary, _, _ in done)
+    remaining = sum(summary.remaining for _, summary, _, _ in done) + unvisited
+    down = state.backend_down
+    waiting = sum(count for _, _, count, _ in done)
+    unparked = sum(count for _, _, _, count in done)
+    stopped = any(summary.stopped_early for _, summary, _, _ in done)
+    errors = [summary.last_error for _, summary, _, _ in done if summary.last_error]
+    document = {
+        "path": args.path,
+        "waiting": waiting,
+        "unparked": unparked,
+        "replayed": replayed,
+        "parked": parked,
+        "remaining": remaining,
+        "stopped_early": stopped,
+        "backend_down": down,
+        "target": state.target,
+        "last_error": errors[-1] if errors else None,
+        "quarantined": sum(quarantined),
+        "skipped_in_use": busy,
+        "files": [
+            {
+                "slot": file.slot,
+                "path": file.path,
+                "target": file.target,
+                "waiting": count,
+                **summary.to_dict(),
+            }
+            for file, summary, count, _ in done
+        ],
+    }
+    if args.json:
+        print(json.dumps(document, ensure_ascii=False))
+    else:
+        print(f"replayed {replayed} of {waiting + unparked} write(s) from {len(done)} file(s) of {args.path}")
+        for file, summary, count, _ in done:
+            print(f"  slot {file.slot} ({file.path}): {summary.replayed} of {count} replayed")
+        if unparked:
+            print(f"  {unparked} parked write(s) were moved back for this replay")
+        print(f"  parked now:  {parked}")
+        print(f"  remaining:   {remaining}")
+        if quarantined and sum(quarantined):
+            print(f"  quarantined: {sum(quarantined)} unreadable row(s) set aside (list --quarantined)")
+        if busy:
+            print(f"  skipped:     {busy} file(s) in use by live processes")
+        if stopped:
+            print("  stopped early: the store still fails; run replay again later")
+        if errors:
+            print(f"  last error:  {errors[-1]}")
+    if down:
+        where = f" ({state.target})" if state.target else ""
+        why = f": {errors[-1]}" if errors else ""
+        return report(
+            UnreachableError(
+                f"the store's backend{where} is not answering; the replay stopped{why}; {remaining:,} "
+                f"write(s) still wait in {args.path} (nothing was lost)",
+                "bring the backend back, then run 'guarded dlq replay' again",
+                target=state.target,
+            )
+        )
+    if failures.count:
+        return EXIT_USAGE
+    return EXIT_PROBLEM if remaining or parked or busy else EXIT_OK
+
+
+async def _purge(
+    files: Sequence[SlotFile], failures: Failures, *, pending: bool, parked: bool, quarantined: bool
+) -> int:
+    removed = 0
+    for file in files:
+        buffer = pinned_buffer(file.path)
+        try:
+            await buffer.open()
+            if buffer.spill_path is None:
+                failures.report(file, buffer.spill_error or f"cannot open {file.path!r}")
+                continue
+            removed += await buffer.purge(pending=pending, parked=parked, quarantined=quarantined)
+        finally:
+            await buffer.aclose()
+    return removed
+
+
+def purge_command(args: argparse.Namespace) -> int:
+    if not (args.pending or args.parked or args.quarantined):
+        raise UsageError("nothing to purge was chosen", "add --pending, --parked and/or --quarantined")
+    if not args.yes:
+        raise UsageError("purging deletes writes for good", "add --yes to confirm")
+    failures = Failures()
+    files, busy = writable_files(args, failures, target=None, check_targets=False)
+    with quiet_recovery():
+        removed = (
+            asyncio.run(
+                _purge(
+                    files, failures, pending=args.pending, parked=args.parked, quarantined=args.quarantined
+                )
+            )
+            if files
+            else 0
+        )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "path": args.path,
+                    "purged": removed,
+                    "pending": args.pending,
+                    "parked": args.parked,
+                    "quarantined": args.quarantined,
+                    "skipped_in_use": busy,
+                }
+            )
+        )
+    else:
+        what = " and ".join(
+            name
+            for name, chosen in (
+                ("pending", args.pending),
+                ("parked", args.parked),
+                ("quarantined", args.quarantined),
+            )
+            if chosen
+        )
+        print(f"purged {removed} {what} write(s) from {len(files)} file(s) of {args.path}")
+    if failures.count:
+        return EXIT_USAGE
+    return EXIT_PROBLEM if busy else EXIT_OK

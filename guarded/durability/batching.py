@@ -1,0 +1,685 @@
+"""Batching of writes: a queue per method, written in bulk by a writer its owner supplies.
+
+The batcher knows nothing of stores or methods: the owner (the guard's durability, reading the
+policy table) says which methods it submits, which of them are ``ordered``, and how a batch of
+them is written.
+
+A :class:`Batcher` writes queued writes in bulk through a *writer* its owner supplies; the owner
+decides what a failed flush means (retry, dead-letter) and reports each write's outcome. Two ways
+of acknowledging a write, per write:
+
+- **group commit** (the guard's default): the write carries a future (:attr:`PendingWrite.done`)
+  that the batcher settles with the write's outcome once its batch is written. When no flush of
+  its method runs, a write goes out at once, written by its caller in the caller's own task
+  (:meth:`Batcher.offer` answers :data:`ALONE`; no flush task, no loop iteration). Writes arriving
+  while a flush runs form the next batch, started when that flush ends; a further flush runs
+  beside the running ones once ``parallel_flush_at`` writes wait, up to the method's flush limit,
+  and a queue of twice that many or more is split evenly over the free flushes. The callers a
+  batch answered resume on the next loop iteration and usually write again at once, so they stay
+  together: the split makes cohorts whose flushes overlap (one is prepared and encoded while the
+  backend commits another) instead of one batch that the process and the backend take in turns.
+  No timer: a lone writer pays no batching delay.
+- **write-behind** (``done`` is ``None``): the caller is acknowledged once the write is queued. A
+  queue flushes as soon as it holds ``max_batch`` writes, or once its oldest write has waited
+  ``max_delay`` seconds (one timer per queue; ``max_delay=0`` flushes on the next iteration).
+
+Either way a flush takes up to ``max_batch`` writes in queue order, and at most
+``max_concurrent_flushes`` flushes of one method run at once (one for the methods the owner
+declares ``ordered``, whose reads follow insertion order). Writes of one method are handed to the
+writer in submission order.
+
+The batcher promises that every queued write is either handed to the writer or, when
+:meth:`Batcher.aclose` runs out of time, returned by :meth:`Batcher.drain_unwritten` (the owner keeps
+those and settles their futures).
+
+Backpressure: writes queued plus writes being flushed (all methods together) never exceed
+``queue_size``. A submitter that finds no space waits, FIFO, up to its deadline.
+
+Read-your-writes: :meth:`Batcher.flush_scope` writes out what is pending for one trace or session
+before a read of it; :meth:`Batcher.pending_for_scope` lists those writes (for a fallback that
+must show them while the backend is down). Both see write-behind writes only: a group-commit write
+is acknowledged once written, so no read has to see it before then.
+
+Metrics (prometheus-client, shared by every batcher of one registry): ``guarded_batch_size`` and
+``guarded_batch_flush_duration_seconds`` histograms by store and method, counted once per flush
+in plain integers and exported at scrape time (:mod:`guarded.observability.batch_stats`),
+the ``guarded_batch_pending`` and ``guarded_batch_capacity`` gauges by store, read from the
+batchers at scrape time so that :meth:`Batcher.submit` never touches a metric, and the
+``guarded_batch_failed_writes_total`` counter by store and method (writes a raising writer lost).
+
+Not thread-safe: a batcher works on the event loop running when it is used (it binds to none at
+construction, so it may be built outside a loop); use it from one loop at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
+
+from ..config import BatchConfig
+from ..observability import telemetry_names as names
+from ..observability.batch_stats import BatchStats, FlushSeries, batch_stats
+from ..observability.per_registry import PerRegistry
+from ..observability.store_gauge import StoreTotalGauge, store_total_gauge
+from ..outcome import Outcome
+
+logger = logging.getLogger("guarded.batching")
+
+_OK = Outcome.OK
+_CANCEL_GRACE = 1.0
+
+QUEUED = 0
+""":meth:`Batcher.offer`: the write is queued."""
+ALONE = 1
+""":meth:`Batcher.offer`: the write is queued and no flush of its method runs: the caller writes
+it at once (:meth:`Batcher.write_alone`), with no task and no loop iteration."""
+NO_ROOM = 2
+""":meth:`Batcher.offer`: the write is not queued (the batcher is full or closed)."""
+"""Seconds :meth:`Batcher.aclose` waits for cancelled flushes to unwind after its timeout."""
+
+
+@dataclass(slots=True)
+class PendingWrite:
+    """One write waiting to be flushed. Treat it as immutable: it is not frozen only because a
+    frozen dataclass's ``__init__`` costs three times as much, and one is built per call."""
+
+    method: str
+    """The store method, e.g. ``"save_event"``."""
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    scope: str | None
+    """The trace or session id the write belongs to, for read-your-writes; ``None`` for none."""
+    stamp: int
+    """Call-order number assigned by the caller."""
+    queued_at: float
+    """Loop time at which the caller submitted the write."""
+    done: asyncio.Future[Outcome] | None = None
+    """Group commit: settled with the write's outcome once its batch is written (``OK``: in the
+    backend; ``DEAD_LETTERED``: held for replay; ``REJECTED``: parked as bad data). ``None`` for a
+    write-behind write, acknowledged when queued."""
+
+    def settle(self, outcome: Outcome) -> None:
+        """Tell the caller waiting for this write (if any, and if it still waits) its outcome."""
+        done = self.done
+        if done is not None and not done.done():
+            done.set_result(outcome)
+
+
+Writer: TypeAlias = Callable[[str, Sequence[PendingWrite]], Awaitable[Sequence[Outcome] | None]]
+"""Writes one flush of one method and returns each write's outcome (``None``: all ``OK``). It must
+not raise: it handles failures itself (retry, dead-letter). If it raises anyway, the batcher logs
+the error type (never payloads), counts the writes in :attr:`Batcher.failed`, settles them
+``FALLBACK`` (not kept) and frees their space; they are not returned to the owner."""
+
+
+# --- metrics ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Instruments:
+    flushes: BatchStats
+    pending: StoreTotalGauge
+    capacity: StoreTotalGauge
+    failed: Counter
+
+
+def _build_instruments(registry: CollectorRegistry) -> _Instruments:
+    labels = [names.LABEL_STORE, names.LABEL_METHOD]
+    return _Instruments(
+        flushes=batch_stats(registry),
+        pending=store_total_gauge(
+            registry,
+            names.BATCH_PENDING,
+            "Acknowledged writes queued or being flushed (lost if the process dies now).",
+            lambda batcher: batcher.pending,
+        ),
+        capacity=store_total_gauge(
+            registry,
+            names.BATCH_CAPACITY,
+            "Writes the batcher holds at most (queue_size); pending at this value: the queue is full.",
+            lambda batcher: batcher.config.queue_size,
+        ),
+        failed=Counter(
+            names.BATCH_FAILED_WRITES,
+            "Writes a batch writer raised on: answered fallback and not kept (lost).",
+            labels,
+            registry=registry,
+        ),
+    )
+
+
+_instruments_for: PerRegistry[_Instruments] = PerRegistry(_build_instruments)
+
+
+# --- the batcher ------------------------------------------------------------------------------------
+
+
+class _ScopeEntry:
+    """Writes of one (method, scope) queued or in flight, and the sequence number of the last one."""
+
+    __slots__ = ("count", "last")
+
+    def __init__(self, last: int) -> None:
+        self.count = 1
+        self.last = last
+
+
+class _MethodQueue:
+    """The queue, flushes in flight and read-your-writes bookkeeping of one method.
+
+    Every write gets a sequence number (its position in the method's submission order) without
+    storing it: the head of ``queue`` is number ``taken``. Batches are contiguous ranges, kept in
+    ``in_flight`` by their first number, in start order.
+    """
+
+    __slots__ = (
+        "active",
+        "due",
+        "eager",
+        "flush_waiters",
+        "flushes",
+        "in_flight",
+        "method",
+        "queue",
+        "scopes",
+        "taken",
+        "timer",
+        "urgent_through",
+    )
+
+    def __init__(self, method: str, flushes: FlushSeries) -> None:
+        self.method = method
+        self.queue: deque[PendingWrite] = deque()
+        self.taken = 0
+        self.in_flight: dict[int, list[PendingWrite]] = {}
+        self.active = 0
+        self.timer: asyncio.Handle | None = None
+        self.due = False
+        self.urgent_through = 0
+        """Writes numbered below this are flushed without waiting for size or delay."""
+        self.scopes: dict[str, _ScopeEntry] = {}
+        self.flush_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        """Heap of (sequence number to reach, tie-breaker, future) of pending flush calls."""
+        self.flushes = flushes
+        self.eager = False
+        """Group commit: start a flush whenever fewer than the limit run (no size or delay)."""
+
+    @property
+    def submitted(self) -> int:
+        return self.taken + len(self.queue)
+
+    @property
+    def written_through(self) -> int:
+        """Every write numbered below this has left the batcher (written, failed or handed back)."""
+        for start in self.in_flight:
+            return start
+        return self.taken
+
+
+class Batcher:
+    """Write-behind queue of append-only writes with bulk flushes, backpressure and read-your-writes.
+
+    ``submit`` is the hot path: while there is space it appends to a deque and bumps counters — no
+    lock, task, timer or metric per write. Flush tasks are one per batch.
+    """
+
+    def __init__(
+        self,
+        config: BatchConfig,
+        writer: Writer,
+        *,
+        store_name: str,
+        registry: CollectorRegistry = REGISTRY,
+        ordered: Collection[str] = (),
+    ) -> None:
+        self.config = config
+        self._ordered = frozenset(ordered)
+        self.store_name = store_name
+        self._writer = writer
+        self._max_batch = config.max_batch
+        self._max_delay = config.max_delay
+        self._capacity = config.queue_size
+        self._max_flushes = config.max_concurrent_flushes
+        self._parallel_at = min(config.parallel_flush_at, config.max_batch)
+        self._queues: dict[str, _MethodQueue] = {}
+        self._pending = 0
+        self._waiters: deque[asyncio.Future[bool]] = deque()
+        self._closing = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._unwritten: list[PendingWrite] = []
+        self._abandoned: set[int] = set()
+        self._tiebreak = itertools.count()
+        self.failed = 0
+        """Writes whose writer raised (a bug in the writer): logged, counted, not retried."""
+        instruments = _instruments_for(registry)
+        self._flushes = instruments.flushes
+        self._failed = instruments.failed
+        instruments.pending.add(self)
+        instruments.capacity.add(self)
+
+    # --- state --------------------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Writes queued or being flushed, plus slots granted to submitters about to queue."""
+        return self._pending
+
+    @property
+    def acknowledged_pending(self) -> int:
+        """Write-behind writes acknowledged but not yet written (lost if the process dies now);
+        group-commit writes are not acknowledged before they are written, so they do not count."""
+        return sum(
+            1
+            for mq in self._queues.values()
+            for batch in (mq.queue, *mq.in_flight.values())
+            for write in batch
+            if write.done is None
+        )
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` has started: no write is accepted any more."""
+        return self._closing
+
+    def pending_for_scope(self, method: str, scope: str) -> list[PendingWrite]:
+        """Write-behind writes of ``method`` for ``scope`` queued or in flight, in submission order."""
+        mq = self._queues.get(method)
+        if mq is None or scope not in mq.scopes:
+            return []
+        found = [write for batch in mq.in_flight.values() for write in batch if write.scope == scope]
+        found.extend(write for write in mq.queue if write.scope == scope)
+        return found
+
+    # --- submitting ---------------------------------------------------------------------------------
+
+    def offer(self, write: PendingWrite) -> int:
+        """The part of :meth:`submit` that never waits: :data:`QUEUED` when ``write`` is queued,
+        :data:`ALONE` when it is queued and is to be written at once in the caller's own task
+        (``await`` :meth:`write_alone` before anything else runs), :data:`NO_ROOM` when it was not
+        queued (the batcher is full, or closed: :meth:`submit` it instead)."""
+        if self._pending < self._capacity and not self._waiters and not self._closing:
+            self._pending += 1
+            return QUEUED if self._enqueue(write) is None else ALONE
+        return NO_ROOM
+
+    async def write_alone(self, method: str) -> None:
+        """Write the one queued write of ``method`` that :meth:`offer` answered :data:`ALONE`."""
+        await self._flush_alone(self._queues[method])
+
+    async def submit(self, write: PendingWrite, *, deadline: float) -> bool:
+        """Queue ``write``; ``True`` once it is queued (the caller may be acknowledged).
+
+        When the batcher is full (``queue_size`` writes queued or in flight, all methods together),
+        wait for space, FIFO with other waiting submitters, until loop time ``deadline``; ``False``
+        when there was still none (the caller dead-letters the write). ``False`` at once after
+        :meth:`aclose` started. Cancelling a waiting submitter gives its place back.
+        """
+        if self._pending < self._capacity and not self._waiters and not self._closing:
+            self._pending += 1
+            alone = self._enqueue(write)
+            if alone is not None:
+                await self._flush_alone(alone)
+            return True
+        return await self._wait_for_space(write, deadline)
+
+    async def _wait_for_space(self, write: PendingWrite, deadline: float) -> bool:
+        if self._closing:
+            return False
+        loop = asyncio.get_running_loop()
+        if deadline <= loop.time():
+            return False
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiters.append(waiter)
+        expiry = loop.call_at(deadline, self._expire, waiter)
+        try:
+            granted = await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.result():
+                self._release(1)
+            else:
+                self._forget_waiter(waiter)
+            raise
+        finally:
+            expiry.cancel()
+        if granted:
+            alone = self._enqueue(write)
+            if alone is not None:
+                await self._flush_alone(alone)
+        return granted
+
+    def _expire(self, waiter: asyncio.Future[bool]) -> None:
+        if not waiter.done():
+            waiter.set_result(False)
+            self._forget_waiter(waiter)
+
+    def _forget_waiter(self, waiter: asyncio.Future[bool]) -> None:
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+
+    def _release(self, count: int) -> None:
+        """Free ``count`` slots and hand them to waiting submitters, oldest first."""
+        self._pending -= count
+        waiters = self._waiters
+        while waiters and self._pending < self._capacity:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                self._pending += 1
+                waiter.set_result(True)
+
+    def _enqueue(self, write: PendingWrite) -> _MethodQueue | None:
+        """Queue a write whose slot is already counted in ``_pending``; its queue when the write
+        is to go out at once in the caller's own task (group commit, no flush of its method running
+        and nothing else waiting: a lone writer pays for no task and no extra loop iteration)."""
+        method = write.method
+        mq = self._queues.get(method)
+        if mq is None:
+            mq = self._queues[method] = _MethodQueue(method, self._flushes.of(self.store_name, method))
+            mq.eager = write.done is not None
+        queue = mq.queue
+        queue.append(write)
+        scope = write.scope
+        # Read-your-writes needs the scopes of acknowledged writes only: a group-commit write is
+        # acknowledged once written, so a read concurrent with it need not wait for it.
+        if scope is not None and not mq.eager:
+            entry = mq.scopes.get(scope)
+            if entry is None:
+                mq.scopes[scope] = _ScopeEntry(mq.taken + len(queue) - 1)
+            else:
+                entry.count += 1
+                entry.last = mq.taken + len(queue) - 1
+        if mq.eager:
+            if not mq.active and len(queue) == 1 and mq.timer is None:
+                return mq
+            # Writes submitted in this loop iteration join one batch, started on the next
+            # iteration when no flush runs (or ``parallel_flush_at`` wait and the limit allows another);
+            # otherwise the end of the running flush starts it.
+            if (
+                mq.timer is None
+                and not mq.due
+                and (not mq.active or (len(queue) >= self._parallel_at and mq.active < self._limit(mq)))
+            ):
+                mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
+        elif len(queue) >= self._max_batch:
+            self._pump(mq)
+        elif len(queue) == 1 and mq.timer is None and not mq.due:
+            mq.timer = asyncio.get_running_loop().call_later(self._max_delay, self._on_timer, mq)
+        return None
+
+    async def _flush_alone(self, mq: _MethodQueue) -> None:
+        """Write the one waiting write of ``mq`` in the caller's task (see :meth:`_enqueue`)."""
+        start, batch = self._take(mq, 1)
+        try:
+            await self._run_flush(mq, start, batch)
+        except asyncio.CancelledError:
+            # The caller gave up: its write is handed back, but the writes that queued behind it
+            # must still go out (a cancelled flush does not start the next one).
+            if mq.queue and mq.timer is None and not self._closing:
+                mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
+            raise
+
+    @staticmethod
+    def _take(mq: _MethodQueue, size: int) -> tuple[int, list[PendingWrite]]:
+        """Move the next ``size`` queued writes of ``mq`` in flight as one batch; returns the
+        batch's first sequence number and its writes."""
+        queue = mq.queue
+        if size == len(queue):
+            batch = list(queue)
+            queue.clear()
+        else:
+            popleft = queue.popleft
+            batch = [popleft() for _ in range(size)]
+        start = mq.taken
+        mq.taken += size
+        mq.in_flight[start] = batch
+        mq.active += 1
+        return start, batch
+
+    # --- flushing -----------------------------------------------------------------------------------
+
+    def _limit(self, mq: _MethodQueue) -> int:
+        return 1 if mq.method in self._ordered else self._max_flushes
+
+    def _on_timer(self, mq: _MethodQueue) -> None:
+        mq.timer = None
+        mq.due = True
+        self._pump(mq)
+
+    def _pump(self, mq: _MethodQueue) -> None:
+        """Start the flushes ``mq`` is ready for, then keep its timer armed while writes wait."""
+        queue = mq.queue
+        max_batch = self._max_batch
+        parallel_at = self._parallel_at
+        started = False
+        limit = self._limit(mq)
+        eager = mq.eager
+        while queue and mq.active < limit:
+            if eager:
+                # Group commit: the writes that arrive while a flush runs form the next batch; a
+                # further flush runs beside it once ``parallel_flush_at`` writes wait (or a read or
+                # close waits), and a long queue is split over the free flushes.
+                waiting = len(queue)
+                if (
+                    mq.active
+                    and waiting < parallel_at
+                    and mq.taken >= mq.urgent_through
+                    and not self._closing
+                ):
+                    break
+                if waiting >= 2 * parallel_at:
+                    parts = min(limit - mq.active, waiting // parallel_at)
+                    size = min(-(-waiting // parts), max_batch)
+                else:
+                    size = min(waiting, max_batch)
+            else:
+                size = min(len(queue), max_batch)
+                if not (len(queue) >= max_batch or mq.due or mq.taken < mq.urgent_through or self._closing):
+                    break
+            start, batch = self._take(mq, size)
+            mq.due = False
+            started = True
+            task = asyncio.get_running_loop().create_task(self._run_flush(mq, start, batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if not queue or eager:
+            # A group-commit queue left non-empty is pumped when one of its flushes ends.
+            mq.due = False
+            if mq.timer is not None:
+                mq.timer.cancel()
+                mq.timer = None
+        elif started and not mq.due:
+            if mq.timer is not None:
+                mq.timer.cancel()
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            when = min(queue[0].queued_at, now) + self._max_delay
+            mq.timer = loop.call_at(when, self._on_timer, mq)
+
+    async def _run_flush(self, mq: _MethodQueue, start: int, batch: list[PendingWrite]) -> None:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        finished = cancelled = False
+        try:
+            outcomes = await self._writer(mq.method, batch)
+            finished = True
+            if outcomes is None or all(outcome is _OK for outcome in outcomes):
+                for write in batch:
+                    done = write.done
+                    if done is not None and not done.done():
+                        done.set_result(_OK)
+            else:
+                for write, outcome in zip(batch, outcomes, strict=True):
+                    write.settle(outcome)
+        except asyncio.CancelledError:
+            if id(batch) not in self._abandoned:
+                self._unwritten.extend(batch)
+            cancelled = True
+            raise
+        except Exception as exc:
+            self.failed += len(batch)
+            self._failed.labels(self.store_name, mq.method).inc(len(batch))
+            logger.error(
+                "batch writer for %s on store %r raised %s; %d writes counted as failed",
+                mq.method,
+                self.store_name,
+                type(exc).__qualname__,
+                len(batch),
+                extra={
+                    "event": "batch_writer_failed",
+                    "store": self.store_name,
+                    "method": mq.method,
+                    "error_type": type(exc).__qualname__,
+                    "writes": len(batch),
+                },
+            )
+            for write in batch:
+                write.settle(Outcome.FALLBACK)
+            finished = True
+        finally:
+            if id(batch) in self._abandoned:
+                self._abandoned.discard(id(batch))
+            else:
+                if finished:
+                    mq.flushes.observe(len(batch), loop.time() - began)
+                self._finish(mq, start, batch, pump=not cancelled)
+
+    def _finish(self, mq: _MethodQueue, start: int, batch: list[PendingWrite], *, pump: bool = True) -> None:
+        """A batch left the batcher: free its slots, settle its scopes, wake flush waiters, go on."""
+        del mq.in_flight[start]
+        mq.active -= 1
+        if not mq.eager:
+            scopes = mq.scopes
+            for write in batch:
+                scope = write.scope
+                if scope is not None:
+                    entry = scopes[scope]
+                    entry.count -= 1
+                    if not entry.count:
+                        del scopes[scope]
+        self._wake_flushers(mq)
+        self._release(len(batch))
+        if not pump:
+            return
+        if mq.eager and len(batch) > 1 and mq.timer is None and not self._closing:
+            # The callers just answered resume on the next loop iteration and most write again at
+            # once: start the next batch after them, so that they join it instead of the first of
+            # them going out alone and the rest waiting a round trip for it.
+            mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
+        elif mq.queue:
+            self._pump(mq)
+
+    def _wake_flushers(self, mq: _MethodQueue) -> None:
+        waiters = mq.flush_waiters
+        if not waiters:
+            return
+        through = mq.written_through
+        while waiters and waiters[0][0] <= through:
+            future = heapq.heappop(waiters)[2]
+            if not future.done():
+                future.set_result(None)
+
+    def _request(self, mq: _MethodQueue, target: int) -> asyncio.Future[None] | None:
+        """Flush ``mq`` up to sequence number ``target`` (exclusive) now; a future that resolves
+        once all of those are written, or ``None`` when they already are."""
+        if mq.written_through >= target:
+            return None
+        mq.urgent_through = max(mq.urgent_through, target)
+        self._pump(mq)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(mq.flush_waiters, (target, next(self._tiebreak), future))
+        return future
+
+    async def flush_scope(self, method: str, scope: str) -> None:
+        """Return once every write of (``method``, ``scope``) queued before the call has been
+        handed to the writer and the writer finished with it (read-your-writes).
+
+        Costs one dictionary lookup when nothing is pending for the scope.
+        """
+        mq = self._queues.get(method)
+        if mq is None:
+            return
+        entry = mq.scopes.get(scope)
+        if entry is None:
+            return
+        future = self._request(mq, entry.last + 1)
+        if future is not None:
+            await future
+
+    async def flush(self) -> None:
+        """Return once everything queued before the call has been written (or handed back)."""
+        futures = [self._request(mq, mq.submitted) for mq in list(self._queues.values())]
+        for future in futures:
+            if future is not None:
+                await future
+
+    # --- closing ------------------------------------------------------------------------------------
+
+    async def aclose(self, timeout: float | None = None) -> int:  # noqa: ASYNC109
+        """Stop accepting writes, flush everything and wait for the flushes in flight.
+
+        Returns 0 when all of it was written within ``timeout`` seconds (``None``: no limit).
+        Otherwise the flushes still running are cancelled and the number of writes still queued
+        or in flight is returned; those writes are available from :meth:`drain_unwritten`, for
+        the owner to dead-letter. A cancelled flush may have reached the backend already, so
+        they are delivered at least once, not exactly once.
+        """
+        self._closing = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(False)
+        try:
+            async with asyncio.timeout(timeout):
+                while self._pending:
+                    await self.flush()
+                    if self._pending:
+                        await asyncio.sleep(0)
+        except TimeoutError:
+            pass
+        if not self._pending:
+            return 0
+        return await self._abandon()
+
+    async def _abandon(self) -> int:
+        """Hand every write still queued or in flight back to the owner and cancel the flushes."""
+        unwritten = 0
+        for mq in self._queues.values():
+            if mq.timer is not None:
+                mq.timer.cancel()
+                mq.timer = None
+            mq.due = False
+            queued = list(mq.queue)
+            mq.queue.clear()
+            if queued:
+                mq.in_flight[mq.taken] = queued
+                mq.taken += len(queued)
+                mq.active += 1
+            for start, batch in list(mq.in_flight.items()):
+                if batch is not queued:
+                    self._abandoned.add(id(batch))
+                self._unwritten.extend(batch)
+                unwritten += len(batch)
+                self._finish(mq, start, batch)
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=_CANCEL_GRACE)
+        return unwritten
+
+    def drain_unwritten(self) -> list[PendingWrite]:
+        """Writes that were acknowledged but never written (``aclose`` timed out, or a flush was
+        cancelled), in submission order per method; each is returned once."""
+        unwritten, self._unwritten = self._unwritten, []
+        return unwritten
+
+
+__all__ = ["ALONE", "NO_ROOM", "QUEUED", "Batcher", "PendingWrite", "Writer"]

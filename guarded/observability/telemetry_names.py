@@ -1,0 +1,305 @@
+"""Every metric name guarded emits, defined once.
+
+The library registers its metrics under these names and ``dashboards/`` builds panels and alert
+rules from the same constants, so a rename can never leave a dashboard panel empty.
+
+Prometheus conventions: a ``guarded_`` prefix, base units in the name (``_seconds``,
+``_bytes``), ``_total`` for counters, and only bounded labels (store name, schema, table,
+method, outcome) — never a trace id or session id.
+"""
+
+from __future__ import annotations
+
+# --- label names --------------------------------------------------------------------------------
+
+LABEL_STORE = "store"
+"""The store's name (``PostgresStateStore(name=...)`` / ``guard(name=...)``); operator-chosen, bounded."""
+LABEL_SCHEMA = "schema"
+"""The PostgreSQL schema (tenant) a backend store uses; operator-chosen, bounded."""
+LABEL_TABLE = "table"
+"""A table of the backend's schema (a fixed set)."""
+
+# --- Postgres backend ---------------------------------------------------------------------------
+
+GUARDED_PG_POOL_SIZE = "guarded_pg_pool_connections"
+"""Gauge: connections currently open in the store's asyncpg pool (labels: store, schema)."""
+GUARDED_PG_POOL_MAX_SIZE = "guarded_pg_pool_max_connections"
+"""Gauge: the pool's configured maximum size (labels: store, schema)."""
+GUARDED_PG_POOL_IN_USE = "guarded_pg_pool_connections_in_use"
+"""Gauge: pool connections checked out right now (labels: store, schema)."""
+GUARDED_PG_POOL_ACQUIRE_SECONDS = "guarded_pg_pool_acquire_seconds"
+"""Histogram: time waited to acquire a pool connection (labels: store, schema)."""
+GUARDED_PG_CONNECTION_ERRORS_TOTAL = "guarded_pg_connection_errors_total"
+"""Counter: operations that lost their connection and were re-run on a fresh one, or failed
+(labels: store, schema)."""
+GUARDED_PG_TABLE_ROWS = "guarded_pg_table_rows"
+"""Gauge: estimated live rows per table, sampled periodically (labels: store, schema, table)."""
+GUARDED_PG_TABLE_SIZE_BYTES = "guarded_pg_table_size_bytes"
+"""Gauge: total on-disk size per table including indexes and TOAST, sampled periodically
+(labels: store, schema, table)."""
+GUARDED_PG_TABLE_STATS_TIMESTAMP = "guarded_pg_table_stats_timestamp_seconds"
+"""Gauge: Unix time of the last successful table sample (labels: store, schema); alert when stale."""
+GUARDED_PG_CLEANUP_DELETED_ROWS_TOTAL = "guarded_pg_cleanup_deleted_rows_total"
+"""Counter: rows deleted by ``cleanup()`` (labels: store, schema, table)."""
+GUARDED_PG_MIGRATION_VERSION = "guarded_pg_schema_version"
+"""Gauge: the migration version of the schema the store runs against (labels: store, schema)."""
+
+PG_METRIC_NAMES: tuple[str, ...] = (
+    GUARDED_PG_POOL_SIZE,
+    GUARDED_PG_POOL_MAX_SIZE,
+    GUARDED_PG_POOL_IN_USE,
+    GUARDED_PG_POOL_ACQUIRE_SECONDS,
+    GUARDED_PG_CONNECTION_ERRORS_TOTAL,
+    GUARDED_PG_TABLE_ROWS,
+    GUARDED_PG_TABLE_SIZE_BYTES,
+    GUARDED_PG_TABLE_STATS_TIMESTAMP,
+    GUARDED_PG_CLEANUP_DELETED_ROWS_TOTAL,
+    GUARDED_PG_MIGRATION_VERSION,
+)
+"""Every Postgres backend metric name."""
+
+# --- guard: one observation per logical call -----------------------------------------------------
+CALL_DURATION = "guarded_store_call_duration_seconds"
+"""Histogram of logical call latency (all attempts and backoff), by store, method, outcome."""
+CALLS = "guarded_store_calls"
+"""Counter (exposed as ``guarded_store_calls_total``) of logical calls by store, method, outcome."""
+RETRIES = "guarded_store_retries"
+"""Counter (``guarded_store_retries_total``) of retried attempts by store, method."""
+CIRCUIT_STATE = "guarded_circuit_state"
+"""Gauge, 1 for the breaker's current state and 0 for the others, by store, state."""
+CIRCUIT_TRANSITIONS = "guarded_circuit_transitions"
+"""Counter (``guarded_circuit_transitions_total``) of breaker state changes by store, from_state, to_state."""
+
+LABEL_METHOD = "method"
+LABEL_OUTCOME = "outcome"
+LABEL_STATE = "state"
+
+CALL_DURATION_BUCKETS: tuple[float, ...] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+)
+"""Store-call buckets; a superset of the OpenTelemetry database-client duration boundaries
+(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10) with finer steps below a millisecond."""
+
+# --- spans ----------------------------------------------------------------------------------------
+TRACER_NAME = "guarded"
+SPAN_ATTR_STORE = "guarded.store"
+SPAN_ATTR_OUTCOME = "guarded.outcome"
+SPAN_ATTR_ATTEMPTS = "guarded.attempts"
+SPAN_EVENT_RETRY = "retry"
+
+# --- dead-letter buffer (issue 5) ----------------------------------------------------------------
+DLQ_DEPTH = "guarded_deadletter_depth"
+"""Gauge: writes waiting in the dead-letter buffer (memory and spill file), by store."""
+DLQ_BYTES = "guarded_deadletter_bytes"
+"""Gauge: encoded size of the waiting writes, by store and ``location`` (memory / disk)."""
+DLQ_OLDEST_AGE = "guarded_deadletter_oldest_age_seconds"
+"""Gauge: age of the oldest waiting write (0 when empty), by store."""
+DLQ_PARKED_DEPTH = "guarded_deadletter_parked_writes"
+"""Gauge: writes parked as bad data (never replayed automatically), by store."""
+DLQ_ENQUEUED = "guarded_deadletter_enqueued_total"
+"""Counter: writes dead-lettered, by store and method."""
+DLQ_REPLAYED = "guarded_deadletter_replayed_total"
+"""Counter: dead-lettered writes replayed to the backend, by store and method."""
+DLQ_DROPPED = "guarded_deadletter_dropped_total"
+"""Counter: writes dropped for lack of space (data loss), by store, method and ``reason``."""
+DLQ_PARKED = "guarded_deadletter_parked_total"
+"""Counter: writes parked as bad data, by store and method."""
+DLQ_SUPERSEDED = "guarded_deadletter_superseded_total"
+"""Counter: dead-lettered writes discarded because a newer write for the same key won, by store."""
+
+# --- batching (issue 5) ----------------------------------------------------------------------------
+BATCH_SIZE = "guarded_batch_size"
+"""Histogram: writes per flush, by store and method."""
+BATCH_FLUSH_DURATION = "guarded_batch_flush_duration_seconds"
+"""Histogram: time one flush took, by store and method."""
+BATCH_PENDING = "guarded_batch_pending"
+"""Gauge: acknowledged writes queued or being flushed (lost if the process dies now), by store."""
+BATCH_SIZE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
+
+# --- stale-if-error (issue 5) ---------------------------------------------------------------------
+STALE_ENTRIES = "guarded_stale_cache_entries"
+"""Gauge: values held for stale-if-error reads, by store."""
+
+# --- memory health (issue 6) -----------------------------------------------------------------------
+MEMORY_HEALTH_KEYS = "guarded_memory_health_keys"
+"""Gauge: memory keys this process last saw in each ``health`` state (healthy / retry / degraded /
+recovering, spec 003), by store and ``health``. Never labelled with the key itself."""
+LABEL_HEALTH = "health"
+MEMORY_HEALTH_STATES: tuple[str, ...] = ("healthy", "retry", "degraded", "recovering")
+"""The memory health states of spec 003 (``MemoryHealth``); anything else is exported as ``unknown``."""
+
+# --- task telemetry sinks (issue 6) ----------------------------------------------------------------
+TASK_EVENTS = "guarded_task_events_total"
+"""Counter: task telemetry events, by event_type, outcome, task_type and mode."""
+TASK_DURATION = "guarded_task_duration_seconds"
+"""Histogram: task duration from terminal events carrying ``duration_ms``, by outcome, task_type, mode."""
+TASKS_IN_FLIGHT = "guarded_tasks_in_flight"
+"""Gauge: tasks spawned and not yet completed, failed or cancelled, by task_type and mode."""
+LABEL_EVENT_TYPE = "event_type"
+LABEL_TASK_TYPE = "task_type"
+LABEL_MODE = "mode"
+TASK_DURATION_BUCKETS: tuple[float, ...] = (
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
+"""Task durations span sub-second tool calls to multi-minute background jobs."""
+OTEL_METER_NAME = "guarded"
+"""The OpenTelemetry meter and tracer scope name the library uses."""
+OTEL_TASK_EVENTS = "guarded.task.events"
+"""OpenTelemetry counter mirroring :data:`TASK_EVENTS` (attributes event_type, outcome, task_type, mode)."""
+OTEL_TASK_DURATION = "guarded.task.duration"
+"""OpenTelemetry histogram (unit ``s``) mirroring :data:`TASK_DURATION`."""
+OTEL_TASKS_IN_FLIGHT = "guarded.tasks.in_flight"
+"""OpenTelemetry up-down counter mirroring :data:`TASKS_IN_FLIGHT`."""
+
+# --- alert names (issue 6) -------------------------------------------------------------------------
+# The rule file in grafana/ and the dashboards' alert annotations use these names.
+ALERT_PAUSE_SAVE_FAILED = "GuardedPlannerPauseSaveFailed"
+ALERT_PAUSE_LOAD_FAILED = "GuardedPlannerPauseLoadFailed"
+ALERT_CIRCUIT_OPEN = "GuardedCircuitOpen"
+ALERT_DEADLETTER_DROPS = "GuardedDeadLetterDrops"
+ALERT_DEADLETTER_OLD = "GuardedDeadLetterOldestEntryAge"
+ALERT_ERROR_BUDGET_BURN = "GuardedErrorBudgetBurn"
+ALERT_LATENCY_P99 = "GuardedStoreLatencyP99High"
+ALERT_MEMORY_DEGRADED = "GuardedMemoryDegraded"
+ALERT_TASK_FAILURE_RATIO = "GuardedTaskFailureRatioHigh"
+ALERT_NAMES: tuple[str, ...] = (
+    ALERT_PAUSE_SAVE_FAILED,
+    ALERT_PAUSE_LOAD_FAILED,
+    ALERT_CIRCUIT_OPEN,
+    ALERT_DEADLETTER_DROPS,
+    ALERT_DEADLETTER_OLD,
+    ALERT_ERROR_BUDGET_BURN,
+    ALERT_LATENCY_P99,
+    ALERT_MEMORY_DEGRADED,
+    ALERT_TASK_FAILURE_RATIO,
+)
+MEMORY_HEALTH_UNKNOWN = "unknown"
+"""The ``health`` label value of a memory state whose ``health`` is none of :data:`MEMORY_HEALTH_STATES`."""
+TASK_SINK_ERRORS = "guarded_task_sink_errors_total"
+"""Counter: task telemetry events a guarded sink failed to take, by ``sink`` and ``reason``
+(``timeout`` / ``error``)."""
+LABEL_SINK = "sink"
+"""A task telemetry sink's name (``guard_sink(name=...)``, its class name by default); bounded."""
+LABEL_REASON = "reason"
+SPAN_EVENT_TASK = "penguiflow.task"
+"""The span event added for each task telemetry event (ids go on it as attributes, never labels)."""
+DLQ_SPILL_AVAILABLE = "guarded_deadletter_spill_available"
+"""Gauge: 1 while the dead-letter buffer's spill file takes writes, 0 while held writes are kept
+in memory only because it cannot (locked on every slot, damaged, disk full, unwritable), by
+store. No series for a buffer configured without a spill file."""
+
+# --- operational errors (issue 13) -----------------------------------------------------------------
+OPERATIONAL_ERRORS = "guarded_store_operational_errors_total"
+"""Counter: calls of the guard that failed on an operational condition the database reported — a
+table or column missing, a missing grant, a read-only database, a server shutting down, too many
+connections — by store, method and ``condition`` (:data:`OPERATIONAL_CONDITIONS`). Writes that
+failed so are held and replayed, never parked; the condition needs an operator: alert on any
+increase. Batched writes count once each."""
+LABEL_CONDITION = "condition"
+OPERATIONAL_CONDITIONS: tuple[str, ...] = (
+    "undefined_object",
+    "insufficient_privilege",
+    "read_only",
+    "server_unavailable",
+    "too_many_connections",
+    "insufficient_resources",
+    "schema_mismatch",
+    "system_error",
+)
+"""Every value of the ``condition`` label (see :mod:`guarded.pipeline.classify` and docs/durability.md,
+"What a failure means"): a missing table, column, function, schema or database; a missing grant or
+a refused login; a read-only transaction; a server shutting down or starting up; too many
+connections; a full disk or out of memory; a statement the schema does not match; an I/O error."""
+
+# --- bulkhead (issue 13) ----------------------------------------------------------------------------
+BULKHEAD_LIMIT = "guarded_bulkhead_limit"
+"""Gauge: calls the bulkhead lets into the backend at once (``bulkhead.max_concurrent``, else what
+the backend declares, e.g. its pool's maximum size), by store. No series without a limit."""
+BULKHEAD_IN_USE = "guarded_bulkhead_in_use"
+"""Gauge: calls in the backend now (permits held), the guard's own flushes and replays included,
+by store. At the limit with a queue behind it: the backend (or its pool) is the bottleneck."""
+BULKHEAD_QUEUE_DEPTH = "guarded_bulkhead_queue_depth"
+"""Gauge: calls waiting in line for admission to the backend, by store."""
+BULKHEAD_WAIT = "guarded_bulkhead_wait_seconds"
+"""Histogram: time each call waited for admission (0 when admitted at once; an admission timeout
+is observed too), by store and method. This time is the guard's queueing: it counts toward the
+caller's latency, never toward the circuit breaker's slow-call rate."""
+BULKHEAD_TIMEOUTS = "guarded_bulkhead_timeouts_total"
+"""Counter: calls not admitted before their deadline left time for the backend, by store and
+method. They end with outcome ``timeout`` (error type ``BulkheadTimeoutError``): reads answer
+stale or their fallback, writes are held and replayed. Sustained increase: more load than the
+backend's concurrency serves within the deadlines."""
+
+# --- quarantined spill rows (issue 13) -------------------------------------------------------------
+DLQ_QUARANTINED = "guarded_deadletter_quarantined_total"
+"""Counter: rows of a dead-letter spill file that could not be read (a column of the wrong type,
+text that is not UTF-8, a key or call that is not JSON) and were moved to the file's quarantine
+table with their raw bytes and a reason, by store. They are not replayed; ``guarded dlq list
+--quarantined`` shows them. Any increase means a damaged file: alert on it."""
+
+# --- alerts an on-call engineer trusts (issue 16) ---------------------------------------------------
+ALERT_PAUSE_SAVES_FAILING = "GuardedPlannerPauseSavesFailing"
+"""The page: pause saves of a store keep failing (:data:`ALERT_PAUSE_SAVE_FAILED` is the ticket for
+a single failure)."""
+ALERT_DEADLETTER_PARKED = "GuardedDeadLetterParkedWrites"
+ALERT_BATCH_WRITES_FAILED = "GuardedBatchWritesFailed"
+ALERT_POOL_SATURATED = "GuardedPoolSaturated"
+ALERT_BATCH_QUEUE_FULL = "GuardedBatchQueueFull"
+ALERT_REPLAY_STALLED = "GuardedDeadLetterReplayStalled"
+ALERT_SCHEMA_VERSION_SKEW = "GuardedSchemaVersionSkew"
+ALERT_DEADLETTER_QUARANTINED = "GuardedDeadLetterQuarantinedRows"
+ALERT_NAMES = (
+    *ALERT_NAMES,
+    ALERT_DEADLETTER_QUARANTINED,
+    ALERT_PAUSE_SAVES_FAILING,
+    ALERT_DEADLETTER_PARKED,
+    ALERT_BATCH_WRITES_FAILED,
+    ALERT_POOL_SATURATED,
+    ALERT_BATCH_QUEUE_FULL,
+    ALERT_REPLAY_STALLED,
+    ALERT_SCHEMA_VERSION_SKEW,
+)
+
+BATCH_CAPACITY = "guarded_batch_capacity"
+"""Gauge: writes the batcher holds at most (``batch.queue_size``), by store; :data:`BATCH_PENDING`
+at this value means the queue is full and new writes wait for space, then are dead-lettered."""
+BATCH_FAILED_WRITES = "guarded_batch_failed_writes_total"
+"""Counter: writes a batch writer raised on (a bug in the writer): answered ``fallback`` and not
+kept, so write-behind writes already acknowledged are lost, by store and method."""
+GUARDED_PG_SCHEMA_EXPECTED_VERSION = "guarded_pg_schema_expected_version"
+"""Gauge: the newest migration version the running code knows, set when the store connects (labels:
+store, schema). A schema whose :data:`GUARDED_PG_MIGRATION_VERSION` is above this value on some
+process is being served by code older than its schema (version skew)."""
+PG_METRIC_NAMES = (*PG_METRIC_NAMES, GUARDED_PG_SCHEMA_EXPECTED_VERSION)
+
+STALE_BYTES = "guarded_stale_cache_bytes"
+"""Gauge: estimated bytes of the values held for stale-if-error reads (``stale.max_bytes`` bounds
+it), by store; the companion of :data:`STALE_ENTRIES`."""

@@ -1,0 +1,106 @@
+"""One logical call through the guard, and the shape every layer has (tower's Layer/Service)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..outcome import Outcome
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from ..config import ResolvedMethodConfig
+    from ..policy import MethodPolicy
+
+
+_OK = Outcome.OK  # enum attribute lookups are slow on CPython 3.11 (about 0.1 µs)
+
+
+class Call:
+    """A method call as it travels through the layers; layers annotate it as they go."""
+
+    __slots__ = (
+        "args",
+        "attempts",
+        "deadline",
+        "error",
+        "held",
+        "kwargs",
+        "loop",
+        "method",
+        "outcome",
+        "preloaded",
+        "queued",
+        "retries",
+        "span",
+        "started",
+        "ticket",
+    )
+
+    def __init__(
+        self,
+        method: MethodSetup,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        loop: asyncio.AbstractEventLoop,
+        started: float,
+    ) -> None:
+        self.method = method
+        self.args = args
+        self.kwargs = kwargs
+        self.loop = loop
+        self.started = started
+        """Event-loop time when the call began."""
+        self.deadline = started + method.settings.deadline
+        """Event-loop time by which the call must return."""
+        self.attempts = 0
+        self.queued = 0.0
+        """Seconds the call waited for admission to the backend, every attempt together; written
+        only by the bulkhead layer. The guard's own queueing: the breaker leaves it out."""
+        self.outcome = _OK
+        self.error: BaseException | None = None
+        self.retries: list[tuple[int, str, float]] | None = None
+        """(attempt that failed, error type, backoff in seconds) for each retry."""
+        self.span: Span | None = None
+        self.preloaded: BaseException | None = None
+        """The failure of a first attempt made on the compiled success path
+        (:mod:`guarded.pipeline.compiled`): the layered chain that takes the call over raises it as its
+        first attempt instead of calling the backend again."""
+        self.ticket: int | None = None
+        """The breaker's admission taken on the compiled success path, adopted by the breaker layer."""
+        self.held: Any = None
+        """What the dead-letter layer took before the backend call on the compiled success path
+        (its call stamp, key slot and logical-time token), adopted by that layer."""
+
+    def note_retry(self, error_type: str, delay: float) -> None:
+        if self.retries is None:
+            self.retries = []
+        self.retries.append((self.attempts, error_type, delay))
+
+
+@dataclass(frozen=True, slots=True)
+class MethodSetup:
+    """Everything layers need to know about one method of one guarded store."""
+
+    store_name: str
+    label: str
+    """The ``method`` label of metrics and ``db.operation.name`` of spans (``artifact_store.get`` ...)."""
+    policy: MethodPolicy
+    settings: ResolvedMethodConfig
+    honours_idempotency_key: bool = False
+
+
+Service = Callable[[Call], Awaitable[Any]]
+"""Runs a call and returns its result. It need not be a coroutine function: a layer with nothing
+to do for a particular call may return ``inner(call)`` itself and so add no frame."""
+
+
+class Layer(Protocol):
+    """One concern of the guard. ``wrap`` is called once per method when the guard is built and
+    returns the service that runs that method's calls; a layer with nothing to do for a method
+    returns ``inner`` unchanged, so it costs nothing there."""
+
+    def wrap(self, inner: Service, method: MethodSetup) -> Service: ...

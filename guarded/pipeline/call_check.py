@@ -1,0 +1,277 @@
+"""Check a call before it enters the chain: the caller's bugs are the caller's (issue 14).
+
+A call whose arguments do not bind to the method's signature, or that passes an argument of the
+wrong type (a string where a ``StoredEvent`` belongs, a list where a mapping does), would fail in
+the backend — or, worse, be queued, acknowledged and parked later, or held and replayed for ever.
+:func:`argument_check` builds, once per guarded method, a function that refuses such a call with
+:class:`~guarded.errors.CallerError` before anything else sees it.
+
+The signature is the backend's own. A backend that says nothing about its arguments (a delegating
+wrapper whose methods take ``*args, **kwargs``) is checked against the
+StateStore protocol's signature of the method. Which arguments are records, and of which type,
+is a column of the policy table (:attr:`guarded.policy.MethodPolicy.arguments`). A record is
+accepted when it is an instance of guarded's model or PenguiFlow's, or when it has every field
+the stores read (the codec reads attributes).
+
+A call is checked without building a ``BoundArguments`` (a few set and length comparisons, and
+one ``isinstance`` per record argument); ``Signature.bind`` runs only to word a refusal.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..codec import CODECS, DEFAULT_TYPES, installed_types
+from ..errors import CallerError
+from ..policy import Argument, MethodPolicy
+from ..protocol import LEGACY_ALIASES
+from .classify import redact_quoted
+
+Check = Callable[[tuple[Any, ...], Mapping[str, Any]], None]
+"""Raises :class:`~guarded.errors.CallerError` when a call's ``(args, kwargs)`` are wrong."""
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def argument_check(label: str, method: object, policy: MethodPolicy) -> Check | None:
+    """The check of the calls of ``method`` (the backend's callable, ``None`` when unknown),
+    guarded as ``label`` with ``policy``; ``None`` when there is nothing to check."""
+    signature = own_signature(method) or protocol_signature(policy.name)
+    bind = _binder(label, signature) if signature is not None else None
+    checks = [_argument_check(label, argument) for argument in policy.arguments]
+    if bind is None and not checks:
+        return None
+
+    def check(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        if bind is not None:
+            bind(args, kwargs)
+        for check_argument in checks:
+            check_argument(args, kwargs)
+
+    return _with_fast_path(check, signature, policy.arguments)
+
+
+def _with_fast_path(
+    check: Check, signature: inspect.Signature | None, arguments: Sequence[Argument]
+) -> Check:
+    """``check``, answered in one function for the usual call: every required argument passed by
+    position, nothing else, each record argument of exactly a type it accepts. Any other call
+    takes ``check`` itself, which accepts and refuses the same calls."""
+    if signature is None:
+        return check
+    parameters = list(signature.parameters.values())
+    if any(
+        parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is inspect.Parameter.empty
+        for parameter in parameters
+    ):
+        return check
+    arity = sum(
+        1
+        for parameter in parameters
+        if parameter.kind in _POSITIONAL and parameter.default is inspect.Parameter.empty
+    )
+    typed: list[tuple[int, frozenset[type]]] = []
+    for argument in arguments:
+        if argument.index >= arity:
+            continue
+        if argument.many:
+            return check
+        typed.append((argument.index, _exact_types(argument.expects)))
+    if not typed:
+
+        def untyped(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+            if kwargs or len(args) != arity:
+                check(args, kwargs)
+
+        return untyped
+    if len(typed) == 1:
+        ((index, types),) = typed
+
+        def one(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+            if kwargs or len(args) != arity or type(args[index]) not in types:
+                check(args, kwargs)
+
+        return one
+    return check
+
+
+def _exact_types(expects: str) -> frozenset[type]:
+    """The types a value of ``expects`` may have for the fast path (subclasses take the full check)."""
+    if expects in ("mapping", "trajectory"):
+        return frozenset({dict})
+    return frozenset({getattr(DEFAULT_TYPES, expects), getattr(installed_types(), expects)})
+
+
+@functools.cache
+def protocol_signatures() -> Mapping[str, inspect.Signature]:
+    """The signatures (without ``self``) of the methods of the StateStore protocol and its
+    capabilities, and of the ``ArtifactStore``; legacy aliases as their targets."""
+    from .. import protocol
+    from ..models import ArtifactStore
+
+    classes: list[type] = [ArtifactStore]
+    classes.extend(
+        found
+        for found in vars(protocol).values()
+        if isinstance(found, type) and found.__module__ == protocol.__name__
+    )
+    found: dict[str, inspect.Signature] = {}
+    for cls in classes:
+        for name, member in vars(cls).items():
+            if name.startswith("_") or not inspect.iscoroutinefunction(member):
+                continue
+            signature = inspect.signature(member)
+            parameters = list(signature.parameters.values())[1:]
+            found.setdefault(name, signature.replace(parameters=parameters))
+    for alias, target in LEGACY_ALIASES.items():
+        if target in found:
+            found.setdefault(alias, found[target])
+    return found
+
+
+def protocol_signature(name: str) -> inspect.Signature | None:
+    """The protocol's signature of method ``name`` (see :func:`protocol_signatures`), or ``None``
+    for a method the protocols do not define."""
+    return protocol_signatures().get(name)
+
+
+def own_signature(method: object) -> inspect.Signature | None:
+    """``method``'s signature, unless it has none or takes anything (``*args`` and ``**kwargs``:
+    a wrapper or a proxy, whose signature says nothing of what the call needs)."""
+    if method is None or not callable(method):
+        return None
+    try:
+        # The signature of what is called: a decorator's wrapper may supply arguments itself
+        # (a connection, a tenant), so the wrapped function's parameters are not the caller's.
+        signature = inspect.signature(method, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return None
+    kinds = {parameter.kind for parameter in signature.parameters.values()}
+    if inspect.Parameter.VAR_POSITIONAL in kinds and inspect.Parameter.VAR_KEYWORD in kinds:
+        return None
+    return signature
+
+
+def _binder(label: str, signature: inspect.Signature) -> Check:
+    parameters = list(signature.parameters.values())
+    positional = [parameter.name for parameter in parameters if parameter.kind in _POSITIONAL]
+    least = sum(
+        1
+        for parameter in parameters
+        if parameter.kind in _POSITIONAL and parameter.default is inspect.Parameter.empty
+    )  # the required positional parameters come first: Python's syntax says so
+    least_by_position = sum(
+        1
+        for parameter in parameters
+        if parameter.kind is inspect.Parameter.POSITIONAL_ONLY
+        and parameter.default is inspect.Parameter.empty
+    )  # never given by keyword (a keyword of that name goes to **kwargs)
+    kinds = {parameter.kind for parameter in parameters}
+    most = float("inf") if inspect.Parameter.VAR_POSITIONAL in kinds else len(positional)
+    any_keyword = inspect.Parameter.VAR_KEYWORD in kinds
+    by_keyword = frozenset(
+        parameter.name
+        for parameter in parameters
+        if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    )
+    keyword_required = tuple(
+        parameter.name
+        for parameter in parameters
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is inspect.Parameter.empty
+    )
+    full_bind = signature.bind
+
+    def binds(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+        count = len(args)
+        if not least <= count <= most and not (count < least and kwargs):
+            return False
+        if not kwargs:
+            return not keyword_required  # count >= least: checked above
+        if count < least_by_position or (not any_keyword and not kwargs.keys() <= by_keyword):
+            return False
+        return (
+            not any(name in kwargs for name in positional[:count])
+            and all(name in kwargs for name in positional[count:least])
+            and all(name in kwargs for name in keyword_required)
+        )
+
+    def bind(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        if binds(args, kwargs):
+            return
+        try:
+            full_bind(*args, **kwargs)  # for Python's own words; binds() never refuses a good call
+        except TypeError as exc:
+            raise CallerError(f"{label}(): {redact_quoted(str(exc))}") from None
+
+    return bind
+
+
+def _argument_check(label: str, argument: Argument) -> Check:
+    name, index = argument.name, argument.index
+    accepts, expected = _acceptor(argument.expects)
+
+    def check(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        if name in kwargs:
+            value = kwargs[name]
+        elif len(args) > index:
+            value = args[index]
+        else:
+            return  # not passed: it has a default, or the backend's signature names it otherwise
+        if not argument.many:
+            if not accepts(value):
+                raise CallerError(f"{label}(): argument {name!r} must be {expected}, got {_type(value)}")
+            return
+        if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+            raise CallerError(
+                f"{label}(): argument {name!r} must be a sequence (list or tuple) of "
+                f"{argument.expects}, got {_type(value)}"
+            )
+        for position, item in enumerate(value):
+            if not accepts(item):
+                raise CallerError(
+                    f"{label}(): argument '{name}[{position}]' must be {expected}, got {_type(item)}"
+                )
+
+    return check
+
+
+def _acceptor(expects: str) -> tuple[Callable[[Any], bool], str]:
+    """Whether a value is what ``expects`` names, and how a message names it."""
+    if expects == "mapping":
+        return (lambda value: isinstance(value, Mapping)), "a mapping (a dict)"
+    if expects == "trajectory":
+        return _is_trajectory, "a mapping or an object with serialise() (PenguiFlow's Trajectory)"
+    return _record_acceptor(expects)
+
+
+@functools.cache
+def _record_acceptor(record: str) -> tuple[Callable[[Any], bool], str]:
+    fields = tuple(field.name for field in CODECS[record].fields)
+    classes = tuple({getattr(DEFAULT_TYPES, record), getattr(installed_types(), record)})
+
+    def accepts(value: Any) -> bool:
+        if isinstance(value, classes):
+            return True
+        try:
+            return all(hasattr(value, field) for field in fields)
+        except Exception:  # an attribute that raises something else than AttributeError
+            return False
+
+    return accepts, f"a {record} (guarded.models, PenguiFlow's, or an object with its fields)"
+
+
+def _is_trajectory(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return True
+    try:
+        return callable(getattr(value, "serialise", None))
+    except Exception:  # an attribute that raises something else than AttributeError
+        return False
+
+
+def _type(value: Any) -> str:
+    """The type of ``value``, never the value: messages may be logged."""
+    return type(value).__qualname__

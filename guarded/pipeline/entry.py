@@ -1,0 +1,95 @@
+"""The entry of a guarded method: what the caller calls, and the idempotency key of its call.
+
+A repeat-safe method's entry only starts the :class:`~guarded.pipeline.call.Call`. A method not safe to
+repeat blindly draws one idempotency key for every attempt of the call
+(:data:`guarded.pipeline.idempotency.IDEMPOTENCY_KEY`). A consume (``load_planner_state``) keeps the
+caller's own key when it set one (its retry of the call), and claims the keys of earlier consumes
+of the same token that got no answer, for a backend that recovers them (:mod:`guarded.pipeline.unanswered`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from ..outcome import Outcome
+from ..policy import Kind
+from .call import Call, MethodSetup, Service
+from .idempotency import IDEMPOTENCY_KEY, UNANSWERED_KEYS
+from .unanswered import UnansweredConsumes
+
+_ANSWERED = frozenset({Outcome.OK, Outcome.RETRIED, Outcome.NOT_FOUND, Outcome.STALE})
+"""A consume that ended so got a definite answer."""
+_MAYBE_COMMITTED = frozenset({Outcome.TIMEOUT, Outcome.FALLBACK, Outcome.CANCELLED})
+"""A consume that ended so may have been committed without its answer reaching us."""
+
+
+def entry_point(
+    service: Service,
+    setup: MethodSetup,
+    key_prefix: str,
+    counter: itertools.count[int],
+    unanswered: UnansweredConsumes | None,
+) -> Callable[..., Any]:
+    get_loop = asyncio.get_running_loop
+    get_key, set_key, reset_key = IDEMPOTENCY_KEY.get, IDEMPOTENCY_KEY.set, IDEMPOTENCY_KEY.reset
+    set_unanswered, reset_unanswered = UNANSWERED_KEYS.set, UNANSWERED_KEYS.reset
+    consume = setup.policy.kind is Kind.CONSUME
+    item_of = setup.policy.read_key if consume and unanswered is not None else None
+
+    async def guarded_method(*args: Any, **kwargs: Any) -> Any:
+        loop = get_loop()
+        return await service(Call(setup, args, kwargs, loop, loop.time()))
+
+    async def keyed_method(*args: Any, **kwargs: Any) -> Any:
+        # Not safe to repeat blindly: one drawn key for every attempt of this call.
+        loop = get_loop()
+        token = set_key(key_prefix + str(next(counter)))
+        try:
+            return await service(Call(setup, args, kwargs, loop, loop.time()))
+        finally:
+            reset_key(token)
+
+    async def consume_method(*args: Any, **kwargs: Any) -> Any:
+        # The key of this logical call: the caller's own when it set one (its retry of the call),
+        # else a drawn one that nobody else ever gets. Keys of earlier consumes of the token that
+        # got no answer are claimed (one consume at a time) for the backend to recover from.
+        loop = get_loop()
+        own = get_key()
+        key = own if own is not None else key_prefix + str(next(counter))
+        item = item_of(args, kwargs) if item_of is not None else None
+        if item is not None and not _hashable(item):
+            item = None
+        claimed = unanswered.claim(item) if item is not None and unanswered is not None else ()
+        token = set_key(key)
+        keys_token = set_unanswered(tuple(claimed_key for claimed_key, _ in claimed) or None)
+        call = Call(setup, args, kwargs, loop, loop.time())
+        try:
+            return await service(call)
+        finally:
+            reset_unanswered(keys_token)
+            reset_key(token)
+            if item is not None and unanswered is not None and call.outcome not in _ANSWERED:
+                unanswered.restore(item, claimed)  # not recovered: for the next consume
+                if own is None and call.outcome in _MAYBE_COMMITTED:
+                    unanswered.remember(item, key)
+
+    if setup.policy.repeat_safe and not consume:
+        # A compiled service (guarded.pipeline.compiled) starts the call itself: the call runs in one frame.
+        guarded_method = getattr(service, "entry", guarded_method)
+    chosen = consume_method if consume else guarded_method if setup.policy.repeat_safe else keyed_method
+    chosen.__name__ = chosen.__qualname__ = setup.label
+    return chosen
+
+
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+__all__ = ["entry_point"]
