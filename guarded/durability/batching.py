@@ -59,170 +59,28 @@ import heapq
 import itertools
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+from collections.abc import Collection
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client import REGISTRY, CollectorRegistry
 
 from ..config import BatchConfig
-from ..observability import telemetry_names as names
-from ..observability.batch_stats import BatchStats, FlushSeries, batch_stats
-from ..observability.per_registry import PerRegistry
-from ..observability.store_gauge import StoreTotalGauge, store_total_gauge
 from ..outcome import Outcome
+from .batch_queue import (
+    ALONE,
+    NO_ROOM,
+    QUEUED,
+    MethodQueue,
+    PendingWrite,
+    ScopeEntry,
+    Writer,
+    instruments_for,
+)
 
 logger = logging.getLogger("guarded.batching")
 
 _OK = Outcome.OK
 _CANCEL_GRACE = 1.0
-
-QUEUED = 0
-""":meth:`Batcher.offer`: the write is queued."""
-ALONE = 1
-""":meth:`Batcher.offer`: the write is queued and no flush of its method runs: the caller writes
-it at once (:meth:`Batcher.write_alone`), with no task and no loop iteration."""
-NO_ROOM = 2
-""":meth:`Batcher.offer`: the write is not queued (the batcher is full or closed)."""
 """Seconds :meth:`Batcher.aclose` waits for cancelled flushes to unwind after its timeout."""
-
-
-@dataclass(slots=True)
-class PendingWrite:
-    """One write waiting to be flushed. Treat it as immutable: it is not frozen only because a
-    frozen dataclass's ``__init__`` costs three times as much, and one is built per call."""
-
-    method: str
-    """The store method, e.g. ``"save_event"``."""
-    args: tuple[Any, ...]
-    kwargs: Mapping[str, Any]
-    scope: str | None
-    """The trace or session id the write belongs to, for read-your-writes; ``None`` for none."""
-    stamp: int
-    """Call-order number assigned by the caller."""
-    queued_at: float
-    """Loop time at which the caller submitted the write."""
-    done: asyncio.Future[Outcome] | None = None
-    """Group commit: settled with the write's outcome once its batch is written (``OK``: in the
-    backend; ``DEAD_LETTERED``: held for replay; ``REJECTED``: parked as bad data). ``None`` for a
-    write-behind write, acknowledged when queued."""
-
-    def settle(self, outcome: Outcome) -> None:
-        """Tell the caller waiting for this write (if any, and if it still waits) its outcome."""
-        done = self.done
-        if done is not None and not done.done():
-            done.set_result(outcome)
-
-
-Writer: TypeAlias = Callable[[str, Sequence[PendingWrite]], Awaitable[Sequence[Outcome] | None]]
-"""Writes one flush of one method and returns each write's outcome (``None``: all ``OK``). It must
-not raise: it handles failures itself (retry, dead-letter). If it raises anyway, the batcher logs
-the error type (never payloads), counts the writes in :attr:`Batcher.failed`, settles them
-``FALLBACK`` (not kept) and frees their space; they are not returned to the owner."""
-
-
-# --- metrics ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Instruments:
-    flushes: BatchStats
-    pending: StoreTotalGauge
-    capacity: StoreTotalGauge
-    failed: Counter
-
-
-def _build_instruments(registry: CollectorRegistry) -> _Instruments:
-    labels = [names.LABEL_STORE, names.LABEL_METHOD]
-    return _Instruments(
-        flushes=batch_stats(registry),
-        pending=store_total_gauge(
-            registry,
-            names.BATCH_PENDING,
-            "Acknowledged writes queued or being flushed (lost if the process dies now).",
-            lambda batcher: batcher.pending,
-        ),
-        capacity=store_total_gauge(
-            registry,
-            names.BATCH_CAPACITY,
-            "Writes the batcher holds at most (queue_size); pending at this value: the queue is full.",
-            lambda batcher: batcher.config.queue_size,
-        ),
-        failed=Counter(
-            names.BATCH_FAILED_WRITES,
-            "Writes a batch writer raised on: answered fallback and not kept (lost).",
-            labels,
-            registry=registry,
-        ),
-    )
-
-
-_instruments_for: PerRegistry[_Instruments] = PerRegistry(_build_instruments)
-
-
-# --- the batcher ------------------------------------------------------------------------------------
-
-
-class _ScopeEntry:
-    """Writes of one (method, scope) queued or in flight, and the sequence number of the last one."""
-
-    __slots__ = ("count", "last")
-
-    def __init__(self, last: int) -> None:
-        self.count = 1
-        self.last = last
-
-
-class _MethodQueue:
-    """The queue, flushes in flight and read-your-writes bookkeeping of one method.
-
-    Every write gets a sequence number (its position in the method's submission order) without
-    storing it: the head of ``queue`` is number ``taken``. Batches are contiguous ranges, kept in
-    ``in_flight`` by their first number, in start order.
-    """
-
-    __slots__ = (
-        "active",
-        "due",
-        "eager",
-        "flush_waiters",
-        "flushes",
-        "in_flight",
-        "method",
-        "queue",
-        "scopes",
-        "taken",
-        "timer",
-        "urgent_through",
-    )
-
-    def __init__(self, method: str, flushes: FlushSeries) -> None:
-        self.method = method
-        self.queue: deque[PendingWrite] = deque()
-        self.taken = 0
-        self.in_flight: dict[int, list[PendingWrite]] = {}
-        self.active = 0
-        self.timer: asyncio.Handle | None = None
-        self.due = False
-        self.urgent_through = 0
-        """Writes numbered below this are flushed without waiting for size or delay."""
-        self.scopes: dict[str, _ScopeEntry] = {}
-        self.flush_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
-        """Heap of (sequence number to reach, tie-breaker, future) of pending flush calls."""
-        self.flushes = flushes
-        self.eager = False
-        """Group commit: start a flush whenever fewer than the limit run (no size or delay)."""
-
-    @property
-    def submitted(self) -> int:
-        return self.taken + len(self.queue)
-
-    @property
-    def written_through(self) -> int:
-        """Every write numbered below this has left the batcher (written, failed or handed back)."""
-        for start in self.in_flight:
-            return start
-        return self.taken
 
 
 class Batcher:
@@ -250,7 +108,7 @@ class Batcher:
         self._capacity = config.queue_size
         self._max_flushes = config.max_concurrent_flushes
         self._parallel_at = min(config.parallel_flush_at, config.max_batch)
-        self._queues: dict[str, _MethodQueue] = {}
+        self._queues: dict[str, MethodQueue] = {}
         self._pending = 0
         self._waiters: deque[asyncio.Future[bool]] = deque()
         self._closing = False
@@ -260,7 +118,7 @@ class Batcher:
         self._tiebreak = itertools.count()
         self.failed = 0
         """Writes whose writer raised (a bug in the writer): logged, counted, not retried."""
-        instruments = _instruments_for(registry)
+        instruments = instruments_for(registry)
         self._flushes = instruments.flushes
         self._failed = instruments.failed
         instruments.pending.add(self)
@@ -375,14 +233,14 @@ class Batcher:
                 self._pending += 1
                 waiter.set_result(True)
 
-    def _enqueue(self, write: PendingWrite) -> _MethodQueue | None:
+    def _enqueue(self, write: PendingWrite) -> MethodQueue | None:
         """Queue a write whose slot is already counted in ``_pending``; its queue when the write
         is to go out at once in the caller's own task (group commit, no flush of its method running
         and nothing else waiting: a lone writer pays for no task and no extra loop iteration)."""
         method = write.method
         mq = self._queues.get(method)
         if mq is None:
-            mq = self._queues[method] = _MethodQueue(method, self._flushes.of(self.store_name, method))
+            mq = self._queues[method] = MethodQueue(method, self._flushes.of(self.store_name, method))
             mq.eager = write.done is not None
         queue = mq.queue
         queue.append(write)
@@ -392,7 +250,7 @@ class Batcher:
         if scope is not None and not mq.eager:
             entry = mq.scopes.get(scope)
             if entry is None:
-                mq.scopes[scope] = _ScopeEntry(mq.taken + len(queue) - 1)
+                mq.scopes[scope] = ScopeEntry(mq.taken + len(queue) - 1)
             else:
                 entry.count += 1
                 entry.last = mq.taken + len(queue) - 1
@@ -414,7 +272,7 @@ class Batcher:
             mq.timer = asyncio.get_running_loop().call_later(self._max_delay, self._on_timer, mq)
         return None
 
-    async def _flush_alone(self, mq: _MethodQueue) -> None:
+    async def _flush_alone(self, mq: MethodQueue) -> None:
         """Write the one waiting write of ``mq`` in the caller's task (see :meth:`_enqueue`)."""
         start, batch = self._take(mq, 1)
         try:
@@ -427,7 +285,7 @@ class Batcher:
             raise
 
     @staticmethod
-    def _take(mq: _MethodQueue, size: int) -> tuple[int, list[PendingWrite]]:
+    def _take(mq: MethodQueue, size: int) -> tuple[int, list[PendingWrite]]:
         """Move the next ``size`` queued writes of ``mq`` in flight as one batch; returns the
         batch's first sequence number and its writes."""
         queue = mq.queue
@@ -445,15 +303,15 @@ class Batcher:
 
     # --- flushing -----------------------------------------------------------------------------------
 
-    def _limit(self, mq: _MethodQueue) -> int:
+    def _limit(self, mq: MethodQueue) -> int:
         return 1 if mq.method in self._ordered else self._max_flushes
 
-    def _on_timer(self, mq: _MethodQueue) -> None:
+    def _on_timer(self, mq: MethodQueue) -> None:
         mq.timer = None
         mq.due = True
         self._pump(mq)
 
-    def _pump(self, mq: _MethodQueue) -> None:
+    def _pump(self, mq: MethodQueue) -> None:
         """Start the flushes ``mq`` is ready for, then keep its timer armed while writes wait."""
         queue = mq.queue
         max_batch = self._max_batch
@@ -503,7 +361,7 @@ class Batcher:
             when = min(queue[0].queued_at, now) + self._max_delay
             mq.timer = loop.call_at(when, self._on_timer, mq)
 
-    async def _run_flush(self, mq: _MethodQueue, start: int, batch: list[PendingWrite]) -> None:
+    async def _run_flush(self, mq: MethodQueue, start: int, batch: list[PendingWrite]) -> None:
         loop = asyncio.get_running_loop()
         began = loop.time()
         finished = cancelled = False
@@ -551,7 +409,7 @@ class Batcher:
                     mq.flushes.observe(len(batch), loop.time() - began)
                 self._finish(mq, start, batch, pump=not cancelled)
 
-    def _finish(self, mq: _MethodQueue, start: int, batch: list[PendingWrite], *, pump: bool = True) -> None:
+    def _finish(self, mq: MethodQueue, start: int, batch: list[PendingWrite], *, pump: bool = True) -> None:
         """A batch left the batcher: free its slots, settle its scopes, wake flush waiters, go on."""
         del mq.in_flight[start]
         mq.active -= 1
@@ -576,7 +434,7 @@ class Batcher:
         elif mq.queue:
             self._pump(mq)
 
-    def _wake_flushers(self, mq: _MethodQueue) -> None:
+    def _wake_flushers(self, mq: MethodQueue) -> None:
         waiters = mq.flush_waiters
         if not waiters:
             return
@@ -586,7 +444,7 @@ class Batcher:
             if not future.done():
                 future.set_result(None)
 
-    def _request(self, mq: _MethodQueue, target: int) -> asyncio.Future[None] | None:
+    def _request(self, mq: MethodQueue, target: int) -> asyncio.Future[None] | None:
         """Flush ``mq`` up to sequence number ``target`` (exclusive) now; a future that resolves
         once all of those are written, or ``None`` when they already are."""
         if mq.written_through >= target:
