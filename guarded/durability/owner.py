@@ -14,9 +14,7 @@ import contextlib
 import itertools
 import logging
 import math
-import uuid
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -26,15 +24,13 @@ from ..config import GuardConfig
 from ..deadletter import DeadLetterBuffer, ReplayResult
 from ..errors import InvalidPayloadError
 from ..observability.failure_log import FailureLog, operational_errors
-from ..outcome import Outcome
 from ..pipeline.breaker import BreakerState, CircuitBreaker
-from ..pipeline.classify import error_type, is_programming_error, no_wait_fixes, safe_message
-from ..pipeline.idempotency import ITEM_KEYS as _ITEM_KEYS
-from ..pipeline.idempotency import WRITE_KEY_ARGUMENT, item_keys, replayed_call
+from ..pipeline.classify import error_type, is_programming_error, safe_message
+from ..pipeline.idempotency import replayed_call
 from ..policy import PolicyTable
-from ..protocol import LEGACY_NAMES
-from .batching import Batcher, PendingWrite
-from .bulk_forms import bulk_args, bulk_call, bulk_method_for, bulk_methods_of
+from .batch_writer import BatchWriter, InternalCall
+from .batching import Batcher
+from .bulk_forms import bulk_call, bulk_method_for, bulk_methods_of
 from .ports import (
     DirectWriteGate,
     DurabilityPorts,
@@ -47,9 +43,6 @@ from .stale import StaleCache
 
 logger = logging.getLogger("guarded.durability")
 
-InternalCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]]
-"""Runs ``method(*args, **kwargs)`` on the backend through breaker, retry and timeout; raises."""
-
 _WAITING_STATES = frozenset({BreakerState.OPEN, BreakerState.FORCED_OPEN})
 _REPLAY_PAUSE = 0.5
 _REPLAY_MAX_PAUSE = 5.0
@@ -59,27 +52,6 @@ _DRAIN_PAUSE = 0.05
 _DRAIN_MAX_PAUSE = 1.0
 _DRAIN_BATCH = 1000
 """Held writes a drain sends in one bulk call, at most."""
-_OK, _DEAD_LETTERED, _REJECTED = Outcome.OK, Outcome.DEAD_LETTERED, Outcome.REJECTED
-_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
-
-_ITEM_ARITY = {
-    policy.name: len(policy.bulk_item) for policy in PolicyTable.for_state_store() if policy.bulk_form
-}
-"""Parameters per bulk item of each write with a bulk form (the table :func:`bulk_args` reads)."""
-
-
-def _bulk_args(method: str, writes: Sequence[PendingWrite]) -> tuple[Any, ...]:
-    """:func:`~guarded.durability.bulk_forms.bulk_args` of a flush, without a call per write when every write
-    passed its item's arguments positionally (the usual case)."""
-    arity = _ITEM_ARITY.get(method)
-    if arity == 1:
-        try:
-            return ([write.args[0] for write in writes],)
-        except IndexError:
-            pass
-    elif arity and all(len(write.args) >= arity for write in writes):
-        return ([write.args[:arity] for write in writes],)
-    return bulk_args(method, writes)
 
 
 def target_identity(target: object) -> str | None:
@@ -120,10 +92,6 @@ class Durability:
         self._run = run
         self._operational = operational_errors(registry)
         self._failures = failure_log or FailureLog(config.logging.interval)
-        self._offered_names: dict[str, str] = {}
-        self._keyed_appends = frozenset(policy.name for policy in policies if policy.item_keys)
-        """Appends whose writes each get a key of their own, used by the flush, kept with the write
-        when it is held and used again by its replay (:data:`guarded.pipeline.idempotency.ITEM_KEYS`)."""
         self.buffer: DeadLetterBuffer | None = (
             DeadLetterBuffer(
                 config.dead_letter,
@@ -135,10 +103,23 @@ class Durability:
             if config.dead_letter.enabled
             else None
         )
+        self.writes = BatchWriter(
+            target,
+            run,
+            self.buffer,
+            store_name=store_name,
+            operational=self._operational,
+            keyed_appends=frozenset(policy.name for policy in policies if policy.item_keys),
+            single_write_concurrency=config.batching.single_write_concurrency,
+            dead_letter=self.dead_letter,
+            park=self.park,
+            log_bug=self._log_bug,
+            kick_replay=self.kick_replay,
+        )
         self.batcher: Batcher | None = (
             Batcher(
                 config.batching,
-                self._write_batch,
+                self.writes,
                 store_name=store_name,
                 registry=registry,
                 ordered=[policy.name for policy in policies if policy.ordered],
@@ -158,7 +139,6 @@ class Durability:
         )
         self.next_stamp: Callable[[], int] = itertools.count(1).__next__
         """Call-order stamps: a direct write supersedes held writes of its key with older stamps."""
-        self._write_key_prefix = f"{uuid.uuid4().hex}:"
         self.opened = False
         self.closed = False
         self._opening: asyncio.Future[None] | None = None
@@ -182,7 +162,7 @@ class Durability:
             next_stamp=self.next_stamp,
             queue=WriteQueue(self.batcher) if self.batcher is not None else None,
             keeper=(
-                HeldWriteKeeper(self.dead_letter, self.park, self.kept_kwargs, buffer)
+                HeldWriteKeeper(self.dead_letter, self.park, self.writes.kept_kwargs, buffer)
                 if buffer is not None
                 else None
             ),
@@ -271,147 +251,6 @@ class Durability:
             distinct=True,
         )
 
-    def _offered(self, method: str) -> str:
-        """The name the store answers ``method`` by: the method itself, else a legacy alias of it
-        the store has (a store with only ``save_task_update`` gets its updates, written and held
-        under ``save_update`` so reads of either name see them, by that name)."""
-        found = self._offered_names.get(method)
-        if found is None:
-            found = method
-            if not callable(getattr(self.target, method, None)):
-                for alias in LEGACY_NAMES.get(method, ()):
-                    if callable(getattr(self.target, alias, None)):
-                        found = alias
-                        break
-            self._offered_names[method] = found
-        return found
-
-    def _write_key(self, write: PendingWrite) -> str:
-        return self._write_key_prefix + str(write.stamp)
-
-    def _item_keys(self, writes: Sequence[PendingWrite]) -> tuple[str, ...] | None:
-        """The per-item keys of a flush of ``writes`` (one method), ``None`` when it needs none."""
-        if not writes or writes[0].method not in self._keyed_appends:
-            return None
-        return tuple(map(self._write_key, writes))
-
-    def kept_kwargs(self, write: PendingWrite) -> Mapping[str, Any]:
-        """The arguments a write is kept with: a keyed append carries the item key of its flush."""
-        if write.method not in self._keyed_appends:
-            return write.kwargs
-        return {**write.kwargs, WRITE_KEY_ARGUMENT: self._write_key(write)}
-
-    async def _dead_letter_writes(
-        self, failed: Sequence[tuple[PendingWrite, BaseException]]
-    ) -> list[Outcome]:
-        """Keep batched writes that failed; each one's outcome (``DEAD_LETTERED``, or ``REJECTED``
-        when its call cannot be encoded and was parked)."""
-        assert self.buffer is not None
-        for write, exc in failed:
-            self._operational.count(self.store_name, write.method, exc)
-        items = [
-            (
-                write.method,
-                write.args,
-                self.kept_kwargs(write),
-                None,
-                write.scope,
-                write.stamp,
-                error_type(exc),
-            )
-            for write, exc in failed
-        ]
-        try:
-            await self.buffer.put_many(items)
-            outcomes = [_DEAD_LETTERED] * len(failed)
-        except InvalidPayloadError:
-            outcomes = []
-            for write, exc in failed:
-                kept = await self.dead_letter(
-                    write.method,
-                    write.args,
-                    self.kept_kwargs(write),
-                    key=None,
-                    scope=write.scope,
-                    stamp=write.stamp,
-                    error=error_type(exc),
-                )
-                outcomes.append(_DEAD_LETTERED if kept else _REJECTED)
-        self.kick_replay()
-        return outcomes
-
-    async def _write_batch(self, method: str, writes: Sequence[PendingWrite]) -> list[Outcome]:
-        """The batcher's writer: one bulk call when the backend has one, else bounded singles;
-        what fails is dead-lettered, what is bad data is parked. Returns each write's outcome."""
-        # A batch of one (a lone writer: group commit's usual case at low concurrency) goes out
-        # as the single write: the bulk form of one row costs more round trips (a one-row COPY).
-        bulk = bulk_method_for(self.target, method) if len(writes) > 1 else None
-        if bulk is not None:
-            try:
-                if method in self._keyed_appends or _ITEM_KEYS.get() is not None:
-                    with item_keys(self._item_keys(writes)):
-                        await self._run(bulk, _bulk_args(method, writes), _NO_KWARGS)
-                else:
-                    await self._run(bulk, _bulk_args(method, writes), _NO_KWARGS)
-                return [_OK] * len(writes)
-            except BaseException as exc:
-                if not isinstance(exc, Exception) and not _raised_by_store(exc):
-                    raise  # the flush was cancelled (the batcher keeps its writes), or worse
-                if not no_wait_fixes(exc):
-                    return await self._dead_letter_writes([(write, exc) for write in writes])
-                # One bad write rejects the whole bulk call: write one by one to find it.
-        return await self._write_singles(writes)
-
-    async def _write_singles(self, writes: Sequence[PendingWrite]) -> list[Outcome]:
-        if len(writes) == 1:
-            # A lone write (group commit's usual case at low concurrency): in this task, with no
-            # semaphore and no task of its own.
-            return [await self._write_one(writes[0])]
-        failed: list[tuple[int, PendingWrite, BaseException]] = []
-        limit = asyncio.Semaphore(self.config.batching.single_write_concurrency)
-
-        async def limited(index: int, write: PendingWrite) -> Outcome:
-            async with limit:
-                return await self._write_one(write, failed=failed, index=index)
-
-        outcomes = await asyncio.gather(*(limited(index, write) for index, write in enumerate(writes)))
-        if failed:
-            kept = await self._dead_letter_writes([(write, exc) for _, write, exc in failed])
-            for (index, _, _), outcome in zip(failed, kept, strict=True):
-                outcomes[index] = outcome
-        return outcomes
-
-    async def _write_one(
-        self,
-        write: PendingWrite,
-        *,
-        failed: list[tuple[int, PendingWrite, BaseException]] | None = None,
-        index: int = 0,
-    ) -> Outcome:
-        """Write one queued write alone; its outcome. Bad data is parked (``REJECTED``); any other
-        failure is dead-lettered at once, or, with ``failed``, appended to it for the caller to
-        dead-letter with the others (the outcome returned is then a placeholder)."""
-        try:
-            keys = self._item_keys((write,))
-            if keys is None and _ITEM_KEYS.get() is None:
-                await self._run(self._offered(write.method), write.args, write.kwargs)
-            else:
-                with item_keys(keys):
-                    await self._run(self._offered(write.method), write.args, write.kwargs)
-            return _OK
-        except BaseException as exc:
-            if not isinstance(exc, Exception) and not _raised_by_store(exc):
-                raise
-            if no_wait_fixes(exc):
-                if is_programming_error(exc):
-                    self._log_bug(write.method, exc)
-                await self.park(write.method, write.args, write.kwargs, exc)
-                return _REJECTED
-            if failed is None:
-                return (await self._dead_letter_writes([(write, exc)]))[0]
-            failed.append((index, write, exc))
-            return _OK
-
     # --- replay -----------------------------------------------------------------------------------
 
     def kick_replay(self) -> None:
@@ -430,7 +269,7 @@ class Durability:
     async def _send(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ReplayResult:
         try:
             with replayed_call(kwargs):
-                await self._run(self._offered(method), args, kwargs)
+                await self._run(self.writes.offered(method), args, kwargs)
         except Exception as exc:
             self._operational.count(self.store_name, method, exc)
             if is_programming_error(exc):
@@ -634,7 +473,7 @@ class Durability:
             await self.batcher.aclose(timeout)
             unwritten = self.batcher.drain_unwritten()
             if unwritten and self.buffer is not None:
-                outcomes = await self._dead_letter_writes(
+                outcomes = await self.writes.dead_letter_writes(
                     [(write, TimeoutError("shutdown")) for write in unwritten]
                 )
                 for write, outcome in zip(unwritten, outcomes, strict=True):
@@ -677,15 +516,6 @@ class Durability:
                 },
             )
         return remaining
-
-
-def _raised_by_store(exc: BaseException) -> bool:
-    """Whether ``exc`` is a ``CancelledError`` the store raised on its own (its driver cancelled an
-    internal future; nobody cancelled the flush): a failed write like any other, held for replay."""
-    if not isinstance(exc, asyncio.CancelledError):
-        return False
-    task = asyncio.current_task()
-    return task is not None and not task.cancelling()
 
 
 async def _cancelled(task: asyncio.Task[None] | None) -> None:

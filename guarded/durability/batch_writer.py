@@ -1,0 +1,245 @@
+"""The batcher's writer (:data:`~guarded.durability.batching.Writer`): how a flush of queued
+writes of one method reaches the backend.
+
+One bulk call when the backend has the method's bulk form (a batch of one goes out as the single
+write: the bulk form of one row costs more round trips), else bounded concurrent single writes. A
+write that fails is dead-lettered; bad data (a write the backend refuses for good, or a bug of the
+backend's) is parked with its reason. Every call goes through the guard's own internal call
+(breaker, retry, bulkhead, timeout). Keyed appends carry an item key of their own, with the flush
+and when held (:data:`guarded.pipeline.idempotency.ITEM_KEYS`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from ..deadletter import DeadLetterBuffer
+from ..errors import InvalidPayloadError
+from ..observability.failure_log import OperationalErrors
+from ..outcome import Outcome
+from ..pipeline.classify import error_type, is_programming_error, no_wait_fixes
+from ..pipeline.idempotency import ITEM_KEYS as _ITEM_KEYS
+from ..pipeline.idempotency import WRITE_KEY_ARGUMENT, item_keys
+from ..policy import PolicyTable
+from ..protocol import LEGACY_NAMES
+from .batching import PendingWrite
+from .bulk_forms import bulk_args, bulk_method_for
+
+InternalCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]]
+"""Runs ``method(*args, **kwargs)`` on the backend through breaker, retry and timeout; raises."""
+
+DeadLetter = Callable[..., Awaitable[bool]]
+"""Keeps one write that failed (``Durability.dead_letter``); ``False`` when it was parked instead."""
+
+_OK, _DEAD_LETTERED, _REJECTED = Outcome.OK, Outcome.DEAD_LETTERED, Outcome.REJECTED
+_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
+
+_ITEM_ARITY = {
+    policy.name: len(policy.bulk_item) for policy in PolicyTable.for_state_store() if policy.bulk_form
+}
+"""Parameters per bulk item of each write with a bulk form (the table :func:`bulk_args` reads)."""
+
+
+def _bulk_args(method: str, writes: Sequence[PendingWrite]) -> tuple[Any, ...]:
+    """:func:`~guarded.durability.bulk_forms.bulk_args` of a flush, without a call per write when every write
+    passed its item's arguments positionally (the usual case)."""
+    arity = _ITEM_ARITY.get(method)
+    if arity == 1:
+        try:
+            return ([write.args[0] for write in writes],)
+        except IndexError:
+            pass
+    elif arity and all(len(write.args) >= arity for write in writes):
+        return ([write.args[:arity] for write in writes],)
+    return bulk_args(method, writes)
+
+
+class BatchWriter:
+    """Writes the batcher's flushes of one guard (see the module docs); called as the batcher's
+    writer, it returns each write's outcome."""
+
+    def __init__(
+        self,
+        target: object,
+        run: InternalCall,
+        buffer: DeadLetterBuffer | None,
+        *,
+        store_name: str,
+        operational: OperationalErrors,
+        keyed_appends: frozenset[str],
+        single_write_concurrency: int,
+        dead_letter: DeadLetter,
+        park: Callable[[str, tuple[Any, ...], Mapping[str, Any], BaseException], Awaitable[None]],
+        log_bug: Callable[[str, BaseException], None],
+        kick_replay: Callable[[], None],
+    ) -> None:
+        self._target = target
+        self._run = run
+        self._buffer = buffer
+        self._store_name = store_name
+        self._operational = operational
+        self._keyed_appends = keyed_appends
+        """Appends whose writes each get a key of their own, used by the flush, kept with the write
+        when it is held and used again by its replay."""
+        self._single_write_concurrency = single_write_concurrency
+        self._dead_letter = dead_letter
+        self._park = park
+        self._log_bug = log_bug
+        self._kick_replay = kick_replay
+        self._offered_names: dict[str, str] = {}
+        self._write_key_prefix = f"{uuid.uuid4().hex}:"
+
+    def offered(self, method: str) -> str:
+        """The name the store answers ``method`` by: the method itself, else a legacy alias of it
+        the store has (a store with only ``save_task_update`` gets its updates, written and held
+        under ``save_update`` so reads of either name see them, by that name)."""
+        found = self._offered_names.get(method)
+        if found is None:
+            found = method
+            if not callable(getattr(self._target, method, None)):
+                for alias in LEGACY_NAMES.get(method, ()):
+                    if callable(getattr(self._target, alias, None)):
+                        found = alias
+                        break
+            self._offered_names[method] = found
+        return found
+
+    def _write_key(self, write: PendingWrite) -> str:
+        return self._write_key_prefix + str(write.stamp)
+
+    def _item_keys(self, writes: Sequence[PendingWrite]) -> tuple[str, ...] | None:
+        """The per-item keys of a flush of ``writes`` (one method), ``None`` when it needs none."""
+        if not writes or writes[0].method not in self._keyed_appends:
+            return None
+        return tuple(map(self._write_key, writes))
+
+    def kept_kwargs(self, write: PendingWrite) -> Mapping[str, Any]:
+        """The arguments a write is kept with: a keyed append carries the item key of its flush."""
+        if write.method not in self._keyed_appends:
+            return write.kwargs
+        return {**write.kwargs, WRITE_KEY_ARGUMENT: self._write_key(write)}
+
+    async def dead_letter_writes(self, failed: Sequence[tuple[PendingWrite, BaseException]]) -> list[Outcome]:
+        """Keep batched writes that failed; each one's outcome (``DEAD_LETTERED``, or ``REJECTED``
+        when its call cannot be encoded and was parked)."""
+        assert self._buffer is not None
+        for write, exc in failed:
+            self._operational.count(self._store_name, write.method, exc)
+        items = [
+            (
+                write.method,
+                write.args,
+                self.kept_kwargs(write),
+                None,
+                write.scope,
+                write.stamp,
+                error_type(exc),
+            )
+            for write, exc in failed
+        ]
+        try:
+            await self._buffer.put_many(items)
+            outcomes = [_DEAD_LETTERED] * len(failed)
+        except InvalidPayloadError:
+            outcomes = []
+            for write, exc in failed:
+                kept = await self._dead_letter(
+                    write.method,
+                    write.args,
+                    self.kept_kwargs(write),
+                    key=None,
+                    scope=write.scope,
+                    stamp=write.stamp,
+                    error=error_type(exc),
+                )
+                outcomes.append(_DEAD_LETTERED if kept else _REJECTED)
+        self._kick_replay()
+        return outcomes
+
+    async def __call__(self, method: str, writes: Sequence[PendingWrite]) -> list[Outcome]:
+        """The batcher's writer: one bulk call when the backend has one, else bounded singles;
+        what fails is dead-lettered, what is bad data is parked. Returns each write's outcome."""
+        # A batch of one (a lone writer: group commit's usual case at low concurrency) goes out
+        # as the single write: the bulk form of one row costs more round trips (a one-row COPY).
+        bulk = bulk_method_for(self._target, method) if len(writes) > 1 else None
+        if bulk is not None:
+            try:
+                if method in self._keyed_appends or _ITEM_KEYS.get() is not None:
+                    with item_keys(self._item_keys(writes)):
+                        await self._run(bulk, _bulk_args(method, writes), _NO_KWARGS)
+                else:
+                    await self._run(bulk, _bulk_args(method, writes), _NO_KWARGS)
+                return [_OK] * len(writes)
+            except BaseException as exc:
+                if not isinstance(exc, Exception) and not _raised_by_store(exc):
+                    raise  # the flush was cancelled (the batcher keeps its writes), or worse
+                if not no_wait_fixes(exc):
+                    return await self.dead_letter_writes([(write, exc) for write in writes])
+                # One bad write rejects the whole bulk call: write one by one to find it.
+        return await self._write_singles(writes)
+
+    async def _write_singles(self, writes: Sequence[PendingWrite]) -> list[Outcome]:
+        if len(writes) == 1:
+            # A lone write (group commit's usual case at low concurrency): in this task, with no
+            # semaphore and no task of its own.
+            return [await self._write_one(writes[0])]
+        failed: list[tuple[int, PendingWrite, BaseException]] = []
+        limit = asyncio.Semaphore(self._single_write_concurrency)
+
+        async def limited(index: int, write: PendingWrite) -> Outcome:
+            async with limit:
+                return await self._write_one(write, failed=failed, index=index)
+
+        outcomes = await asyncio.gather(*(limited(index, write) for index, write in enumerate(writes)))
+        if failed:
+            kept = await self.dead_letter_writes([(write, exc) for _, write, exc in failed])
+            for (index, _, _), outcome in zip(failed, kept, strict=True):
+                outcomes[index] = outcome
+        return outcomes
+
+    async def _write_one(
+        self,
+        write: PendingWrite,
+        *,
+        failed: list[tuple[int, PendingWrite, BaseException]] | None = None,
+        index: int = 0,
+    ) -> Outcome:
+        """Write one queued write alone; its outcome. Bad data is parked (``REJECTED``); any other
+        failure is dead-lettered at once, or, with ``failed``, appended to it for the caller to
+        dead-letter with the others (the outcome returned is then a placeholder)."""
+        try:
+            keys = self._item_keys((write,))
+            if keys is None and _ITEM_KEYS.get() is None:
+                await self._run(self.offered(write.method), write.args, write.kwargs)
+            else:
+                with item_keys(keys):
+                    await self._run(self.offered(write.method), write.args, write.kwargs)
+            return _OK
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and not _raised_by_store(exc):
+                raise
+            if no_wait_fixes(exc):
+                if is_programming_error(exc):
+                    self._log_bug(write.method, exc)
+                await self._park(write.method, write.args, write.kwargs, exc)
+                return _REJECTED
+            if failed is None:
+                return (await self.dead_letter_writes([(write, exc)]))[0]
+            failed.append((index, write, exc))
+            return _OK
+
+
+def _raised_by_store(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``CancelledError`` the store raised on its own (its driver cancelled an
+    internal future; nobody cancelled the flush): a failed write like any other, held for replay."""
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    return task is not None and not task.cancelling()
+
+
+__all__ = ["BatchWriter", "InternalCall"]
