@@ -755,7 +755,14 @@ async def test_concurrent_half_open_probes_are_judged_as_on_the_chain(
             faulty,
             name="probes",
             registry=registry,
-            **{**SETTINGS, "retries": 1, "retry": DETERMINISTIC_RETRY},
+            # No clock in the way (as CONCURRENT_SETTINGS): the two runs must interleave alike, and
+            # a 0.5 s attempt timeout can fire in one run and not the other on a loaded machine.
+            **{
+                **SETTINGS,
+                "retries": 1,
+                "retry": DETERMINISTIC_RETRY,
+                "timeout": CONCURRENT_SETTINGS["timeout"],
+            },
             bulkhead={"max_concurrent": 2},
             breaker={"minimum_calls": 2, "window_size": 4, "half_open_probes": 3},
         )
