@@ -246,10 +246,7 @@ class Database:
     async def run(self, operation: Callable[[Connection], Awaitable[T]], *, repeat_safe: bool = True) -> T:
         """Run ``operation(conn)``; once more on a fresh connection if the first one was dead."""
         try:
-            async with self.acquire() as conn:
-                result = await operation(conn)
-                _vouch_clean(conn)
-                return result
+            return await self._run_once(operation)
         except Exception as exc:
             if not is_connection_error(exc):
                 raise
@@ -260,9 +257,12 @@ class Database:
             if not repeat_safe or self._pool is None or self._pool.is_closing():
                 raise
         await self._expire()
+        return await self._run_once(operation)
+
+    async def _run_once(self, operation: Callable[[Connection], Awaitable[T]]) -> T:
         async with self.acquire() as conn:
             result = await operation(conn)
-            _vouch_clean(conn)
+            _vouch_clean(conn)  # it ran to its end: no session state left behind
             return result
 
     async def _expire(self) -> None:

@@ -186,31 +186,32 @@ class BatchWriter:
         if len(writes) == 1:
             # A lone write (group commit's usual case at low concurrency): in this task, with no
             # semaphore and no task of its own.
-            return [await self._write_one(writes[0])]
-        failed: list[tuple[int, PendingWrite, BaseException]] = []
+            written = await self._write_one(writes[0])
+            if isinstance(written, Outcome):
+                return [written]
+            return await self.dead_letter_writes([(writes[0], written)])
         limit = asyncio.Semaphore(self._single_write_concurrency)
 
-        async def limited(index: int, write: PendingWrite) -> Outcome:
+        async def limited(write: PendingWrite) -> Outcome | BaseException:
             async with limit:
-                return await self._write_one(write, failed=failed, index=index)
+                return await self._write_one(write)
 
-        outcomes = await asyncio.gather(*(limited(index, write) for index, write in enumerate(writes)))
+        written_all = await asyncio.gather(*(limited(write) for write in writes))
+        outcomes = [written if isinstance(written, Outcome) else _OK for written in written_all]
+        failed = [
+            (index, write, written)
+            for index, (write, written) in enumerate(zip(writes, written_all, strict=True))
+            if not isinstance(written, Outcome)
+        ]
         if failed:
             kept = await self.dead_letter_writes([(write, exc) for _, write, exc in failed])
             for (index, _, _), outcome in zip(failed, kept, strict=True):
                 outcomes[index] = outcome
         return outcomes
 
-    async def _write_one(
-        self,
-        write: PendingWrite,
-        *,
-        failed: list[tuple[int, PendingWrite, BaseException]] | None = None,
-        index: int = 0,
-    ) -> Outcome:
-        """Write one queued write alone; its outcome. Bad data is parked (``REJECTED``); any other
-        failure is dead-lettered at once, or, with ``failed``, appended to it for the caller to
-        dead-letter with the others (the outcome returned is then a placeholder)."""
+    async def _write_one(self, write: PendingWrite) -> Outcome | BaseException:
+        """Write one queued write alone: ``OK``, ``REJECTED`` when it was parked as bad data, or
+        the failure for the caller to dead-letter."""
         try:
             keys = self._item_keys((write,))
             if keys is None and _ITEM_KEYS.get() is None:
@@ -227,10 +228,7 @@ class BatchWriter:
                     self._log_bug(write.method, exc)
                 await self._park(write.method, write.args, write.kwargs, exc)
                 return _REJECTED
-            if failed is None:
-                return (await self.dead_letter_writes([(write, exc)]))[0]
-            failed.append((index, write, exc))
-            return _OK
+            return exc
 
 
 def _raised_by_store(exc: BaseException) -> bool:

@@ -38,13 +38,10 @@ class BatchingLayer:
         steps = self._steps(method)
         if steps is None:
             return inner
-        is_open, ensure_open, new_write, offer, finish, settle = steps
+        enqueued, settle = steps
 
         async def batched(call: Call) -> Any:
-            if not is_open():
-                await ensure_open()
-            write = new_write(call)
-            return settle(call, await finish(call, write, offer(write)))
+            return settle(call, await enqueued(call))
 
         return batched
 
@@ -56,30 +53,13 @@ class BatchingLayer:
         steps = self._steps(method)
         if steps is None:
             return PASS
-        is_open, ensure_open, new_write, offer, finish, settle = steps
-
-        async def opened_first(call: Call) -> Outcome | None:
-            await ensure_open()
-            write = new_write(call)
-            return await finish(call, write, offer(write))
-
-        def enqueued(call: Call) -> Awaitable[Outcome | None]:
-            if not is_open():
-                return opened_first(call)
-            write = new_write(call)
-            offered = offer(write)
-            done = write.done
-            if offered == QUEUED and done is not None:
-                return done
-            return finish(call, write, offered)
-
+        enqueued, settle = steps
         return Hooks(terminal=enqueued, after=settle)
 
     def _steps(self, method: MethodSetup) -> _Steps | None:
-        """The steps of a batched write of ``method`` (``None`` when the queue does not take it):
-        whether the durability is open and opening it, the write of a call, offering it to the
-        batcher, waiting for what the batcher says (its outcome, ``None`` once it is settled), and
-        the caller's answer to that outcome."""
+        """The two steps of a batched write of ``method`` (``None`` when the queue does not take
+        it): handing the call's write to the batcher, which returns what to await for the
+        batcher's verdict (its outcome, ``None`` once settled), and the caller's answer to it."""
         queue, keeper = self._queue, self._keeper
         policy = method.policy
         if queue is None or keeper is None or not queue.takes(policy):
@@ -87,7 +67,8 @@ class BatchingLayer:
         name = policy.alias_of or policy.name
         scope_of = policy.scope_key
         next_stamp = self._next_stamp
-        write_alone, submit = queue.write_alone, queue.submit
+        offer, write_alone, submit = queue.offer, queue.write_alone, queue.submit
+        is_open, ensure_open = self._lifecycle.is_open, self._lifecycle.ensure_open
         hold, kept_kwargs = keeper.hold, keeper.kept_kwargs
         commit = method.settings.ack == "commit"
         ok, rejected, dead_lettered = Outcome.OK, Outcome.REJECTED, Outcome.DEAD_LETTERED
@@ -139,18 +120,25 @@ class BatchingLayer:
             call.outcome = outcome
             return None
 
-        return self._lifecycle.is_open, self._lifecycle.ensure_open, new_write, queue.offer, finish, settle
+        async def opened_first(call: Call) -> Outcome | None:
+            await ensure_open()
+            write = new_write(call)
+            return await finish(call, write, offer(write))
+
+        def enqueued(call: Call) -> Awaitable[Outcome | None]:
+            if not is_open():
+                return opened_first(call)
+            write = new_write(call)
+            offered = offer(write)
+            done = write.done
+            if offered == QUEUED and done is not None:
+                return done  # awaited by the caller as it is: no frame of ours
+            return finish(call, write, offered)
+
+        return enqueued, settle
 
 
 _Steps: TypeAlias = tuple[
-    Callable[[], bool],
-    Callable[[], Awaitable[None]],
-    Callable[[Call], PendingWrite],
-    Callable[[PendingWrite], int],
-    Callable[[Call, PendingWrite, int], Awaitable["Outcome | None"]],
+    Callable[[Call], Awaitable["Outcome | None"]],
     Callable[[Call, "Outcome | None"], None],
 ]
-
-
-def _unreachable(call: Call) -> Any:
-    raise AssertionError("a batched write never reaches the layers inside the batching layer")

@@ -62,17 +62,9 @@ def _with_fast_path(
     takes ``check`` itself, which accepts and refuses the same calls."""
     if signature is None:
         return check
-    parameters = list(signature.parameters.values())
-    if any(
-        parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is inspect.Parameter.empty
-        for parameter in parameters
-    ):
+    arity, keyword_required = _required(signature)
+    if keyword_required:
         return check
-    arity = sum(
-        1
-        for parameter in parameters
-        if parameter.kind in _POSITIONAL and parameter.default is inspect.Parameter.empty
-    )
     typed: list[tuple[int, frozenset[type]]] = []
     for argument in arguments:
         if argument.index >= arity:
@@ -155,14 +147,27 @@ def own_signature(method: object) -> inspect.Signature | None:
     return signature
 
 
-def _binder(label: str, signature: inspect.Signature) -> Check:
-    parameters = list(signature.parameters.values())
-    positional = [parameter.name for parameter in parameters if parameter.kind in _POSITIONAL]
-    least = sum(
+def _required(signature: inspect.Signature) -> tuple[int, tuple[str, ...]]:
+    """How many positional parameters a call must pass (the required ones come first: Python's
+    syntax says so), and the names of the keyword-only parameters it must pass."""
+    parameters = signature.parameters.values()
+    positional = sum(
         1
         for parameter in parameters
         if parameter.kind in _POSITIONAL and parameter.default is inspect.Parameter.empty
-    )  # the required positional parameters come first: Python's syntax says so
+    )
+    keyword_only = tuple(
+        parameter.name
+        for parameter in parameters
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is inspect.Parameter.empty
+    )
+    return positional, keyword_only
+
+
+def _binder(label: str, signature: inspect.Signature) -> Check:
+    parameters = list(signature.parameters.values())
+    positional = [parameter.name for parameter in parameters if parameter.kind in _POSITIONAL]
+    least, keyword_required = _required(signature)
     least_by_position = sum(
         1
         for parameter in parameters
@@ -176,11 +181,6 @@ def _binder(label: str, signature: inspect.Signature) -> Check:
         parameter.name
         for parameter in parameters
         if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    )
-    keyword_required = tuple(
-        parameter.name
-        for parameter in parameters
-        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is inspect.Parameter.empty
     )
     full_bind = signature.bind
 
