@@ -8,6 +8,7 @@ the trace id when the call's span is recording.
 from __future__ import annotations
 
 import weakref
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +21,10 @@ from ..observability.failure_log import OperationalErrors, operational_errors
 from ..observability.per_registry import PerRegistry
 from ..outcome import Outcome
 from ..pipeline.breaker import BreakerState, CircuitBreaker
-from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.call import Call, MethodSetup, Service, loop_time
 from ..pipeline.compiled import Hooks
+
+_OK = Outcome.OK
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,16 +110,24 @@ class MetricsLayer:
         operational = self._operational
         store, label = method.store_name, method.label
         series: dict[Outcome, DurationSeries] = {}
+        ok_series: DurationSeries | None = None
+        """The usual series, found without hashing an ``Outcome`` (a Python-level ``__hash__``)."""
 
         def observe(call: Call, result: Any) -> Any:
+            nonlocal ok_series
             outcome = call.outcome
-            found = series.get(outcome)
+            found: DurationSeries | None = ok_series if outcome is _OK else None
             if found is None:
-                found = series[outcome] = stats.series(store, label, outcome.value)
-            elapsed = call.loop.time() - call.started
+                found = series.get(outcome)
+                if found is None:
+                    found = series[outcome] = stats.series(store, label, outcome.value)
+                if outcome is _OK:
+                    ok_series = found
+            elapsed = loop_time(call.loop) - call.started
             span = call.span
             if span is None:
-                found.observe(elapsed)
+                found.counts[bisect_left(found.bounds, elapsed)] += 1
+                found.total += elapsed
             else:
                 found.observe(elapsed, format(span.get_span_context().trace_id, "032x"))
             if call.attempts > 1:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import CodeType
@@ -242,6 +243,8 @@ def _build(
         "after_failed": after_failed,
         "current_task": current_task,
         "get_loop": asyncio.get_running_loop,
+        "monotonic": time.monotonic,
+        "base_time": asyncio.BaseEventLoop.time,
         "last": last,
         "watchdog": watchdog,
         "attempt_timeout": attempt_timeout,
@@ -306,7 +309,8 @@ def _source(
     lines += [
         "async def entry(*args, **kwargs):",
         "    loop = get_loop()",
-        "    call = Call(setup, args, kwargs, loop, loop.time())",
+        "    now = monotonic() if type(loop).time is base_time else loop.time()  # loop_time(), inline",
+        "    call = Call(setup, args, kwargs, loop, now)",
         *("    " + line for line in body),
     ]
     return "\n".join(lines) + "\n"
