@@ -160,9 +160,10 @@ class BatchWriter:
         self._kick_replay()
         return outcomes
 
-    async def __call__(self, method: str, writes: Sequence[PendingWrite]) -> list[Outcome]:
+    async def __call__(self, method: str, writes: Sequence[PendingWrite]) -> list[Outcome] | None:
         """The batcher's writer: one bulk call when the backend has one, else bounded singles;
-        what fails is dead-lettered, what is bad data is parked. Returns each write's outcome."""
+        what fails is dead-lettered, what is bad data is parked. Returns each write's outcome
+        (``None`` when the bulk call wrote them all)."""
         # A batch of one (a lone writer: group commit's usual case at low concurrency) goes out
         # as the single write: the bulk form of one row costs more round trips (a one-row COPY).
         bulk = bulk_method_for(self._target, method) if len(writes) > 1 else None
@@ -173,7 +174,7 @@ class BatchWriter:
                         await self._run(bulk, _bulk_args(method, writes), _NO_KWARGS)
                 else:
                     await self._run(bulk, _bulk_args(method, writes), _NO_KWARGS)
-                return [_OK] * len(writes)
+                return None
             except BaseException as exc:
                 if not isinstance(exc, Exception) and not _raised_by_store(exc):
                     raise  # the flush was cancelled (the batcher keeps its writes), or worse

@@ -166,6 +166,19 @@ class Batcher:
         queued (the batcher is full, or closed: :meth:`submit` it instead)."""
         if self._pending < self._capacity and not self._waiters and not self._closing:
             self._pending += 1
+            mq = self._queues.get(write.method)
+            if mq is not None and mq.eager and mq.active and write.done is not None:
+                # _enqueue's group-commit case while a flush runs, inline (once per write under load).
+                queue = mq.queue
+                queue.append(write)
+                if (
+                    mq.timer is None
+                    and not mq.due
+                    and len(queue) >= self._parallel_at
+                    and mq.active < self._limit(mq)
+                ):
+                    mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
+                return QUEUED
             return QUEUED if self._enqueue(write) is None else ALONE
         return NO_ROOM
 

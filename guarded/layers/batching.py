@@ -128,9 +128,20 @@ class BatchingLayer:
         def enqueued(call: Call) -> Awaitable[Outcome | None]:
             if not is_open():
                 return opened_first(call)
-            write = new_write(call)
+            # new_write(call), inline: this runs once per batched write.
+            args, kwargs = call.args, call.kwargs
+            scope = scope_of(args, kwargs) if scope_of is not None else None
+            done = call.loop.create_future() if commit else None
+            write = PendingWrite(
+                name,
+                args,
+                kwargs,
+                scope if isinstance(scope, str) else None,
+                next_stamp(),
+                call.started,
+                done,
+            )
             offered = offer(write)
-            done = write.done
             if offered == QUEUED and done is not None:
                 return done  # awaited by the caller as it is: no frame of ours
             return finish(call, write, offered)
