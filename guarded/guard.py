@@ -43,7 +43,7 @@ from .observability import telemetry_names as names
 from .observability.failure_log import FailureLog
 from .pipeline.breaker import BreakerState, CircuitBreaker
 from .pipeline.bulkhead import Bulkhead, bulkhead_for
-from .pipeline.call import Call, Layer, MethodSetup, Service
+from .pipeline.call import Call, Layer, MethodSetup, Service, loop_time
 from .pipeline.classify import register_classifier
 from .pipeline.compiled import compile_method, preloadable
 from .pipeline.cores import core_of, register
@@ -302,10 +302,11 @@ class GuardCore:
             return self.method(name)
         return value
 
-    async def run_internal(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    def run_internal(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Awaitable[Any]:
         """``target.method(*args, **kwargs)`` through breaker, retry, bulkhead and timeout only: the
         guard's own calls (batch flushes, replays), which raise on failure and are not counted as
-        calls, and wait for admission to the backend like any other."""
+        calls, and wait for admission to the backend like any other. Returns the call's awaitable
+        (no frame of its own)."""
         found = self._internal.get(method)
         if found is None:
             setup = self._setup(method)
@@ -315,7 +316,7 @@ class GuardCore:
             )
         setup, service = found
         loop = asyncio.get_running_loop()
-        return await service(Call(setup, args, kwargs, loop, loop.time()))
+        return service(Call(setup, args, kwargs, loop, loop_time(loop)))
 
 
 def guard(

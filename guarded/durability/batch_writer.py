@@ -164,9 +164,17 @@ class BatchWriter:
         """The batcher's writer: one bulk call when the backend has one, else bounded singles;
         what fails is dead-lettered, what is bad data is parked. Returns each write's outcome
         (``None`` when the bulk call wrote them all)."""
-        # A batch of one (a lone writer: group commit's usual case at low concurrency) goes out
-        # as the single write: the bulk form of one row costs more round trips (a one-row COPY).
-        bulk = bulk_method_for(self._target, method) if len(writes) > 1 else None
+        if len(writes) == 1:
+            # A batch of one (a lone writer: group commit's usual case at low concurrency) goes
+            # out as the single write, in this task: the bulk form of one row costs more round
+            # trips (a one-row COPY).
+            written = await self._write_one(writes[0])
+            if written is _OK:
+                return None
+            if isinstance(written, Outcome):
+                return [written]
+            return await self.dead_letter_writes([(writes[0], written)])
+        bulk = bulk_method_for(self._target, method)
         if bulk is not None:
             try:
                 if method in self._keyed_appends or _ITEM_KEYS.get() is not None:
@@ -184,13 +192,6 @@ class BatchWriter:
         return await self._write_singles(writes)
 
     async def _write_singles(self, writes: Sequence[PendingWrite]) -> list[Outcome]:
-        if len(writes) == 1:
-            # A lone write (group commit's usual case at low concurrency): in this task, with no
-            # semaphore and no task of its own.
-            written = await self._write_one(writes[0])
-            if isinstance(written, Outcome):
-                return [written]
-            return await self.dead_letter_writes([(writes[0], written)])
         limit = asyncio.Semaphore(self._single_write_concurrency)
 
         async def limited(write: PendingWrite) -> Outcome | BaseException:

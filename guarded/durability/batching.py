@@ -184,7 +184,13 @@ class Batcher:
 
     async def write_alone(self, method: str) -> None:
         """Write the one queued write of ``method`` that :meth:`offer` answered :data:`ALONE`."""
-        await self._flush_alone(self._queues[method])
+        mq = self._queues[method]
+        start, batch = self._take(mq, 1)
+        try:
+            await self._run_flush(mq, start, batch)
+        except asyncio.CancelledError:
+            self._after_cancelled_lone_flush(mq)
+            raise
 
     async def submit(self, write: PendingWrite, *, deadline: float) -> bool:
         """Queue ``write``; ``True`` once it is queued (the caller may be acknowledged).
@@ -198,7 +204,7 @@ class Batcher:
             self._pending += 1
             alone = self._enqueue(write)
             if alone is not None:
-                await self._flush_alone(alone)
+                await self.write_alone(alone.method)
             return True
         return await self._wait_for_space(write, deadline)
 
@@ -224,7 +230,7 @@ class Batcher:
         if granted:
             alone = self._enqueue(write)
             if alone is not None:
-                await self._flush_alone(alone)
+                await self.write_alone(alone.method)
         return granted
 
     def _expire(self, waiter: asyncio.Future[bool]) -> None:
@@ -285,17 +291,11 @@ class Batcher:
             mq.timer = asyncio.get_running_loop().call_later(self._max_delay, self._on_timer, mq)
         return None
 
-    async def _flush_alone(self, mq: MethodQueue) -> None:
-        """Write the one waiting write of ``mq`` in the caller's task (see :meth:`_enqueue`)."""
-        start, batch = self._take(mq, 1)
-        try:
-            await self._run_flush(mq, start, batch)
-        except asyncio.CancelledError:
-            # The caller gave up: its write is handed back, but the writes that queued behind it
-            # must still go out (a cancelled flush does not start the next one).
-            if mq.queue and mq.timer is None and not self._closing:
-                mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
-            raise
+    def _after_cancelled_lone_flush(self, mq: MethodQueue) -> None:
+        """The caller of a lone flush gave up: its write is handed back, but the writes that
+        queued behind it must still go out (a cancelled flush does not start the next one)."""
+        if mq.queue and mq.timer is None and not self._closing:
+            mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
 
     @staticmethod
     def _take(mq: MethodQueue, size: int) -> tuple[int, list[PendingWrite]]:
