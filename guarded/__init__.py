@@ -20,7 +20,8 @@ from .otlp import OtlpConfigError, OtlpExporterMissingError, OtlpSetup, configur
 from .outcome import Outcome
 from .pipeline.breaker import BreakerState, CircuitBreaker
 from .pipeline.call import Call, Layer, MethodSetup, Service
-from .policy import Fallback, Kind, MethodPolicy, PolicyTable
+from .policy import Fallback, Kind, MethodPolicy
+from .policy_table import PolicyTable
 from .protocol import StateStore, capabilities, missing_capabilities, require_capabilities
 from .telemetry import (
     FanOutTaskTelemetrySink,

@@ -15,6 +15,7 @@ from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from .builtin_policies import LIFECYCLE_METHODS
 from .config import GuardConfig, build_config
 from .controller import GuardController, controller
 from .durability.artifact_side import (
@@ -50,7 +51,8 @@ from .pipeline.cores import core_of, register
 from .pipeline.entry import entry_point
 from .pipeline.proxy import CallShape, build_proxy_class, call_shape, public_names
 from .pipeline.unanswered import DEFAULT_GRACE, UnansweredConsumes
-from .policy import LIFECYCLE_METHODS, MethodPolicy, PolicyTable
+from .policy import MethodPolicy
+from .policy_table import PolicyTable
 from .protocol import CAPABILITIES, LEGACY_ALIASES
 from .snapshots.guarded import guard_snapshots, is_snapshot_store
 

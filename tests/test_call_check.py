@@ -10,7 +10,7 @@ import pytest
 
 from guarded.errors import CallerError
 from guarded.pipeline.call_check import argument_check, protocol_signature
-from guarded.policy import PolicyTable
+from guarded.policy_table import PolicyTable
 
 SIGNATURES = [
     "def f(a): pass",

@@ -28,21 +28,19 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from guarded.cli.formatting import Column, format_bytes, print_table
+from guarded.cli.progress import Progress
 from guarded.cli.support import (
     EXIT_NOT_MIGRATED,
     EXIT_OK,
     EXIT_PROBLEM,
-    Column,
     CommandError,
     NotMigratedError,
     ProblemError,
-    Progress,
     UsageError,
     duration,
-    format_bytes,
     format_duration,
     interrupted,
-    print_table,
     report,
     whole_number,
 )

@@ -27,28 +27,25 @@ may throw, ``guard()`` makes it safe.
 
 Record types returned are PenguiFlow's own classes when ``penguiflow`` is installed, else
 guarded's models (:func:`guarded.codec.installed_types`); pass ``types=`` to choose.
+
+This module builds, opens and closes the store; the protocol's methods are its base's
+(:class:`~.protocol_methods.ProtocolMethods`).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Self, Unpack
 
 import asyncpg
 
 from guarded.codec import installed_types
-from guarded.steering import sanitize_steering_event
 
 from . import migrations as migrations_module
 from .artifacts import PostgresArtifactStore
-from .bindings import encode_binding, encode_binding_key
-from .bulk import encode_items
 from .connection import Database, PoolSettings, create_pool, pool_settings
 from .errors import POSTGRES_ERRORS
-from .events import encode_event, encode_events
-from .json_codec import check_text, refusing
 from .lifecycle import Lifecycle, server_target
 from .metrics import StoreMetrics
 from .options import (
@@ -60,18 +57,22 @@ from .options import (
     check_options,
     check_seconds,
 )
-from .planner_events import call_keys, encode_planner_event, encode_planner_events
+from .protocol_methods import ProtocolMethods
 from .retention import CleanupReport, cleanup
 from .schema_names import validate_schema_name
 from .tables import Tables
 from .target import target_identity
-from .tasks import encode_task
-
-logger = logging.getLogger("guarded.backends.postgres")
 
 
-class PostgresStateStore:
+class PostgresStateStore(ProtocolMethods):
     """A production StateStore on PostgreSQL; every capability of the protocol, one schema per tenant."""
+
+    honours_idempotency_key = True
+    """A consume is safe to retry under one idempotency key: the guard retries it."""
+    error_classifier = POSTGRES_ERRORS
+    """How the guard classifies this store's errors (:mod:`.errors`: SQLSTATEs)."""
+    recovers_unanswered_consumes = True
+    """A consume recovers a pause consumed by a key whose answer was lost (see :mod:`.pauses`)."""
 
     def __init__(
         self, db: Database, *, schema: str, owns_pool: bool, **options: Unpack[StoreOptions]
@@ -259,296 +260,6 @@ class PostgresStateStore:
 
     def __repr__(self) -> str:
         return f"PostgresStateStore(name={self.name!r}, schema={self.schema!r})"
-
-    # ------------------------------------------------------------------------------------------------
-    # Core audit log
-    # ------------------------------------------------------------------------------------------------
-
-    async def save_event(self, event: Any) -> None:
-        """Persist a runtime event; idempotent by the event's fingerprint."""
-        with refusing("save_event", "event"):
-            row = encode_event(event)
-        await self._tables.events.save(row)
-
-    async def save_events(self, events: Sequence[Any]) -> None:
-        """Persist many events in one statement; duplicates ignored exactly as in :meth:`save_event`."""
-        with refusing("save_events"):
-            rows = encode_events(list(events))
-        await self._tables.events.save_many(rows)
-
-    async def load_history(self, trace_id: str) -> list[Any]:
-        """The trace's events by ascending ``ts``, ties in insertion order; ``[]`` for an unknown trace."""
-        with refusing("load_history"):
-            check_text(trace_id, "trace_id")
-        return await self._tables.events.load(trace_id)
-
-    # ------------------------------------------------------------------------------------------------
-    # Remote bindings
-    # ------------------------------------------------------------------------------------------------
-
-    async def save_remote_binding(self, binding: Any) -> None:
-        """Upsert the binding on ``(trace_id, context_id, task_id)``."""
-        with refusing("save_remote_binding", "binding"):
-            row = encode_binding(binding)
-        await self._tables.bindings.save(row)
-
-    async def save_remote_bindings(self, bindings: Sequence[Any]) -> None:
-        """Upsert many bindings in one statement, as :meth:`save_remote_binding` for each in order."""
-        with refusing("save_remote_bindings"):
-            rows = encode_items(bindings, encode_binding, arity=1, shape="binding", name="bindings")
-        await self._tables.bindings.save_many(rows)
-
-    async def find_binding(
-        self,
-        *,
-        router_session_id: str,
-        agent_url: str,
-        remote_skill: str,
-        tenant_id: str | None = None,
-        user_id: str | None = None,
-    ) -> Any:
-        """The most recently saved non-terminal binding with these coordinates, or ``None``."""
-        with refusing("find_binding"):
-            return await self._tables.bindings.find_binding(
-                router_session_id=router_session_id,
-                agent_url=agent_url,
-                remote_skill=remote_skill,
-                tenant_id=tenant_id,
-                user_id=user_id,
-            )
-
-    async def list_bindings(self, *, router_session_id: str) -> list[Any]:
-        """Every binding of a router session, in the order first saved."""
-        with refusing("list_bindings"):
-            return await self._tables.bindings.list_bindings(router_session_id)
-
-    async def mark_binding_terminal(self, *, trace_id: str, context_id: str | None, task_id: str) -> None:
-        """Mark a binding terminal (never reused); a no-op for an unknown binding."""
-        with refusing("mark_binding_terminal"):
-            await self._tables.bindings.mark_terminal(
-                trace_id=trace_id, context_id=context_id, task_id=task_id
-            )
-
-    async def mark_bindings_terminal(self, items: Sequence[tuple[str, str | None, str]]) -> None:
-        """Mark many ``(trace_id, context_id, task_id)`` bindings terminal in one statement, as
-        :meth:`mark_binding_terminal` for each; unknown bindings are skipped."""
-        with refusing("mark_bindings_terminal"):
-            keys = encode_items(items, encode_binding_key, arity=3, shape="(trace_id, context_id, task_id)")
-        await self._tables.bindings.mark_terminal_many(keys)
-
-    # ------------------------------------------------------------------------------------------------
-    # Planner pause state and memory
-    # ------------------------------------------------------------------------------------------------
-
-    async def save_planner_state(self, token: str, payload: dict[str, Any]) -> None:
-        """Upsert a pause payload, loadable for ``pause_ttl`` seconds."""
-        with refusing("save_planner_state"):
-            row = self._tables.pauses.encode(token, payload)
-        await self._tables.pauses.save(*row)
-
-    async def save_planner_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
-        """Upsert many ``(token, payload)`` pauses in one statement, as :meth:`save_planner_state`
-        for each: each is loadable for ``pause_ttl`` seconds, a consumed token becomes loadable
-        again, the last payload of a token wins."""
-        with refusing("save_planner_states"):
-            rows = encode_items(items, self._tables.pauses.encode, arity=2, shape="(token, payload)")
-        await self._tables.pauses.save_many(rows)
-
-    honours_idempotency_key = True
-    """A consume is safe to retry under one idempotency key: the guard retries it."""
-    error_classifier = POSTGRES_ERRORS
-    """How the guard classifies this store's errors (:mod:`.errors`: SQLSTATEs)."""
-    recovers_unanswered_consumes = True
-    """A consume recovers a pause consumed by a key whose answer was lost (see :mod:`.pauses`)."""
-
-    async def load_planner_state(self, token: str) -> dict[str, Any] | None:
-        """Consume the pause: its payload once, then ``None`` (a repeat with the same idempotency key
-        within ``consume_grace`` seconds gets the payload again; a pause consumed within
-        ``consume_grace`` seconds by one of the guard's unanswered keys is consumed again, once, by
-        the current key)."""
-        with refusing("load_planner_state"):
-            return await self._tables.pauses.load(token)
-
-    async def save_memory_state(self, key: str, state: dict[str, Any]) -> None:
-        """Upsert the memory state of ``key``."""
-        with refusing("save_memory_state"):
-            row = self._tables.memory.encode(key, state)
-        await self._tables.memory.save(*row)
-
-    async def save_memory_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
-        """Upsert many ``(key, state)`` pairs in one statement; the last state of a key wins."""
-        with refusing("save_memory_states"):
-            rows = encode_items(items, self._tables.memory.encode, arity=2, shape="(key, state)")
-        await self._tables.memory.save_many(rows)
-
-    async def load_memory_state(self, key: str) -> dict[str, Any] | None:
-        """The exact state saved for ``key``, or ``None``."""
-        with refusing("load_memory_state"):
-            return await self._tables.memory.load(key)
-
-    # ------------------------------------------------------------------------------------------------
-    # Tasks and updates
-    # ------------------------------------------------------------------------------------------------
-
-    async def save_task(self, state: Any) -> None:
-        """Upsert a task unless the stored one has a newer ``updated_at`` (never goes backwards)."""
-        with refusing("save_task", "state"):
-            row = encode_task(state)
-        if not await self._tables.tasks.save(row):
-            self._stale_tasks_refused(None)
-
-    async def save_tasks(self, states: Sequence[Any]) -> None:
-        """Upsert many tasks in one round trip, as :meth:`save_task` for each in order: a task never
-        goes back to an older ``updated_at`` (within the list too: the newest wins, the later of
-        equal ones)."""
-        with refusing("save_tasks"):
-            rows = encode_items(states, encode_task, arity=1, shape="state", name="states")
-        refused = await self._tables.tasks.save_many(rows)
-        if refused:
-            self._stale_tasks_refused(refused)
-
-    def _stale_tasks_refused(self, refused: int | None) -> None:
-        """Log (DEBUG) task saves refused as older than the stored ones (``None``: one, uncounted)."""
-        extra: dict[str, Any] = {"event": "guarded_pg_stale_task_refused", "schema": self.schema}
-        if refused is not None:
-            extra["refused"] = refused
-        logger.debug("guarded_pg_stale_task_refused", extra=extra)
-
-    async def list_tasks(self, session_id: str) -> list[Any]:
-        """Every task of the session; ``[]`` when none."""
-        with refusing("list_tasks"):
-            return await self._tables.tasks.list(session_id)
-
-    async def save_update(self, update: Any) -> None:
-        """Append an update; idempotent by ``(session_id, update_id)``."""
-        await self._save_update("save_update", update)
-
-    async def _save_update(self, method: str, update: Any) -> None:
-        with refusing(method, "update"):
-            row = self._tables.updates.encode(update)
-        await self._tables.updates.save(row)
-
-    async def save_updates(self, updates: Sequence[Any]) -> None:
-        """Append many updates in one statement, with :meth:`save_update`'s idempotency."""
-        with refusing("save_updates"):
-            rows = self._tables.updates.encode_many(list(updates))
-        await self._tables.updates.save_many(rows)
-
-    async def list_updates(
-        self,
-        session_id: str,
-        *,
-        task_id: str | None = None,
-        since_id: str | None = None,
-        limit: int = 500,
-    ) -> list[Any]:
-        """Updates oldest first after the exclusive cursor ``since_id``; the ``limit`` most recent."""
-        return await self._list_updates("list_updates", session_id, task_id, since_id, limit)
-
-    async def _list_updates(
-        self, method: str, session_id: str, task_id: str | None, since_id: str | None, limit: int
-    ) -> list[Any]:
-        with refusing(method):
-            return await self._tables.updates.list(
-                session_id, task_id=task_id, since_id=since_id, limit=limit
-            )
-
-    async def save_task_update(self, update: Any) -> None:
-        """Legacy alias of :meth:`save_update`."""
-        await self._save_update("save_task_update", update)
-
-    async def list_task_updates(
-        self,
-        session_id: str,
-        *,
-        task_id: str | None = None,
-        since_id: str | None = None,
-        limit: int = 500,
-    ) -> list[Any]:
-        """Legacy alias of :meth:`list_updates`."""
-        return await self._list_updates("list_task_updates", session_id, task_id, since_id, limit)
-
-    # ------------------------------------------------------------------------------------------------
-    # Steering
-    # ------------------------------------------------------------------------------------------------
-
-    async def save_steering(self, event: Any) -> None:
-        """Sanitize as PenguiFlow does, then append the sanitized form; idempotent by
-        ``(session_id, event_id)``. No validation, as in PenguiFlow's reference (:mod:`guarded.steering`).
-        """
-        sanitized = sanitize_steering_event(event)
-        with refusing("save_steering", "event"):
-            row = self._tables.steering.encode(sanitized)
-        await self._tables.steering.save(row)
-
-    async def list_steering(
-        self,
-        session_id: str,
-        *,
-        task_id: str | None = None,
-        since_id: str | None = None,
-        limit: int = 500,
-    ) -> list[Any]:
-        """Steering events with :meth:`list_updates`' cursor rules."""
-        with refusing("list_steering"):
-            return await self._tables.steering.list(
-                session_id, task_id=task_id, since_id=since_id, limit=limit
-            )
-
-    # ------------------------------------------------------------------------------------------------
-    # Trajectories
-    # ------------------------------------------------------------------------------------------------
-
-    async def save_trajectory(self, trace_id: str, session_id: str, trajectory: Any) -> None:
-        """Upsert the trajectory of ``(trace_id, session_id)``."""
-        with refusing("save_trajectory"):
-            row = self._tables.trajectories.encode(trace_id, session_id, trajectory)
-        await self._tables.trajectories.save(row)
-
-    async def save_trajectories(self, items: Sequence[tuple[str, str, Any]]) -> None:
-        """Upsert many ``(trace_id, session_id, trajectory)`` items in one statement, as
-        :meth:`save_trajectory` for each in order (``list_traces`` order included)."""
-        with refusing("save_trajectories"):
-            rows = encode_items(
-                items, self._tables.trajectories.encode, arity=3, shape="(trace_id, session_id, trajectory)"
-            )
-        await self._tables.trajectories.save_many(rows)
-
-    async def get_trajectory(self, trace_id: str, session_id: str) -> Any:
-        """The trajectory, or ``None`` when missing or saved under another session."""
-        with refusing("get_trajectory"):
-            return await self._tables.trajectories.get(trace_id, session_id)
-
-    async def list_traces(self, session_id: str, limit: int = 50) -> list[str]:
-        """Trace ids of the session, most recently saved first."""
-        with refusing("list_traces"):
-            return await self._tables.trajectories.list_traces(session_id, limit)
-
-    # ------------------------------------------------------------------------------------------------
-    # Planner events
-    # ------------------------------------------------------------------------------------------------
-
-    async def save_planner_event(self, trace_id: str, event: Any) -> None:
-        """Append a planner event (a retry under the same idempotency key is not appended twice)."""
-        with refusing("save_planner_event"):
-            row = encode_planner_event(trace_id, event, call_keys(1)[0])
-        await self._tables.planner_events.save_many([row])
-
-    async def save_planner_events(self, items: Sequence[tuple[str, Any]]) -> None:
-        """Append many ``(trace_id, event)`` pairs in one statement, in order."""
-        with refusing("save_planner_events"):
-            rows = encode_planner_events(items)
-        await self._tables.planner_events.save_many(rows)
-
-    async def list_planner_events(self, trace_id: str) -> list[Any]:
-        """Planner events of a trace in emission order."""
-        with refusing("list_planner_events"):
-            return await self._tables.planner_events.list(trace_id)
-
-    async def get_events(self, trace_id: str) -> list[Any]:
-        """Legacy alias of :meth:`list_planner_events`."""
-        with refusing("get_events"):
-            return await self._tables.planner_events.list(trace_id)
 
     # ------------------------------------------------------------------------------------------------
     # Artifacts

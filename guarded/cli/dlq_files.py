@@ -23,13 +23,8 @@ from ..deadletter import (
 )
 from ..deadletter.slots import slot_files
 from ..deadletter.spill import holder_pid, is_locked
-from .support import (
-    Column,
-    UsageError,
-    console,
-    error_line,
-    render_table,
-)
+from .formatting import Column, console, render_table
+from .support import UsageError, error_line
 
 T = TypeVar("T")
 

@@ -29,11 +29,8 @@ from .dlq_files import (
     read_file,
     set_aside_files,
 )
-from .support import (
-    format_age,
-    format_bytes,
-    note,
-)
+from .formatting import format_age, format_bytes
+from .support import note
 
 # --- list -----------------------------------------------------------------------------------------
 

@@ -23,11 +23,11 @@ from ..deadletter.replay import Send, SendBulk
 from ..durability.bulk_forms import bulk_methods_of
 from .check import build_store, close_store, load_factory
 from .dlq_files import Failures, SlotFile, pinned_buffer, quiet_recovery, writable_files
+from .progress import Progress
 from .support import (
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_USAGE,
-    Progress,
     UnreachableError,
     UsageError,
     interrupted,

@@ -1,4 +1,5 @@
-"""What every ``guarded`` subcommand shares: exit codes, one-line errors, durations, progress, tables.
+"""What every ``guarded`` subcommand shares: exit codes, one-line errors, argument values (durations,
+numbers, ports).
 
 The convention (docs/cli.md has the table):
 
@@ -12,29 +13,18 @@ The convention (docs/cli.md has the table):
   :data:`EXIT_PROBLEM` (1);
 * Ctrl-C exits :data:`EXIT_INTERRUPTED` (130) after saying what was done.
 
-Long operations report progress on stderr through :class:`Progress`: a bar with counts and rate
-on a terminal (rich), a plain line every few seconds otherwise (logs, CI, pipes).
+Long operations report progress on stderr through :class:`guarded.cli.progress.Progress`; tables,
+byte sizes and ages are laid out by :mod:`guarded.cli.formatting`.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import math
 import sys
-import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 from ..durations import DURATION_EXAMPLES, DURATION_UNITS, parse_duration
-
-if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.progress import Progress as RichProgress
-    from rich.progress import Task, TaskID
-    from rich.text import Text
 
 EXIT_OK = 0
 """The command did what it was asked."""
@@ -249,258 +239,6 @@ def positive_number(text: str) -> float:
     return value
 
 
-# --- output -------------------------------------------------------------------------------------
-
-
-def console(stream: TextIO | None = None, *, stderr: bool = False) -> Console:
-    """A rich console on ``stream`` (default: the current ``sys.stdout``/``sys.stderr``).
-
-    On a terminal it measures the terminal; otherwise it prints plain text without colours and
-    never wraps (logs and pipes get whole lines for grep)."""
-    from rich.console import Console
-
-    target = stream or (sys.stderr if stderr else sys.stdout)
-    found = Console(file=target, stderr=stderr, highlight=False, markup=False, emoji=False)
-    if found.is_terminal:
-        return found
-    return Console(
-        file=target,
-        stderr=stderr,
-        highlight=False,
-        markup=False,
-        emoji=False,
-        width=100_000,
-        color_system=None,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Column:
-    """A column of :func:`print_table`: a header and, for long text, the width it is cut to."""
-
-    header: str
-    max_width: int | None = None
-    justify: str = "left"
-
-
-def render_table(
-    columns: Sequence[Column], rows: Iterable[Sequence[object]], *, width: int | None = None
-) -> str:
-    """The rows under their headers, aligned, with no borders (``-`` for ``None``); cells longer
-    than a column's ``max_width`` end in ``…``. ``width`` (default: unlimited) is the line length
-    it must fit: columns shrink and cut their text to fit it."""
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False, show_edge=False, padding=(0, 2, 0, 0), header_style=None)
-    for column in columns:
-        table.add_column(
-            column.header,
-            max_width=column.max_width,
-            no_wrap=True,
-            overflow="ellipsis",
-            justify=column.justify,  # type: ignore[arg-type]
-        )
-    for row in rows:
-        table.add_row(*("-" if value is None else str(value).replace("\n", " ") for value in row))
-    buffer = io.StringIO()
-    Console(
-        file=buffer, width=width or 100_000, color_system=None, highlight=False, markup=False, emoji=False
-    ).print(table)
-    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
-
-
-def print_table(columns: Sequence[Column], rows: Iterable[Sequence[object]]) -> None:
-    """Print :func:`render_table` on stdout, fitted to the terminal's width when it is one."""
-    width = None
-    if sys.stdout.isatty():
-        width = console().width
-    print(render_table(columns, rows, width=width))
-
-
-def format_bytes(count: float) -> str:
-    """``512 B``, ``1.5 KiB``, ``3.2 MiB``, ``1.1 GiB``, ``2.0 TiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024:
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count:.1f} TiB"
-
-
-def format_age(seconds: float) -> str:
-    """``45s``, ``12m05s``, ``3h20m``, ``4d02h``: an age for a table cell."""
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"
-
-
-# --- progress -----------------------------------------------------------------------------------
-
-LINE_INTERVAL = 2.0
-"""Seconds between progress lines when stderr is not a terminal."""
-
-
-def _rate(done: float, seconds: float) -> str:
-    return f"{done / seconds:,.0f}/s" if seconds > 0 else "-/s"
-
-
-class Progress:
-    """Progress of one long operation on stderr: counts, rate and elapsed time.
-
-    On a terminal, a rich progress bar redrawn in place. Otherwise (a log, a pipe) a line every
-    :data:`LINE_INTERVAL` seconds while it advances and, once it has printed one, a line when it
-    ends: an operation shorter than the interval prints nothing.
-    ``what`` names the operation (``replay``), ``unit`` what is counted (``writes``).
-    """
-
-    def __init__(
-        self,
-        what: str,
-        *,
-        total: int | None,
-        unit: str,
-        stream: TextIO | None = None,
-        interval: float | None = None,
-        live: bool | None = None,
-        clock: Any = time.monotonic,
-    ) -> None:
-        self.what = what
-        self.total = total
-        self.unit = unit
-        self.done = 0
-        self._stream = stream or sys.stderr
-        self._interval = LINE_INTERVAL if interval is None else interval
-        self._live = self._stream.isatty() if live is None else live
-        self._clock = clock
-        self._started = clock()
-        self._last_line = self._started
-        self._detail = ""
-        self._bar: RichProgress | None = None
-        self._task: TaskID | None = None
-        self._closed = False
-        self._printed = False
-
-    # -- numbers
-
-    @property
-    def elapsed(self) -> float:
-        return max(0.0, float(self._clock() - self._started))
-
-    @property
-    def rate(self) -> float:
-        elapsed = self.elapsed
-        return self.done / elapsed if elapsed > 0 else 0.0
-
-    def summary(self) -> str:
-        """``1,234 of 5,000 writes in 2.5s (494/s)``."""
-        of = f" of {self.total:,}" if self.total is not None else ""
-        elapsed = self.elapsed
-        return f"{self.done:,}{of} {self.unit} in {elapsed:.1f}s ({_rate(self.done, elapsed)})"
-
-    # -- lifecycle
-
-    def __enter__(self) -> Progress:
-        self.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def start(self) -> None:
-        self._started = self._last_line = self._clock()
-        if self._live:
-            self._bar = self._make_bar()
-            self._task = self._bar.add_task(self.what, total=self.total, detail="")
-            self._bar.start()
-
-    def advance(self, count: int = 1, *, detail: str | None = None) -> None:
-        """``count`` more done (and what is being worked on now, shown beside the bar)."""
-        self.done += count
-        if detail is not None:
-            self._detail = detail
-        if self._bar is not None and self._task is not None:
-            self._bar.update(self._task, completed=self.done, detail=self._detail)
-        elif not self._live and self._clock() - self._last_line >= self._interval:
-            self._line()
-
-    def set_total(self, total: int | None) -> None:
-        self.total = total
-        if self._bar is not None and self._task is not None:
-            self._bar.update(self._task, total=total)
-
-    def close(self) -> None:
-        """Stop the bar, or print the closing line."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._bar is not None:
-            if self._task is not None:
-                self._bar.update(self._task, completed=self.done, detail=self._detail)
-            self._bar.stop()
-        elif self._printed:
-            self._line(final=True)
-
-    # -- drawing
-
-    def _line(self, *, final: bool = False) -> None:
-        self._last_line = self._clock()
-        self._printed = True
-        percent = f" ({self.done / self.total:.0%})" if self.total else ""
-        of = f" of {self.total:,}" if self.total is not None else ""
-        detail = f"; {self._detail}" if self._detail else ""
-        state = "done: " if final else ""
-        print(
-            f"{self.what}: {state}{self.done:,}{of} {self.unit}{percent}, {_rate(self.done, self.elapsed)}, "
-            f"{self.elapsed:.1f}s{detail}",
-            file=self._stream,
-            flush=True,
-        )
-
-    def _make_bar(self) -> RichProgress:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            ProgressColumn,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-        from rich.progress import Progress as RichProgress
-        from rich.text import Text
-
-        unit = self.unit
-
-        class RateColumn(ProgressColumn):
-            """Items per second (rich's own speed column counts bytes)."""
-
-            def render(self, task: Task) -> Text:
-                speed = task.finished_speed or task.speed
-                return Text("-/s" if speed is None else f"{speed:,.0f} {unit}/s")
-
-        return RichProgress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            RateColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[detail]}"),
-            console=console(self._stream, stderr=True),
-            transient=False,
-            refresh_per_second=4,
-        )
-
-
 __all__ = [
     "DURATION_EXAMPLES",
     "DURATION_UNITS",
@@ -511,30 +249,22 @@ __all__ = [
     "EXIT_PROBLEM",
     "EXIT_UNREACHABLE",
     "EXIT_USAGE",
-    "LINE_INTERVAL",
     "ArgumentParser",
     "Interrupted",
-    "Column",
     "CommandError",
     "NotMigratedError",
     "ProblemError",
-    "Progress",
     "UnreachableError",
     "UsageError",
-    "console",
     "whole_number",
     "duration",
     "error_line",
-    "format_age",
-    "format_bytes",
     "format_duration",
     "interrupted",
     "note",
     "port",
     "positive_number",
     "print_error",
-    "print_table",
-    "render_table",
     "report",
     "warn",
     "with_hint",

@@ -14,7 +14,7 @@ from ..codec import RecordTypes, record_types_of
 from ..config import GuardConfig
 from ..layers.artifact_fallback import LocalArtifactFallbackLayer
 from ..models import ArtifactRetentionConfig
-from ..policy import PolicyTable
+from ..policy_table import PolicyTable
 from .local_artifacts import InMemoryArtifactStore
 from .owner import Durability
 

@@ -24,7 +24,7 @@ from ..outcome import Outcome
 from ..pipeline.classify import error_type, is_programming_error, no_wait_fixes
 from ..pipeline.idempotency import ITEM_KEYS as _ITEM_KEYS
 from ..pipeline.idempotency import WRITE_KEY_ARGUMENT, item_keys
-from ..policy import PolicyTable
+from ..policy_table import PolicyTable
 from ..protocol import LEGACY_NAMES
 from .batching import PendingWrite
 from .bulk_forms import bulk_args, bulk_method_for

@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time, logical_times, next_logical_time
 from ..pipeline.idempotency import KEPT_ARGUMENTS, WRITE_KEY_ARGUMENT, item_keys
-from ..policy import MethodPolicy, PolicyTable
+from ..policy import MethodPolicy
+from ..policy_table import PolicyTable
 
 _TABLE = PolicyTable.for_state_store()
 

@@ -27,7 +27,7 @@ from ..observability.failure_log import FailureLog, operational_errors
 from ..pipeline.breaker import BreakerState, CircuitBreaker
 from ..pipeline.classify import error_type, is_programming_error, safe_message
 from ..pipeline.idempotency import replayed_call
-from ..policy import PolicyTable
+from ..policy_table import PolicyTable
 from .batch_writer import BatchWriter, InternalCall
 from .batching import Batcher
 from .bulk_forms import bulk_call, bulk_method_for, bulk_methods_of

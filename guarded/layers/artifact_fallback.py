@@ -34,7 +34,8 @@ from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import error_type, no_wait_fixes, safe_message
-from ..policy import LocalFallback, PolicyTable
+from ..policy import LocalFallback
+from ..policy_table import PolicyTable
 
 logger = logging.getLogger("guarded.artifacts")
 

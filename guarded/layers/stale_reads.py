@@ -29,7 +29,8 @@ from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import is_programming_error
 from ..pipeline.compiled import PASS, Hooks
-from ..policy import ArgGetter, Kind, Merge, PolicyTable
+from ..policy import ArgGetter, Kind, Merge
+from ..policy_table import PolicyTable
 
 logger = logging.getLogger("guarded")
 

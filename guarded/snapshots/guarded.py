@@ -3,7 +3,7 @@
 ``guard()`` recognises a SnapshotStore (the protocol's methods, none of a StateStore's) and calls
 :func:`guard_snapshots`, which you may call directly. Every call runs through the same chain as a
 StateStore call -- tracing, metrics, fallback, stale reads, circuit breaker, retry, bulkhead,
-timeout -- under :meth:`PolicyTable.for_snapshot_store <guarded.policy.PolicyTable.for_snapshot_store>`,
+timeout -- under :meth:`PolicyTable.for_snapshot_store <guarded.policy_table.PolicyTable.for_snapshot_store>`,
 so it is measured (``guarded_store_*{store, method, outcome}``) and traced like any store call.
 
 What differs from a StateStore, because a snapshot store's callers are operators and tools rather
@@ -59,7 +59,8 @@ from ..config import GuardConfig, MethodConfig, build_config
 from ..pipeline.call import Layer
 from ..pipeline.classify import CircuitOpenError, no_wait_fixes, safe_message
 from ..pipeline.cores import register
-from ..policy import MethodPolicy, PolicyTable
+from ..policy import MethodPolicy
+from ..policy_table import PolicyTable
 from .content import SnapshotContent
 from .errors import (
     SnapshotConflictError,

@@ -16,7 +16,8 @@ from guarded.deadletter.telemetry import LABEL_REASON
 from guarded.observability import telemetry_names as names
 from guarded.outcome import Outcome
 from guarded.pipeline.breaker import BreakerState
-from guarded.policy import Kind, PolicyTable
+from guarded.policy import Kind
+from guarded.policy_table import PolicyTable
 from guarded.telemetry.events import TASK_ENDS
 
 REPO = Path(__file__).resolve().parents[2]

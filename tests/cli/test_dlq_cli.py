@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded.cli import support as cli_support
+from guarded.cli import progress as cli_progress
 from guarded.cli.dlq import UNRECORDED_ERROR
 from guarded.cli.support import EXIT_INTERRUPTED, EXIT_UNREACHABLE
 from guarded.config import DeadLetterConfig, GuardConfig
@@ -67,7 +67,7 @@ def test_replay_of_5000_writes_shows_progress_with_counts_and_rate(
 ) -> None:
     path = tmp_path / "dlq.sqlite"
     spill(path)
-    monkeypatch.setattr(cli_support, "LINE_INTERVAL", 0.2)
+    monkeypatch.setattr(cli_progress, "LINE_INTERVAL", 0.2)
     ran = in_process(
         capsys,
         "dlq",

@@ -13,7 +13,7 @@ import pytest
 from guarded.backends.postgres import cli as pg_cli
 from guarded.backends.postgres.migrations import latest_version
 from guarded.backends.postgres.schema_names import TABLES
-from guarded.cli import support as cli_support
+from guarded.cli import progress as cli_progress
 from guarded.cli.support import EXIT_INTERRUPTED, EXIT_NOT_MIGRATED, EXIT_PROBLEM, EXIT_UNREACHABLE
 
 from .support import Ran, closed_port, in_process
@@ -105,7 +105,7 @@ def test_cleanup_takes_30d_and_shows_progress(
         f'INSERT INTO "{schema_name}".state_updates (session_id, task_id, update_id, update_type, doc) '
         "VALUES ('s', 't', 'fresh', 'PROGRESS', '{}')",
     )
-    monkeypatch.setattr(cli_support, "LINE_INTERVAL", 0.0)
+    monkeypatch.setattr(cli_progress, "LINE_INTERVAL", 0.0)
     ran = pg(capsys, pg_dsn, schema_name, "cleanup", "--max-age-updates", "30d", "--grace", "0")
     assert ran.code == 0, ran.err
     assert ran.out.splitlines()[:2] == [
@@ -151,7 +151,7 @@ def test_ctrl_c_during_cleanup_says_what_was_deleted(
 def test_migrate_shows_progress(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, pg_dsn: str, schema_name: str
 ) -> None:
-    monkeypatch.setattr(cli_support, "LINE_INTERVAL", 0.0)
+    monkeypatch.setattr(cli_progress, "LINE_INTERVAL", 0.0)
     ran = pg(capsys, pg_dsn, schema_name, "migrate")
     assert ran.code == 0
     lines = [line for line in ran.err_lines if line.startswith(f"migrate {schema_name}: ")]

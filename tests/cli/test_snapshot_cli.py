@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from guarded.backends.memory import InMemoryStateStore
-from guarded.cli import snapshot as cli_snapshot
+from guarded.cli import snapshot_actions
 from guarded.cli.support import (
     EXIT_INTERRUPTED,
     EXIT_NOT_MIGRATED,
@@ -201,7 +201,7 @@ def test_ctrl_c_during_a_restore_says_what_was_done(
             break
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_snapshot, "restore", interrupted_restore)
+    monkeypatch.setattr(snapshot_actions, "restore", interrupted_restore)
     ran = snap(capsys, tmp_path, "restore", snapshot_id, "--into", TARGET)
     assert ran.code == EXIT_INTERRUPTED
     assert ran.err_lines[-1].startswith("interrupted: read 40 of ")

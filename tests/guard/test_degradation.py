@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from guarded import Kind, controller, guard
 from guarded.backends.memory import InMemoryStateStore
 from guarded.models import ArtifactScope
-from guarded.policy import PolicyTable
+from guarded.policy_table import PolicyTable
 from guarded.testing import Fault, FaultPlan, FaultyStore
 from tests.support.metrics import calls
 

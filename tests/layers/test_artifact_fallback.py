@@ -22,7 +22,7 @@ from guarded.layers.artifact_fallback import LocalArtifactFallbackLayer
 from guarded.observability.failure_log import FailureLog
 from guarded.outcome import Outcome
 from guarded.pipeline.call import Call
-from guarded.policy import PolicyTable
+from guarded.policy_table import PolicyTable
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call
 from tests.support.ports import FakeBuffer, FakeGate, fake_ports

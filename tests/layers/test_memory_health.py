@@ -23,7 +23,7 @@ from guarded.observability import telemetry_names as names
 from guarded.outcome import Outcome
 from guarded.pipeline.call import Call, MethodSetup
 from guarded.pipeline.proxy import async_method_names
-from guarded.policy import PolicyTable
+from guarded.policy_table import PolicyTable
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call
 from tests.support.metrics import sample

@@ -26,7 +26,7 @@ from guarded.outcome import Outcome
 from guarded.pipeline.bulkhead import BulkheadTimeoutError
 from guarded.pipeline.call import Call
 from guarded.pipeline.classify import CircuitOpenError
-from guarded.policy import PolicyTable
+from guarded.policy_table import PolicyTable
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call
 from tests.support.ports import FakeBuffer, FakeGate, FakeQueue, fake_ports

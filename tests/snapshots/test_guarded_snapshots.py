@@ -20,7 +20,8 @@ from guarded.backends.postgres import PostgresSnapshotStore
 from guarded.controller import controller
 from guarded.guard import GuardedStore
 from guarded.observability import telemetry_names as names
-from guarded.policy import Kind, PolicyTable
+from guarded.policy import Kind
+from guarded.policy_table import PolicyTable
 from guarded.snapshots import (
     FileSnapshotStore,
     SnapshotConflictError,

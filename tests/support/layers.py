@@ -8,7 +8,7 @@ from typing import Any
 
 from guarded.config import Ack, BatchConfig, GuardConfig, RetryConfig, TimeoutConfig
 from guarded.pipeline.call import Call, MethodSetup
-from guarded.policy import PolicyTable
+from guarded.policy_table import PolicyTable
 
 
 def method_setup(
