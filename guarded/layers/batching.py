@@ -54,7 +54,7 @@ class BatchingLayer:
         if steps is None:
             return PASS
         enqueued, settle = steps
-        return Hooks(terminal=enqueued, after=settle)
+        return Hooks(terminal=enqueued, after=settle, after_unless=Outcome.OK)
 
     def _steps(self, method: MethodSetup) -> _Steps | None:
         """The two steps of a batched write of ``method`` (``None`` when the queue does not take

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.call_check import argument_check
+from ..pipeline.call_check import argument_check, call_hook
 from ..pipeline.compiled import PASS, Hooks
 
 
@@ -38,12 +38,7 @@ class CallCheckLayer:
         check = self._check(method)
         if check is None:
             return PASS
-
-        def checked(call: Call) -> bool:
-            check(call.args, call.kwargs)
-            return True
-
-        return Hooks(before=checked)
+        return Hooks(before=call_hook(check))
 
     def _check(self, method: MethodSetup) -> Callable[[tuple[Any, ...], Mapping[str, Any]], None] | None:
         try:

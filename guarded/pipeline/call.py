@@ -18,14 +18,15 @@ if TYPE_CHECKING:
 
 
 _OK = Outcome.OK  # enum attribute lookups are slow on CPython 3.11 (about 0.1 µs)
-_monotonic = time.monotonic
-_BASE_TIME = asyncio.BaseEventLoop.time
+ASYNCIO_LOOP_TIME = asyncio.BaseEventLoop.time
+"""The ``time`` method of asyncio's own loops, whose clock is ``time.monotonic`` (for
+:func:`loop_time` and the hot paths that inline it)."""
 
 
 def loop_time(loop: asyncio.AbstractEventLoop) -> float:
     """``loop.time()``, read without a Python frame on asyncio's own loops (their clock is
     ``time.monotonic``); a loop with a clock of its own (uvloop, a test's virtual clock) is asked."""
-    return _monotonic() if type(loop).time is _BASE_TIME else loop.time()
+    return time.monotonic() if type(loop).time is ASYNCIO_LOOP_TIME else loop.time()
 
 
 class Call:

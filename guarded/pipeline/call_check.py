@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,12 +29,19 @@ from ..codec import CODECS, DEFAULT_TYPES, installed_types
 from ..errors import CallerError
 from ..policy import Argument, MethodPolicy
 from ..protocol import LEGACY_ALIASES
+from .call import Call
 from .classify import redact_quoted
 
 Check = Callable[[tuple[Any, ...], Mapping[str, Any]], None]
 """Raises :class:`~guarded.errors.CallerError` when a call's ``(args, kwargs)`` are wrong."""
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+_usual_calls: weakref.WeakKeyDictionary[Check, tuple[int, int, frozenset[type], Check]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Of a check with a one-typed-argument fast path: the usual call's arity, the typed argument's
+position, the exact types it takes there, and the full check (for :func:`call_hook`)."""
 
 
 def argument_check(label: str, method: object, policy: MethodPolicy) -> Check | None:
@@ -86,8 +94,32 @@ def _with_fast_path(
             if kwargs or len(args) != arity or type(args[index]) not in types:
                 check(args, kwargs)
 
+        _usual_calls[one] = (arity, index, types, check)
         return one
     return check
+
+
+def call_hook(check: Check) -> Callable[[Call], bool]:
+    """``check`` as a success-path ``before`` hook of a :class:`~guarded.pipeline.call.Call`
+    (``True``, or the check's error); a one-typed-argument check tests the usual call in this
+    one frame."""
+    usual = _usual_calls.get(check)
+    if usual is None:
+
+        def checked(call: Call) -> bool:
+            check(call.args, call.kwargs)
+            return True
+
+        return checked
+    arity, index, types, full_check = usual
+
+    def checked_usual(call: Call) -> bool:
+        args = call.args
+        if call.kwargs or len(args) != arity or type(args[index]) not in types:
+            full_check(args, call.kwargs)
+        return True
+
+    return checked_usual
 
 
 def _exact_types(expects: str) -> frozenset[type]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
-from .call import Call, Layer, MethodSetup, Service
+from .call import ASYNCIO_LOOP_TIME, Call, Layer, MethodSetup, Service
 from .watchdog import attempt_timed_out, watchdog_for
 
 
@@ -57,6 +57,9 @@ class Hooks:
     on_raise: Callable[[Call, BaseException], None] | None = None
     """A failure passes through this layer on its way to the caller (the metrics layer counts the
     call, as its ``wrap()`` does)."""
+    after_unless: Any = None
+    """When not ``None``: ``after`` is not called for a result that *is* this object (the answer is
+    ``None``), as ``after`` itself would answer it (the batching layer's usual ``ok``)."""
 
 
 PASS = Hooks()
@@ -127,7 +130,13 @@ def compile_method(
         if hooks.terminal is not None:
             terminal = hooks.terminal  # the layers inside it never see this method's calls
             if hooks.after is not None:  # its own answer to what its terminal step returned
-                outer.append(Hooks(after=hooks.after, after_is_async=hooks.after_is_async))
+                outer.append(
+                    Hooks(
+                        after=hooks.after,
+                        after_is_async=hooks.after_is_async,
+                        after_unless=hooks.after_unless,
+                    )
+                )
             break
         if hooks is not PASS:
             outer.append(hooks)
@@ -222,6 +231,8 @@ def _build(
                         failure = None
                 elif hooks.on_raise is not None:
                     hooks.on_raise(call, failure)
+            elif hooks.after_unless is not None and result is hooks.after_unless:
+                result = None
             elif hooks.after is not None:
                 try:
                     result = hooks.after(call, result)
@@ -244,7 +255,7 @@ def _build(
         "current_task": current_task,
         "get_loop": asyncio.get_running_loop,
         "monotonic": time.monotonic,
-        "base_time": asyncio.BaseEventLoop.time,
+        "base_time": ASYNCIO_LOOP_TIME,
         "last": last,
         "watchdog": watchdog,
         "attempt_timeout": attempt_timeout,
@@ -257,6 +268,7 @@ def _build(
         namespace[f"before_{index}"] = hooks.before
     for index, hooks in enumerate(afters):
         namespace[f"after_{index}"] = hooks.after
+        namespace[f"after_unless_{index}"] = hooks.after_unless
     source = _source(befores, afters, with_permit=acquire is not None and not terminal, terminal=terminal)
     exec(_code(source, label), namespace)
     compiled: Service = namespace["compiled"]
@@ -301,7 +313,14 @@ def _source(
         for index, hooks in steps:
             awaited = "await " if hooks.after_is_async else ""
             body.append(f"    stage = {index}")
-            body.append(f"    result = {awaited}after_{index}(call, result)")
+            step = f"result = {awaited}after_{index}(call, result)"
+            if hooks.after_unless is not None:
+                body.append(f"    if result is after_unless_{index}:")
+                body.append("        result = None")
+                body.append("    else:")
+                body.append(f"        {step}")
+            else:
+                body.append(f"    {step}")
         body.append("except BaseException as exc:")
         body.append("    return await after_failed(call, exc, stage)")
     body.append("return result")
