@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from guarded.codec import installed_types
 from guarded.errors import CallerError
-from guarded.pipeline.call_check import argument_check, protocol_signature
+from guarded.pipeline.call_check import argument_check, call_hook, protocol_signature
+from guarded.policy import Argument
 from guarded.policy_table import PolicyTable
 
 SIGNATURES = [
@@ -137,14 +141,56 @@ def test_the_fast_path_accepts_and_refuses_exactly_what_the_full_check_does(
         for parameter in signature.parameters.values()
         if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     ]
+    optional = [
+        parameter.name
+        for parameter in signature.parameters.values()
+        if parameter.default is not inspect.Parameter.empty
+        and parameter.kind is not inspect.Parameter.POSITIONAL_ONLY
+    ]
+    hook = call_hook(fast)
     values = _values()
     for count in range(len(positional) + 2):
         for position in range(max(count, 1)):
             for value in values:
                 args = tuple(value if index == position else f"arg{index}" for index in range(count))
-                for kwargs in ({}, {"unexpected": 1}, {positional[0].name: value} if positional else {}):
-                    assert _outcome(fast, args, kwargs) == _outcome(full, args, kwargs), (
-                        method,
-                        args,
-                        kwargs,
-                    )
+                shapes: list[dict[str, Any]] = [
+                    {},
+                    {"unexpected": 1},
+                    {positional[0].name: value} if positional else {},
+                    *({name: value} for name in optional),
+                    dict.fromkeys(optional, value),
+                    {**dict.fromkeys(optional, None), "unexpected": 1},
+                ]
+                for kwargs in shapes:
+                    expected = _outcome(full, args, kwargs)
+                    assert _outcome(fast, args, kwargs) == expected, (method, args, kwargs)
+                    assert _hook_outcome(hook, args, kwargs) == expected, (method, args, kwargs)
+
+
+def _hook_outcome(hook: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    try:
+        assert hook(SimpleNamespace(args=args, kwargs=kwargs)) is True
+    except CallerError as refused:
+        return str(refused)
+    return "accepted"
+
+
+def test_an_optional_typed_argument_passed_by_keyword_is_checked_on_the_fast_path() -> None:
+    class Store:
+        async def save_update(self, update: Any, *, follow_up: Any = None, note: str = "") -> None:
+            return None
+
+    base = PolicyTable.for_state_store().get("save_update")
+    policy = dataclasses.replace(base, arguments=(*base.arguments, Argument("follow_up", 1, "StateUpdate")))
+    update_type = installed_types().StateUpdate
+    update = update_type.__new__(update_type)
+    fast = argument_check("save_update", Store().save_update, policy)
+    assert fast is not None
+    hook = call_hook(fast)
+    for check in (fast, lambda args, kwargs: hook(SimpleNamespace(args=args, kwargs=kwargs))):
+        check((update,), {"note": "fine"})
+        check((update,), {"follow_up": update})
+        with pytest.raises(CallerError, match="'follow_up' must be"):
+            check((update,), {"follow_up": "not an update"})
+        with pytest.raises(CallerError, match="'follow_up' must be"):
+            check((update,), {"note": "fine", "follow_up": 3})

@@ -23,7 +23,7 @@ import functools
 import inspect
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from ..codec import CODECS, DEFAULT_TYPES, installed_types
 from ..errors import CallerError
@@ -36,12 +36,12 @@ Check = Callable[[tuple[Any, ...], Mapping[str, Any]], None]
 """Raises :class:`~guarded.errors.CallerError` when a call's ``(args, kwargs)`` are wrong."""
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
 
-_usual_calls: weakref.WeakKeyDictionary[Check, tuple[int, int, frozenset[type], Check]] = (
-    weakref.WeakKeyDictionary()
-)
-"""Of a check with a one-typed-argument fast path: the usual call's arity, the typed argument's
-position, the exact types it takes there, and the full check (for :func:`call_hook`)."""
+_UsualCall: TypeAlias = tuple[int, frozenset[str], int | None, frozenset[type], Check]
+"""See :func:`_usual_call`; last, the full check."""
+_usual_calls: weakref.WeakKeyDictionary[Check, _UsualCall] = weakref.WeakKeyDictionary()
+"""Of each check with a fast path: its usual call (for :func:`call_hook`)."""
 
 
 def argument_check(label: str, method: object, policy: MethodPolicy) -> Check | None:
@@ -66,43 +66,69 @@ def _with_fast_path(
     check: Check, signature: inspect.Signature | None, arguments: Sequence[Argument]
 ) -> Check:
     """``check``, answered in one function for the usual call: every required argument passed by
-    position, nothing else, each record argument of exactly a type it accepts. Any other call
-    takes ``check`` itself, which accepts and refuses the same calls."""
-    if signature is None:
+    position, optional ones (if any) by keyword, each record argument of exactly a type it
+    accepts. Any other call takes ``check`` itself, which accepts and refuses the same calls."""
+    usual = _usual_call(signature, arguments, check)
+    if usual is None:
         return check
+    arity, keywords, index, types, _ = usual
+    if index is None:
+
+        def untyped(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+            if len(args) != arity or (kwargs and not kwargs.keys() <= keywords):
+                check(args, kwargs)
+
+        fast = untyped
+    else:
+
+        def one(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+            if (
+                len(args) != arity
+                or (kwargs and not kwargs.keys() <= keywords)
+                or type(args[index]) not in types
+            ):
+                check(args, kwargs)
+
+        fast = one
+    _usual_calls[fast] = usual
+    return fast
+
+
+def _usual_call(
+    signature: inspect.Signature | None, arguments: Sequence[Argument], check: Check
+) -> _UsualCall | None:
+    """The usual call of a method, when its check can answer it in one test: the required
+    arguments' count, the optional ones a call may pass by keyword (none of them typed), the one
+    typed required argument's position (``None`` when there is none) and its exact types."""
+    if signature is None:
+        return None
     arity, keyword_required = _required(signature)
     if keyword_required:
-        return check
+        return None
     typed: list[tuple[int, frozenset[type]]] = []
     for argument in arguments:
         if argument.index >= arity:
             continue
         if argument.many:
-            return check
+            return None
         typed.append((argument.index, _exact_types(argument.expects)))
-    if not typed:
-
-        def untyped(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-            if kwargs or len(args) != arity:
-                check(args, kwargs)
-
-        return untyped
-    if len(typed) == 1:
-        ((index, types),) = typed
-
-        def one(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-            if kwargs or len(args) != arity or type(args[index]) not in types:
-                check(args, kwargs)
-
-        _usual_calls[one] = (arity, index, types, check)
-        return one
-    return check
+    if len(typed) > 1:
+        return None
+    typed_names = {argument.name for argument in arguments}
+    keywords = frozenset(
+        parameter.name
+        for position, parameter in enumerate(signature.parameters.values())
+        if (parameter.kind is _KEYWORD_ONLY or (parameter.kind in _POSITIONAL and position >= arity))
+        and parameter.default is not inspect.Parameter.empty
+        and parameter.name not in typed_names
+    )
+    index, types = typed[0] if typed else (None, frozenset())
+    return arity, keywords, index, types, check
 
 
 def call_hook(check: Check) -> Callable[[Call], bool]:
     """``check`` as a success-path ``before`` hook of a :class:`~guarded.pipeline.call.Call`
-    (``True``, or the check's error); a one-typed-argument check tests the usual call in this
-    one frame."""
+    (``True``, or the check's error), answering the usual call in this one frame."""
     usual = _usual_calls.get(check)
     if usual is None:
 
@@ -111,12 +137,21 @@ def call_hook(check: Check) -> Callable[[Call], bool]:
             return True
 
         return checked
-    arity, index, types, full_check = usual
+    arity, keywords, index, types, full_check = usual
+    if index is None:
+
+        def checked_untyped(call: Call) -> bool:
+            args, kwargs = call.args, call.kwargs
+            if len(args) != arity or (kwargs and not kwargs.keys() <= keywords):
+                full_check(args, kwargs)
+            return True
+
+        return checked_untyped
 
     def checked_usual(call: Call) -> bool:
-        args = call.args
-        if call.kwargs or len(args) != arity or type(args[index]) not in types:
-            full_check(args, call.kwargs)
+        args, kwargs = call.args, call.kwargs
+        if len(args) != arity or (kwargs and not kwargs.keys() <= keywords) or type(args[index]) not in types:
+            full_check(args, kwargs)
         return True
 
     return checked_usual
