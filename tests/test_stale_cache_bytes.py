@@ -245,3 +245,51 @@ def test_the_cache_is_a_least_recently_used_map_under_both_bounds(
             model.pop(key, None)
         assert [k for k in range(8) if k in cache] == sorted(model)
         assert cache.bytes == sum(map(estimate_size, model.values()))
+
+
+def test_a_list_of_learned_records_is_sized_as_the_general_walk_sizes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import guarded.durability.stale as stale
+
+    shortcut = stale._records_of_known_size
+    taken: list[int] = []
+
+    def counted(items: list[Any]) -> int | None:
+        found = shortcut(items)
+        if found is not None:
+            taken.append(found)
+        return found
+
+    monkeypatch.setattr(stale, "_records_of_known_size", counted)
+
+    class Record:
+        __slots__ = ("name", "payload")
+
+        def __init__(self, index: int) -> None:
+            self.payload = {"index": index, "text": "x" * (index % 7)}
+            self.name = f"record-{index}"
+
+    def general(value: Any) -> int:
+        return sys.getsizeof(value) + sum(stale._item_size(item, [VISITS], 1) for item in value)
+
+    shortcut_answers: list[int] = []
+    general_answers: list[int] = []
+    measured_before = 0
+    for index in range(300):
+        records = [Record(index + offset) for offset in range(1 + index % SAMPLE)]
+        learned = stale._learned.get(Record)
+        expected_counts = None if learned is None else list(learned)
+        shortcut_answers.append(estimate_size(records))
+        after = list(stale._learned[Record])
+        stale._learned[Record] = expected_counts if expected_counts is not None else [0, 0, 0]
+        if expected_counts is None:
+            del stale._learned[Record]
+        general_answers.append(general(records))
+        assert stale._learned[Record] == after  # the same bookkeeping: seen, measured, total
+        measured_before = after[1]
+    assert shortcut_answers == general_answers
+    assert len(taken) > 200  # the shortcut answered most of them
+    assert measured_before > stale.LEARN  # records were measured again now and then (RELEARN)
+    mixed = [Record(1), Record(2), "not a record"]
+    assert estimate_size(mixed) == general(mixed)

@@ -99,7 +99,27 @@ def estimate_size(value: Any) -> int:
             else:
                 total += _size(item, [VISITS // SAMPLE], 1)
         return total
+    if type(value) is list and 0 < len(value) <= SAMPLE:
+        known = _records_of_known_size(value)
+        if known is not None:
+            return getsizeof(value) + known
     return _size(value, [VISITS], 0)
+
+
+def _records_of_known_size(items: list[Any]) -> int | None:
+    """The size of ``items`` when all are records of one class whose mean size is learned and none
+    is due to be measured again (a list read's answer: tasks, updates); ``None`` otherwise. The
+    same sum :func:`_size` gives, without a call per item."""
+    kind = type(items[0])
+    learned = _learned.get(kind)
+    count = len(items)
+    if learned is None or learned[1] < LEARN or learned[0] % RELEARN + count >= RELEARN:
+        return None
+    for item in items:
+        if type(item) is not kind:
+            return None
+    learned[0] += count
+    return count * (learned[2] // learned[1])
 
 
 def _size(value: Any, budget: list[int], depth: int) -> int:
