@@ -215,12 +215,15 @@ class BatchWriter:
         """Write one queued write alone: ``OK``, ``REJECTED`` when it was parked as bad data, or
         the failure for the caller to dead-letter."""
         try:
-            keys = self._item_keys((write,))
+            keys = (self._write_key(write),) if write.method in self._keyed_appends else None
             if keys is None and _ITEM_KEYS.get() is None:
                 await self._run(self.offered(write.method), write.args, write.kwargs)
             else:
-                with item_keys(keys):
+                token = _ITEM_KEYS.set(keys)  # item_keys(keys), without a generator per write
+                try:
                     await self._run(self.offered(write.method), write.args, write.kwargs)
+                finally:
+                    _ITEM_KEYS.reset(token)
             return _OK
         except BaseException as exc:
             if not isinstance(exc, Exception) and not _raised_by_store(exc):

@@ -59,7 +59,7 @@ import heapq
 import itertools
 import logging
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
@@ -112,7 +112,7 @@ class Batcher:
         self._pending = 0
         self._waiters: deque[asyncio.Future[bool]] = deque()
         self._closing = False
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Outcome | None]] = set()
         self._unwritten: list[PendingWrite] = []
         self._abandoned: set[int] = set()
         self._tiebreak = itertools.count()
@@ -182,15 +182,12 @@ class Batcher:
             return QUEUED if self._enqueue(write) is None else ALONE
         return NO_ROOM
 
-    async def write_alone(self, method: str) -> None:
-        """Write the one queued write of ``method`` that :meth:`offer` answered :data:`ALONE`."""
+    def write_alone(self, method: str) -> Awaitable[Outcome | None]:
+        """Write the one queued write of ``method`` that :meth:`offer` answered :data:`ALONE`;
+        the awaitable answers its outcome (``None`` for a write-behind write)."""
         mq = self._queues[method]
         start, batch = self._take(mq, 1)
-        try:
-            await self._run_flush(mq, start, batch)
-        except asyncio.CancelledError:
-            self._after_cancelled_lone_flush(mq)
-            raise
+        return self._run_flush(mq, start, batch, lone=True)
 
     async def submit(self, write: PendingWrite, *, deadline: float) -> bool:
         """Queue ``write``; ``True`` once it is queued (the caller may be acknowledged).
@@ -374,7 +371,11 @@ class Batcher:
             when = min(queue[0].queued_at, now) + self._max_delay
             mq.timer = loop.call_at(when, self._on_timer, mq)
 
-    async def _run_flush(self, mq: MethodQueue, start: int, batch: list[PendingWrite]) -> None:
+    async def _run_flush(
+        self, mq: MethodQueue, start: int, batch: list[PendingWrite], *, lone: bool = False
+    ) -> Outcome | None:
+        """Write ``batch`` and settle its writes; a ``lone`` flush (a lone writer's, in its own
+        task) answers its one write's outcome."""
         loop = asyncio.get_running_loop()
         began = loop.time()
         finished = cancelled = False
@@ -393,6 +394,8 @@ class Batcher:
             if id(batch) not in self._abandoned:
                 self._unwritten.extend(batch)
             cancelled = True
+            if lone:
+                self._after_cancelled_lone_flush(mq)
             raise
         except Exception as exc:
             self.failed += len(batch)
@@ -421,6 +424,8 @@ class Batcher:
                 if finished:
                     mq.flushes.observe(len(batch), loop.time() - began)
                 self._finish(mq, start, batch, pump=not cancelled)
+        done = batch[0].done if lone else None
+        return None if done is None else await done
 
     def _finish(self, mq: MethodQueue, start: int, batch: list[PendingWrite], *, pump: bool = True) -> None:
         """A batch left the batcher: free its slots, settle its scopes, wake flush waiters, go on."""

@@ -24,6 +24,7 @@ from typing import Any
 from ..deadletter import DeadLetterBuffer, DeadLetterStats
 from ..deadletter.gate import Slot
 from ..deadletter.replay import Call as Held
+from ..outcome import Outcome
 from ..policy import MethodPolicy
 from .batching import Batcher, PendingWrite
 from .stale import StaleCache
@@ -59,8 +60,9 @@ class WriteQueue:
         self.offer: Callable[[PendingWrite], int] = batcher.offer
         """``offer(write)``: queue ``write`` without waiting; ``QUEUED``, ``ALONE`` (then await
         ``write_alone(method)`` at once) or ``NO_ROOM`` (then ``submit`` it)."""
-        self.write_alone: Callable[[str], Awaitable[None]] = batcher.write_alone
-        """Write the lone write :attr:`offer` answered ``ALONE`` for, in the caller's task."""
+        self.write_alone: Callable[[str], Awaitable[Outcome | None]] = batcher.write_alone
+        """Write the lone write :attr:`offer` answered ``ALONE`` for, in the caller's task; the
+        awaitable answers the write's outcome."""
         self.flush_scope: Callable[[str, str], Awaitable[None]] = batcher.flush_scope
         """Write out what waits for one trace or session (before a read of it)."""
         self.pending_for_scope: Callable[[str, str], list[PendingWrite]] = batcher.pending_for_scope

@@ -142,8 +142,13 @@ class BatchingLayer:
                 done,
             )
             offered = offer(write)
-            if offered == QUEUED and done is not None:
-                return done  # awaited by the caller as it is: no frame of ours
+            if done is not None:
+                # Awaited by the caller as they are, no frame of ours: the write's own future, or
+                # the lone write's flush in the caller's task, which answers the write's outcome.
+                if offered == QUEUED:
+                    return done
+                if offered == ALONE:
+                    return write_alone(name)
             return finish(call, write, offered)
 
         return enqueued, settle
