@@ -13,6 +13,23 @@ from .protocol import LEGACY_ALIASES
 
 
 def _key(*getters: ArgGetter) -> ArgGetter:
+    """A key made of what ``getters`` read (a tuple), read on every keyed write: unrolled for the
+    table's two- and three-part keys."""
+    if len(getters) == 2:
+        first, second = getters
+
+        def pair(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+            return (first(args, kwargs), second(args, kwargs))
+
+        return pair
+    if len(getters) == 3:
+        first, second, third = getters
+
+        def triple(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+            return (first(args, kwargs), second(args, kwargs), third(args, kwargs))
+
+        return triple
+
     def get(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
         return tuple(getter(args, kwargs) for getter in getters)
 

@@ -32,6 +32,9 @@ SIGNATURES = [
     "def f(a, b=2, *, k=3, **kw): pass",
     "def f(): pass",
     "def f(a, b, c=1, *, d, e=2): pass",
+    "def f(a, b=1, /): pass",
+    "def f(a, b=1, /, *, k): pass",
+    "def f(*, a, b, c=None, **kw): pass",
 ]
 
 
@@ -48,9 +51,10 @@ def test_a_call_is_refused_exactly_when_python_would_refuse_it(source: str) -> N
     policy = PolicyTable.for_state_store().get("some_method")
     check = argument_check("f", function, policy)
     assert check is not None
+    hook = call_hook(check)
     for count in range(4):
         for keywords in itertools.chain.from_iterable(
-            itertools.combinations("abcdekz", size) for size in range(3)
+            itertools.combinations("abcdekz", size) for size in range(4)
         ):
             args, kwargs = tuple(range(count)), dict.fromkeys(keywords, 0)
             try:
@@ -58,8 +62,11 @@ def test_a_call_is_refused_exactly_when_python_would_refuse_it(source: str) -> N
             except TypeError as refused:
                 with pytest.raises(CallerError, match=f"^f\\(\\): {refused}"):
                     check(args, kwargs)
+                with pytest.raises(CallerError, match=f"^f\\(\\): {refused}"):
+                    hook(SimpleNamespace(args=args, kwargs=kwargs))
             else:
                 check(args, kwargs)
+                assert hook(SimpleNamespace(args=args, kwargs=kwargs)) is True
 
 
 def test_a_store_that_says_nothing_is_checked_against_the_protocol() -> None:

@@ -119,7 +119,10 @@ def index_key(key: Any) -> Hashable:
     kind = type(key)
     if kind is str:
         return key  # type: ignore[no-any-return]
-    if kind is tuple and all(type(part) in _PLAIN for part in key):
+    if kind is tuple:
+        for part in key:
+            if type(part) not in _PLAIN:
+                return _freeze(to_json_value(key, "key"))
         return key  # type: ignore[no-any-return]
     return _freeze(to_json_value(key, "key"))
 

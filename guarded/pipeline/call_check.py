@@ -36,9 +36,8 @@ Check = Callable[[tuple[Any, ...], Mapping[str, Any]], None]
 """Raises :class:`~guarded.errors.CallerError` when a call's ``(args, kwargs)`` are wrong."""
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-_KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
 
-_UsualCall: TypeAlias = tuple[int, frozenset[str], int | None, frozenset[type], Check]
+_UsualCall: TypeAlias = tuple[int, frozenset[str], frozenset[str], int | None, frozenset[type], Check]
 """See :func:`_usual_call`; last, the full check."""
 _usual_calls: weakref.WeakKeyDictionary[Check, _UsualCall] = weakref.WeakKeyDictionary()
 """Of each check with a fast path: its usual call (for :func:`call_hook`)."""
@@ -71,8 +70,15 @@ def _with_fast_path(
     usual = _usual_call(signature, arguments, check)
     if usual is None:
         return check
-    arity, keywords, index, types, _ = usual
-    if index is None:
+    arity, required, keywords, index, types, _ = usual
+    if required:
+
+        def keyed(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+            if len(args) != arity or not required <= kwargs.keys() <= keywords:
+                check(args, kwargs)
+
+        fast = keyed
+    elif index is None:
 
         def untyped(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
             if len(args) != arity or (kwargs and not kwargs.keys() <= keywords):
@@ -98,12 +104,14 @@ def _usual_call(
     signature: inspect.Signature | None, arguments: Sequence[Argument], check: Check
 ) -> _UsualCall | None:
     """The usual call of a method, when its check can answer it in one test: the required
-    arguments' count, the optional ones a call may pass by keyword (none of them typed), the one
-    typed required argument's position (``None`` when there is none) and its exact types."""
+    positional arguments' count, the keyword-only ones a call must pass, the names a call may pass
+    by keyword (optional or required; none of them typed), the one typed required positional
+    argument's position (``None`` when there is none) and its exact types."""
     if signature is None:
         return None
     arity, keyword_required = _required(signature)
-    if keyword_required:
+    typed_names = {argument.name for argument in arguments}
+    if typed_names.intersection(keyword_required):
         return None
     typed: list[tuple[int, frozenset[type]]] = []
     for argument in arguments:
@@ -112,18 +120,24 @@ def _usual_call(
         if argument.many:
             return None
         typed.append((argument.index, _exact_types(argument.expects)))
-    if len(typed) > 1:
+    if len(typed) > 1 or (typed and keyword_required):
         return None
-    typed_names = {argument.name for argument in arguments}
     keywords = frozenset(
         parameter.name
         for position, parameter in enumerate(signature.parameters.values())
-        if (parameter.kind is _KEYWORD_ONLY or (parameter.kind in _POSITIONAL and position >= arity))
-        and parameter.default is not inspect.Parameter.empty
+        if _by_keyword_beyond(parameter, position, arity)
+        and (parameter.default is not inspect.Parameter.empty or parameter.name in keyword_required)
         and parameter.name not in typed_names
     )
     index, types = typed[0] if typed else (None, frozenset())
-    return arity, keywords, index, types, check
+    return arity, frozenset(keyword_required), keywords, index, types, check
+
+
+def _by_keyword_beyond(parameter: inspect.Parameter, position: int, arity: int) -> bool:
+    """Whether a call passing ``arity`` arguments by position may pass ``parameter`` by keyword."""
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY:
+        return True
+    return parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and position >= arity
 
 
 def call_hook(check: Check) -> Callable[[Call], bool]:
@@ -137,7 +151,16 @@ def call_hook(check: Check) -> Callable[[Call], bool]:
             return True
 
         return checked
-    arity, keywords, index, types, full_check = usual
+    arity, required, keywords, index, types, full_check = usual
+    if required:
+
+        def checked_keyed(call: Call) -> bool:
+            args, kwargs = call.args, call.kwargs
+            if len(args) != arity or not required <= kwargs.keys() <= keywords:
+                full_check(args, kwargs)
+            return True
+
+        return checked_keyed
     if index is None:
 
         def checked_untyped(call: Call) -> bool:
