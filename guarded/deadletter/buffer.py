@@ -321,16 +321,26 @@ class DeadLetterBuffer:
         Cheap when nothing of the key waits (one dictionary lookup); the guard calls it after
         every successful upsert.
         """
+        slot = self.note_superseding(method, key, stamp)
+        if slot is None:
+            return 0
+        return await self.drop_superseded(slot, stamp)
+
+    def note_superseding(self, method: str, key: Any, stamp: int) -> Slot | None:
+        """The part of :meth:`supersede` that never waits: the direct write is noted; its slot
+        when writes of the key wait (then await :meth:`drop_superseded`), else ``None``."""
         try:
             slot = (method, index_key(key))
         except InvalidPayloadError:
-            return 0
+            return None
         held = self._held
         if held.depth:
             held.healthy_at = self._monotonic()  # the backend takes writes: failed replays count
         note_direct_write(held, slot, stamp, remember=RECENT_WRITES)
-        if slot not in held.keys:
-            return 0
+        return slot if slot in held.keys else None
+
+    async def drop_superseded(self, slot: Slot, stamp: int) -> int:
+        """The rest of :meth:`supersede` for a slot :meth:`note_superseding` answered."""
         return await self._link.mutate(lambda: drop_stale(self._link, slot, stamp))
 
     def _decode(self, entry: DeadLetter) -> Call | None:

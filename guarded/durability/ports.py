@@ -78,7 +78,7 @@ class WriteQueue:
 class HeldWriteKeeper:
     """Keeps writes that failed (held for replay), parks bad data, drops superseded writes."""
 
-    __slots__ = ("hold", "kept_kwargs", "park", "supersede")
+    __slots__ = ("drop_superseded", "hold", "kept_kwargs", "note_superseding", "park", "supersede")
 
     def __init__(
         self,
@@ -95,6 +95,10 @@ class HeldWriteKeeper:
         self.kept_kwargs = kept_kwargs
         """The arguments a batched write is kept with."""
         self.supersede: Callable[[str, Any, int], Awaitable[int]] = buffer.supersede
+        self.note_superseding: Callable[[str, Any, int], Slot | None] = buffer.note_superseding
+        """:attr:`supersede` in two steps: the part that never waits answers the key's slot when
+        held writes of the key wait, for :attr:`drop_superseded`."""
+        self.drop_superseded: Callable[[Slot, int], Awaitable[int]] = buffer.drop_superseded
         """A direct write of a key succeeded: drop held writes of the key stamped before it."""
 
 

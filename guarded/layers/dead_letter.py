@@ -25,7 +25,7 @@ from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import error_type, no_wait_fixes, safe_message
-from ..pipeline.compiled import PASS, Hooks
+from ..pipeline.compiled import PASS, Deferred, Hooks
 
 
 class DeadLetterLayer:
@@ -141,7 +141,8 @@ class DeadLetterLayer:
         if key_of is None:
             return Hooks(before=lambda call: is_open())
         name = policy.name
-        next_stamp, supersede = self._next_stamp, keeper.supersede
+        next_stamp = self._next_stamp
+        note_superseding, drop_superseded = keeper.note_superseding, keeper.drop_superseded
         slot_of, try_enter, leave = gate.slot, gate.try_enter, gate.leave
         set_time = logical_times.set
 
@@ -162,16 +163,26 @@ class DeadLetterLayer:
                 call.held = None
                 _release_key(held, leave)
 
-        async def superseded(call: Call, result: Any) -> Any:
+        def superseded(call: Call, result: Any) -> Any:
             stamp, _, _, key = call.held
             try:
-                if key is not None:
-                    await supersede(name, key, stamp)
+                slot = None if key is None else note_superseding(name, key, stamp)
+            except BaseException:
+                give_back(call)
+                raise
+            if slot is None:  # nothing of the key held: the usual case, no coroutine
+                give_back(call)
+                return result
+            return Deferred(dropped(call, slot, stamp, result))
+
+        async def dropped(call: Call, slot: Any, stamp: int, result: Any) -> Any:
+            try:
+                await drop_superseded(slot, stamp)
             finally:
                 give_back(call)
             return result
 
-        return Hooks(before=enter, undo=give_back, after=superseded, after_is_async=True)
+        return Hooks(before=enter, undo=give_back, after=superseded, after_may_defer=True)
 
 
 def _release_key(held: tuple[int, Any, Any, Any], leave: Callable[[Any, int], None]) -> None:

@@ -57,6 +57,9 @@ class Hooks:
     on_raise: Callable[[Call, BaseException], None] | None = None
     """A failure passes through this layer on its way to the caller (the metrics layer counts the
     call, as its ``wrap()`` does)."""
+    after_may_defer: bool = False
+    """``after`` answers at once, or with a :class:`Deferred` when it must wait (then awaited):
+    a hook that rarely waits need not be a coroutine for every call."""
     after_unless: Any = None
     """When not ``None``: ``after`` is not called for a result that *is* this object (the answer is
     ``None``), as ``after`` itself would answer it (the batching layer's usual ``ok``)."""
@@ -64,6 +67,16 @@ class Hooks:
 
 PASS = Hooks()
 """The hooks of a layer that leaves a method alone."""
+
+
+class Deferred:
+    """What an ``after`` hook declared ``after_may_defer`` answers when it must wait: the
+    awaitable of its answer."""
+
+    __slots__ = ("awaitable",)
+
+    def __init__(self, awaitable: Awaitable[Any]) -> None:
+        self.awaitable = awaitable
 
 
 class Attempt:
@@ -238,6 +251,8 @@ def _build(
                     result = hooks.after(call, result)
                     if hooks.after_is_async:
                         result = await result
+                    elif type(result) is Deferred:
+                        result = await result.awaitable
                 except BaseException as again:
                     failure = again
         if failure is not None:
@@ -246,6 +261,7 @@ def _build(
 
     namespace: dict[str, Any] = {
         "Call": Call,
+        "Deferred": Deferred,
         "setup": setup,
         "backend": backend,
         "chain": chain,
@@ -313,14 +329,16 @@ def _source(
         for index, hooks in steps:
             awaited = "await " if hooks.after_is_async else ""
             body.append(f"    stage = {index}")
-            step = f"result = {awaited}after_{index}(call, result)"
+            step = [f"result = {awaited}after_{index}(call, result)"]
+            if hooks.after_may_defer:
+                step += ["if type(result) is Deferred:", "    result = await result.awaitable"]
             if hooks.after_unless is not None:
                 body.append(f"    if result is after_unless_{index}:")
                 body.append("        result = None")
                 body.append("    else:")
-                body.append(f"        {step}")
+                body.extend(f"        {line}" for line in step)
             else:
-                body.append(f"    {step}")
+                body.extend(f"    {line}" for line in step)
         body.append("except BaseException as exc:")
         body.append("    return await after_failed(call, exc, stage)")
     body.append("return result")
@@ -387,4 +405,4 @@ async def _raise(failure: BaseException) -> Any:
     raise failure
 
 
-__all__ = ["PASS", "Attempt", "Hooks", "compile_method", "preloadable"]
+__all__ = ["PASS", "Attempt", "Deferred", "Hooks", "compile_method", "preloadable"]
