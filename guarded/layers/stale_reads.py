@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from ..durability.ports import DurabilityPorts
@@ -28,7 +28,7 @@ from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import is_programming_error
-from ..pipeline.compiled import PASS, Hooks
+from ..pipeline.compiled import PASS, Deferred, Hooks
 from ..policy import ArgGetter, Kind, Merge
 from ..policy_table import PolicyTable
 
@@ -87,7 +87,7 @@ class StaleReadLayer:
                 return is_open() and (nothing_held or lookups.is_empty)  # type: ignore[union-attr]
 
             answered = self._latest_answered(write, key_of, value_of)
-            return Hooks(before=unmerged, after=answered, after_is_async=True)
+            return Hooks(before=unmerged, after=answered, after_may_defer=True)
 
         scope_of = policy.scope_key
         if scope_of is None:
@@ -105,31 +105,36 @@ class StaleReadLayer:
             return True
 
         answered_list = self._list_answered(method, value_of)
-        return Hooks(before=nothing_to_merge, after=answered_list, after_is_async=True)
+        return Hooks(before=nothing_to_merge, after=answered_list, after_may_defer=True)
 
     def _latest_answered(
         self, write: str, key_of: ArgGetter, value_of: ArgGetter
-    ) -> Callable[[Call, Any], Awaitable[Any]]:
+    ) -> Callable[[Call, Any], Any]:
         """What a single-value read answers once the backend answered it: a write of the key held
         meanwhile is newer than the backend's answer and is answered instead; the answer is kept
         for stale-if-error (the chain and the compiled path alike)."""
         lookups, cache = self._ports.lookups, self._ports.cache
 
-        async def answered(call: Call, result: Any) -> Any:
+        def answered(call: Call, result: Any) -> Any:
             key = key_of(call.args, call.kwargs)
             if lookups is not None and not lookups.is_empty:
-                held = await lookups.latest_for_key(write, key)
-                if held is not None:
-                    result = value_of(*held)
+                return Deferred(answered_over_held(key, result))
+            if cache is not None and key is not None and _hashable(key):
+                _remember_latest(cache, (write, key), result)
+            return result
+
+        async def answered_over_held(key: Any, result: Any) -> Any:
+            assert lookups is not None
+            held = await lookups.latest_for_key(write, key)
+            if held is not None:
+                result = value_of(*held)
             if cache is not None and key is not None and _hashable(key):
                 _remember_latest(cache, (write, key), result)
             return result
 
         return answered
 
-    def _list_answered(
-        self, method: MethodSetup, value_of: ArgGetter
-    ) -> Callable[[Call, Any], Awaitable[Any]]:
+    def _list_answered(self, method: MethodSetup, value_of: ArgGetter) -> Callable[[Call, Any], Any]:
         """What a list read answers once the backend answered it: the writes of its scope held
         meanwhile merged in; the answer is kept for stale-if-error (the chain and the compiled
         path alike)."""
@@ -140,19 +145,28 @@ class StaleReadLayer:
         assert scope_of is not None
         merge = _list_merger(policy.merge_id)
 
-        async def answered(call: Call, result: Any) -> Any:
+        def answered(call: Call, result: Any) -> Any:
             scope = scope_of(call.args, call.kwargs)
             if not isinstance(scope, str):
                 return result
             if lookups is not None and not lookups.is_empty:
-                held = [value_of(*entry) for entry in await lookups.pending_for_scope(write, scope)]
-                if held:
-                    result = merge(list(result), held, call.kwargs)
+                return Deferred(merged_with_held(call, scope, result))
+            remember(call, result)
+            return result
+
+        async def merged_with_held(call: Call, scope: str, result: Any) -> Any:
+            assert lookups is not None
+            held = [value_of(*entry) for entry in await lookups.pending_for_scope(write, scope)]
+            if held:
+                result = merge(list(result), held, call.kwargs)
+            remember(call, result)
+            return result
+
+        def remember(call: Call, result: Any) -> None:
             if cache is not None:
                 cache_key = _call_key(name, call.args, call.kwargs)
                 if cache_key is not None:
                     cache.put(cache_key, list(result))
-            return result
 
         return answered
 
@@ -323,7 +337,8 @@ class StaleReadLayer:
                     raise
                 call.error, call.outcome = exc, Outcome.STALE
                 return value
-            return await answered(call, result)
+            answer = answered(call, result)
+            return await answer.awaitable if type(answer) is Deferred else answer
 
         return latest
 
@@ -377,7 +392,8 @@ class StaleReadLayer:
                     raise
                 call.error, call.outcome = exc, Outcome.STALE
                 return merge(list(cached or ()), held, call.kwargs)
-            return await answered(call, result)
+            answer = answered(call, result)
+            return await answer.awaitable if type(answer) is Deferred else answer
 
         return listed
 
