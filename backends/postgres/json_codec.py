@@ -209,38 +209,26 @@ def orjson_ready(value: dict[str, Any]) -> bool:
     :func:`fixed_float`. ``orjson`` may still refuse the value (an integer beyond 64 bits, a lone
     surrogate, nesting beyond 255 levels): callers catch :class:`orjson.JSONEncodeError`.
     """
-    # One loop with the usual kinds tested inline: a call per item would cost more than the test.
+    # The usual scalars are tested inline: a call per item would cost more than the test.
+    scalars = _ORJSON_SCALARS
     for key, item in value.items():
-        if type(key) is not str:
-            return False
-        kind = type(item)
-        if kind in _ORJSON_SCALARS:
-            continue
-        if kind is float:
-            magnitude: float = abs(item)
-            if not (_MIN_FIXED <= magnitude < _MAX_FIXED or magnitude == 0.0):
-                return False
-        elif not _orjson_ready_container(kind, item):
+        if type(key) is not str or not (type(item) in scalars or _orjson_ready_other(item)):
             return False
     return True
 
 
-def _orjson_ready_container(kind: type, item: Any) -> bool:
+def _orjson_ready_other(item: Any) -> bool:
+    """:func:`orjson_ready` of a value that is not one of the plain scalars."""
+    kind = type(item)
+    if kind is float:
+        magnitude: float = abs(item)
+        return _MIN_FIXED <= magnitude < _MAX_FIXED or magnitude == 0.0
     if kind is dict:
         return orjson_ready(item)
     if kind is not list:
         return False
-    for element in item:
-        element_kind = type(element)
-        if element_kind in _ORJSON_SCALARS:
-            continue
-        if element_kind is float:
-            magnitude: float = abs(element)
-            if not (_MIN_FIXED <= magnitude < _MAX_FIXED or magnitude == 0.0):
-                return False
-        elif not _orjson_ready_container(element_kind, element):
-            return False
-    return True
+    scalars = _ORJSON_SCALARS
+    return all(type(element) in scalars or _orjson_ready_other(element) for element in item)
 
 
 def _orjson_agrees() -> bool:
