@@ -416,8 +416,12 @@ def _hashable(value: Any) -> bool:
 
 
 def _call_key(name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Hashable | None:
-    key = (name, args, tuple(sorted(kwargs.items())))
-    return key if _hashable(key) else None
+    key = (name, args, tuple(sorted(kwargs.items())) if kwargs else ())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _list_merger(merge_id: str | None) -> Callable[[list[Any], Sequence[Any], Mapping[str, Any]], list[Any]]:
