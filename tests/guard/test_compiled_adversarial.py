@@ -1154,3 +1154,49 @@ async def test_with_tracing_on_every_span_is_recorded_as_on_the_chain(
     chain, compiled = await both(scenario, monkeypatch)
     assert len(chain[1]) == 40
     assert compiled == chain
+
+
+# --- a loop whose clock is set on the loop itself ---------------------------------------------------
+
+
+class SlowReads(InMemoryStateStore):
+    """A memory read takes 50 ms (well inside the attempt timeout)."""
+
+    async def load_memory_state(self, key: str) -> Any:
+        await asyncio.sleep(0.05)
+        return await super().load_memory_state(key)
+
+
+async def test_a_clock_set_on_the_running_loop_itself_times_calls_as_on_the_chain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A test's virtual clock may be set on the loop object rather than on its class (aiotools'
+    VirtualClock and asynctest patch ``loop.time``); the loop schedules by it, so every time a call
+    reads must be read from it: a call that takes 50 ms of that clock, well inside its timeout,
+    answers ``ok`` and is observed as taking about 50 ms (not 1000 s less than that)."""
+
+    async def scenario(compiled: bool) -> Any:
+        loop = asyncio.get_running_loop()
+        own_clock = loop.time
+        registry = CollectorRegistry()
+        store = guard(SlowReads(), name="own-clock", registry=registry, **SETTINGS)
+        async with store:
+            await store.save_memory_state("k", {"v": 1})
+            with monkeypatch.context() as patch:
+                patch.setattr(loop, "time", lambda: own_clock() + 1000.0)
+                answer = await store.load_memory_state("k")
+                await store.save_memory_state("k", {"v": 2})
+            durations = {
+                method: 0.0 <= series.total < 10.0
+                for (name, method, _), series in call_stats(registry).durations.items()
+                if name == "own-clock"
+            }
+        return answer, durations, sorted(counts(registry, "own-clock").items())
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert chain == (
+        {"v": 1},
+        {"save_memory_state": True, "load_memory_state": True},
+        [(("load_memory_state", "ok"), 1), (("save_memory_state", "ok"), 2)],
+    ), chain
+    assert compiled == chain
