@@ -44,7 +44,7 @@ from .observability import telemetry_names as names
 from .observability.failure_log import FailureLog
 from .pipeline.breaker import BreakerState, CircuitBreaker
 from .pipeline.bulkhead import Bulkhead, bulkhead_for
-from .pipeline.call import Call, Layer, MethodSetup, Service, loop_time
+from .pipeline.call import Call, Layer, MethodSetup, Service
 from .pipeline.classify import register_classifier
 from .pipeline.compiled import compile_method, preloadable
 from .pipeline.cores import core_of, register
@@ -318,7 +318,7 @@ class GuardCore:
             )
         setup, service = found
         loop = asyncio.get_running_loop()
-        return service(Call(setup, args, kwargs, loop, loop_time(loop)))
+        return service(Call(setup, args, kwargs, loop, loop.time()))
 
 
 def guard(

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..pipeline.breaker import CircuitBreaker
-from ..pipeline.call import Call, MethodSetup, Service, loop_time
+from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import CircuitOpenError, counts_against_backend
 from ..pipeline.compiled import Hooks
 
@@ -44,7 +44,7 @@ class CircuitBreakerLayer:
                 result = await inner(call)
             except Exception as exc:
                 if counts(exc):
-                    duration = loop_time(call.loop) - call.started - call.queued
+                    duration = call.loop.time() - call.started - call.queued
                     breaker.record(ticket, failed=True, duration=duration)
                 else:
                     breaker.release(ticket)
@@ -52,7 +52,7 @@ class CircuitBreakerLayer:
             except BaseException:
                 breaker.release(ticket)
                 raise
-            breaker.record(ticket, failed=False, duration=loop_time(call.loop) - call.started - call.queued)
+            breaker.record(ticket, failed=False, duration=call.loop.time() - call.started - call.queued)
             return result
 
         return guarded_by_breaker
@@ -76,7 +76,7 @@ class CircuitBreakerLayer:
             ticket = call.ticket
             call.ticket = None
             assert ticket is not None
-            record(ticket, failed=False, duration=loop_time(call.loop) - call.started - call.queued)
+            record(ticket, failed=False, duration=call.loop.time() - call.started - call.queued)
             return result
 
         return Hooks(before=admit, undo=give_back, after=succeeded)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -18,15 +17,6 @@ if TYPE_CHECKING:
 
 
 _OK = Outcome.OK  # enum attribute lookups are slow on CPython 3.11 (about 0.1 µs)
-ASYNCIO_LOOP_TIME = asyncio.BaseEventLoop.time
-"""The ``time`` method of asyncio's own loops, whose clock is ``time.monotonic`` (for
-:func:`loop_time` and the hot paths that inline it)."""
-
-
-def loop_time(loop: asyncio.AbstractEventLoop) -> float:
-    """``loop.time()``, read without a Python frame on asyncio's own loops (their clock is
-    ``time.monotonic``); a loop with a clock of its own (uvloop, a test's virtual clock) is asked."""
-    return time.monotonic() if type(loop).time is ASYNCIO_LOOP_TIME else loop.time()
 
 
 class Call:

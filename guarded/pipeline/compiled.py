@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
-from .call import ASYNCIO_LOOP_TIME, Call, Layer, MethodSetup, Service
+from .call import Call, Layer, MethodSetup, Service
 from .watchdog import attempt_timed_out, watchdog_for
 
 
@@ -270,8 +269,6 @@ def _build(
         "after_failed": after_failed,
         "current_task": current_task,
         "get_loop": asyncio.get_running_loop,
-        "monotonic": time.monotonic,
-        "base_time": ASYNCIO_LOOP_TIME,
         "last": last,
         "watchdog": watchdog,
         "attempt_timeout": attempt_timeout,
@@ -346,8 +343,7 @@ def _source(
     lines += [
         "async def entry(*args, **kwargs):",
         "    loop = get_loop()",
-        "    now = monotonic() if type(loop).time is base_time else loop.time()  # loop_time(), inline",
-        "    call = Call(setup, args, kwargs, loop, now)",
+        "    call = Call(setup, args, kwargs, loop, loop.time())",
         *("    " + line for line in body),
     ]
     return "\n".join(lines) + "\n"

@@ -1154,3 +1154,149 @@ async def test_with_tracing_on_every_span_is_recorded_as_on_the_chain(
     chain, compiled = await both(scenario, monkeypatch)
     assert len(chain[1]) == 40
     assert compiled == chain
+
+
+# --- a loop whose clock is set on the loop itself ---------------------------------------------------
+
+
+class SlowReads(InMemoryStateStore):
+    """A memory read takes 50 ms (well inside the attempt timeout)."""
+
+    async def load_memory_state(self, key: str) -> Any:
+        await asyncio.sleep(0.05)
+        return await super().load_memory_state(key)
+
+
+async def test_a_clock_set_on_the_running_loop_itself_times_calls_as_on_the_chain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A test's virtual clock may be set on the loop object rather than on its class (aiotools'
+    VirtualClock and asynctest patch ``loop.time``); the loop schedules by it, so every time a call
+    reads must be read from it: a call that takes 50 ms of that clock, well inside its timeout,
+    answers ``ok`` and is observed as taking about 50 ms (not 1000 s less than that)."""
+
+    async def scenario(compiled: bool) -> Any:
+        loop = asyncio.get_running_loop()
+        own_clock = loop.time
+        registry = CollectorRegistry()
+        store = guard(SlowReads(), name="own-clock", registry=registry, **SETTINGS)
+        async with store:
+            await store.save_memory_state("k", {"v": 1})
+            with monkeypatch.context() as patch:
+                patch.setattr(loop, "time", lambda: own_clock() + 1000.0)
+                answer = await store.load_memory_state("k")
+                await store.save_memory_state("k", {"v": 2})
+            durations = {
+                method: 0.0 <= series.total < 10.0
+                for (name, method, _), series in call_stats(registry).durations.items()
+                if name == "own-clock"
+            }
+        return answer, durations, sorted(counts(registry, "own-clock").items())
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert chain == (
+        {"v": 1},
+        {"save_memory_state": True, "load_memory_state": True},
+        [(("load_memory_state", "ok"), 1), (("save_memory_state", "ok"), 2)],
+    ), chain
+    assert compiled == chain
+
+
+# --- the caller's cancellation while a read's answer waits for the held writes --------------------
+
+
+class GatedAndTold(Gated):
+    """:class:`Gated`, telling when a read has the backend's answer and waits for ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = asyncio.Event()
+
+    async def load_memory_state(self, key: str) -> Any:
+        if self.gate is not None:
+            self.waiting.set()
+        return await super().load_memory_state(key)
+
+    async def load_history(self, trace_id: str) -> Any:
+        if self.gate is not None:
+            self.waiting.set()
+        return await super().load_history(trace_id)
+
+
+@pytest.mark.parametrize("method", ["load_memory_state", "load_history"])
+async def test_a_read_cancelled_while_its_answer_looks_up_the_held_writes_ends_as_on_the_chain(
+    method: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A read on the success path whose backend answers after a write of its key (or scope) was
+    held meanwhile: its answer looks the held write up in the buffer (the deferred part of the
+    stale-reads ``after`` step, made to take a few turns), and the caller is cancelled 0, 1, 2, ...
+    turns into that (the runs are compared by what must hold whatever turn it lands on). A
+    cancelled read is counted ``cancelled``, an answered one answers the held write; a later outage
+    answers the held write too (never the backend's older answer the read had); no logical time is
+    left behind."""
+
+    def event(ts: float) -> StoredEvent:
+        return StoredEvent("t", ts, "node_end", "n", f"e{ts}", {})
+
+    newer = {"v": 2} if method == "load_memory_state" else [event(1.0), event(2.0)]
+    args = ("k",) if method == "load_memory_state" else ("t",)
+    from guarded.deadletter.buffer import DeadLetterBuffer
+
+    for lookup in ("latest_for_key", "pending_for_scope"):  # each takes a few turns, as a file read does
+        original = getattr(DeadLetterBuffer, lookup)
+
+        async def slow(self: Any, *args: Any, original: Any = original) -> Any:
+            for _ in range(3):
+                await asyncio.sleep(0)
+            return await original(self, *args)
+
+        monkeypatch.setattr(DeadLetterBuffer, lookup, slow)
+
+    async def scenario(compiled: bool) -> Any:
+        endings: list[str] = []
+        outages: list[Any] = []
+        registry = CollectorRegistry()
+        for turns in range(8):
+            backend = GatedAndTold()
+            path = str(tmp_path / f"deferred-{method}-{compiled}-{turns}.sqlite")
+            store = guard(backend, name="deferred", registry=registry, **{**SETTINGS, "spill_path": path})
+            no_background_replay(store)
+            async with store:
+                if method == "load_memory_state":
+                    await store.save_memory_state("k", {"v": 1})
+                else:
+                    await store.save_event(event(1.0))
+                backend.gate = asyncio.Event()
+                backend.saves_fail = True
+                reader = asyncio.ensure_future(getattr(store, method)(*args))
+                await asyncio.wait_for(backend.waiting.wait(), 5.0)  # the backend answered; it waits
+                if method == "load_memory_state":
+                    await store.save_memory_state("k", {"v": 2})  # held
+                else:
+                    await store.save_event(event(2.0))  # held
+                backend.gate.set()
+                for _ in range(turns):
+                    await asyncio.sleep(0)
+                reader.cancel()
+                try:
+                    answer = await reader
+                except asyncio.CancelledError:
+                    endings.append("cancelled")
+                else:
+                    endings.append("answered")
+                    assert answer == newer, (turns, answer)
+                backend.gate = None
+                backend.down = True
+                outages.append(await getattr(store, method)(*args))
+                backend.down = backend.saves_fail = False
+                assert LOGICAL_TIMES.get() is None
+        return endings, outages, counts(registry, "deferred")
+
+    for endings, outages, counted in await both(scenario, monkeypatch):
+        assert endings[0] == "cancelled", endings
+        assert counted[(method, "cancelled")] == endings.count("cancelled"), (endings, counted)
+        assert counted[(method, "ok")] == endings.count("answered"), (endings, counted)
+        assert counted[(method, "stale")] == len(outages)
+        # Memory: the held write; history: the held event merged into the last answer kept (none
+        # when the only read was cancelled).
+        assert all(outage in (newer, [event(2.0)]) for outage in outages), outages
