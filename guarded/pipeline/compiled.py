@@ -146,6 +146,7 @@ def compile_method(
                     Hooks(
                         after=hooks.after,
                         after_is_async=hooks.after_is_async,
+                        after_may_defer=hooks.after_may_defer,
                         after_unless=hooks.after_unless,
                     )
                 )
