@@ -54,11 +54,9 @@ construction, so it may be built outside a loop); use it from one loop at a time
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import itertools
 import logging
-from collections import deque
 from collections.abc import Awaitable, Collection
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -75,6 +73,7 @@ from .batch_queue import (
     Writer,
     instruments_for,
 )
+from .batch_space import BatchSpace
 
 logger = logging.getLogger("guarded.batching")
 
@@ -105,12 +104,10 @@ class Batcher:
         self._writer = writer
         self._max_batch = config.max_batch
         self._max_delay = config.max_delay
-        self._capacity = config.queue_size
         self._max_flushes = config.max_concurrent_flushes
         self._parallel_at = min(config.parallel_flush_at, config.max_batch)
         self._queues: dict[str, MethodQueue] = {}
-        self._pending = 0
-        self._waiters: deque[asyncio.Future[bool]] = deque()
+        self._space = BatchSpace(config.queue_size)
         self._closing = False
         self._tasks: set[asyncio.Task[Outcome | None]] = set()
         self._unwritten: list[PendingWrite] = []
@@ -129,7 +126,7 @@ class Batcher:
     @property
     def pending(self) -> int:
         """Writes queued or being flushed, plus slots granted to submitters about to queue."""
-        return self._pending
+        return self._space.pending
 
     @property
     def acknowledged_pending(self) -> int:
@@ -164,8 +161,9 @@ class Batcher:
         :data:`ALONE` when it is queued and is to be written at once in the caller's own task
         (``await`` :meth:`write_alone` before anything else runs), :data:`NO_ROOM` when it was not
         queued (the batcher is full, or closed: :meth:`submit` it instead)."""
-        if self._pending < self._capacity and not self._waiters and not self._closing:
-            self._pending += 1
+        space = self._space
+        if space.pending < space.capacity and not space.waiters and not self._closing:
+            space.pending += 1  # space.take_now(), inline: this runs once per write
             mq = self._queues.get(write.method)
             if mq is not None and mq.eager and mq.active and write.done is not None:
                 # _enqueue's group-commit case while a flush runs, inline (once per write under load).
@@ -197,57 +195,12 @@ class Batcher:
         when there was still none (the caller dead-letters the write). ``False`` at once after
         :meth:`aclose` started. Cancelling a waiting submitter gives its place back.
         """
-        if self._pending < self._capacity and not self._waiters and not self._closing:
-            self._pending += 1
-            alone = self._enqueue(write)
-            if alone is not None:
-                await self.write_alone(alone.method)
-            return True
-        return await self._wait_for_space(write, deadline)
-
-    async def _wait_for_space(self, write: PendingWrite, deadline: float) -> bool:
-        if self._closing:
+        if not self._space.take_now() and (self._closing or not await self._space.wait(deadline)):
             return False
-        loop = asyncio.get_running_loop()
-        if deadline <= loop.time():
-            return False
-        waiter: asyncio.Future[bool] = loop.create_future()
-        self._waiters.append(waiter)
-        expiry = loop.call_at(deadline, self._expire, waiter)
-        try:
-            granted = await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled() and waiter.result():
-                self._release(1)
-            else:
-                self._forget_waiter(waiter)
-            raise
-        finally:
-            expiry.cancel()
-        if granted:
-            alone = self._enqueue(write)
-            if alone is not None:
-                await self.write_alone(alone.method)
-        return granted
-
-    def _expire(self, waiter: asyncio.Future[bool]) -> None:
-        if not waiter.done():
-            waiter.set_result(False)
-            self._forget_waiter(waiter)
-
-    def _forget_waiter(self, waiter: asyncio.Future[bool]) -> None:
-        with contextlib.suppress(ValueError):
-            self._waiters.remove(waiter)
-
-    def _release(self, count: int) -> None:
-        """Free ``count`` slots and hand them to waiting submitters, oldest first."""
-        self._pending -= count
-        waiters = self._waiters
-        while waiters and self._pending < self._capacity:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                self._pending += 1
-                waiter.set_result(True)
+        alone = self._enqueue(write)
+        if alone is not None:
+            await self.write_alone(alone.method)
+        return True
 
     def _enqueue(self, write: PendingWrite) -> MethodQueue | None:
         """Queue a write whose slot is already counted in ``_pending``; its queue when the write
@@ -441,7 +394,7 @@ class Batcher:
                     if not entry.count:
                         del scopes[scope]
         self._wake_flushers(mq)
-        self._release(len(batch))
+        self._space.release(len(batch))
         if not pump:
             return
         if mq.eager and len(batch) > 1 and mq.timer is None and not self._closing:
@@ -508,19 +461,16 @@ class Batcher:
         they are delivered at least once, not exactly once.
         """
         self._closing = True
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(False)
+        self._space.close()
         try:
             async with asyncio.timeout(timeout):
-                while self._pending:
+                while self._space.pending:
                     await self.flush()
-                    if self._pending:
+                    if self._space.pending:
                         await asyncio.sleep(0)
         except TimeoutError:
             pass
-        if not self._pending:
+        if not self._space.pending:
             return 0
         return await self._abandon()
 
