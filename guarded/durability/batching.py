@@ -150,8 +150,13 @@ class Batcher:
         mq = self._queues.get(method)
         if mq is None or scope not in mq.scopes:
             return []
-        found = [write for batch in mq.in_flight.values() for write in batch if write.scope == scope]
-        found.extend(write for write in mq.queue if write.scope == scope)
+        found = [
+            write
+            for batch in mq.in_flight.values()
+            for write in batch
+            if write.scope == scope and write.done is None
+        ]
+        found.extend(write for write in mq.queue if write.scope == scope and write.done is None)
         return found
 
     # --- submitting ---------------------------------------------------------------------------------
@@ -215,8 +220,9 @@ class Batcher:
         queue.append(write)
         scope = write.scope
         # Read-your-writes needs the scopes of acknowledged writes only: a group-commit write is
-        # acknowledged once written, so a read concurrent with it need not wait for it.
-        if scope is not None and not mq.eager:
+        # acknowledged once written, so a read concurrent with it need not wait for it. Per write:
+        # a legacy alias may acknowledge at enqueue in its target's group-commit queue.
+        if scope is not None and write.done is None:
             entry = mq.scopes.get(scope)
             if entry is None:
                 mq.scopes[scope] = ScopeEntry(mq.taken + len(queue) - 1)
@@ -384,11 +390,11 @@ class Batcher:
         """A batch left the batcher: free its slots, settle its scopes, wake flush waiters, go on."""
         del mq.in_flight[start]
         mq.active -= 1
-        if not mq.eager:
-            scopes = mq.scopes
+        scopes = mq.scopes
+        if scopes:
             for write in batch:
                 scope = write.scope
-                if scope is not None:
+                if scope is not None and write.done is None:
                     entry = scopes[scope]
                     entry.count -= 1
                     if not entry.count:

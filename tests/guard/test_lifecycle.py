@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from guarded import controller, guard
 from guarded.backends.memory import InMemoryStateStore
-from guarded.config import BatchConfig, BreakerConfig, DeadLetterConfig, GuardConfig
+from guarded.config import BatchConfig, BreakerConfig, DeadLetterConfig, GuardConfig, MethodConfig
 from guarded.models import StateUpdate, UpdateType
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
@@ -87,6 +87,40 @@ async def test_aliases_share_their_targets_pending_writes() -> None:
         assert [u.update_id for u in await store.list_updates("s1")] == ["u1", "u2"]
         await store.save_task_update(update("u3", 3))
         assert [u.update_id for u in await store.list_task_updates("s1")] == ["u1", "u2", "u3"]
+
+
+class _GatedUpdates(InMemoryStateStore):
+    """Writes of updates wait for ``gate`` (a flush held in flight, no clock involved)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def save_update(self, update: StateUpdate) -> None:
+        self.started.set()
+        await self.gate.wait()
+        await super().save_update(update)
+
+
+@pytest.mark.asyncio
+async def test_a_write_behind_alias_queued_behind_a_group_commit_of_its_target_is_read_back() -> None:
+    """``save_update`` group-commits (the default) and ``save_task_update`` is configured to
+    acknowledge at enqueue; they share one queue. A ``save_task_update`` acknowledged while a
+    ``save_update`` is being written must be seen by the next ``list_updates`` (read-your-writes
+    covers aliases, whatever the target's queue was made for first)."""
+    backend = _GatedUpdates()
+    config = GuardConfig(methods={"save_task_update": MethodConfig(ack="enqueue")})
+    store = guard(backend, registry=CollectorRegistry(), config=config)
+    async with store:
+        committing = asyncio.create_task(store.save_update(update("u1", 1)))
+        await backend.started.wait()  # u1 is being written (its caller not answered yet)
+        await store.save_task_update(update("u2", 2))  # acknowledged once queued
+        reading = asyncio.create_task(store.list_updates("s1"))
+        await backend.started.wait()
+        backend.gate.set()
+        assert "u2" in [u.update_id for u in await reading]
+        await committing
 
 
 @pytest.mark.asyncio
