@@ -71,31 +71,17 @@ def _with_fast_path(
     if usual is None:
         return check
     arity, required, keywords, index, types, _ = usual
-    if required:
 
-        def keyed(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-            if len(args) != arity or not required <= kwargs.keys() <= keywords:
-                check(args, kwargs)
+    def fast(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        # The usual call's test (call_hook's, in a call's frame): the count by position, the
+        # names by keyword, the typed argument's exact type.
+        if (
+            len(args) != arity
+            or ((kwargs or required) and not required <= kwargs.keys() <= keywords)
+            or (index is not None and type(args[index]) not in types)
+        ):
+            check(args, kwargs)
 
-        fast = keyed
-    elif index is None:
-
-        def untyped(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-            if len(args) != arity or (kwargs and not kwargs.keys() <= keywords):
-                check(args, kwargs)
-
-        fast = untyped
-    else:
-
-        def one(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-            if (
-                len(args) != arity
-                or (kwargs and not kwargs.keys() <= keywords)
-                or type(args[index]) not in types
-            ):
-                check(args, kwargs)
-
-        fast = one
     _usual_calls[fast] = usual
     return fast
 
@@ -152,28 +138,14 @@ def call_hook(check: Check) -> Callable[[Call], bool]:
 
         return checked
     arity, required, keywords, index, types, full_check = usual
-    if required:
-
-        def checked_keyed(call: Call) -> bool:
-            args, kwargs = call.args, call.kwargs
-            if len(args) != arity or not required <= kwargs.keys() <= keywords:
-                full_check(args, kwargs)
-            return True
-
-        return checked_keyed
-    if index is None:
-
-        def checked_untyped(call: Call) -> bool:
-            args, kwargs = call.args, call.kwargs
-            if len(args) != arity or (kwargs and not kwargs.keys() <= keywords):
-                full_check(args, kwargs)
-            return True
-
-        return checked_untyped
 
     def checked_usual(call: Call) -> bool:
         args, kwargs = call.args, call.kwargs
-        if len(args) != arity or (kwargs and not kwargs.keys() <= keywords) or type(args[index]) not in types:
+        if (
+            len(args) != arity
+            or ((kwargs or required) and not required <= kwargs.keys() <= keywords)
+            or (index is not None and type(args[index]) not in types)
+        ):
             full_check(args, kwargs)
         return True
 
