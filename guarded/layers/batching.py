@@ -73,18 +73,6 @@ class BatchingLayer:
         commit = method.settings.ack == "commit"
         ok, rejected, dead_lettered = Outcome.OK, Outcome.REJECTED, Outcome.DEAD_LETTERED
 
-        def new_write(call: Call) -> PendingWrite:
-            scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
-            return PendingWrite(
-                name,
-                call.args,
-                call.kwargs,
-                scope if isinstance(scope, str) else None,
-                next_stamp(),
-                call.started,
-                call.loop.create_future() if commit else None,
-            )
-
         async def finish(call: Call, write: PendingWrite, offered: int) -> Outcome | None:
             # Group commit, leader style: when no flush of the method runs, the caller writes its
             # own write at once in its own task (no flush task, no loop iteration); otherwise the
@@ -122,13 +110,11 @@ class BatchingLayer:
 
         async def opened_first(call: Call) -> Outcome | None:
             await ensure_open()
-            write = new_write(call)
-            return await finish(call, write, offer(write))
+            return await enqueued(call)
 
         def enqueued(call: Call) -> Awaitable[Outcome | None]:
             if not is_open():
                 return opened_first(call)
-            # new_write(call), inline: this runs once per batched write.
             args, kwargs = call.args, call.kwargs
             scope = scope_of(args, kwargs) if scope_of is not None else None
             done = call.loop.create_future() if commit else None

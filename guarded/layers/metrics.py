@@ -8,7 +8,6 @@ the trace id when the call's span is recording.
 from __future__ import annotations
 
 import weakref
-from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -126,8 +125,7 @@ class MetricsLayer:
             elapsed = call.loop.time() - call.started  # the loop's own clock (a test's may be set on it)
             span = call.span
             if span is None:
-                found.counts[bisect_left(found.bounds, elapsed)] += 1
-                found.total += elapsed
+                found.observe(elapsed)
             else:
                 found.observe(elapsed, format(span.get_span_context().trace_id, "032x"))
             if call.attempts > 1:

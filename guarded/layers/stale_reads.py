@@ -119,8 +119,7 @@ class StaleReadLayer:
             key = key_of(call.args, call.kwargs)
             if lookups is not None and not lookups.is_empty:
                 return Deferred(answered_over_held(key, result))
-            if cache is not None and key is not None and _hashable(key):
-                _remember_latest(cache, (write, key), result)
+            remember(key, result)
             return result
 
         async def answered_over_held(key: Any, result: Any) -> Any:
@@ -128,9 +127,12 @@ class StaleReadLayer:
             held = await lookups.latest_for_key(write, key)
             if held is not None:
                 result = value_of(*held)
+            remember(key, result)
+            return result
+
+        def remember(key: Any, result: Any) -> None:
             if cache is not None and key is not None and _hashable(key):
                 _remember_latest(cache, (write, key), result)
-            return result
 
         return answered
 

@@ -28,17 +28,16 @@ class DurationSeries:
     """The observations of one histogram series: the latencies of one (store, method, outcome),
     or the sizes or durations of one method's batch flushes (:mod:`guarded.observability.batch_stats`)."""
 
-    __slots__ = ("bounds", "counts", "exemplars", "total")
+    __slots__ = ("_bounds", "counts", "exemplars", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        """Each bucket's upper bound (``le``), ascending; ``counts`` has one more, for ``+Inf``."""
+        self._bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.total = 0.0
         self.exemplars: list[Exemplar | None] = [None] * (len(bounds) + 1)
 
     def observe(self, seconds: float, trace_id: str | None = None) -> None:
-        index = bisect_left(self.bounds, seconds)
+        index = bisect_left(self._bounds, seconds)
         self.counts[index] += 1
         self.total += seconds
         if trace_id is not None:

@@ -23,6 +23,7 @@ method on the chain: your own layers (``extra_layers``) never lose their place.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -143,11 +144,8 @@ def compile_method(
             terminal = hooks.terminal  # the layers inside it never see this method's calls
             if hooks.after is not None:  # its own answer to what its terminal step returned
                 outer.append(
-                    Hooks(
-                        after=hooks.after,
-                        after_is_async=hooks.after_is_async,
-                        after_may_defer=hooks.after_may_defer,
-                        after_unless=hooks.after_unless,
+                    dataclasses.replace(
+                        hooks, before=None, undo=None, terminal=None, on_failure=None, on_raise=None
                     )
                 )
             break
