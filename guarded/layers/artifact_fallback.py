@@ -149,10 +149,9 @@ class LocalArtifactFallbackLayer:
                 if no_wait_fixes(exc):
                     raise
                 ref = await put_locally(*call.args, **call.kwargs)
-                call.error = exc
                 content = content_of(call.args, call.kwargs) if content_of is not None else None
                 held = await self._hold(name, call, ref, stamp, exc, content)
-                call.outcome = Outcome.DEAD_LETTERED if held else Outcome.FALLBACK
+                call.settle(Outcome.DEAD_LETTERED if held else Outcome.FALLBACK, exc)
                 log.failure(
                     store=method.store_name,
                     method=method.label,

@@ -94,7 +94,7 @@ class BatchingLayer:
                 stamp=write.stamp,
                 error="queue_full",
             )
-            call.outcome = dead_lettered if kept else rejected
+            call.settle(dead_lettered if kept else rejected)
             return None
 
         def settle(call: Call, outcome: Outcome | None) -> None:
@@ -105,7 +105,7 @@ class BatchingLayer:
                     f"{name}: the backend refused the write; it is parked with its reason "
                     "(guarded dlq list --parked)"
                 )
-            call.outcome = outcome
+            call.settle(outcome)
             return None
 
         async def opened_first(call: Call) -> Outcome | None:

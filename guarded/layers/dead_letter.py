@@ -107,8 +107,7 @@ class DeadLetterLayer:
                 )
                 if not kept:
                     raise
-                call.error = exc
-                call.outcome = Outcome.DEAD_LETTERED
+                call.settle(Outcome.DEAD_LETTERED, exc)
                 log.failure(
                     store=method.store_name,
                     method=method.label,

@@ -77,9 +77,9 @@ class FallbackLayer:
                 result = None
             if call.outcome is ok:
                 if single_item and result is None:
-                    call.outcome = not_found
+                    call.settle(not_found)
                 elif call.attempts > 1:
-                    call.outcome = retried
+                    call.settle(retried)
             return result
 
         return must_not_throw
@@ -98,7 +98,7 @@ class FallbackLayer:
             if normalise_empty and result == {}:
                 result = None
             if single_item and result is None and call.outcome is ok:
-                call.outcome = not_found
+                call.settle(not_found)
             return result
 
         def answer_failure(call: Call, exc: BaseException) -> Any:
@@ -120,9 +120,8 @@ class FallbackLayer:
         strict = self._strict
 
         def failed(call: Call, exc: BaseException) -> Any:
-            call.error = exc
             kind = classify(exc)
-            call.outcome = failure_outcome(exc)
+            call.settle(failure_outcome(exc), exc)
             if kind in NO_WAIT_FIXES and (strict or strict_forced()):
                 raise exc
             bug = kind is ErrorClass.PROGRAMMING

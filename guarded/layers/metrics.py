@@ -136,7 +136,7 @@ class MetricsLayer:
 
         def raised(call: Call, exc: BaseException) -> None:
             if not isinstance(exc, Exception):
-                call.outcome = Outcome.CANCELLED
+                call.settle(Outcome.CANCELLED)
             observe(call, None)
 
         return observe, raised

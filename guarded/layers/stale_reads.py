@@ -286,12 +286,13 @@ class StaleReadLayer:
                     return await inner(call)  # the consume before this one returned it
                 held = value_of(*taken)
                 unconsumed: Call | None = None
+                failure: Exception | None = None
                 try:
                     await inner(call)  # also consumes a copy that reached the backend
                 except Exception as exc:
-                    call.error = exc
+                    failure = exc
                     unconsumed = call
-                call.outcome = Outcome.STALE  # the held write is newer than any copy in the backend
+                call.settle(Outcome.STALE, failure)  # the held write is newer than any copy in the backend
                 # Removed in a task of its own (the caller can no longer cancel it), still
                 # registered against replays and holding the turn until it is gone.
                 saved_at = kept_write_time(taken[1].get(WRITE_TIME_ARGUMENT))
@@ -337,7 +338,7 @@ class StaleReadLayer:
                     found, value = True, cache.get(cache_key)
                 if not found:
                     raise
-                call.error, call.outcome = exc, Outcome.STALE
+                call.settle(Outcome.STALE, exc)
                 return value
             answer = answered(call, result)
             return await answer.awaitable if type(answer) is Deferred else answer
@@ -392,7 +393,7 @@ class StaleReadLayer:
                 cached = cache.get(cache_key) if cache is not None and cache_key is not None else None
                 if cached is None and not held:
                     raise
-                call.error, call.outcome = exc, Outcome.STALE
+                call.settle(Outcome.STALE, exc)
                 return merge(list(cached or ()), held, call.kwargs)
             answer = answered(call, result)
             return await answer.awaitable if type(answer) is Deferred else answer

@@ -75,6 +75,13 @@ class Call:
         """What the dead-letter layer took before the backend call on the compiled success path
         (its call stamp, key slot and logical-time token), adopted by that layer."""
 
+    def settle(self, outcome: Outcome, error: BaseException | None = None) -> None:
+        """The call's outcome and, when there is one, the failure behind it: the one writer of
+        both. The layer that answers a call settles it; the metrics layer reads what it settled."""
+        self.outcome = outcome
+        if error is not None:
+            self.error = error
+
     def note_retry(self, error_type: str, delay: float) -> None:
         if self.retries is None:
             self.retries = []

@@ -253,8 +253,7 @@ class SnapshotStagingLayer:
         except SnapshotError as answer:
             # Another content already held under this id, or a content that does not match its
             # record: the guard's answer, as the backend's would be; nothing is held.
-            call.error = exc
-            call.outcome = Outcome.REJECTED
+            call.settle(Outcome.REJECTED, exc)
             return Answer(answer)
         except Exception as staging_failure:
             raise _not_held(snapshot_id, backend_failure, staging_failure) from staging_failure
@@ -278,8 +277,7 @@ class SnapshotStagingLayer:
                 with contextlib.suppress(OSError):
                     await self.staging.remove(snapshot_id)
             raise _not_held(snapshot_id, backend_failure, refused) from refused
-        call.error = exc
-        call.outcome = Outcome.DEAD_LETTERED
+        call.settle(Outcome.DEAD_LETTERED, exc)
         if self._log is not None:
             self._log.failure(
                 store=method.store_name,
