@@ -10,14 +10,13 @@ When the span is not recording, nothing is attached to the context and no attrib
 
 from __future__ import annotations
 
-import os
+import time
 import traceback
 from collections.abc import Awaitable
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
@@ -26,7 +25,11 @@ from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import error_type, safe_message
 from ..pipeline.compiled import Hooks
 
-_UNKNOWN = object()
+RECHECK_SECONDS = 0.001
+"""How long the answer "no span could record" stands before the tracer provider is looked at
+again: a provider set while calls run is used by the calls that begin at most this long after."""
+
+_monotonic = time.monotonic
 
 
 class TracingLayer:
@@ -42,22 +45,25 @@ class TracingLayer:
         self._tracer = tracer
         self._db_system_name = db_system_name
         self._provider = tracer_provider
-        self._provider_from_environment = OTEL_PYTHON_TRACER_PROVIDER in os.environ
+        self.off_until = float("-inf")
+        """Until this ``time.monotonic()`` no span could record (see :data:`RECHECK_SECONDS`)."""
 
     def _tracing_off(self) -> bool:
         """Whether no span could record: no SDK provider at all, or one whose sampler drops all.
 
         Then no span is created (the API's no-op span still costs about a microsecond, and the
-        SDK's unsampled span about four). ``trace.get_tracer_provider()`` reads ``os.environ`` on
-        every call while no provider is set, so the API's global is looked at first; if a future
-        API version renames it, the lookup below still gives the right answer, only slower.
+        SDK's unsampled span about four). ``trace.get_tracer_provider()`` reads ``os.environ``
+        on every call while no provider is set (about 0.7 µs), so its "off" stands for
+        :data:`RECHECK_SECONDS`.
         """
-        provider = self._provider
-        if provider is None:
-            if getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None and not self._provider_from_environment:
-                return True
-            provider = trace.get_tracer_provider()
-        return type(provider) is ProxyTracerProvider or getattr(provider, "sampler", None) is ALWAYS_OFF
+        now = _monotonic()
+        if now < self.off_until:
+            return True
+        provider = self._provider or trace.get_tracer_provider()
+        if type(provider) is ProxyTracerProvider or getattr(provider, "sampler", None) is ALWAYS_OFF:
+            self.off_until = now + RECHECK_SECONDS
+            return True
+        return False
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         tracer = self._tracer
@@ -71,14 +77,11 @@ class TracingLayer:
             static_attributes["db.system.name"] = self._db_system_name
 
         tracing_off = self._tracing_off
-        api = trace
-        no_explicit_provider = self._provider is None and not self._provider_from_environment
 
         def traced(call: Call) -> Awaitable[Any]:
             # Not a coroutine itself: with tracing off it hands back the next layer's awaitable,
-            # so the common case costs no frame. The first test is tracing_off()'s own fast
-            # answer, inlined.
-            if (no_explicit_provider and getattr(api, "_TRACER_PROVIDER", _UNKNOWN) is None) or tracing_off():
+            # so the common case costs no frame.
+            if tracing_off():
                 return inner(call)
             if call.preloaded is not None:
                 # Begun on the compiled success path, which it took because no span could record
@@ -115,12 +118,11 @@ class TracingLayer:
     def hooks(self, method: MethodSetup) -> Hooks:
         """The success path only while no span could record (a recording span takes the chain)."""
         tracing_off = self._tracing_off
-        api = trace
-        no_explicit_provider = self._provider is None and not self._provider_from_environment
+        layer = self
 
         def off(call: Call) -> bool:
-            unset = getattr(api, "_TRACER_PROVIDER", _UNKNOWN) is None
-            return (no_explicit_provider and unset) or tracing_off()
+            # tracing_off()'s usual answer, inlined.
+            return _monotonic() < layer.off_until or tracing_off()
 
         return Hooks(before=off)
 

@@ -212,3 +212,49 @@ async def test_under_a_parent_that_is_not_sampled_nothing_is_attached_to_the_cal
     finally:
         otel_context.detach(token)
     assert (exporter.get_finished_spans(), call.span) == ((), None)
+
+
+@pytest.mark.parametrize("path", ["chain", "success path"])
+async def test_a_provider_set_later_is_used_once_the_off_answer_has_stood_its_time(
+    exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """With no provider set, "no span could record" is looked up with the public API (which reads
+    ``os.environ`` each time) at most once per ``RECHECK_SECONDS``; a provider set meanwhile is
+    used from the first call after that."""
+    from guarded.layers import tracing as tracing_module
+
+    now = [1000.0]
+    looked_up = []
+    public_lookup = trace.get_tracer_provider
+
+    def counted_lookup() -> Any:
+        looked_up.append(now[0])
+        return public_lookup()
+
+    monkeypatch.setattr(tracing_module, "_monotonic", lambda: now[0])
+    monkeypatch.setattr(trace, "get_tracer_provider", counted_lookup)
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)  # the test's own reach: no provider yet
+    setup = method_setup("load_memory_state")
+    tracing = TracingLayer(trace.ProxyTracerProvider().get_tracer("guarded-test"))
+
+    async def call_once() -> bool:
+        call = new_call(setup, "k")
+        if path == "success path":
+            off = tracing.hooks(setup).before
+            assert off is not None
+            if off(call):
+                return False
+        await tracing.wrap(ScriptedService().answer("answer"), setup)(call)
+        return bool(exporter.get_finished_spans())
+
+    assert [await call_once() for _ in range(50)] == [False] * 50
+    assert looked_up == [1000.0], "one public lookup while the answer stands"
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    assert await call_once() is False, "the off answer still stands"
+    now[0] += tracing_module.RECHECK_SECONDS
+    assert await call_once() is True
+    assert len(exporter.get_finished_spans()) == 1
+    assert set(looked_up[1:]) == {now[0]}, "looked up again only once the answer expired"
