@@ -61,7 +61,8 @@ class StaleReadLayer:
 
     def hooks(self, method: MethodSetup) -> Hooks | None:
         """The success path of a read while nothing is held or queued for it (else the chain
-        merges what is), and the cache kept up to date after it; a consume takes the chain."""
+        merges what is), and the cache kept up to date after it; a consume's while nothing is
+        held at all and no replay of its key is in flight."""
         policy = method.policy
         if policy.kind in (Kind.UPSERT, Kind.APPEND):
             remember = self._remembering(method)
@@ -73,7 +74,7 @@ class StaleReadLayer:
         if value_of is None:
             return PASS
         if policy.merge is Merge.TAKE:
-            return None
+            return self._take_hooks(write, policy.read_key)
         ports = self._ports
         lookups, is_open = ports.lookups, ports.lifecycle.is_open
         nothing_held = lookups is None
@@ -106,6 +107,44 @@ class StaleReadLayer:
 
         answered_list = self._list_answered(method, value_of)
         return Hooks(before=nothing_to_merge, after=answered_list, after_may_defer=True)
+
+    def _take_hooks(self, write: str, key_of: ArgGetter | None) -> Hooks:
+        """A consume's success path: registered with the key gate as the chain's consume does,
+        taken only while nothing at all is held (so nothing of its key is), the registration
+        given back once the backend answered (or adopted by :meth:`_wrap_take` when it failed)."""
+        ports = self._ports
+        lookups, gate = ports.lookups, ports.gate
+        if lookups is None or gate is None or ports.keeper is None or key_of is None:
+            return PASS  # as _wrap_take: the backend's answer as it is
+        is_open, next_stamp = ports.lifecycle.is_open, ports.next_stamp
+        slot_of, try_enter, leave = gate.slot, gate.try_enter, gate.leave
+
+        def enter(call: Call) -> bool:
+            if not is_open() or not lookups.is_empty:
+                return False
+            key = key_of(call.args, call.kwargs)
+            slot = slot_of(write, key) if key is not None else None
+            if slot is not None:
+                stamp = next_stamp()
+                if not try_enter(slot, stamp):
+                    return False  # a replay of the key is in flight: the chain waits for it
+                call.entered = (slot, stamp)
+            return True
+
+        def give_back(call: Call) -> None:
+            entered = call.entered
+            if entered is not None:
+                call.entered = None
+                leave(*entered)
+
+        def consumed(call: Call, result: Any) -> Any:
+            give_back(call)
+            return result
+
+        def passing(call: Call, exc: BaseException) -> None:
+            give_back(call)
+
+        return Hooks(before=enter, undo=give_back, after=consumed, on_raise=passing)
 
     def _latest_answered(
         self, write: str, key_of: ArgGetter, value_of: ArgGetter
@@ -258,16 +297,23 @@ class StaleReadLayer:
                 leave(slot, stamp, turn, True)
 
         async def consume(call: Call) -> Any:
-            await ensure_open()
             key = key_of(call.args, call.kwargs)
-            slot = gate.slot(write, key) if key is not None else None
-            if slot is None:
-                return await inner(call)
-            # Registered as the newest write of the key: a replay of it already in flight finishes
-            # first (the write is then in the backend, not held), and none starts until this is done.
-            stamp = next_stamp()
-            if not gate.try_enter(slot, stamp):
-                await gate.enter(slot, stamp)
+            entered = call.entered
+            if entered is not None:
+                # Registered on the compiled success path, whose attempt failed: adopted.
+                call.entered = None
+                slot, stamp = entered
+            else:
+                await ensure_open()
+                slot = gate.slot(write, key) if key is not None else None
+                if slot is None:
+                    return await inner(call)
+                # Registered as the newest write of the key: a replay of it already in flight
+                # finishes first (the write is then in the backend, not held), and none starts
+                # until this is done.
+                stamp = next_stamp()
+                if not gate.try_enter(slot, stamp):
+                    await gate.enter(slot, stamp)
             turn: tuple[asyncio.Lock, list[int]] | None = None
             holding = handed_over = False
             try:

@@ -26,6 +26,7 @@ class Call:
         "args",
         "attempts",
         "deadline",
+        "entered",
         "error",
         "held",
         "kwargs",
@@ -74,6 +75,9 @@ class Call:
         self.held: Any = None
         """What the dead-letter layer took before the backend call on the compiled success path
         (its call stamp, key slot and logical-time token), adopted by that layer."""
+        self.entered: Any = None
+        """The key slot and call stamp a consume registered with on the compiled success path,
+        adopted by the stale-read layer."""
 
     def settle(self, outcome: Outcome, error: BaseException | None = None) -> None:
         """The call's outcome and, when there is one, the failure behind it: the one writer of

@@ -219,7 +219,7 @@ def _build(
         try:
             return await chain(call)
         finally:
-            if call.ticket is not None or call.held is not None:
+            if call.ticket is not None or call.held is not None or call.entered is not None:
                 # The chain ended the call before the layer that adopts what a ``before`` hook
                 # took (it refused the call on a second look): given back now.
                 for hooks in undos:

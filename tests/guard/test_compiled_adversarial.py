@@ -1300,3 +1300,99 @@ async def test_a_read_cancelled_while_its_answer_looks_up_the_held_writes_ends_a
         # Memory: the held write; history: the held event merged into the last answer kept (none
         # when the only read was cancelled).
         assert all(outage in (newer, [event(2.0)]) for outage in outages), outages
+
+
+# --- a consume in flight while an older save of its token gets held ------------------------------
+
+
+class GatedPauses(InMemoryStateStore):
+    """Each call is logged; a consume waits for ``load_gate`` after taking its answer; a save waits
+    for ``save_gate`` (once) and fails while ``saves_fail``; a save that reaches the backend while
+    a consume waits opens its gate (so a wrong order shows in the log instead of hanging)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[str] = []
+        self.load_gate: asyncio.Event | None = None
+        self.save_gate: asyncio.Event | None = None
+        self.loading = asyncio.Event()
+        self.saving = asyncio.Event()
+        self.saves_fail = False
+
+    async def load_planner_state(self, token: str) -> Any:
+        answer = await super().load_planner_state(token)
+        gate = self.load_gate
+        if gate is not None:
+            self.log.append("consume waits")
+            self.loading.set()
+            await gate.wait()
+            self.log.append("consume ends")
+        return answer
+
+    async def save_planner_state(self, token: str, payload: Any) -> None:
+        gate, self.save_gate = self.save_gate, None
+        if gate is not None:
+            self.saving.set()
+            await gate.wait()
+        if self.saves_fail:
+            self.log.append("save fails")
+            raise ConnectionRefusedError("down")
+        self.log.append("save lands")
+        if self.load_gate is not None:
+            self.load_gate.set()
+        await super().save_planner_state(token, payload)
+
+
+async def test_a_consume_in_flight_while_an_older_save_of_its_token_gets_held_is_ordered_as_the_chain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A consume that took the success path (nothing held) is registered with the key gate as the
+    chain's is: a save of its token that began before it and is held meanwhile is replayed only
+    once the consume is done, each pause is resumed once, and no registration is left behind."""
+
+    async def scenario(compiled: bool) -> Any:
+        backend = GatedPauses()
+        registry = CollectorRegistry()
+        store = guard(backend, name="pause-race", registry=registry, **{**SETTINGS, "retries": 1})
+        no_background_replay(store)
+        async with store:
+            await store.save_planner_state("tok", {"p": 1})
+            save_gate, load_gate = asyncio.Event(), asyncio.Event()
+            backend.save_gate, backend.load_gate = save_gate, load_gate
+            saver = asyncio.ensure_future(store.save_planner_state("tok", {"p": 2}))
+            await backend.saving.wait()  # the older save is in the backend
+            consumer = asyncio.ensure_future(store.load_planner_state("tok"))
+            await backend.loading.wait()  # the consume has {"p": 1} and waits
+            held = controller(store).dead_letters
+            assert held is not None
+            registered = len(held.gate)
+            backend.saves_fail = True
+            save_gate.set()
+            await saver  # failed: held
+            backend.saves_fail = False
+            drain = asyncio.ensure_future(controller(store).drain(2.0))
+            await asyncio.sleep(0.05)  # a replay that does not wait for the consume lands now
+            load_gate.set()
+            consumed = await consumer
+            left = await drain
+            backend.load_gate = None
+            again = await store.load_planner_state("tok")
+            then = await store.load_planner_state("tok")
+            observed = (
+                consumed,
+                left,
+                again,
+                then,
+                registered,
+                len(held.gate),
+                backend.log,
+                sorted(counts(registry, "pause-race").items()),
+            )
+        return observed
+
+    chain, compiled = await both(scenario, monkeypatch)
+    assert (chain[0], chain[2], chain[3]) == ({"p": 1}, {"p": 2}, None), chain
+    replay = ["consume ends", "save lands"]
+    assert chain[6] == ["save lands", "consume waits", "save fails", "save fails", *replay], chain
+    assert chain[5] == 0, chain
+    assert compiled == chain
