@@ -31,7 +31,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import re
 import shutil
 import uuid
 from collections.abc import Mapping
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..deadletter.replay import ReplayRejected
+from ..deadletter.slots import named_spill_path, sibling_spill_path, split_extension
 from ..durability.owner import spill_target
 from ..durability.ports import DurabilityPorts
 from ..observability.failure_log import FailureLog
@@ -79,12 +79,7 @@ def snapshot_spill_path(path: str | None) -> str | None:
     """The spill file of a guarded snapshot store beside the dead-letter file ``path``:
     ``-snapshots`` added to its name (``{name}.sqlite`` → ``{name}-snapshots.sqlite``), so a
     StateStore guard of the same name never adopts its held saves (nor it theirs)."""
-    if path is None:
-        return None
-    root, ext = os.path.splitext(path)
-    if not ext or os.sep in ext:
-        root, ext = path, ""
-    return f"{root}-snapshots{ext}"
+    return sibling_spill_path(path, "-snapshots")
 
 
 def staging_root(spill_path: str | None, store_name: str, target: object, base: Path | None = None) -> Path:
@@ -93,10 +88,7 @@ def staging_root(spill_path: str | None, store_name: str, target: object, base: 
     guards of the same store on the same paths share it, and another backend never sees it."""
     if base is None:
         assert spill_path is not None
-        path = spill_path.replace("{name}", re.sub(r"[^A-Za-z0-9._-]", "_", store_name) or "_")
-        root, ext = os.path.splitext(path)
-        if not ext or os.sep in ext:
-            root = path
+        root, _ = split_extension(named_spill_path(spill_path, store_name))
         base = Path(f"{root}.staged")
     digest = hashlib.sha256(spill_target(target, store_name).encode("utf-8")).hexdigest()[:16]
     return base / digest
