@@ -273,13 +273,7 @@ class SnapshotStagingLayer:
         call.error = exc
         call.outcome = Outcome.DEAD_LETTERED
         if self._log is not None:
-            self._log.failure(
-                store=method.store_name,
-                method=method.label,
-                error_type=error_type(exc),
-                outcome=Outcome.DEAD_LETTERED.value,
-                message=safe_message(exc),
-            )
+            self._log.dead_lettered(method, exc)
         return record
 
 
