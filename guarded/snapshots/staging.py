@@ -33,9 +33,9 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..deadletter.replay import ReplayRejected
 from ..deadletter.slots import named_spill_path, sibling_spill_path, split_extension
@@ -51,10 +51,12 @@ from .errors import (
     SnapshotNotFoundError,
     SnapshotStagingError,
 )
-from .file_store import FileSnapshotStore
+from .file_store import FileSnapshotStore, names_a_directory
 from .record import Snapshot
 
 logger = logging.getLogger("guarded.snapshots")
+
+_Found = TypeVar("_Found")
 
 
 class Answer:
@@ -95,12 +97,7 @@ def staging_root(spill_path: str | None, store_name: str, target: object, base: 
 
 
 def _checked(snapshot_id: str) -> str:
-    if (
-        not isinstance(snapshot_id, str)
-        or not snapshot_id
-        or "/" in snapshot_id
-        or snapshot_id.startswith(".")
-    ):
+    if not names_a_directory(snapshot_id):
         raise ValueError(f"snapshot id {snapshot_id!r} cannot name a staging directory")
     return snapshot_id
 
@@ -155,21 +152,21 @@ class StagedSnapshots:
 
     async def load(self, snapshot_id: str) -> SnapshotContent | None:
         """The staged content of ``snapshot_id`` (close it after use), or ``None``."""
-        store = await self._store(snapshot_id)
-        if store is None:
-            return None
-        try:
-            return await store.load(snapshot_id)
-        except SnapshotNotFoundError:
-            return None
+        return await self._read(snapshot_id, lambda store: store.load(snapshot_id))
 
     async def get(self, snapshot_id: str) -> Snapshot | None:
         """The staged record of ``snapshot_id``, or ``None``."""
+        return await self._read(snapshot_id, lambda store: store.get(snapshot_id))
+
+    async def _read(
+        self, snapshot_id: str, read: Callable[[FileSnapshotStore], Awaitable[_Found]]
+    ) -> _Found | None:
+        """``read`` of the staged copy of ``snapshot_id``, or ``None`` when there is none."""
         store = await self._store(snapshot_id)
         if store is None:
             return None
         try:
-            return await store.get(snapshot_id)
+            return await read(store)
         except SnapshotNotFoundError:
             return None
 
