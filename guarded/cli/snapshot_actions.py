@@ -11,6 +11,7 @@ import time
 from datetime import timedelta
 
 from ..snapshots import SECTIONS, RetentionPolicy, Snapshot, capture, restore
+from ..snapshots.record import DIFF_FIELDS
 from .check import close_store
 from .formatting import Column, format_bytes, print_table
 from .progress import Progress
@@ -152,22 +153,6 @@ async def show_command(args: argparse.Namespace) -> int:
 def _lost_parent(chain: list[Snapshot]) -> str:
     parent = chain[-1].parent_id
     return f" <- {parent} (deleted)" if parent is not None else ""
-
-
-DIFF_FIELDS = (
-    "events_added",
-    "events_removed",
-    "planner_events_added",
-    "updates_added",
-    "steering_added",
-    "memory_changed",
-    "tasks_changed",
-    "trajectories_changed",
-    "bindings_changed",
-    "pauses_changed",
-    "artifacts_added",
-    "artifacts_removed",
-)
 
 
 async def diff_command(args: argparse.Namespace) -> int:

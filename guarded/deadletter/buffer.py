@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -62,7 +61,7 @@ from .listing import decode_entry, parked_writes, quarantined_rows, waiting_in_s
 from .parking import Parking, parkable
 from .replay import REPLAY_FAILURE_STREAK, Call, CallCheck, ReplaySummary, Send, SendBulk, TokenBucket
 from .replay_pass import ReplayPass, Sending
-from .slots import MAX_SLOTS, SlotFiles
+from .slots import MAX_SLOTS, SlotFiles, named_spill_path
 from .spill import QuarantinedRow, SpillFile
 from .spill_link import SpillLink
 from .telemetry import Gauges
@@ -76,10 +75,6 @@ same key that fails afterwards is discarded instead of dead-lettered over newer 
 
 SPILL_RETRY_INTERVAL = 5.0
 """Seconds between attempts to use a spill file that failed, at most."""
-
-
-def _file_safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
 
 
 class DeadLetterBuffer:
@@ -110,7 +105,7 @@ class DeadLetterBuffer:
     ) -> None:
         self.config = config
         self.store_name = store_name
-        self.path = None if config.path is None else config.path.replace("{name}", _file_safe(store_name))
+        self.path = None if config.path is None else named_spill_path(config.path, store_name)
         """The base path of the slot files (``None``: memory only)."""
         self.target = target
         self._types = types

@@ -249,20 +249,19 @@ def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
 
 async def attempt(send: Send, method: str, call: Call) -> Attempt:
     """Run ``send`` and turn an exception into a result and a reason (cancellation propagates)."""
-    try:
-        return Attempt(await send(method, *call))
-    except asyncio.CancelledError as exc:
-        if _cancelled_by_caller():
-            raise
-        return Attempt(judge(exc), describe_failure(exc), exc)  # the store's own: retried later
-    except Exception as exc:
-        return Attempt(judge(exc), describe_failure(exc), exc)
+    return await _attempted(lambda: send(method, *call))
 
 
 async def attempt_bulk(send_bulk: SendBulk, method: str, calls: Sequence[Call]) -> Attempt:
     """:func:`attempt` for a bulk sender."""
+    return await _attempted(lambda: send_bulk(method, list(calls)))
+
+
+async def _attempted(sending: Callable[[], Awaitable[ReplayResult]]) -> Attempt:
+    """Await ``sending()`` and turn an exception into a result and a reason: the one body of
+    :func:`attempt` and :func:`attempt_bulk` (the caller's own cancellation propagates)."""
     try:
-        return Attempt(await send_bulk(method, list(calls)))
+        return Attempt(await sending())
     except asyncio.CancelledError as exc:
         if _cancelled_by_caller():
             raise

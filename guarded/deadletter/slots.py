@@ -58,6 +58,31 @@ def slot_path(base: str, slot: int) -> str:
     return base if slot == 0 else f"{base}.{slot}"
 
 
+def named_spill_path(path: str, store_name: str) -> str:
+    """The configured spill ``path`` with ``{name}`` replaced by ``store_name``, made safe for a
+    file name (any character but letters, digits, ``.``, ``_`` and ``-`` becomes ``_``)."""
+    return path.replace("{name}", re.sub(r"[^A-Za-z0-9._-]", "_", store_name) or "_")
+
+
+def split_extension(path: str) -> tuple[str, str]:
+    """``path`` as ``(root, extension)``: ``("dlq", ".sqlite")`` for ``dlq.sqlite``, ``(path, "")``
+    when its name has no extension."""
+    root, ext = os.path.splitext(path)
+    if not ext or os.sep in ext:
+        return path, ""
+    return root, ext
+
+
+def sibling_spill_path(path: str | None, suffix: str) -> str | None:
+    """The spill file of another kind of held write beside the spill file ``path``: ``suffix``
+    added to its name, before its extension (``dlq-{name}.sqlite`` with ``-artifacts`` →
+    ``dlq-{name}-artifacts.sqlite``); ``None`` (memory only) for ``None``."""
+    if path is None:
+        return None
+    root, ext = split_extension(path)
+    return f"{root}{suffix}{ext}"
+
+
 def slot_files(base: str) -> list[tuple[int, str]]:
     """``(slot, path)`` of every existing slot file of ``base``, by slot (a directory listing)."""
     directory, name = os.path.split(os.path.abspath(base))
@@ -357,4 +382,13 @@ class SlotFiles:
             )
 
 
-__all__ = ["MAX_SLOTS", "SlotFiles", "slot_files", "slot_of", "slot_path"]
+__all__ = [
+    "MAX_SLOTS",
+    "SlotFiles",
+    "named_spill_path",
+    "sibling_spill_path",
+    "slot_files",
+    "slot_of",
+    "slot_path",
+    "split_extension",
+]

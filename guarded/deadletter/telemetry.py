@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -98,46 +98,52 @@ class DeadLetterTelemetry:
         self.quarantined[store] = self.quarantined.get(store, 0) + amount
 
 
+_Counts = Mapping[str, int] | Mapping[tuple[str, str], int] | Mapping[tuple[str, str, str], int]
+"""A counter of :class:`DeadLetterTelemetry`: its value by label values (the store alone, or the
+store and method, with the reason for drops)."""
+
+
 class _Collector(Collector):
     def __init__(self, telemetry: DeadLetterTelemetry) -> None:
         self._telemetry = telemetry
 
     def collect(self) -> Iterator[Metric]:
         telemetry = self._telemetry
-        store_method = [names.LABEL_STORE, names.LABEL_METHOD]
-        for name, doc, counts in (
-            (names.DLQ_ENQUEUED, "Writes dead-lettered.", telemetry.enqueued),
-            (names.DLQ_REPLAYED, "Dead-lettered writes replayed to the backend.", telemetry.replayed),
-            (names.DLQ_PARKED, "Writes parked as bad data.", telemetry.parked),
-        ):
-            family = CounterMetricFamily(name, doc, labels=store_method)
+        store = [names.LABEL_STORE]
+        store_method = [*store, names.LABEL_METHOD]
+        counters: tuple[tuple[str, str, list[str], _Counts], ...] = (
+            (names.DLQ_ENQUEUED, "Writes dead-lettered.", store_method, telemetry.enqueued),
+            (
+                names.DLQ_REPLAYED,
+                "Dead-lettered writes replayed to the backend.",
+                store_method,
+                telemetry.replayed,
+            ),
+            (names.DLQ_PARKED, "Writes parked as bad data.", store_method, telemetry.parked),
+            (
+                names.DLQ_DROPPED,
+                "Dead-lettered writes dropped for lack of space (data loss).",
+                [*store_method, LABEL_REASON],
+                telemetry.dropped,
+            ),
+            (
+                names.DLQ_SUPERSEDED,
+                "Dead-lettered writes discarded because a newer write for the same key won.",
+                store,
+                telemetry.superseded,
+            ),
+            (
+                names.DLQ_QUARANTINED,
+                "Unreadable spill-file rows moved to the quarantine table (a damaged file).",
+                store,
+                telemetry.quarantined,
+            ),
+        )
+        for name, doc, labels, counts in counters:
+            family = CounterMetricFamily(name, doc, labels=labels)
             for key, value in list(counts.items()):
-                family.add_metric(list(key), value)
+                family.add_metric([key] if isinstance(key, str) else list(key), value)
             yield family
-        dropped = CounterMetricFamily(
-            names.DLQ_DROPPED,
-            "Dead-lettered writes dropped for lack of space (data loss).",
-            labels=[*store_method, LABEL_REASON],
-        )
-        for key3, value in list(telemetry.dropped.items()):
-            dropped.add_metric(list(key3), value)
-        yield dropped
-        superseded = CounterMetricFamily(
-            names.DLQ_SUPERSEDED,
-            "Dead-lettered writes discarded because a newer write for the same key won.",
-            labels=[names.LABEL_STORE],
-        )
-        for store, value in list(telemetry.superseded.items()):
-            superseded.add_metric([store], value)
-        yield superseded
-        quarantined = CounterMetricFamily(
-            names.DLQ_QUARANTINED,
-            "Unreadable spill-file rows moved to the quarantine table (a damaged file).",
-            labels=[names.LABEL_STORE],
-        )
-        for store, value in list(telemetry.quarantined.items()):
-            quarantined.add_metric([store], value)
-        yield quarantined
         yield from self._gauges()
 
     def _gauges(self) -> Iterator[Metric]:

@@ -5,13 +5,13 @@ backend's artifact store (spec 000 "Artifact Store")."""
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..codec import RecordTypes, record_types_of
 from ..config import GuardConfig
+from ..deadletter.slots import sibling_spill_path
 from ..layers.artifact_fallback import LocalArtifactFallbackLayer
 from ..models import ArtifactRetentionConfig
 from ..policy_table import PolicyTable
@@ -42,12 +42,7 @@ def guarded_artifact_property(core: GuardCore, build: GuardArtifacts) -> propert
 def artifact_spill_path(path: str | None) -> str | None:
     """The spill file of held artifact puts beside the dead-letter file ``path``: ``-artifacts``
     added to its name (``dlq-{name}.sqlite`` → ``dlq-{name}-artifacts.sqlite``)."""
-    if path is None:
-        return None
-    root, ext = os.path.splitext(path)
-    if not ext or os.sep in ext:
-        root, ext = path, ""
-    return f"{root}-artifacts{ext}"
+    return sibling_spill_path(path, "-artifacts")
 
 
 _ARTIFACT_SPILL_SLACK = 1024 * 1024

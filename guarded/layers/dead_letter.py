@@ -24,7 +24,7 @@ from ..logical_time import WRITE_TIME_ARGUMENT, next_logical_time
 from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.classify import error_type, no_wait_fixes, safe_message
+from ..pipeline.classify import error_type, no_wait_fixes
 from ..pipeline.compiled import PASS, Deferred, Hooks
 
 
@@ -108,13 +108,7 @@ class DeadLetterLayer:
                 if not kept:
                     raise
                 call.settle(Outcome.DEAD_LETTERED, exc)
-                log.failure(
-                    store=method.store_name,
-                    method=method.label,
-                    error_type=error_type(exc),
-                    outcome=Outcome.DEAD_LETTERED.value,
-                    message=safe_message(exc),
-                )
+                log.dead_lettered(method, exc)
                 return None
             if key is not None:
                 # Even with nothing held: the buffer remembers the newest successful write of the

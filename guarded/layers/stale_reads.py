@@ -29,6 +29,7 @@ from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import is_programming_error
 from ..pipeline.compiled import PASS, Deferred, Hooks
+from ..pipeline.entry import is_hashable
 from ..policy import ArgGetter, Kind, Merge
 from ..policy_table import PolicyTable
 
@@ -170,7 +171,7 @@ class StaleReadLayer:
             return result
 
         def remember(key: Any, result: Any) -> None:
-            if cache is not None and key is not None and _hashable(key):
+            if cache is not None and key is not None and is_hashable(key):
                 _remember_latest(cache, (write, key), result)
 
         return answered
@@ -224,7 +225,7 @@ class StaleReadLayer:
 
         def remember(call: Call, result: Any) -> Any:
             key = key_of(call.args, call.kwargs)
-            if key is not None and _hashable(key):
+            if key is not None and is_hashable(key):
                 cache.put((name, key), value_of(call.args, call.kwargs))
             return result
 
@@ -373,7 +374,7 @@ class StaleReadLayer:
             if not is_open():
                 await ensure_open()
             key = key_of(call.args, call.kwargs)
-            cache_key = (write, key) if key is not None and _hashable(key) else None
+            cache_key = (write, key) if key is not None and is_hashable(key) else None
             try:
                 result = await inner(call)
             except Exception as exc:
@@ -454,14 +455,6 @@ def _remember_latest(cache: StaleCache, key: Hashable, answer: Any) -> None:
         cache.discard(key)
     else:
         cache.put(key, answer)
-
-
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
 
 
 def _call_key(name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Hashable | None:

@@ -6,13 +6,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
 
-from ..pipeline.classify import operational_condition
+from ..outcome import Outcome
+from ..pipeline.classify import error_type, operational_condition, safe_message
 from . import telemetry_names as names
 from .per_registry import PerRegistry
 from .rate_limited_log import RateLimitedLog
+
+if TYPE_CHECKING:
+    from ..pipeline.call import MethodSetup
 
 logger = logging.getLogger("guarded")
 
@@ -71,6 +76,17 @@ class FailureLog:
                 "error_type": error_type,
                 "outcome": outcome,
             },
+        )
+
+    def dead_lettered(self, method: MethodSetup, exc: BaseException) -> None:
+        """Log the failure ``exc`` of a write of ``method`` that was dead-lettered (held for
+        replay, the caller answered normally)."""
+        self.failure(
+            store=method.store_name,
+            method=method.label,
+            error_type=error_type(exc),
+            outcome=Outcome.DEAD_LETTERED.value,
+            message=safe_message(exc),
         )
 
 

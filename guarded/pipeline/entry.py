@@ -60,7 +60,7 @@ def entry_point(
         own = get_key()
         key = own if own is not None else key_prefix + str(next(counter))
         item = item_of(args, kwargs) if item_of is not None else None
-        if item is not None and not _hashable(item):
+        if item is not None and not is_hashable(item):
             item = None
         claimed = unanswered.claim(item) if item is not None and unanswered is not None else ()
         token = set_key(key)
@@ -84,7 +84,8 @@ def entry_point(
     return chosen
 
 
-def _hashable(value: object) -> bool:
+def is_hashable(value: object) -> bool:
+    """Whether ``value`` can be a dict key or set member (``hash`` does not raise ``TypeError``)."""
     try:
         hash(value)
     except TypeError:
@@ -92,4 +93,4 @@ def _hashable(value: object) -> bool:
     return True
 
 
-__all__ = ["entry_point"]
+__all__ = ["entry_point", "is_hashable"]

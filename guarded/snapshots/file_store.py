@@ -349,13 +349,19 @@ def _install(temporary: Path, target: Path) -> None:
     fsync_dir(target.parent)
 
 
+def names_a_directory(snapshot_id: object) -> bool:
+    """Whether ``snapshot_id`` can name a snapshot's directory: a non-empty string, without
+    ``/``, not starting with ``.``."""
+    return (
+        isinstance(snapshot_id, str)
+        and bool(snapshot_id)
+        and "/" not in snapshot_id
+        and not snapshot_id.startswith(".")
+    )
+
+
 def _checked_id(snapshot_id: str) -> str:
-    if (
-        not isinstance(snapshot_id, str)
-        or not snapshot_id
-        or "/" in snapshot_id
-        or snapshot_id.startswith(".")
-    ):
+    if not names_a_directory(snapshot_id):
         raise SnapshotNotFoundError(str(snapshot_id))
     return snapshot_id
 

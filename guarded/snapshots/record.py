@@ -166,6 +166,23 @@ class Change:
     after: Any
 
 
+DIFF_FIELDS = (
+    "events_added",
+    "events_removed",
+    "planner_events_added",
+    "updates_added",
+    "steering_added",
+    "memory_changed",
+    "tasks_changed",
+    "trajectories_changed",
+    "bindings_changed",
+    "pauses_changed",
+    "artifacts_added",
+    "artifacts_removed",
+)
+"""The fields of :class:`SnapshotDiff` that list changed records, in the order they are shown."""
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotDiff:
     """What changed from snapshot ``a`` to snapshot ``b`` (records as their JSON objects).
@@ -197,27 +214,11 @@ class SnapshotDiff:
     @property
     def empty(self) -> bool:
         """Whether the two snapshots hold the same state."""
-        return not any(
-            getattr(self, name)
-            for name in (
-                "events_added",
-                "events_removed",
-                "planner_events_added",
-                "updates_added",
-                "steering_added",
-                "memory_changed",
-                "tasks_changed",
-                "trajectories_changed",
-                "bindings_changed",
-                "pauses_changed",
-                "artifacts_added",
-                "artifacts_removed",
-                "removed",
-            )
-        )
+        return not any(getattr(self, name) for name in (*DIFF_FIELDS, "removed"))
 
 
 __all__ = [
+    "DIFF_FIELDS",
     "FORMAT_VERSION",
     "SECTIONS",
     "SNAPSHOT_ID_PATTERN",

@@ -31,14 +31,14 @@ import contextlib
 import hashlib
 import logging
 import os
-import re
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..deadletter.replay import ReplayRejected
+from ..deadletter.slots import named_spill_path, sibling_spill_path, split_extension
 from ..durability.owner import spill_target
 from ..durability.ports import DurabilityPorts
 from ..observability.failure_log import FailureLog
@@ -51,10 +51,12 @@ from .errors import (
     SnapshotNotFoundError,
     SnapshotStagingError,
 )
-from .file_store import FileSnapshotStore
+from .file_store import FileSnapshotStore, names_a_directory
 from .record import Snapshot
 
 logger = logging.getLogger("guarded.snapshots")
+
+_Found = TypeVar("_Found")
 
 
 class Answer:
@@ -79,12 +81,7 @@ def snapshot_spill_path(path: str | None) -> str | None:
     """The spill file of a guarded snapshot store beside the dead-letter file ``path``:
     ``-snapshots`` added to its name (``{name}.sqlite`` → ``{name}-snapshots.sqlite``), so a
     StateStore guard of the same name never adopts its held saves (nor it theirs)."""
-    if path is None:
-        return None
-    root, ext = os.path.splitext(path)
-    if not ext or os.sep in ext:
-        root, ext = path, ""
-    return f"{root}-snapshots{ext}"
+    return sibling_spill_path(path, "-snapshots")
 
 
 def staging_root(spill_path: str | None, store_name: str, target: object, base: Path | None = None) -> Path:
@@ -93,22 +90,14 @@ def staging_root(spill_path: str | None, store_name: str, target: object, base: 
     guards of the same store on the same paths share it, and another backend never sees it."""
     if base is None:
         assert spill_path is not None
-        path = spill_path.replace("{name}", re.sub(r"[^A-Za-z0-9._-]", "_", store_name) or "_")
-        root, ext = os.path.splitext(path)
-        if not ext or os.sep in ext:
-            root = path
+        root, _ = split_extension(named_spill_path(spill_path, store_name))
         base = Path(f"{root}.staged")
     digest = hashlib.sha256(spill_target(target, store_name).encode("utf-8")).hexdigest()[:16]
     return base / digest
 
 
 def _checked(snapshot_id: str) -> str:
-    if (
-        not isinstance(snapshot_id, str)
-        or not snapshot_id
-        or "/" in snapshot_id
-        or snapshot_id.startswith(".")
-    ):
+    if not names_a_directory(snapshot_id):
         raise ValueError(f"snapshot id {snapshot_id!r} cannot name a staging directory")
     return snapshot_id
 
@@ -163,21 +152,21 @@ class StagedSnapshots:
 
     async def load(self, snapshot_id: str) -> SnapshotContent | None:
         """The staged content of ``snapshot_id`` (close it after use), or ``None``."""
-        store = await self._store(snapshot_id)
-        if store is None:
-            return None
-        try:
-            return await store.load(snapshot_id)
-        except SnapshotNotFoundError:
-            return None
+        return await self._read(snapshot_id, lambda store: store.load(snapshot_id))
 
     async def get(self, snapshot_id: str) -> Snapshot | None:
         """The staged record of ``snapshot_id``, or ``None``."""
+        return await self._read(snapshot_id, lambda store: store.get(snapshot_id))
+
+    async def _read(
+        self, snapshot_id: str, read: Callable[[FileSnapshotStore], Awaitable[_Found]]
+    ) -> _Found | None:
+        """``read`` of the staged copy of ``snapshot_id``, or ``None`` when there is none."""
         store = await self._store(snapshot_id)
         if store is None:
             return None
         try:
-            return await store.get(snapshot_id)
+            return await read(store)
         except SnapshotNotFoundError:
             return None
 
@@ -279,13 +268,7 @@ class SnapshotStagingLayer:
             raise _not_held(snapshot_id, backend_failure, refused) from refused
         call.settle(Outcome.DEAD_LETTERED, exc)
         if self._log is not None:
-            self._log.failure(
-                store=method.store_name,
-                method=method.label,
-                error_type=error_type(exc),
-                outcome=Outcome.DEAD_LETTERED.value,
-                message=safe_message(exc),
-            )
+            self._log.dead_lettered(method, exc)
         return record
 
 

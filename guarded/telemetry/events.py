@@ -14,27 +14,22 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, get_args
 
+from ..models.tasks import TaskStatus, TaskType
+from ..models.telemetry import TaskMode, TaskOutcome, TaskTelemetryEventType
 from ..observability.rate_limited_log import RateLimitedLog
 
-EVENT_TYPES: tuple[str, ...] = (
-    "task_spawned",
-    "task_completed",
-    "task_failed",
-    "task_cancelled",
-    "task_group_completed",
-    "task_group_failed",
-)
+EVENT_TYPES: tuple[str, ...] = get_args(TaskTelemetryEventType)
 """The event types of spec 000 and PenguiFlow 3.11."""
 TASK_SPAWNED = "task_spawned"
 TASK_ENDS: frozenset[str] = frozenset({"task_completed", "task_failed", "task_cancelled"})
 """Events that end a task (a task group's end is not a task's end)."""
-OUTCOMES: tuple[str, ...] = ("spawned", "completed", "failed", "cancelled")
-TASK_TYPES: tuple[str, ...] = ("foreground", "background")
+OUTCOMES: tuple[str, ...] = get_args(TaskOutcome)
+TASK_TYPES: tuple[str, ...] = tuple(task_type.value.lower() for task_type in TaskType)
 """Label values of ``task_type``: PenguiFlow's ``TaskType`` values, lower-cased."""
-MODES: tuple[str, ...] = ("foreground", "subagent", "job")
-STATUSES: tuple[str, ...] = ("PENDING", "RUNNING", "PAUSED", "COMPLETE", "FAILED", "CANCELLED")
+MODES: tuple[str, ...] = get_args(TaskMode)
+STATUSES: tuple[str, ...] = tuple(status.value for status in TaskStatus)
 OTHER = "other"
 """The label value of anything outside the known values (and of a missing field)."""
 NO_MODE = "none"
