@@ -22,6 +22,7 @@ from .unanswered import UnansweredConsumes
 
 _ANSWERED = frozenset({Outcome.OK, Outcome.RETRIED, Outcome.NOT_FOUND, Outcome.STALE})
 """A consume that ended so got a definite answer."""
+_OK = Outcome.OK  # the usual outcome, compared without hashing an Enum (a Python-level __hash__)
 _MAYBE_COMMITTED = frozenset({Outcome.TIMEOUT, Outcome.FALLBACK, Outcome.CANCELLED})
 """A consume that ended so may have been committed without its answer reaching us."""
 
@@ -35,7 +36,11 @@ def entry_point(
 ) -> Callable[..., Any]:
     get_loop = asyncio.get_running_loop
     get_key, set_key, reset_key = IDEMPOTENCY_KEY.get, IDEMPOTENCY_KEY.set, IDEMPOTENCY_KEY.reset
-    set_unanswered, reset_unanswered = UNANSWERED_KEYS.set, UNANSWERED_KEYS.reset
+    get_unanswered, set_unanswered, reset_unanswered = (
+        UNANSWERED_KEYS.get,
+        UNANSWERED_KEYS.set,
+        UNANSWERED_KEYS.reset,
+    )
     consume = setup.policy.kind is Kind.CONSUME
     item_of = setup.policy.read_key if consume and unanswered is not None else None
 
@@ -60,20 +65,32 @@ def entry_point(
         own = get_key()
         key = own if own is not None else key_prefix + str(next(counter))
         item = item_of(args, kwargs) if item_of is not None else None
-        if item is not None and not is_hashable(item):
+        if item is not None and type(item) is not str and not is_hashable(item):
             item = None
         claimed = unanswered.claim(item) if item is not None and unanswered is not None else ()
         token = set_key(key)
-        keys_token = set_unanswered(tuple(claimed_key for claimed_key, _ in claimed) or None)
+        # The usual consume claims nothing and runs where no keys are set: nothing to set.
+        keys_token = (
+            set_unanswered(tuple(claimed_key for claimed_key, _ in claimed) or None)
+            if claimed or get_unanswered() is not None
+            else None
+        )
         call = Call(setup, args, kwargs, loop, loop.time())
         try:
             return await service(call)
         finally:
-            reset_unanswered(keys_token)
+            if keys_token is not None:
+                reset_unanswered(keys_token)
             reset_key(token)
-            if item is not None and unanswered is not None and call.outcome not in _ANSWERED:
+            outcome = call.outcome
+            if (
+                item is not None
+                and unanswered is not None
+                and outcome is not _OK
+                and outcome not in _ANSWERED
+            ):
                 unanswered.restore(item, claimed)  # not recovered: for the next consume
-                if own is None and call.outcome in _MAYBE_COMMITTED:
+                if own is None and outcome in _MAYBE_COMMITTED:
                     unanswered.remember(item, key)
 
     if setup.policy.repeat_safe and not consume:

@@ -25,7 +25,12 @@ from prometheus_client import CollectorRegistry
 from guarded.backends.memory import InMemoryStateStore
 from guarded.config import BatchConfig, DeadLetterConfig, StaleConfig
 from guarded.guard import controller, guard
-from guarded.pipeline.idempotency import current_idempotency_key, current_unanswered_keys, idempotency_key
+from guarded.pipeline.idempotency import (
+    current_idempotency_key,
+    current_unanswered_keys,
+    idempotency_key,
+    unanswered_keys,
+)
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.support.aio import eventually_async
 
@@ -344,3 +349,26 @@ async def test_a_held_pause_is_answered_when_the_backend_fails_and_removed_after
     assert controller(store).stats()[("load_planner_state", "stale")] == 1
     await eventually_async(lambda: _none_held(store, tokens), what="the answered pause removed")
     assert await store.load_planner_state(tokens[0]) is None
+
+
+@pytest.mark.asyncio
+async def test_keys_of_an_outer_context_never_reach_a_consume_that_claims_none() -> None:
+    """A consume run where unanswered keys are already set (inside another consume's context, say)
+    and that claims none of its own sends none: it cannot recover a payload consumed under a key
+    it was never given; the outer keys are back after it."""
+    backend = KeyedPauses()
+    tokens = await saved(backend, 2)
+    store, _ = guarded(backend)
+    seen: list[tuple[str, ...]] = []
+    consume = backend._consume
+
+    def recording(token: str, key: str | None, unanswered: tuple[str, ...]) -> Any:
+        seen.append(unanswered)
+        return consume(token, key, unanswered)
+
+    backend._consume = recording  # type: ignore[method-assign]
+    with unanswered_keys(("someone-else",)):
+        assert await store.load_planner_state(tokens[0]) == payload(tokens[0])
+        assert current_unanswered_keys() == ("someone-else",)
+    assert await store.load_planner_state(tokens[1]) == payload(tokens[1])
+    assert seen == [(), ()]
