@@ -168,6 +168,12 @@ class DeadLetterBuffer:
         return self._held.depth == 0
 
     @property
+    def waiting(self) -> HeldIndex:
+        """The index of the writes waiting, whose ``depth`` a hot path reads as :attr:`depth`
+        without a call (the same object for the buffer's lifetime)."""
+        return self._held
+
+    @property
     def durable(self) -> bool:
         """Whether the buffer has a spill file configured."""
         return self.path is not None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..deadletter import DeadLetterBuffer, DeadLetterStats
 from ..deadletter.gate import Slot
@@ -34,19 +34,27 @@ class Lifecycle:
     """Opens the durable parts once: the spill file is claimed and held writes of a previous
     process start replaying before the first call that needs them."""
 
-    __slots__ = ("_is_open", "_open", "is_open")
+    __slots__ = ("_is_open", "_open", "opened")
 
     def __init__(self, is_open: Callable[[], bool], open_: Callable[[], Awaitable[None]]) -> None:
         self._is_open = is_open
         self._open = open_
-        self.is_open = is_open
-        """Whether the durable parts are open (a hot path may test this before awaiting
-        :meth:`ensure_open`)."""
+        self.opened = False
+        """``True`` once the durable parts are known to be open (they never close again): a hot
+        path tests this attribute, then :meth:`is_open`, before awaiting :meth:`ensure_open`."""
+
+    def is_open(self) -> bool:
+        """Whether the durable parts are open."""
+        if not self.opened and self._is_open():
+            self.opened = True
+        return self.opened
 
     async def ensure_open(self) -> None:
         """Return at once when open, else open (once, whoever asks)."""
-        if not self._is_open():
-            await self._open()
+        if not self.opened:
+            if not self._is_open():
+                await self._open()
+            self.opened = True
 
 
 class WriteQueue:
@@ -102,14 +110,23 @@ class HeldWriteKeeper:
         """A direct write of a key succeeded: drop held writes of the key stamped before it."""
 
 
+class WaitingCount(Protocol):
+    """How many held writes wait, read as an attribute (a hot path's test, no call)."""
+
+    @property
+    def depth(self) -> int: ...
+
+
 class HeldWriteLookups:
     """What the dead-letter buffer holds, for the reads that show it."""
 
-    __slots__ = ("_buffer", "latest_for_key", "pending_for_scope", "stats", "store_name", "take")
+    __slots__ = ("_buffer", "latest_for_key", "pending_for_scope", "stats", "store_name", "take", "waiting")
 
     def __init__(self, buffer: DeadLetterBuffer) -> None:
         self._buffer = buffer
         self.store_name = buffer.store_name
+        self.waiting: WaitingCount = buffer.waiting
+        """Its ``depth`` is the number of held writes waiting, kept up to date (0: nothing held)."""
         self.latest_for_key: Callable[[str, Any], Awaitable[Held | None]] = buffer.latest_for_key
         """The newest held write of a key, or ``None``."""
         self.pending_for_scope: Callable[[str, str], Awaitable[Sequence[Held]]] = buffer.pending_for_scope
@@ -163,5 +180,6 @@ __all__ = [
     "HeldWriteKeeper",
     "HeldWriteLookups",
     "Lifecycle",
+    "WaitingCount",
     "WriteQueue",
 ]

@@ -68,7 +68,8 @@ class BatchingLayer:
         scope_of = policy.scope_key
         next_stamp = self._next_stamp
         offer, write_alone, submit = queue.offer, queue.write_alone, queue.submit
-        is_open, ensure_open = self._lifecycle.is_open, self._lifecycle.ensure_open
+        lifecycle = self._lifecycle
+        is_open, ensure_open = lifecycle.is_open, lifecycle.ensure_open
         hold, kept_kwargs = keeper.hold, keeper.kept_kwargs
         commit = method.settings.ack == "commit"
         ok, rejected, dead_lettered = Outcome.OK, Outcome.REJECTED, Outcome.DEAD_LETTERED
@@ -113,7 +114,7 @@ class BatchingLayer:
             return await enqueued(call)
 
         def enqueued(call: Call) -> Awaitable[Outcome | None]:
-            if not is_open():
+            if not (lifecycle.opened or is_open()):
                 return opened_first(call)
             args, kwargs = call.args, call.kwargs
             scope = scope_of(args, kwargs) if scope_of is not None else None

@@ -125,7 +125,8 @@ class DeadLetterLayer:
         takes the chain, which waits for it); older held writes of the key superseded after."""
         keeper, gate, queue = self._keeper, self._gate, self._queue
         policy = method.policy
-        is_open = self._lifecycle.is_open
+        lifecycle = self._lifecycle
+        is_open = lifecycle.is_open
         if keeper is None or gate is None or not policy.dead_letter:
             return PASS
         if queue is not None and queue.takes(policy):
@@ -140,7 +141,7 @@ class DeadLetterLayer:
         set_time = logical_times.set
 
         def enter(call: Call) -> bool:
-            if not is_open():
+            if not (lifecycle.opened or is_open()):
                 return False
             key = key_of(call.args, call.kwargs)
             slot = slot_of(name, key) if key is not None else None

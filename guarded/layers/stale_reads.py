@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-from ..durability.ports import DurabilityPorts
+from ..durability.ports import DurabilityPorts, HeldWriteLookups, WaitingCount
 from ..durability.stale import StaleCache
 from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time
 from ..outcome import Outcome
@@ -77,8 +77,8 @@ class StaleReadLayer:
         if policy.merge is Merge.TAKE:
             return self._take_hooks(write, policy.read_key)
         ports = self._ports
-        lookups, is_open = ports.lookups, ports.lifecycle.is_open
-        nothing_held = lookups is None
+        lifecycle, is_open = ports.lifecycle, ports.lifecycle.is_open
+        waiting = _waiting(ports.lookups)
 
         if policy.merge is Merge.LATEST:
             key_of = policy.read_key
@@ -86,7 +86,7 @@ class StaleReadLayer:
                 return PASS
 
             def unmerged(call: Call) -> bool:
-                return is_open() and (nothing_held or lookups.is_empty)  # type: ignore[union-attr]
+                return (lifecycle.opened or is_open()) and waiting.depth == 0
 
             answered = self._latest_answered(write, key_of, value_of)
             return Hooks(before=unmerged, after=answered, after_may_defer=True)
@@ -99,7 +99,7 @@ class StaleReadLayer:
         pending_for_scope = queue.pending_for_scope if queue is not None else None
 
         def nothing_to_merge(call: Call) -> bool:
-            if not is_open() or not (nothing_held or lookups.is_empty):  # type: ignore[union-attr]
+            if not (lifecycle.opened or is_open()) or waiting.depth:
                 return False
             if write_batched:
                 scope = scope_of(call.args, call.kwargs)
@@ -117,11 +117,12 @@ class StaleReadLayer:
         lookups, gate = ports.lookups, ports.gate
         if lookups is None or gate is None or ports.keeper is None or key_of is None:
             return PASS  # as _wrap_take: the backend's answer as it is
-        is_open, next_stamp = ports.lifecycle.is_open, ports.next_stamp
+        lifecycle, is_open, next_stamp = ports.lifecycle, ports.lifecycle.is_open, ports.next_stamp
         slot_of, try_enter, leave = gate.slot, gate.try_enter, gate.leave
+        waiting = lookups.waiting
 
         def enter(call: Call) -> bool:
-            if not is_open() or not lookups.is_empty:
+            if not (lifecycle.opened or is_open()) or waiting.depth:
                 return False
             key = key_of(call.args, call.kwargs)
             slot = slot_of(write, key) if key is not None else None
@@ -154,10 +155,11 @@ class StaleReadLayer:
         meanwhile is newer than the backend's answer and is answered instead; the answer is kept
         for stale-if-error (the chain and the compiled path alike)."""
         lookups, cache = self._ports.lookups, self._ports.cache
+        waiting = _waiting(lookups)
 
         def answered(call: Call, result: Any) -> Any:
             key = key_of(call.args, call.kwargs)
-            if lookups is not None and not lookups.is_empty:
+            if waiting.depth:
                 return Deferred(answered_over_held(key, result))
             remember(key, result)
             return result
@@ -187,11 +189,13 @@ class StaleReadLayer:
         assert scope_of is not None
         merge = _list_merger(policy.merge_id)
 
+        waiting = _waiting(lookups)
+
         def answered(call: Call, result: Any) -> Any:
             scope = scope_of(call.args, call.kwargs)
             if not isinstance(scope, str):
                 return result
-            if lookups is not None and not lookups.is_empty:
+            if waiting.depth:
                 return Deferred(merged_with_held(call, scope, result))
             remember(call, result)
             return result
@@ -492,3 +496,14 @@ def _list_merger(merge_id: str | None) -> Callable[[list[Any], Sequence[Any], Ma
         return items
 
     return merge
+
+
+class _NothingHeld:
+    """The waiting count of a guard without a dead-letter buffer."""
+
+    depth = 0
+
+
+def _waiting(lookups: HeldWriteLookups | None) -> WaitingCount:
+    """The live count of held writes the hooks test (always 0 without a buffer)."""
+    return lookups.waiting if lookups is not None else _NothingHeld()

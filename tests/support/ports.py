@@ -96,6 +96,15 @@ class FakeBuffer:
     # --- HeldWriteLookups ------------------------------------------------------------------------
 
     @property
+    def waiting(self) -> FakeBuffer:
+        """The live count the hooks read (``depth``): this buffer itself."""
+        return self
+
+    @property
+    def depth(self) -> int:
+        return len(self.held)
+
+    @property
     def is_empty(self) -> bool:
         return not self.held
 
