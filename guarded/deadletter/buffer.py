@@ -322,18 +322,15 @@ class DeadLetterBuffer:
         Cheap when nothing of the key waits (one dictionary lookup); the guard calls it after
         every successful upsert.
         """
-        slot = self.note_superseding(method, key, stamp)
-        if slot is None:
+        slot = self.slot(method, key)
+        if slot is None or self.note_superseding(slot, stamp) is None:
             return 0
         return await self.drop_superseded(slot, stamp)
 
-    def note_superseding(self, method: str, key: Any, stamp: int) -> Slot | None:
-        """The part of :meth:`supersede` that never waits: the direct write is noted; its slot
-        when writes of the key wait (then await :meth:`drop_superseded`), else ``None``."""
-        try:
-            slot = (method, index_key(key))
-        except InvalidPayloadError:
-            return None
+    def note_superseding(self, slot: Slot, stamp: int) -> Slot | None:
+        """The part of :meth:`supersede` that never waits, for the key's :meth:`slot`: the direct
+        write is noted; the slot when writes of the key wait (then await :meth:`drop_superseded`),
+        else ``None``."""
         held = self._held
         if held.depth:
             held.healthy_at = self._monotonic()  # the backend takes writes: failed replays count

@@ -10,8 +10,9 @@ after it and bring old data back. With it:
 - a direct write waits while a replay of its key is in flight, so it commits after it.
 
 A direct write registers even when nothing of its key waits: an older write of the key can be
-dead-lettered while it is in flight. Registration is two dictionary operations; only a key
-with a replay in flight ever makes a caller wait.
+dead-lettered while it is in flight. Registration is two dictionary operations (a key with one
+direct write in flight and nothing else holds just its stamp); only a key with a replay in
+flight ever makes a caller wait.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class KeyGate:
     """Per-key ordering of direct writes (by call stamp) against replays."""
 
     def __init__(self) -> None:
-        self._keys: dict[Slot, _KeyState] = {}
+        self._keys: dict[Slot, int | _KeyState] = {}
+        """Per key in flight: the stamp of its one direct write (the usual case), else its state."""
 
     def __len__(self) -> int:
         """Keys with a direct write or a replay in flight (or someone waiting on one)."""
@@ -47,6 +49,8 @@ class KeyGate:
         state = self._keys.get(slot)
         if state is None:
             state = self._keys[slot] = _KeyState()
+        elif isinstance(state, int):
+            state = self._keys[slot] = _KeyState(state)
         return state
 
     async def _wait(self, state: _KeyState) -> None:
@@ -69,9 +73,13 @@ class KeyGate:
     def try_enter_direct(self, slot: Slot, stamp: int) -> bool:
         """Register a direct write with call stamp ``stamp``; ``False`` when a replay of the key is
         in flight (then await :meth:`enter_direct`)."""
-        state = self._keys.get(slot)
+        keys = self._keys
+        state = keys.get(slot)
         if state is None:
-            self._keys[slot] = _KeyState(stamp)  # the common case: nothing else of the key in flight
+            keys[slot] = stamp  # the common case: nothing else of the key in flight
+            return True
+        if isinstance(state, int):
+            keys[slot] = _KeyState(state, stamp)
             return True
         if state.replaying:
             return False
@@ -81,14 +89,18 @@ class KeyGate:
     async def enter_direct(self, slot: Slot, stamp: int) -> None:
         """Wait until no replay of the key is in flight, then register the direct write."""
         while not self.try_enter_direct(slot, stamp):
-            await self._wait(self._keys[slot])
+            await self._wait(self._state(slot))
 
     def leave_direct(self, slot: Slot, stamp: int) -> None:
         """The direct write ended (written, dead-lettered or failed)."""
-        state = self._keys[slot]
+        keys = self._keys
+        state = keys[slot]
+        if isinstance(state, int):
+            del keys[slot]  # the common case: it was the only thing of the key in flight
+            return
         direct = state.direct
         if len(direct) == 1 and state.waiters is None and not state.replaying:
-            del self._keys[slot]  # the common case: it was the only thing of the key in flight
+            del keys[slot]
             return
         direct.remove(stamp)
         self._release(slot, state)
@@ -100,7 +112,7 @@ class KeyGate:
         mark the replay in flight. ``stamp`` is the held write's call stamp; ``earlier_process``
         says it was stamped by a previous process (every direct write now is newer)."""
         while not self.try_enter_replay(slot, stamp, earlier_process=earlier_process):
-            await self._wait(self._keys[slot])
+            await self._wait(self._state(slot))
 
     def try_enter_replay(self, slot: Slot, stamp: int, *, earlier_process: bool) -> bool:
         """:meth:`enter_replay` without waiting: ``False`` (nothing marked) when it would wait. A
@@ -114,7 +126,7 @@ class KeyGate:
 
     def leave_replay(self, slot: Slot) -> None:
         """The replay of the key ended."""
-        state = self._keys[slot]
+        state = self._state(slot)
         state.replaying = False
         self._release(slot, state)
 

@@ -158,9 +158,9 @@ class DeadLetterLayer:
                 _release_key(held, leave)
 
         def superseded(call: Call, result: Any) -> Any:
-            stamp, _, _, key = call.held
+            stamp, slot, _, _ = call.held
             try:
-                slot = None if key is None else note_superseding(name, key, stamp)
+                slot = None if slot is None else note_superseding(slot, stamp)
             except BaseException:
                 give_back(call)
                 raise

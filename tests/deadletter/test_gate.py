@@ -89,3 +89,22 @@ async def test_a_cancelled_waiter_leaves_the_gate_usable() -> None:
     assert gate.try_enter_direct(KEY, 5)
     gate.leave_direct(KEY, 5)
     assert len(gate) == 0
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("first_out", [3, 4])
+async def test_two_direct_writes_of_a_key_in_flight_hold_a_replay_until_the_newer_one_ends(
+    first_out: int,
+) -> None:
+    """A key's second direct write joins its first (the lone one is held as just its stamp): a
+    replay stamped between them waits for the newer one only, whichever ends first."""
+    gate = KeyGate()
+    assert gate.try_enter_direct(KEY, 3)
+    assert gate.try_enter_direct(KEY, 4)
+    gate.leave_direct(KEY, first_out)
+    replay = await started(gate.enter_replay(KEY, 3, earlier_process=False))
+    assert replay.done() is (first_out == 4)
+    gate.leave_direct(KEY, 7 - first_out)
+    await asyncio.wait_for(replay, 1)
+    gate.leave_replay(KEY)
+    assert len(gate) == 0
