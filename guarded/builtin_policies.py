@@ -8,13 +8,90 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .policy import ArgGetter, Argument, Fallback, Ids, Kind, LocalFallback, Merge, MethodPolicy, arg, attr_of
+from .policy import (
+    ArgGetter,
+    Argument,
+    Fallback,
+    Ids,
+    Kind,
+    LocalFallback,
+    Merge,
+    MethodPolicy,
+    arg,
+    attr_of,
+    reads_of,
+)
 from .protocol import LEGACY_ALIASES
 
 
 def _key(*getters: ArgGetter) -> ArgGetter:
     """A key made of what ``getters`` read (a tuple), read on every keyed write: unrolled for the
-    table's two- and three-part keys."""
+    table's two- and three-part keys, and read in one step from the usual call's arguments when
+    the getters read arguments (:func:`_direct_key`)."""
+    general = _general_key(*getters)
+    return _direct_key(getters, general) or general
+
+
+def _direct_key(getters: tuple[ArgGetter, ...], general: ArgGetter) -> ArgGetter | None:
+    """``general`` with the usual calls answered in one frame, when every getter reads an argument
+    (:func:`~guarded.policy.arg`) or every getter an attribute of the same argument
+    (:func:`~guarded.policy.attr_of`): a call with all its arguments positional, or all by
+    keyword. ``None`` for other getters."""
+    reads = [reads_of(getter) for getter in getters]
+    if any(read is None for read in reads) or len(reads) not in (2, 3):
+        return None
+    names = tuple(read[0] for read in reads if read is not None)
+    positions = tuple(read[1] for read in reads if read is not None)
+    attributes = tuple(read[2] for read in reads if read is not None)
+    top = max(positions)
+    if all(attribute is None for attribute in attributes):
+        if len(getters) == 2:
+            (first, second), (one, two) = positions, names
+
+            def pair(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+                if not kwargs and len(args) > top:
+                    return (args[first], args[second])
+                if not args:
+                    return (kwargs.get(one), kwargs.get(two))
+                return general(args, kwargs)  # type: ignore[no-any-return]
+
+            return pair
+        (first, second, third), (one, two, three) = positions, names
+
+        def triple(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+            if not kwargs and len(args) > top:
+                return (args[first], args[second], args[third])
+            if not args:
+                return (kwargs.get(one), kwargs.get(two), kwargs.get(three))
+            return general(args, kwargs)  # type: ignore[no-any-return]
+
+        return triple
+    if None in attributes or len(set(positions)) != 1 or len(set(names)) != 1:
+        return None
+    position = top
+    fields = tuple(attribute for attribute in attributes if attribute is not None)
+    if len(fields) == 2:
+        (one, two) = fields
+
+        def two_of_one(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+            if not kwargs and len(args) > position:
+                item = args[position]
+                return (getattr(item, one, None), getattr(item, two, None))
+            return general(args, kwargs)  # type: ignore[no-any-return]
+
+        return two_of_one
+    (one, two, three) = fields
+
+    def three_of_one(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+        if not kwargs and len(args) > position:
+            item = args[position]
+            return (getattr(item, one, None), getattr(item, two, None), getattr(item, three, None))
+        return general(args, kwargs)  # type: ignore[no-any-return]
+
+    return three_of_one
+
+
+def _general_key(*getters: ArgGetter) -> ArgGetter:
     if len(getters) == 2:
         first, second = getters
 

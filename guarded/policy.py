@@ -71,6 +71,11 @@ class LocalFallback(str, Enum):
     """A delete: of the copy kept in process, and of a held put of it, too."""
 
 
+_READS: dict[ArgGetter, tuple[str, int, str | None]] = {}
+"""What each getter made by :func:`arg` or :func:`attr_of` reads: (argument name, position,
+attribute or ``None``)."""
+
+
 def arg(name: str, index: int) -> ArgGetter:
     """Read argument ``name`` passed by keyword or at position ``index``; ``None`` when absent."""
 
@@ -79,6 +84,7 @@ def arg(name: str, index: int) -> ArgGetter:
             return kwargs[name]
         return args[index] if len(args) > index else None
 
+    _READS[get] = (name, index, None)
     return get
 
 
@@ -90,7 +96,14 @@ def attr_of(name: str, index: int, attribute: str) -> ArgGetter:
             return getattr(kwargs[name], attribute, None)
         return getattr(args[index], attribute, None) if len(args) > index else None
 
+    _READS[get] = (name, index, attribute)
     return get
+
+
+def reads_of(getter: ArgGetter) -> tuple[str, int, str | None] | None:
+    """What ``getter`` reads when :func:`arg` or :func:`attr_of` made it: (argument name,
+    position, attribute or ``None``); ``None`` for any other getter."""
+    return _READS.get(getter)
 
 
 @dataclass(frozen=True, slots=True)
