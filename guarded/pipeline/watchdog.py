@@ -19,23 +19,31 @@ DEFAULT_TICK = 0.005
 class Watchdog:
     """Cancels tasks whose deadline passed; one per event loop (see :func:`watchdog_for`)."""
 
-    __slots__ = ("__weakref__", "_armed", "_handle", "_loop", "_tick", "_wake_at")
+    __slots__ = ("__weakref__", "_handle", "_loop", "_tick", "armed", "wake_at")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, tick: float = DEFAULT_TICK) -> None:
         self._loop = loop
         self._tick = tick
-        self._armed: dict[object, tuple[asyncio.Task[object], float]] = {}
+        self.armed: dict[object, tuple[asyncio.Task[object], float]] = {}
+        """The deadline of each armed key and the task it cancels. A hot path may arm and disarm
+        inline: ``armed[key] = (task, when)`` then :meth:`wake_by` when ``when < wake_at``, and
+        ``armed.pop(key, None) is None`` for :meth:`disarm`."""
         self._handle: asyncio.TimerHandle | None = None
-        self._wake_at = math.inf
-        """Loop time ``_handle`` wakes up at (infinity when nothing is scheduled)."""
+        self.wake_at = math.inf
+        """Loop time the watchdog wakes up at (infinity when nothing is scheduled)."""
 
     def arm(self, key: object, task: asyncio.Task[object], when: float) -> None:
         """Cancel ``task`` once loop time reaches ``when`` unless ``key`` is disarmed first.
 
         ``key`` is any hashable object that stays unique while armed (the guard uses the call).
         """
-        self._armed[key] = (task, when)
-        if when < self._wake_at and self._tick_after(when) < self._wake_at:
+        self.armed[key] = (task, when)
+        if when < self.wake_at:
+            self.wake_by(when)
+
+    def wake_by(self, when: float) -> None:
+        """Make sure the watchdog wakes up for a deadline at ``when``."""
+        if self._tick_after(when) < self.wake_at:
             # A deadline before the tick the wake-up is set for (calls of different methods have
             # different timeouts): wake up earlier. A deadline within that tick is met by it: the
             # timer is not moved (every call's deadline is a little later than the last one's).
@@ -44,7 +52,7 @@ class Watchdog:
     def disarm(self, key: object) -> bool:
         """Withdraw the deadline of ``key``; ``True`` when it had already fired (the task was
         cancelled by the watchdog)."""
-        return self._armed.pop(key, None) is None
+        return self.armed.pop(key, None) is None
 
     def _tick_after(self, when: float) -> float:
         """The first tick of the watchdog's clock after ``when``: when a wake-up for it comes."""
@@ -54,13 +62,13 @@ class Watchdog:
     def _schedule(self, when: float) -> None:
         if self._handle is not None:
             self._handle.cancel()
-        self._wake_at = at = self._tick_after(when)
+        self.wake_at = at = self._tick_after(when)
         self._handle = self._loop.call_at(at, self._check)
 
     def _check(self) -> None:
         self._handle = None
-        self._wake_at = math.inf
-        armed = self._armed
+        self.wake_at = math.inf
+        armed = self.armed
         if not armed:
             return
         now = self._loop.time()
