@@ -192,12 +192,16 @@ class StaleReadLayer:
         waiting = _waiting(lookups)
 
         def answered(call: Call, result: Any) -> Any:
-            scope = scope_of(call.args, call.kwargs)
+            args, kwargs = call.args, call.kwargs
+            scope = scope_of(args, kwargs)
             if not isinstance(scope, str):
                 return result
             if waiting.depth:
                 return Deferred(merged_with_held(call, scope, result))
-            remember(call, result)
+            if cache is not None:  # remember(call, result), inline
+                cache_key = _call_key(name, args, kwargs)
+                if cache_key is not None:
+                    cache.put(cache_key, list(result))
             return result
 
         async def merged_with_held(call: Call, scope: str, result: Any) -> Any:
@@ -462,7 +466,10 @@ def _remember_latest(cache: StaleCache, key: Hashable, answer: Any) -> None:
 
 
 def _call_key(name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Hashable | None:
-    key = (name, args, tuple(sorted(kwargs.items())) if kwargs else ())
+    if not kwargs:
+        key: tuple[Any, ...] = (name, args, ())
+    else:
+        key = (name, args, tuple(kwargs.items()) if len(kwargs) == 1 else tuple(sorted(kwargs.items())))
     try:
         hash(key)
     except TypeError:
