@@ -58,6 +58,8 @@ class Call:
         self.deadline = started + method.settings.deadline
         """Event-loop time by which the call must return."""
         self.attempts = 0
+        """Attempts made so far: the retry layer's count (its first attempt, made inline on the
+        compiled success path, sets it to 1 there and back to 0 when it hands the call over)."""
         self.queued = 0.0
         """Seconds the call waited for admission to the backend, every attempt together; written
         only by the bulkhead layer. The guard's own queueing: the breaker leaves it out."""
