@@ -243,6 +243,14 @@ class Batcher:
                 mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
         elif len(queue) >= self._max_batch:
             self._pump(mq)
+        elif write.done is not None and not mq.due:
+            # A group-commit write in a queue a write-behind write made (a legacy alias acknowledged
+            # at enqueue shares its target's queue): its caller waits for the commit, so the batch
+            # goes out on the next loop iteration, not after ``max_delay``.
+            if mq.timer is not None:
+                mq.timer.cancel()
+            mq.due = True
+            mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
         elif len(queue) == 1 and mq.timer is None and not mq.due:
             mq.timer = asyncio.get_running_loop().call_later(self._max_delay, self._on_timer, mq)
         return None

@@ -124,6 +124,24 @@ async def test_a_write_behind_alias_queued_behind_a_group_commit_of_its_target_i
 
 
 @pytest.mark.asyncio
+async def test_a_group_commit_write_queued_behind_a_write_behind_alias_goes_out_at_once() -> None:
+    """The opposite mix: ``save_task_update`` (acknowledged at enqueue) made the shared queue, and
+    waits for its batch timer; a ``save_update`` (group commit) joining it is written at once, not
+    after the write-behind window, since its caller waits for the commit."""
+    backend = InMemoryStateStore()
+    config = GuardConfig(
+        batching=BatchConfig(max_delay=60.0),
+        methods={"save_task_update": MethodConfig(ack="enqueue")},
+    )
+    store = guard(backend, registry=CollectorRegistry(), config=config)
+    async with store:
+        await store.save_task_update(update("u1", 1))  # queued; its batch waits up to 60 s
+        await asyncio.wait_for(store.save_update(update("u2", 2)), 10.0)
+        stored = [u.update_id for u in await backend.list_updates("s1")]
+        assert stored == ["u1", "u2"]
+
+
+@pytest.mark.asyncio
 async def test_a_close_right_after_an_outage_waits_out_the_open_breaker(tmp_path: Path) -> None:
     """The breaker opened during the outage and stays open for 30 s; the close's 5 s budget is
     used to probe it (with backoff) and deliver every held write once the backend is back."""
