@@ -228,9 +228,10 @@ class GuardCore:
     def _new_breaker(self) -> CircuitBreaker:
         breaker = CircuitBreaker(self.config.breaker)
         transitions = self.instruments.circuit_transitions
+        name = self.name  # not the core: the breaker outlives no guard, and keeps none alive
 
         def on_transition(old: BreakerState, new: BreakerState) -> None:
-            transitions.labels(self.name, old.value, new.value).inc()
+            transitions.labels(name, old.value, new.value).inc()
 
         breaker.add_listener(on_transition)
         publish_breaker_state(self.instruments, self.name, breaker)

@@ -104,7 +104,7 @@ class _ArtifactSide:
                 store_name=core.name,
                 registry=core.registry,
                 breaker=core.breaker,
-                run=self._run,
+                run=_replay_into(weakref.ref(self)),
                 policies=PolicyTable.for_artifact_store(),
                 failure_log=core.failure_log,
             )
@@ -118,11 +118,25 @@ class _ArtifactSide:
         self._inner, self._proxy, self._artifact_core = inner, proxy, artifact_core
         return proxy
 
-    async def _run(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    async def run(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """Replays of held puts go to the current artifact store through breaker, retry, timeout."""
         if self._artifact_core is None:
             raise RuntimeError("no guarded artifact store to replay into")
         return await self._artifact_core.run_internal(method, args, kwargs)
+
+
+def _replay_into(side: weakref.ref[_ArtifactSide]) -> Callable[..., Any]:
+    """The artifact durability's internal call, through a weak reference to its side: the side
+    keeps the guarded artifact store, whose core is registered by that store (weakly), and whose
+    layers keep the durability; a strong one would keep the whole guard alive for good."""
+
+    async def run(method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        found = side()
+        if found is None:
+            raise RuntimeError("the guard of this artifact store is gone")
+        return await found.run(method, args, kwargs)
+
+    return run
 
 
 _artifact_sides: weakref.WeakKeyDictionary[GuardCore, _ArtifactSide] = weakref.WeakKeyDictionary()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import weakref
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from guarded import controller, guard
 from guarded.backends.memory import InMemoryStateStore
 from guarded.config import BatchConfig, BreakerConfig, DeadLetterConfig, GuardConfig, MethodConfig
 from guarded.models import StateUpdate, UpdateType
+from guarded.pipeline.cores import core_of
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
 from .support import event, fast_config
@@ -208,6 +210,25 @@ async def test_a_guard_collected_unclosed_with_held_writes_says_how_many_and_whe
     assert "was garbage-collected" in message
     assert "2 acknowledged writes" in message
     assert str(tmp_path) in message
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("use_artifacts", [False, True])
+async def test_a_closed_guard_over_a_store_with_an_artifact_store_is_collected(use_artifacts: bool) -> None:
+    """A store with an ``artifact_store`` (the reference, PostgreSQL) gets a guarded artifact store
+    with durability of its own at open; that must not keep the guard alive once it is closed and
+    dropped (a process that makes guards as it goes must not grow)."""
+    store = guard(InMemoryStateStore(), registry=CollectorRegistry(), config=fast_config())
+    await store.save_memory_state("k", {"v": 1})
+    if use_artifacts:
+        artifacts = store.artifact_store
+        await artifacts.put_text("hello", namespace="n")
+        del artifacts
+    await controller(store).aclose()
+    core = weakref.ref(core_of(store))
+    del store
+    gc.collect()
+    assert core() is None, "the closed guard was not collected"
 
 
 @pytest.mark.asyncio
