@@ -43,7 +43,7 @@ from typing import Any, Self
 
 import asyncpg
 
-from guarded.snapshots.content import SnapshotContent, content_hash, parse
+from guarded.snapshots.content import SnapshotContent
 from guarded.snapshots.derived import diff_of, lineage_of
 from guarded.snapshots.errors import (
     SnapshotConflictError,
@@ -55,7 +55,6 @@ from guarded.snapshots.listing import decode_cursor, encode_position, retention_
 from guarded.snapshots.manifests import listed_record
 from guarded.snapshots.migrations import DEFAULT_MIGRATIONS, MigrationRegistry, format_version_of, migrate
 from guarded.snapshots.record import (
-    SECTIONS,
     GcReport,
     RetentionPolicy,
     Snapshot,
@@ -66,28 +65,20 @@ from guarded.snapshots.record import (
 )
 
 from . import migrations as migrations_module
-from .connection import Connection, Database, PoolSettings, create_pool, pool_settings
+from .connection import Database, PoolSettings, create_pool, pool_settings
 from .errors import POSTGRES_ERRORS
 from .schema_names import qualified, validate_schema_name
-from .snapshot_content import BlobReader, MigratedContent, PostgresContent, blob_chunks, read_section
+from .snapshot_content import BlobReader, MigratedContent, PostgresContent, read_section
+from .snapshot_writes import BYTES_PER_ROW, LINES_PER_ROW, SnapshotTaken, write_snapshot
 from .target import target_identity
 
 logger = logging.getLogger("guarded.backends.postgres")
-
-LINES_PER_ROW = 2_000
-"""Lines per ``snapshot_lines`` row at most."""
-BYTES_PER_ROW = 1 << 20
-"""Bytes of lines per ``snapshot_lines`` row at most (a row holds at least one line)."""
 
 
 def snapshot_lock_key(schema: str) -> int:
     """The advisory lock key saves hold shared and ``gc`` exclusively (per schema)."""
     digest = hashlib.sha256(f"guarded.snapshots.gc:{schema}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
-
-
-class _Taken(Exception):
-    """The id was saved (committed) by someone else: compare hashes outside the transaction."""
 
 
 class PostgresSnapshotStore:
@@ -233,8 +224,8 @@ class PostgresSnapshotStore:
         try:
             async with self._db.acquire() as conn, conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock_shared($1)", self._lock_key)
-                await self._write(conn, content)
-        except _Taken:
+                await write_snapshot(conn, self._t, content)
+        except SnapshotTaken:
             return await self._same_or_conflict(snapshot, await self._stored_hash(snapshot.id))
         return snapshot
 
@@ -248,83 +239,6 @@ class PostgresSnapshotStore:
         if stored_hash != snapshot.content_hash:
             raise SnapshotConflictError(snapshot.id)
         return await self.get(snapshot.id)
-
-    async def _write(self, conn: Connection, content: SnapshotContent) -> None:
-        snapshot = content.snapshot
-        claimed = await conn.fetchval(
-            f"INSERT INTO {self._t['snapshots']} (id, subject_kind, subject_id, created_at, "
-            "format_version, tags, content_hash, manifest, batches) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, '{}') ON CONFLICT (id) DO NOTHING RETURNING true",
-            snapshot.id,
-            snapshot.subject_kind,
-            snapshot.subject_id,
-            snapshot.created_at,
-            snapshot.format_version,
-            list(snapshot.tags),
-            snapshot.content_hash,
-            json.dumps(snapshot.manifest(), ensure_ascii=False),
-        )
-        if not claimed:
-            raise _Taken
-        hashes: dict[str, str] = {}
-        batches: dict[str, int] = {}
-        digests: set[str] = set()
-        for section in SECTIONS:
-            writer = _SectionRows(conn, self._t["snapshot_lines"], snapshot.id, section)
-            async for batch in content.lines(section):
-                if section == "artifacts":
-                    digests.update(str(parse(line)["blob"]) for line in batch)
-                await writer.add(batch)
-            await writer.flush()
-            hashes[section] = writer.digest
-            batches[section] = writer.rows
-            recorded = snapshot.counts.get(section, 0), snapshot.section_hashes.get(section)
-            if (writer.count, writer.digest) != recorded:
-                raise SnapshotCorruptError(
-                    f"snapshot {snapshot.id!r}: section {section} does not match its record "
-                    f"({writer.count} records, {snapshot.counts.get(section, 0)} recorded)"
-                )
-        if content_hash(hashes) != snapshot.content_hash:
-            raise SnapshotCorruptError(f"snapshot {snapshot.id!r}: content hash does not match its record")
-        for digest in sorted(digests):  # one order for every save: no deadlock on shared blob rows
-            await self._put_blob(conn, content, digest)
-            await conn.execute(
-                f"INSERT INTO {self._t['snapshot_blob_refs']} (snapshot_id, digest) VALUES ($1, $2)",
-                snapshot.id,
-                digest,
-            )
-        await conn.execute(
-            f"UPDATE {self._t['snapshots']} SET batches = $2 WHERE id = $1", snapshot.id, json.dumps(batches)
-        )
-
-    async def _put_blob(self, conn: Connection, content: SnapshotContent, digest: str) -> None:
-        inserted = await conn.fetchval(
-            f"INSERT INTO {self._t['snapshot_blobs']} (digest, size, chunks) VALUES ($1, 0, 0) "
-            "ON CONFLICT (digest) DO UPDATE SET touched_at = now() RETURNING (xmax = 0)",
-            digest,
-        )
-        if not inserted:
-            return  # stored (committed) by an earlier save: its bytes are there
-        hasher = hashlib.sha256()
-        size = index = 0
-        async for chunk in blob_chunks(content, digest):
-            hasher.update(chunk)
-            size += len(chunk)
-            await conn.execute(
-                f"INSERT INTO {self._t['snapshot_blob_chunks']} (digest, chunk, data) VALUES ($1, $2, $3)",
-                digest,
-                index,
-                chunk,
-            )
-            index += 1
-        if hasher.hexdigest() != digest:
-            raise SnapshotCorruptError(f"artifact blob {digest} does not match its hash")
-        await conn.execute(
-            f"UPDATE {self._t['snapshot_blobs']} SET size = $2, chunks = $3 WHERE digest = $1",
-            digest,
-            size,
-            index,
-        )
 
     # --- load, get ----------------------------------------------------------------------------------
 
@@ -470,52 +384,6 @@ class PostgresSnapshotStore:
             blobs_kept=int(kept),
             staging_removed=0,
         )
-
-
-class _SectionRows:
-    """Writes one section as ``snapshot_lines`` rows, hashing and counting the lines."""
-
-    def __init__(self, conn: Connection, table: str, snapshot_id: str, section: str) -> None:
-        self._conn = conn
-        self._sql = (
-            f"INSERT INTO {table} (snapshot_id, section, batch, line_count, lines) "
-            "VALUES ($1, $2, $3, $4, $5)"
-        )
-        self._snapshot_id = snapshot_id
-        self._section = section
-        self._hash = hashlib.sha256()
-        self._pending: builtins.list[bytes] = []
-        self._pending_bytes = 0
-        self.count = 0
-        self.rows = 0
-
-    async def add(self, lines: builtins.list[bytes]) -> None:
-        for line in lines:
-            self._hash.update(line + b"\n")
-            self._pending.append(line)
-            self._pending_bytes += len(line) + 1
-            if len(self._pending) >= LINES_PER_ROW or self._pending_bytes >= BYTES_PER_ROW:
-                await self.flush()
-        self.count += len(lines)
-
-    async def flush(self) -> None:
-        if not self._pending:
-            return
-        await self._conn.execute(
-            self._sql,
-            self._snapshot_id,
-            self._section,
-            self.rows,
-            len(self._pending),
-            b"\n".join(self._pending),
-        )
-        self.rows += 1
-        self._pending = []
-        self._pending_bytes = 0
-
-    @property
-    def digest(self) -> str:
-        return self._hash.hexdigest()
 
 
 def _manifest(row: asyncpg.Record, snapshot_id: str) -> dict[str, Any]:

@@ -13,7 +13,8 @@
   file's lifecycle), :mod:`.group_commit` (puts, coalesced and committed together),
   :mod:`.last_write_wins`, :mod:`.parking`, :mod:`.replay_pass` and :mod:`.replayed` (one replay
   pass), :mod:`.adoption` (orphaned slot files), :mod:`.listing`, :mod:`.unpark_purge`,
-  :mod:`.closing` and :mod:`.counters` (its totals);
+  :mod:`.closing`, :mod:`.counters` (its totals) and :mod:`.status` (what it reports: depth,
+  spill file, gauges and stats);
 * :mod:`.replay` the replay vocabulary (:class:`ReplayResult`, :class:`ReplaySummary`, pacing);
 * :mod:`.telemetry` the ``guarded_deadletter_*`` metrics and the log of dropped writes.
 """

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -52,7 +51,7 @@ from ..errors import InvalidPayloadError
 from .adoption import adopt_if_usable, adopt_orphans
 from .closing import close_link
 from .counters import BufferCounters
-from .entries import DeadLetter, DeadLetterStats, ParkedWrite, index_key
+from .entries import DeadLetter, ParkedWrite, index_key
 from .gate import KeyGate, Slot
 from .group_commit import GroupCommit, PutItem, prepare
 from .held import HeldIndex
@@ -62,9 +61,9 @@ from .parking import Parking, parkable
 from .replay import REPLAY_FAILURE_STREAK, Call, CallCheck, ReplaySummary, Send, SendBulk, TokenBucket
 from .replay_pass import ReplayPass, Sending
 from .slots import MAX_SLOTS, SlotFiles, named_spill_path
-from .spill import QuarantinedRow, SpillFile
+from .spill import QuarantinedRow
 from .spill_link import SpillLink
-from .telemetry import Gauges
+from .status import BufferStatus
 from .unpark_purge import purge, unpark
 
 logger = logging.getLogger("guarded.deadletter")
@@ -77,7 +76,7 @@ SPILL_RETRY_INTERVAL = 5.0
 """Seconds between attempts to use a spill file that failed, at most."""
 
 
-class DeadLetterBuffer:
+class DeadLetterBuffer(BufferStatus):
     """Keeps writes that finally failed and replays them in order (see the module docs).
 
     ``config.path`` (``{name}`` replaced by ``store_name``) is the base path of the slot files;
@@ -145,83 +144,7 @@ class DeadLetterBuffer:
         self.gate = KeyGate()
         """Orders direct writes of a last-write-wins key against its replay (see :mod:`.gate`)."""
 
-    # --- state ------------------------------------------------------------------------------------
-
-    @property
-    def _spill(self) -> SpillFile | None:
-        """The slot file in use, even while it fails (for tests that damage it)."""
-        return self._link.spill
-
-    @property
-    def _memory(self) -> OrderedDict[int, DeadLetter]:
-        """Copies of entries the spill file holds (for tests that make the buffer read the file)."""
-        return self._held.memory
-
-    @property
-    def depth(self) -> int:
-        """Writes waiting (memory and spill file)."""
-        return self._held.depth
-
-    @property
-    def is_empty(self) -> bool:
-        """Whether no write is waiting."""
-        return self._held.depth == 0
-
-    @property
-    def waiting(self) -> HeldIndex:
-        """The index of the writes waiting, whose ``depth`` a hot path reads as :attr:`depth`
-        without a call (the same object for the buffer's lifetime)."""
-        return self._held
-
-    @property
-    def durable(self) -> bool:
-        """Whether the buffer has a spill file configured."""
-        return self.path is not None
-
-    @property
-    def spill_available(self) -> bool:
-        """Whether held writes go to the spill file now: a path is configured and the file has
-        not failed (``True`` before the first write claims one)."""
-        return self.path is not None and not self._link.failed and not self._link.closed
-
-    @property
-    def spill_path(self) -> str | None:
-        """The slot file in use; ``None`` when memory only, none claimed yet, or unavailable."""
-        spill = self._link.spill
-        return spill.path if spill is not None and not self._link.failed else None
-
-    @property
-    def claimed_path(self) -> str | None:
-        """The slot file this buffer holds locked, even while it fails (``None``: it holds none).
-        Of the :attr:`depth` waiting writes, all but :attr:`memory_only` are in it."""
-        spill = self._link.spill
-        return spill.path if spill is not None else None
-
-    @property
-    def spill_error(self) -> str | None:
-        """Why the spill file is unavailable (``None`` while it is fine)."""
-        return self._link.spill_error
-
-    @property
-    def memory_only(self) -> int:
-        """Waiting writes held in memory only (not in a spill file): lost if the process dies."""
-        return 0 if self._link.usable() else len(self._held.volatile)
-
-    def gauges(self) -> Gauges:
-        """The buffer's current gauge values (read by the metrics collector at scrape time)."""
-        spill_available = None if self.path is None else self.spill_available
-        return self._counters.gauges(self._held, self._clock(), spill_available)
-
-    async def stats(self) -> DeadLetterStats:
-        """A snapshot of depth, sizes, age of the oldest entry and the totals since creation."""
-        spill_available = None if self.path is None else self.spill_available
-        return self._counters.stats(
-            self._held,
-            self._clock(),
-            spill_path=self.spill_path,
-            spill_available=spill_available,
-            memory_only=self.memory_only,
-        )
+    # --- state (its reports: depth, spill file, gauges, stats are in BufferStatus, .status) -------
 
     def _check_open(self) -> None:
         if self._closing or self._link.closed:

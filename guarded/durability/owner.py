@@ -39,6 +39,7 @@ from .ports import (
     Lifecycle,
     WriteQueue,
 )
+from .shutdown import DRAIN_BATCH, cancelled, drain_held, log_closed, log_unclosed, undelivered_writes
 from .stale import StaleCache
 
 logger = logging.getLogger("guarded.durability")
@@ -48,10 +49,6 @@ _REPLAY_PAUSE = 0.5
 _REPLAY_MAX_PAUSE = 5.0
 _ADOPT_EVERY = 30.0
 """Seconds between looks for spill files whose owner is gone (also done at start)."""
-_DRAIN_PAUSE = 0.05
-_DRAIN_MAX_PAUSE = 1.0
-_DRAIN_BATCH = 1000
-"""Held writes a drain sends in one bulk call, at most."""
 
 
 def target_identity(target: object) -> str | None:
@@ -303,7 +300,7 @@ class Durability:
             send_bulk=self._send_bulk if bulk_methods else None,
             bulk_methods=bulk_methods,
             rate=math.inf if unlimited else options.replay_rate,
-            batch=max(options.replay_batch, _DRAIN_BATCH) if unlimited else options.replay_batch,
+            batch=max(options.replay_batch, DRAIN_BATCH) if unlimited else options.replay_batch,
             target=self.target,
         )
         return not summary.stopped_early and self.buffer.is_empty
@@ -352,23 +349,12 @@ class Durability:
                 self.report_unclosed("its event loop is shutting down")
             raise
 
-    # --- shutdown ---------------------------------------------------------------------------------
+    # --- shutdown (the drain loop and the records of what is left: .shutdown) ---------------------
 
     def undelivered(self) -> tuple[int, bool, str]:
         """Acknowledged writes not yet in the backend, whether some of them are in memory only
         (lost with the process), and where they are."""
-        queued = self.batcher.acknowledged_pending if self.batcher is not None else 0
-        buffer = self.buffer
-        held = buffer.depth if buffer is not None else 0
-        in_memory = buffer.memory_only if buffer is not None else 0
-        where = []
-        if held > in_memory and buffer is not None:
-            where.append(f"{held - in_memory} in spill file {buffer.claimed_path}")
-        if in_memory:
-            where.append(f"{in_memory} in memory only")
-        if queued:
-            where.append(f"{queued} queued in memory (write-behind)")
-        return queued + held, bool(queued or in_memory), ", ".join(where)
+        return undelivered_writes(self.batcher, self.buffer)
 
     def report_unclosed(self, why: str) -> None:
         """One ERROR record when the guard goes away (``why``) with acknowledged writes not yet in
@@ -379,18 +365,7 @@ class Durability:
         if not count:
             return
         self._reported = True
-        logger.error(
-            "guard of store %r was not closed and %s with %d acknowledged writes not yet in the backend "
-            "(%s)%s; close it with 'async with' or 'await controller(store).aclose()'",
-            self.store_name,
-            why,
-            count,
-            where,
-            ": those in memory are lost"
-            if at_risk
-            else "; the next guard of this store on this spill path replays them",
-            extra={"event": "guard_not_closed", "store": self.store_name, "undelivered": count},
-        )
+        log_unclosed(self.store_name, why, count, at_risk, where)
 
     async def flush(self) -> None:
         """Hand every queued write to the backend (or to the buffer when that fails)."""
@@ -420,44 +395,19 @@ class Durability:
         # as it runs: stop it, deliver at the backend's pace, and start it again afterwards.
         await self._stop_background_replay()
         try:
-            return await self._drain_held(buffer, deadline)
+            return await drain_held(
+                buffer,
+                self.breaker,
+                lambda: self.replay_once(unlimited=True),
+                deadline,
+                store_name=self.store_name,
+            )
         finally:
             self.kick_replay()
 
     async def _stop_background_replay(self) -> None:
-        await _cancelled(self._replay_task)
+        await cancelled(self._replay_task)
         self._replay_task = None
-
-    async def _drain_held(self, buffer: DeadLetterBuffer, deadline: float) -> int:
-        loop = asyncio.get_running_loop()
-        pause = _DRAIN_PAUSE
-        breaker = self.breaker
-        while not buffer.is_empty:
-            left = deadline - loop.time()
-            if left <= 0:
-                break
-            wait = breaker.remaining_open()
-            if wait > 0:
-                if math.isinf(wait):
-                    break  # forced open by an operator: deliver nothing
-                await asyncio.sleep(min(wait, pause, left))
-                pause = min(pause * 2, _DRAIN_MAX_PAUSE)
-                breaker.probe_now()
-                continue
-            try:
-                async with asyncio.timeout(left):
-                    done = await self.replay_once(unlimited=True)
-            except TimeoutError:
-                break
-            except Exception:
-                logger.exception("dead-letter drain pass failed", extra={"store": self.store_name})
-                done = False
-            if not done and not buffer.is_empty:
-                await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
-                pause = min(pause * 2, _DRAIN_MAX_PAUSE)
-            else:
-                pause = _DRAIN_PAUSE
-        return buffer.depth
 
     async def aclose(self, timeout: float) -> int:  # noqa: ASYNC109 - a budget, not a cancellation
         """Stop batching, drain within ``timeout``, stop the replay; returns writes left over.
@@ -480,8 +430,8 @@ class Durability:
                     write.settle(outcome)
         remaining = await self.drain(max(0.0, deadline - loop.time()))
         self._closing = True
-        await _cancelled(self._replay_task)
-        await _cancelled(self._watch_task)
+        await cancelled(self._replay_task)
+        await cancelled(self._watch_task)
         kept = lost = parked_lost = 0
         path = None
         if self.buffer is not None:
@@ -493,34 +443,5 @@ class Durability:
             lost = buffer.memory_only
             kept = remaining - lost
         self.closed = True
-        if kept:
-            logger.warning(
-                "closing store %r with %d undelivered writes kept in %s; the next guard of this store "
-                "on this spill path delivers them",
-                self.store_name,
-                kept,
-                path,
-                extra={"event": "guard_closed_undelivered", "store": self.store_name, "depth": kept},
-            )
-        if lost or parked_lost:
-            logger.error(
-                "closing store %r with %d undelivered and %d parked writes in memory only: they are lost",
-                self.store_name,
-                lost,
-                parked_lost,
-                extra={
-                    "event": "guard_closed_lost",
-                    "store": self.store_name,
-                    "depth": lost,
-                    "parked": parked_lost,
-                },
-            )
+        log_closed(self.store_name, kept=kept, path=path, lost=lost, parked_lost=parked_lost)
         return remaining
-
-
-async def _cancelled(task: asyncio.Task[None] | None) -> None:
-    """Cancel ``task`` (when it still runs) and wait until it has ended."""
-    if task is not None and not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

@@ -26,10 +26,22 @@ from enum import Enum
 from typing import Any
 
 from ..protocol import CAPABILITIES, capabilities
-from . import _contracts_artifacts, _contracts_core, _contracts_planner, _contracts_sessions
+from . import (
+    _contracts_artifacts,
+    _contracts_core,
+    _contracts_planner,
+    _contracts_sessions,
+    _contracts_steering,
+)
 from ._base import REGISTRY, Check, Contract, ContractViolation
 
-_CHECK_MODULES = (_contracts_core, _contracts_planner, _contracts_sessions, _contracts_artifacts)
+_CHECK_MODULES = (
+    _contracts_core,
+    _contracts_planner,
+    _contracts_sessions,
+    _contracts_steering,
+    _contracts_artifacts,
+)
 """Importing these modules registers their contracts."""
 _CAPABILITY_ORDER = [capability.name for capability in CAPABILITIES]
 
