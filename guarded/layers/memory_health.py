@@ -28,7 +28,6 @@ from ..observability.rate_limited_log import RateLimitedLog
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import error_type
 from ..pipeline.compiled import PASS, Hooks
-from ..policy import ArgGetter
 from ..telemetry.memory_health import DEFAULT_MAX_KEYS, MemoryHealthTracker, memory_health_tracker
 
 
@@ -60,8 +59,14 @@ class MemoryHealthLayer:
             key_of, state_of = policy.lww_key, policy.value
             tracker = self._tracker(method)
 
+            observe = tracker.observe
+
             def saved(call: Call, result: Any) -> Any:
-                _record_write(tracker, key_of, state_of, call)
+                args, kwargs = call.args, call.kwargs
+                try:
+                    observe(key_of(args, kwargs), state_of(args, kwargs))
+                except Exception as exc:  # the write succeeded; only the gauge is affected
+                    _problem(tracker, exc)
                 return result
 
             return Hooks(after=saved)
@@ -69,8 +74,13 @@ class MemoryHealthLayer:
             read_key = policy.read_key
             tracker = self._tracker(method)
 
+            observe_read = tracker.observe
+
             def loaded(call: Call, result: Any) -> Any:
-                _record_read(tracker, read_key, call, result)
+                try:
+                    observe_read(read_key(call.args, call.kwargs), result)
+                except Exception as exc:  # the read succeeded; only the gauge is affected
+                    _problem(tracker, exc)
                 return result
 
             return Hooks(after=loaded)
@@ -81,20 +91,6 @@ class MemoryHealthLayer:
 
 
 _problems = RateLimitedLog(interval=300.0, log=logging.getLogger("guarded.telemetry"))
-
-
-def _record_write(tracker: MemoryHealthTracker, key_of: ArgGetter, state_of: ArgGetter, call: Call) -> None:
-    try:
-        tracker.observe(key_of(call.args, call.kwargs), state_of(call.args, call.kwargs))
-    except Exception as exc:  # the write succeeded; only the gauge is affected
-        _problem(tracker, exc)
-
-
-def _record_read(tracker: MemoryHealthTracker, key_of: ArgGetter, call: Call, state: Any) -> None:
-    try:
-        tracker.observe(key_of(call.args, call.kwargs), state)
-    except Exception as exc:  # the read succeeded; only the gauge is affected
-        _problem(tracker, exc)
 
 
 def _problem(tracker: MemoryHealthTracker, exc: Exception) -> None:

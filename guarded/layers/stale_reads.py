@@ -469,7 +469,13 @@ def _call_key(name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Ha
     if not kwargs:
         key: tuple[Any, ...] = (name, args, ())
     else:
-        key = (name, args, tuple(kwargs.items()) if len(kwargs) == 1 else tuple(sorted(kwargs.items())))
+        items = tuple(kwargs.items())
+        if len(items) == 2:
+            if items[1][0] < items[0][0]:  # sorted by name, as below: two names, one comparison
+                items = (items[1], items[0])
+        elif len(items) > 2:
+            items = tuple(sorted(items))
+        key = (name, args, items)
     try:
         hash(key)
     except TypeError:

@@ -258,3 +258,15 @@ async def test_methods_without_a_merge_policy_are_not_wrapped() -> None:
     stale = layer()
     for method in ("find_binding", "list_traces", "save_event"):
         assert stale.wrap(inner, method_setup(method)) is inner
+
+
+@pytest.mark.parametrize("names", [("limit",), ("task_id", "limit"), ("c", "a", "b")])
+async def test_a_call_key_does_not_depend_on_the_order_of_keywords(names: tuple[str, ...]) -> None:
+    """Calls that differ only in the order of their keywords share one cached answer."""
+    from guarded.layers.stale_reads import _call_key
+
+    given = {name: index for index, name in enumerate(names)}
+    backwards = dict(reversed(list(given.items())))
+    key = _call_key("list_updates", ("s1",), given)
+    assert key == _call_key("list_updates", ("s1",), backwards)
+    assert key == ("list_updates", ("s1",), tuple(sorted(given.items())))
