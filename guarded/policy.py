@@ -11,6 +11,7 @@ users override any entry or add methods.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -71,9 +72,9 @@ class LocalFallback(str, Enum):
     """A delete: of the copy kept in process, and of a held put of it, too."""
 
 
-_READS: dict[ArgGetter, tuple[str, int, str | None]] = {}
+_READS: weakref.WeakKeyDictionary[ArgGetter, tuple[str, int, str | None]] = weakref.WeakKeyDictionary()
 """What each getter made by :func:`arg` or :func:`attr_of` reads: (argument name, position,
-attribute or ``None``)."""
+attribute or ``None``); weakly, as every policy table makes getters of its own."""
 
 
 def arg(name: str, index: int) -> ArgGetter:
