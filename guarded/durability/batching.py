@@ -108,7 +108,6 @@ class Batcher:
         self._parallel_at = min(config.parallel_flush_at, config.max_batch)
         self._queues: dict[str, MethodQueue] = {}
         self._space = BatchSpace(config.queue_size)
-        self._closing = False
         self._tasks: set[asyncio.Task[Outcome | None]] = set()
         self._unwritten: list[PendingWrite] = []
         self._abandoned: set[int] = set()
@@ -143,7 +142,7 @@ class Batcher:
     @property
     def closed(self) -> bool:
         """Whether :meth:`aclose` has started: no write is accepted any more."""
-        return self._closing
+        return self._space.closed
 
     def pending_for_scope(self, method: str, scope: str) -> list[PendingWrite]:
         """Write-behind writes of ``method`` for ``scope`` queued or in flight, in submission order."""
@@ -167,7 +166,7 @@ class Batcher:
         (``await`` :meth:`write_alone` before anything else runs), :data:`NO_ROOM` when it was not
         queued (the batcher is full, or closed: :meth:`submit` it instead)."""
         space = self._space
-        if space.pending < space.capacity and not space.waiters and not self._closing:
+        if space.pending < space.capacity and not space.waiters and not space.closed:
             space.pending += 1  # space.take_now(), inline: this runs once per write
             mq = self._queues.get(write.method)
             if mq is not None and mq.eager and mq.active and write.done is not None:
@@ -200,7 +199,7 @@ class Batcher:
         when there was still none (the caller dead-letters the write). ``False`` at once after
         :meth:`aclose` started. Cancelling a waiting submitter gives its place back.
         """
-        if not self._space.take_now() and (self._closing or not await self._space.wait(deadline)):
+        if not self._space.take_now() and not await self._space.wait(deadline):
             return False
         alone = self._enqueue(write)
         if alone is not None:
@@ -258,7 +257,7 @@ class Batcher:
     def _after_cancelled_lone_flush(self, mq: MethodQueue) -> None:
         """The caller of a lone flush gave up: its write is handed back, but the writes that
         queued behind it must still go out (a cancelled flush does not start the next one)."""
-        if mq.queue and mq.timer is None and not self._closing:
+        if mq.queue and mq.timer is None and not self._space.closed:
             mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
 
     @staticmethod
@@ -306,7 +305,7 @@ class Batcher:
                     mq.active
                     and waiting < parallel_at
                     and mq.taken >= mq.urgent_through
-                    and not self._closing
+                    and not self._space.closed
                 ):
                     break
                 if waiting >= 2 * parallel_at:
@@ -316,7 +315,9 @@ class Batcher:
                     size = min(waiting, max_batch)
             else:
                 size = min(len(queue), max_batch)
-                if not (len(queue) >= max_batch or mq.due or mq.taken < mq.urgent_through or self._closing):
+                if not (
+                    len(queue) >= max_batch or mq.due or mq.taken < mq.urgent_through or self._space.closed
+                ):
                     break
             start, batch = self._take(mq, size)
             mq.due = False
@@ -411,7 +412,7 @@ class Batcher:
         self._space.release(len(batch))
         if not pump:
             return
-        if mq.eager and len(batch) > 1 and mq.timer is None and not self._closing:
+        if mq.eager and len(batch) > 1 and mq.timer is None and not self._space.closed:
             # The callers just answered resume on the next loop iteration and most write again at
             # once: start the next batch after them, so that they join it instead of the first of
             # them going out alone and the rest waiting a round trip for it.
@@ -474,7 +475,6 @@ class Batcher:
         the owner to dead-letter. A cancelled flush may have reached the backend already, so
         they are delivered at least once, not exactly once.
         """
-        self._closing = True
         self._space.close()
         try:
             async with asyncio.timeout(timeout):
