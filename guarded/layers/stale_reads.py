@@ -192,16 +192,12 @@ class StaleReadLayer:
         waiting = _waiting(lookups)
 
         def answered(call: Call, result: Any) -> Any:
-            args, kwargs = call.args, call.kwargs
-            scope = scope_of(args, kwargs)
+            scope = scope_of(call.args, call.kwargs)
             if not isinstance(scope, str):
                 return result
             if waiting.depth:
                 return Deferred(merged_with_held(call, scope, result))
-            if cache is not None:  # remember(call, result), inline
-                cache_key = _call_key(name, args, kwargs)
-                if cache_key is not None:
-                    cache.put(cache_key, list(result))
+            remember(call, result)
             return result
 
         async def merged_with_held(call: Call, scope: str, result: Any) -> Any:
