@@ -5,6 +5,7 @@ legacy aliases. :class:`~guarded.policy_table.PolicyTable` builds its tables fro
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,62 +34,47 @@ def _key(*getters: ArgGetter) -> ArgGetter:
 
 
 def _direct_key(getters: tuple[ArgGetter, ...], general: ArgGetter) -> ArgGetter | None:
-    """``general`` with the usual calls answered in one frame, when every getter reads an argument
-    (:func:`~guarded.policy.arg`) or every getter an attribute of the same argument
-    (:func:`~guarded.policy.attr_of`): a call with all its arguments positional, or all by
-    keyword. ``None`` for other getters."""
+    """``general`` with the usual calls answered in one step (:mod:`operator`'s getters, in C), when
+    every getter reads an argument (:func:`~guarded.policy.arg`) or every getter an attribute of the
+    same argument (:func:`~guarded.policy.attr_of`): a call with all its arguments positional, or
+    all by keyword. Anything else, a missing argument or attribute included, is ``general``'s to
+    answer. ``None`` for other getters."""
     reads = [reads_of(getter) for getter in getters]
-    if any(read is None for read in reads) or len(reads) not in (2, 3):
+    known = [read for read in reads if read is not None]
+    if len(known) != len(reads) or len(known) < 2:
         return None
-    names = tuple(read[0] for read in reads if read is not None)
-    positions = tuple(read[1] for read in reads if read is not None)
-    attributes = tuple(read[2] for read in reads if read is not None)
+    names = [name for name, _, _ in known]
+    positions = [position for _, position, _ in known]
+    attributes = [attribute for _, _, attribute in known]
     top = max(positions)
     if all(attribute is None for attribute in attributes):
-        if len(getters) == 2:
-            (first, second), (one, two) = positions, names
+        by_position, by_name = operator.itemgetter(*positions), operator.itemgetter(*names)
 
-            def pair(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
-                if not kwargs and len(args) > top:
-                    return (args[first], args[second])
-                if not args:
-                    return (kwargs.get(one), kwargs.get(two))
-                return general(args, kwargs)  # type: ignore[no-any-return]
-
-            return pair
-        (first, second, third), (one, two, three) = positions, names
-
-        def triple(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+        def from_arguments(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
             if not kwargs and len(args) > top:
-                return (args[first], args[second], args[third])
+                return by_position(args)  # type: ignore[no-any-return]
             if not args:
-                return (kwargs.get(one), kwargs.get(two), kwargs.get(three))
+                try:
+                    return by_name(kwargs)  # type: ignore[no-any-return]
+                except KeyError:
+                    pass
             return general(args, kwargs)  # type: ignore[no-any-return]
 
-        return triple
-    if None in attributes or len(set(positions)) != 1 or len(set(names)) != 1:
+        return from_arguments
+    fields = [attribute for attribute in attributes if attribute is not None]
+    if len(fields) != len(attributes) or len(set(positions)) != 1 or len(set(names)) != 1:
         return None
-    position = top
-    fields = tuple(attribute for attribute in attributes if attribute is not None)
-    if len(fields) == 2:
-        (one, two) = fields
+    read = operator.attrgetter(*fields)
 
-        def two_of_one(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
-            if not kwargs and len(args) > position:
-                item = args[position]
-                return (getattr(item, one, None), getattr(item, two, None))
-            return general(args, kwargs)  # type: ignore[no-any-return]
-
-        return two_of_one
-    (one, two, three) = fields
-
-    def three_of_one(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
-        if not kwargs and len(args) > position:
-            item = args[position]
-            return (getattr(item, one, None), getattr(item, two, None), getattr(item, three, None))
+    def from_one_argument(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+        if not kwargs and len(args) > top:
+            try:
+                return read(args[top])
+            except AttributeError:
+                pass
         return general(args, kwargs)  # type: ignore[no-any-return]
 
-    return three_of_one
+    return from_one_argument
 
 
 def _general_key(*getters: ArgGetter) -> ArgGetter:
