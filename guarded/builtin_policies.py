@@ -26,9 +26,8 @@ from .protocol import LEGACY_ALIASES
 
 
 def _key(*getters: ArgGetter) -> ArgGetter:
-    """A key made of what ``getters`` read (a tuple), read on every keyed write: unrolled for the
-    table's two- and three-part keys, and read in one step from the usual call's arguments when
-    the getters read arguments (:func:`_direct_key`)."""
+    """A key made of what ``getters`` read (a tuple), read on every keyed write: in one step from
+    the usual call's arguments when the getters read arguments (:func:`_direct_key`)."""
     general = _general_key(*getters)
     return _direct_key(getters, general) or general
 
@@ -78,20 +77,7 @@ def _direct_key(getters: tuple[ArgGetter, ...], general: ArgGetter) -> ArgGetter
 
 
 def _general_key(*getters: ArgGetter) -> ArgGetter:
-    if len(getters) == 2:
-        first, second = getters
-
-        def pair(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
-            return (first(args, kwargs), second(args, kwargs))
-
-        return pair
-    if len(getters) == 3:
-        first, second, third = getters
-
-        def triple(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
-            return (first(args, kwargs), second(args, kwargs), third(args, kwargs))
-
-        return triple
+    """The key of any call, getter by getter (the usual calls are :func:`_direct_key`'s)."""
 
     def get(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
         return tuple(getter(args, kwargs) for getter in getters)
