@@ -88,6 +88,12 @@ class Call:
         if error is not None:
             self.error = error
 
+    def answered(self) -> None:
+        """The call has its answer: forget its failure and the preloaded one. Each references
+        the traceback whose frames reference this call; kept, they made a reference cycle per
+        failed call that only the cyclic garbage collector frees."""
+        self.error = self.preloaded = None
+
     def note_retry(self, error_type: str, delay: float) -> None:
         if self.retries is None:
             self.retries = []

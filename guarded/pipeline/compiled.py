@@ -196,7 +196,10 @@ def _build(
         for hooks in reversed(befores[:taken]):
             if hooks.undo is not None:
                 hooks.undo(call)
-        return await chain(call)
+        try:
+            return await chain(call)
+        finally:
+            call.answered()
 
     def watchdog(loop: asyncio.AbstractEventLoop) -> Any:
         dog = watchdog_for(loop)
@@ -219,6 +222,7 @@ def _build(
         try:
             return await chain(call)
         finally:
+            call.answered()
             if call.ticket is not None or call.held is not None or call.entered is not None:
                 # The chain ended the call before the layer that adopts what a ``before`` hook
                 # took (it refused the call on a second look): given back now.
