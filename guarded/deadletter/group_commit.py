@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-from ..codec import check_text
+from ..codec import JSONObject, check_text
 from .calls import encode_call
 from .entries import DeadLetter, canonical_key, index_key, readable_text
 from .gate import Slot
@@ -20,8 +20,9 @@ from .spill_link import SPILL_ERRORS, SpillLink
 PutItem = tuple[str, Sequence[Any], Mapping[str, Any], Any, str | None, int, str]
 """``(method, args, kwargs, key, scope, stamp, error)`` of :meth:`DeadLetterBuffer.put_many`."""
 
-Prepared = tuple[DeadLetter, Hashable | None, str]
-"""An encoded put: the entry (seq and time not yet given), its key's index, its call's JSON text."""
+Prepared = tuple[str, JSONObject, str | None, str | None, int, int, str, Hashable | None, str]
+"""An encoded put: its entry's fields but the sequence number and time (``method, call, key,
+scope, stamp, size, error``), its key's index and its call's JSON text."""
 
 _Waiter = tuple[list[Prepared], "asyncio.Future[list[DeadLetter]]"]
 
@@ -38,32 +39,8 @@ def prepare(item: PutItem) -> Prepared:
     if scope is not None:
         check_text(scope, "scope")
     text = dumps(call)
-    entry = DeadLetter(
-        seq=0,
-        method=method,
-        call=call,
-        key=canonical,
-        scope=scope,
-        stamp=int(stamp),
-        enqueued_at=0.0,
-        size=len(text.encode("utf-8")),
-        error=readable_text(str(error))[:1000],
-    )
-    return entry, slot, text
-
-
-def _with(entry: DeadLetter, *, seq: int, enqueued_at: float) -> DeadLetter:
-    return DeadLetter(
-        seq=seq,
-        method=entry.method,
-        call=entry.call,
-        key=entry.key,
-        scope=entry.scope,
-        stamp=entry.stamp,
-        enqueued_at=enqueued_at,
-        size=entry.size,
-        error=entry.error,
-    )
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    return method, call, canonical, scope, int(stamp), size, readable_text(str(error))[:1000], slot, text
 
 
 class GroupCommit:
@@ -176,8 +153,8 @@ class GroupCommit:
         victims: dict[int, Slot] = {}
         texts: dict[int, str] = {}
         superseded = 0
-        for template, index, text in prepared:
-            entry = _with(template, seq=held.next_seq, enqueued_at=now)
+        for method, call, key, scope, stamp, size, error, index, text in prepared:
+            entry = DeadLetter(held.next_seq, method, call, key, scope, stamp, now, size, error)
             held.next_seq += 1
             results.append(entry)
             counters.enqueued(entry.method)
