@@ -143,14 +143,30 @@ def _size(value: Any, budget: list[int], depth: int) -> int:
         for index in indices:
             if measured and budget[0] <= 0:
                 break
-            total += _item_size(value[index], budget, depth)
+            item = value[index]
+            if type(item) is str and item.isascii():  # _item_size, inlined for the usual item
+                total += _STR_ASCII + len(item)
+            else:
+                total += _item_size(item, budget, depth)
             measured += 1
     elif kind is dict or isinstance(value, Mapping):
         count = len(value)
         for key, item in value.items():
             if measured == SAMPLE or (measured and budget[0] <= 0):
                 break
-            total += _item_size(key, budget, depth) + _item_size(item, budget, depth)
+            # _item_size, inlined for the usual key (ASCII text) and the usual scalar values.
+            total += (
+                _STR_ASCII + len(key)
+                if type(key) is str and key.isascii()
+                else _item_size(key, budget, depth)
+            )
+            kind = type(item)
+            if kind is str and item.isascii():
+                total += _STR_ASCII + len(item)
+            elif kind in _FIXED:
+                total += _FIXED[kind]
+            else:
+                total += _item_size(item, budget, depth)
             measured += 1
     elif isinstance(value, _COLLECTIONS):
         count = len(value)
