@@ -23,6 +23,10 @@ every side of a ratio alike.
    * ``COPY``: the same events encoded exactly as the store encodes them
      (:func:`~guarded.backends.postgres.events.encode_events`, the rows its bulk ``COPY`` path sends)
      and written with one ``copy_records_to_table``; no callers. Encoding is timed in.
+   * ``hand-written group commit``: the same writers, each awaiting its own event, through the
+     group commit written by hand (:mod:`benchmarks.hand_group_commit`: a queue, at most two
+     flushes at a time, the store's encoding, one ``COPY``; no guard). It shows how far returning
+     at commit, before any guard, is from ``COPY``.
    * at one writer only, for reference: the bare store's ``save_event`` (no guard).
 
    Rows are counted after every repetition; a healthy run that dead-lettered anything stops the
@@ -84,6 +88,7 @@ from .durability_workload import (
     COPY,
     DRAIN_CALLERS,
     GROUP_COMMIT,
+    HAND,
     PIPELINED,
     SCHEMA,
     SECTION,
@@ -104,6 +109,7 @@ from .durability_workload import (
     save_calls,
     writer_events,
 )
+from .hand_group_commit import HandGroupCommit
 from .postgres_bench import COLUMNS
 
 # --- 1. group commit ------------------------------------------------------------------------------
@@ -156,6 +162,12 @@ def build_levels(store: PostgresStateStore, closers: list[Callable[[], Awaitable
             PIPELINED: Series(PIPELINED, writers, total, pipelined_run, pipelined_registry),
             UNBATCHED: Series(UNBATCHED, writers, total, unbatched_run),
             COPY: Series(COPY, writers, total, _copy_run(store, [e for group in groups for e in group])),
+            HAND: Series(
+                HAND,
+                writers,
+                total,
+                _driven(save_calls(HandGroupCommit(store.pool, SCHEMA, COLUMNS).save_event, groups)),
+            ),
         }
         if writers == 1:
             series[BARE] = Series(BARE, writers, total, _driven(save_calls(store.save_event, groups)))
@@ -292,8 +304,11 @@ async def run(dsn: str, *, repeats: int = 7, server: EmbeddedPostgres | None = N
         f"max_batch={defaults.max_batch}, max_concurrent_flushes={defaults.max_concurrent_flushes}, "
         f"queue_size={defaults.queue_size:,}); unbatched: BatchConfig(enabled=False); store pool "
         f"max_size={pool.max_size}. COPY: encode_events (the store's own row encoding) + one "
-        "copy_records_to_table, no callers. avg batch / avg flush ms: guarded_batch_size / "
-        "guarded_batch_flush_duration_seconds.",
+        "copy_records_to_table, no callers. hand-written: the same callers, each awaiting its own "
+        "event, through a group commit written by hand (benchmarks/hand_group_commit.py: at most two "
+        "flushes at a time, the store's encoding, one COPY, no guard): what returning at commit "
+        "costs before any guard; x hand = group commit / hand-written. avg batch / avg flush ms: "
+        "guarded_batch_size / guarded_batch_flush_duration_seconds.",
         "the writers alone (awaiting a no-op) cost "
         + ", ".join(
             f"{statistics.median(level.harness) * 1e6:.1f} µs/write at {level.writers:,}" for level in levels

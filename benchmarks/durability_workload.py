@@ -67,6 +67,7 @@ GROUP_COMMIT = "group commit"
 PIPELINED = "group commit, pipelined"
 UNBATCHED = "unbatched"
 COPY = "COPY"
+HAND = "hand-written group commit"
 BARE = "bare store"
 
 BASE_TS = 1_702_857_600.0
