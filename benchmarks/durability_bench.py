@@ -23,6 +23,9 @@ every side of a ratio alike.
    * ``COPY``: the same events encoded exactly as the store encodes them
      (:func:`~guarded.backends.postgres.events.encode_events`, the rows its bulk ``COPY`` path sends)
      and written with one ``copy_records_to_table``; no callers. Encoding is timed in.
+   * ``write-behind``: ``BatchConfig(ack="enqueue")``, the opt-in that acknowledges a write when
+     it is queued (docs/durability.md, "Write-behind"): the same writers and events, timed until
+     :meth:`~guarded.controller.GuardController.flush` returns, so every event is written.
    * ``hand-written group commit``: the same writers, each awaiting its own event, through the
      group commit written by hand (:mod:`benchmarks.hand_group_commit`: a queue, at most two
      flushes at a time, the store's encoding, one ``COPY``; no guard). It shows how far returning
@@ -93,6 +96,7 @@ from .durability_workload import (
     SCHEMA,
     SECTION,
     UNBATCHED,
+    WRITE_BEHIND,
     Level,
     Report,
     Series,
@@ -137,6 +141,31 @@ def _guarded_run(
     return run
 
 
+def _write_behind_run(
+    store: PostgresStateStore,
+    name: str,
+    registry: CollectorRegistry,
+    groups: Sequence[Sequence[StoredEvent]],
+    closers: list[Callable[[], Awaitable[None]]],
+) -> Callable[[list[float]], Awaitable[None]]:
+    """A guard over ``store`` acknowledging at enqueue (``ack="enqueue"``): its writers save
+    ``groups``, then the run waits until every write is flushed (timed in); no latencies (a call
+    returns when its write is queued)."""
+    proxy = guard(
+        store, name=name, config=GuardConfig(batching=BatchConfig(ack="enqueue")), registry=registry
+    )
+    calls = save_calls(proxy.save_event, groups)
+    control = controller(proxy)
+    closers.append(control.aclose)
+
+    async def run(_: list[float]) -> None:
+        await drive(calls, None)
+        await control.flush()
+        _check_healthy(name, proxy)
+
+    return run
+
+
 def _driven(calls: list[list[Any]]) -> Callable[[list[float]], Awaitable[None]]:
     return lambda latencies: drive(calls, latencies)
 
@@ -154,6 +183,7 @@ def build_levels(store: PostgresStateStore, closers: list[Callable[[], Awaitable
         pipelined_run = _guarded_run(
             store, f"pipelined-{writers}", GuardConfig(), pipelined_registry, groups, closers, drive_pipelined
         )
+        write_behind_registry = CollectorRegistry()
         unbatched_run = _guarded_run(
             store, f"unbatched-{writers}", unbatched, CollectorRegistry(), groups, closers
         )
@@ -162,6 +192,13 @@ def build_levels(store: PostgresStateStore, closers: list[Callable[[], Awaitable
             PIPELINED: Series(PIPELINED, writers, total, pipelined_run, pipelined_registry),
             UNBATCHED: Series(UNBATCHED, writers, total, unbatched_run),
             COPY: Series(COPY, writers, total, _copy_run(store, [e for group in groups for e in group])),
+            WRITE_BEHIND: Series(
+                WRITE_BEHIND,
+                writers,
+                total,
+                _write_behind_run(store, f"write-behind-{writers}", write_behind_registry, groups, closers),
+                write_behind_registry,
+            ),
             HAND: Series(
                 HAND,
                 writers,

@@ -23,6 +23,7 @@ from .durability_workload import (
     VS_COPY_FROM_WRITERS,
     VS_COPY_TARGET,
     VS_UNBATCHED_TARGET,
+    WRITE_BEHIND,
     Drain,
     Level,
     Report,
@@ -46,7 +47,11 @@ def _met(passed: bool) -> str:
 
 def verdicts(levels: Sequence[Level], spills: Sequence[Spill], drains: Sequence[Drain]) -> list[Verdict]:
     found: list[Verdict] = []
-    for name, how in ((GROUP_COMMIT, "each awaiting its write"), (PIPELINED, "pipelined")):
+    for name, how in (
+        (GROUP_COMMIT, "each awaiting its write"),
+        (PIPELINED, "pipelined"),
+        (WRITE_BEHIND, "write-behind (opt-in ack='enqueue')"),
+    ):
         for level in levels:
             if level.writers < VS_COPY_FROM_WRITERS or name not in level.series:
                 continue
@@ -224,6 +229,36 @@ def format_report(report: Report) -> str:
             "call p99 ms",
         ),
         pipelined_rows,
+    )
+    lines += [
+        "",
+        "1c. the same writes acknowledged when queued (opt-in BatchConfig(ack='enqueue'), write-behind), "
+        "timed until every write is flushed",
+        "",
+    ]
+    behind_rows = []
+    for level in report.levels:
+        behind, copy = level.series[WRITE_BEHIND], level.series[COPY]
+        low, high = behind.rates
+        batches = behind.batches()
+        share = behind.rate / copy.rate
+        behind_rows.append(
+            (
+                f"{level.writers:,}",
+                f"{level.writes:,}",
+                f"{behind.rate:,.0f} ({low:,.0f}..{high:,.0f})",
+                f"{copy.rate:,.0f}",
+                f"{share:.2f}x",
+                f">= {VS_COPY_TARGET:g}x: {_met(share >= VS_COPY_TARGET)}"
+                if level.writers >= VS_COPY_FROM_WRITERS
+                else "",
+                "-" if batches is None else f"{batches[0]:.1f}",
+                "-" if batches is None else _ms(batches[1]),
+            )
+        )
+    lines += _table(
+        ("writers", "writes/rep", "write-behind", "COPY", "x COPY", "target", "avg batch", "avg flush ms"),
+        behind_rows,
     )
     lines += ["", "caller latency, call to commit (each awaited save_event), ms over every timed call", ""]
     latency = []

@@ -68,6 +68,7 @@ PIPELINED = "group commit, pipelined"
 UNBATCHED = "unbatched"
 COPY = "COPY"
 HAND = "hand-written group commit"
+WRITE_BEHIND = "write-behind"
 BARE = "bare store"
 
 BASE_TS = 1_702_857_600.0
