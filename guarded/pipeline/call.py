@@ -65,6 +65,8 @@ class Call:
         only by the bulkhead layer. The guard's own queueing: the breaker leaves it out."""
         self.outcome = _OK
         self.error: BaseException | None = None
+        """The failure behind the outcome (written by :meth:`settle`); dropped by :meth:`answered`
+        once the call has its answer, so read it while the call runs through your layer."""
         self.retries: list[tuple[int, str, float]] | None = None
         """(attempt that failed, error type, backoff in seconds) for each retry."""
         self.span: Span | None = None
