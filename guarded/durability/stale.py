@@ -160,11 +160,11 @@ def _size(value: Any, budget: list[int], depth: int) -> int:
                 if type(key) is str and key.isascii()
                 else _item_size(key, budget, depth)
             )
-            kind = type(item)
-            if kind is str and item.isascii():
+            item_kind = type(item)
+            if item_kind is str and item.isascii():
                 total += _STR_ASCII + len(item)
-            elif kind in _FIXED:
-                total += _FIXED[kind]
+            elif item_kind in _FIXED:
+                total += _FIXED[item_kind]
             else:
                 total += _item_size(item, budget, depth)
             measured += 1
