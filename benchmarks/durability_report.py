@@ -129,6 +129,36 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f}"
 
 
+def _against_copy(report: Report, name: str, heading: str, *, latencies: bool) -> list[str]:
+    """The table of series ``name`` against ``COPY`` at every number of writers (throughput, ratio
+    and its target, batches; with ``latencies``, call p50 / p99)."""
+    rows = []
+    for level in report.levels:
+        series, copy = level.series[name], level.series[COPY]
+        low, high = series.rates
+        batches = series.batches()
+        share = series.rate / copy.rate
+        row = [
+            f"{level.writers:,}",
+            f"{level.writes:,}",
+            f"{series.rate:,.0f} ({low:,.0f}..{high:,.0f})",
+            f"{copy.rate:,.0f}",
+            f"{share:.2f}x",
+            f">= {VS_COPY_TARGET:g}x: {_met(share >= VS_COPY_TARGET)}"
+            if level.writers >= VS_COPY_FROM_WRITERS
+            else "",
+            "-" if batches is None else f"{batches[0]:.1f}",
+            "-" if batches is None else _ms(batches[1]),
+        ]
+        if latencies:
+            row += [_ms(percentile(series.latencies, 0.5)), _ms(percentile(series.latencies, 0.99))]
+        rows.append(row)
+    header = ["writers", "writes/rep", heading, "COPY", "x COPY", "target", "avg batch", "avg flush ms"]
+    if latencies:
+        header += ["call p50 ms", "call p99 ms"]
+    return _table(header, rows)
+
+
 def format_report(report: Report) -> str:
     """The tables, each figure with its target, and the notes."""
     lines = [f"== {TITLE} ==", ""]
@@ -193,73 +223,14 @@ def format_report(report: Report) -> str:
         "them together (every call still returns at commit)",
         "",
     ]
-    pipelined_rows = []
-    for level in report.levels:
-        pipelined, copy = level.series[PIPELINED], level.series[COPY]
-        low, high = pipelined.rates
-        batches = pipelined.batches()
-        share = pipelined.rate / copy.rate
-        pipelined_rows.append(
-            (
-                f"{level.writers:,}",
-                f"{level.writes:,}",
-                f"{pipelined.rate:,.0f} ({low:,.0f}..{high:,.0f})",
-                f"{copy.rate:,.0f}",
-                f"{share:.2f}x",
-                f">= {VS_COPY_TARGET:g}x: {_met(share >= VS_COPY_TARGET)}"
-                if level.writers >= VS_COPY_FROM_WRITERS
-                else "",
-                "-" if batches is None else f"{batches[0]:.1f}",
-                "-" if batches is None else _ms(batches[1]),
-                _ms(percentile(pipelined.latencies, 0.5)),
-                _ms(percentile(pipelined.latencies, 0.99)),
-            )
-        )
-    lines += _table(
-        (
-            "writers",
-            "writes/rep",
-            "pipelined",
-            "COPY",
-            "x COPY",
-            "target",
-            "avg batch",
-            "avg flush ms",
-            "call p50 ms",
-            "call p99 ms",
-        ),
-        pipelined_rows,
-    )
+    lines += _against_copy(report, PIPELINED, "pipelined", latencies=True)
     lines += [
         "",
         "1c. the same writes acknowledged when queued (opt-in BatchConfig(ack='enqueue'), write-behind), "
         "timed until every write is flushed",
         "",
     ]
-    behind_rows = []
-    for level in report.levels:
-        behind, copy = level.series[WRITE_BEHIND], level.series[COPY]
-        low, high = behind.rates
-        batches = behind.batches()
-        share = behind.rate / copy.rate
-        behind_rows.append(
-            (
-                f"{level.writers:,}",
-                f"{level.writes:,}",
-                f"{behind.rate:,.0f} ({low:,.0f}..{high:,.0f})",
-                f"{copy.rate:,.0f}",
-                f"{share:.2f}x",
-                f">= {VS_COPY_TARGET:g}x: {_met(share >= VS_COPY_TARGET)}"
-                if level.writers >= VS_COPY_FROM_WRITERS
-                else "",
-                "-" if batches is None else f"{batches[0]:.1f}",
-                "-" if batches is None else _ms(batches[1]),
-            )
-        )
-    lines += _table(
-        ("writers", "writes/rep", "write-behind", "COPY", "x COPY", "target", "avg batch", "avg flush ms"),
-        behind_rows,
-    )
+    lines += _against_copy(report, WRITE_BEHIND, "write-behind", latencies=False)
     lines += ["", "caller latency, call to commit (each awaited save_event), ms over every timed call", ""]
     latency = []
     for level in report.levels:
