@@ -127,40 +127,22 @@ def _guarded_run(
     groups: Sequence[Sequence[StoredEvent]],
     closers: list[Callable[[], Awaitable[None]]],
     driver: Callable[..., Awaitable[None]] = drive,
+    *,
+    until_flushed: bool = False,
 ) -> Callable[[list[float]], Awaitable[None]]:
     """A guard over ``store`` whose writers save ``groups`` (one by one, or with ``driver``); its
-    ``aclose`` goes to ``closers``."""
-    proxy = guard(store, name=name, config=config, registry=registry)
-    calls = save_calls(proxy.save_event, groups)
-    closers.append(controller(proxy).aclose)
-
-    async def run(latencies: list[float]) -> None:
-        await driver(calls, latencies)
-        _check_healthy(name, proxy)
-
-    return run
-
-
-def _write_behind_run(
-    store: PostgresStateStore,
-    name: str,
-    registry: CollectorRegistry,
-    groups: Sequence[Sequence[StoredEvent]],
-    closers: list[Callable[[], Awaitable[None]]],
-) -> Callable[[list[float]], Awaitable[None]]:
-    """A guard over ``store`` acknowledging at enqueue (``ack="enqueue"``): its writers save
-    ``groups``, then the run waits until every write is flushed (timed in); no latencies (a call
+    ``aclose`` goes to ``closers``. With ``until_flushed`` (a guard acknowledging at enqueue) the
+    run also waits until every write is flushed (timed in) and records no latencies (a call
     returns when its write is queued)."""
-    proxy = guard(
-        store, name=name, config=GuardConfig(batching=BatchConfig(ack="enqueue")), registry=registry
-    )
+    proxy = guard(store, name=name, config=config, registry=registry)
     calls = save_calls(proxy.save_event, groups)
     control = controller(proxy)
     closers.append(control.aclose)
 
-    async def run(_: list[float]) -> None:
-        await drive(calls, None)
-        await control.flush()
+    async def run(latencies: list[float]) -> None:
+        await driver(calls, None if until_flushed else latencies)
+        if until_flushed:
+            await control.flush()
         _check_healthy(name, proxy)
 
     return run
@@ -196,7 +178,15 @@ def build_levels(store: PostgresStateStore, closers: list[Callable[[], Awaitable
                 WRITE_BEHIND,
                 writers,
                 total,
-                _write_behind_run(store, f"write-behind-{writers}", write_behind_registry, groups, closers),
+                _guarded_run(
+                    store,
+                    f"write-behind-{writers}",
+                    GuardConfig(batching=BatchConfig(ack="enqueue")),
+                    write_behind_registry,
+                    groups,
+                    closers,
+                    until_flushed=True,
+                ),
                 write_behind_registry,
             ),
             HAND: Series(
