@@ -168,7 +168,20 @@ class BatchWriter:
             # A batch of one (a lone writer: group commit's usual case at low concurrency) goes
             # out as the single write, in this task: the bulk form of one row costs more round
             # trips (a one-row COPY).
-            written = await self._write_one(writes[0])
+            write = writes[0]
+            if write.method not in self._keyed_appends and _ITEM_KEYS.get() is None:
+                # _write_one's usual case, inline (a frame less per lone write).
+                try:
+                    await self._run(
+                        self._offered_names.get(write.method) or self.offered(write.method),
+                        write.args,
+                        write.kwargs,
+                    )
+                    return None
+                except BaseException as exc:
+                    written = await self._write_failed(write, exc)
+            else:
+                written = await self._write_one(write)
             if written is _OK:
                 return None
             if isinstance(written, Outcome):
@@ -226,14 +239,19 @@ class BatchWriter:
                     _ITEM_KEYS.reset(token)
             return _OK
         except BaseException as exc:
-            if not isinstance(exc, Exception) and not _raised_by_store(exc):
-                raise
-            if no_wait_fixes(exc):
-                if is_programming_error(exc):
-                    self._log_bug(write.method, exc)
-                await self._park(write.method, write.args, write.kwargs, exc)
-                return _REJECTED
-            return exc
+            return await self._write_failed(write, exc)
+
+    async def _write_failed(self, write: PendingWrite, exc: BaseException) -> Outcome | BaseException:
+        """A write written alone failed with ``exc``: ``REJECTED`` when it was parked as bad data,
+        else the failure for the caller to dead-letter (a cancellation of the flush is raised)."""
+        if not isinstance(exc, Exception) and not _raised_by_store(exc):
+            raise exc
+        if no_wait_fixes(exc):
+            if is_programming_error(exc):
+                self._log_bug(write.method, exc)
+            await self._park(write.method, write.args, write.kwargs, exc)
+            return _REJECTED
+        return exc
 
 
 def _raised_by_store(exc: BaseException) -> bool:

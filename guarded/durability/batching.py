@@ -108,7 +108,7 @@ class Batcher:
         self._parallel_at = min(config.parallel_flush_at, config.max_batch)
         self._queues: dict[str, MethodQueue] = {}
         self._space = BatchSpace(config.queue_size)
-        self._tasks: set[asyncio.Task[Outcome | None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._unwritten: list[PendingWrite] = []
         self._abandoned: set[int] = set()
         self._tiebreak = itertools.count()
@@ -181,6 +181,10 @@ class Batcher:
                 ):
                     mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
                 return QUEUED
+            if mq is not None and mq.eager and not mq.queue and mq.timer is None and write.done is not None:
+                # _enqueue's lone case, inline (once per write at low concurrency).
+                mq.queue.append(write)
+                return ALONE
             return QUEUED if self._enqueue(write) is None else ALONE
         return NO_ROOM
 
@@ -188,8 +192,12 @@ class Batcher:
         """Write the one queued write of ``method`` that :meth:`offer` answered :data:`ALONE`;
         the awaitable answers its outcome (``None`` for a write-behind write)."""
         mq = self._queues[method]
-        start, batch = self._take(mq, 1)
-        return self._run_flush(mq, start, batch, lone=True)
+        batch = [mq.queue.popleft()]  # _take(mq, 1), inline: the queue holds only this write
+        start = mq.taken
+        mq.taken = start + 1
+        mq.in_flight[start] = batch
+        mq.active += 1
+        return self._run_lone(mq, start, batch)
 
     async def submit(self, write: PendingWrite, *, deadline: float) -> bool:
         """Queue ``write``; ``True`` once it is queued (the caller may be acknowledged).
@@ -339,17 +347,18 @@ class Batcher:
             when = min(queue[0].queued_at, now) + self._max_delay
             mq.timer = loop.call_at(when, self._on_timer, mq)
 
-    async def _run_flush(
-        self, mq: MethodQueue, start: int, batch: list[PendingWrite], *, lone: bool = False
-    ) -> Outcome | None:
-        """Write ``batch`` and settle its writes; a ``lone`` flush (a lone writer's, in its own
-        task) answers its one write's outcome."""
+    async def _run_flush(self, mq: MethodQueue, start: int, batch: list[PendingWrite]) -> None:
+        """Write ``batch`` (a flush task's) and settle its writes."""
         loop = asyncio.get_running_loop()
         began = loop.time()
-        finished = cancelled = False
         try:
             outcomes = await self._writer(mq.method, batch)
-            finished = True
+        except asyncio.CancelledError:
+            self._flush_cancelled(mq, start, batch)
+            raise
+        except Exception as exc:
+            self._writer_raised(mq, batch, exc)
+        else:
             if outcomes is None or all(outcome is _OK for outcome in outcomes):
                 for write in batch:
                     done = write.done
@@ -358,42 +367,74 @@ class Batcher:
             else:
                 for write, outcome in zip(batch, outcomes, strict=True):
                     write.settle(outcome)
+        if id(batch) in self._abandoned:
+            self._abandoned.discard(id(batch))
+        else:
+            mq.flushes.observe(len(batch), loop.time() - began)
+            self._finish(mq, start, batch)
+
+    async def _run_lone(self, mq: MethodQueue, start: int, batch: list[PendingWrite]) -> Outcome | None:
+        """Write the one write of ``batch`` in its caller's task (:meth:`write_alone`) and answer
+        its outcome (``None`` for a write-behind write): :meth:`_run_flush` for a batch of one,
+        without its loops."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        write = batch[0]
+        done = write.done
+        try:
+            outcomes = await self._writer(mq.method, batch)
         except asyncio.CancelledError:
-            if id(batch) not in self._abandoned:
-                self._unwritten.extend(batch)
-            cancelled = True
-            if lone:
-                self._after_cancelled_lone_flush(mq)
+            self._flush_cancelled(mq, start, batch)
+            self._after_cancelled_lone_flush(mq)
             raise
         except Exception as exc:
-            self.failed += len(batch)
-            self._failed.labels(self.store_name, mq.method).inc(len(batch))
-            logger.error(
-                "batch writer for %s on store %r raised %s; %d writes counted as failed",
-                mq.method,
-                self.store_name,
-                type(exc).__qualname__,
-                len(batch),
-                extra={
-                    "event": "batch_writer_failed",
-                    "store": self.store_name,
-                    "method": mq.method,
-                    "error_type": type(exc).__qualname__,
-                    "writes": len(batch),
-                },
-            )
-            for write in batch:
-                write.settle(Outcome.FALLBACK)
-            finished = True
-        finally:
-            if id(batch) in self._abandoned:
-                self._abandoned.discard(id(batch))
-            else:
-                if finished:
-                    mq.flushes.observe(len(batch), loop.time() - began)
-                self._finish(mq, start, batch, pump=not cancelled)
-        done = batch[0].done if lone else None
-        return None if done is None else await done
+            self._writer_raised(mq, batch, exc)  # settles the write FALLBACK
+        else:
+            if done is not None and not done.done():
+                done.set_result(_OK if outcomes is None else outcomes[0])
+        if id(batch) in self._abandoned:
+            # aclose() handed the write to the owner meanwhile: the owner's verdict stands.
+            self._abandoned.discard(id(batch))
+            return None if done is None else await done
+        mq.flushes.observe_one(loop.time() - began)
+        if mq.scopes or mq.flush_waiters or mq.queue or self._space.waiters:
+            self._finish(mq, start, batch)
+        else:  # _finish(mq, start, batch) when nothing waits for the write or behind it, inline
+            del mq.in_flight[start]
+            mq.active -= 1
+            self._space.pending -= 1
+        return None if done is None else done.result()
+
+    def _flush_cancelled(self, mq: MethodQueue, start: int, batch: list[PendingWrite]) -> None:
+        """A flush was cancelled: its writes go back to the owner (unless :meth:`aclose` already
+        handed them over) and leave the batcher; the next flush is not started."""
+        if id(batch) in self._abandoned:
+            self._abandoned.discard(id(batch))
+            return
+        self._unwritten.extend(batch)
+        self._finish(mq, start, batch, pump=False)
+
+    def _writer_raised(self, mq: MethodQueue, batch: list[PendingWrite], exc: Exception) -> None:
+        """The writer raised (a bug in it): log the error type (never payloads), count the writes
+        as failed and answer them ``FALLBACK``."""
+        self.failed += len(batch)
+        self._failed.labels(self.store_name, mq.method).inc(len(batch))
+        logger.error(
+            "batch writer for %s on store %r raised %s; %d writes counted as failed",
+            mq.method,
+            self.store_name,
+            type(exc).__qualname__,
+            len(batch),
+            extra={
+                "event": "batch_writer_failed",
+                "store": self.store_name,
+                "method": mq.method,
+                "error_type": type(exc).__qualname__,
+                "writes": len(batch),
+            },
+        )
+        for write in batch:
+            write.settle(Outcome.FALLBACK)
 
     def _finish(self, mq: MethodQueue, start: int, batch: list[PendingWrite], *, pump: bool = True) -> None:
         """A batch left the batcher: free its slots, settle its scopes, wake flush waiters, go on."""

@@ -8,6 +8,7 @@ lone writer under group commit) is the usual flush at low concurrency, so its co
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
 
 from prometheus_client.core import HistogramMetricFamily, Metric
@@ -21,14 +22,23 @@ from .per_registry import PerRegistry, registered
 class FlushSeries:
     """The flushes of one (store, method): their sizes and durations."""
 
-    __slots__ = ("duration", "size")
+    __slots__ = ("_one", "duration", "size")
 
     def __init__(self) -> None:
         self.size = DurationSeries(names.BATCH_SIZE_BUCKETS)
         self.duration = DurationSeries(names.CALL_DURATION_BUCKETS)
+        self._one = bisect_left(names.BATCH_SIZE_BUCKETS, 1)
+        """The size bucket of a flush of one write."""
 
     def observe(self, writes: int, seconds: float) -> None:
         self.size.observe(writes)
+        self.duration.observe(seconds)
+
+    def observe_one(self, seconds: float) -> None:
+        """:meth:`observe` of a flush of one write (a lone writer's), its size bucket known."""
+        size = self.size
+        size.counts[self._one] += 1
+        size.total += 1
         self.duration.observe(seconds)
 
 

@@ -91,3 +91,16 @@ async def test_a_raising_writer_is_contained_counted_and_logged_without_payloads
     assert all(SECRET not in repr(vars(record)) for record in records)
     assert sample(registry, "guarded_batch_size_count", store="test", method="save_event") == 2
     await batcher.aclose()
+
+
+def test_a_flush_of_one_is_observed_as_any_flush_of_one_write() -> None:
+    from guarded.observability.batch_stats import FlushSeries
+
+    general, lone = FlushSeries(), FlushSeries()
+    for seconds in (0.0001, 0.002, 0.3, 7.0):
+        general.observe(1, seconds)
+        lone.observe_one(seconds)
+    assert lone.size.counts == general.size.counts
+    assert lone.size.total == general.size.total == 4
+    assert lone.duration.counts == general.duration.counts
+    assert lone.duration.total == general.duration.total
