@@ -52,14 +52,14 @@ class CircuitBreakerLayer:
             except BaseException:
                 breaker.release(ticket)
                 raise
-            breaker.record(ticket, failed=False, duration=call.loop.time() - call.started - call.queued)
+            breaker.record_success(ticket, call.loop.time() - call.started - call.queued)
             return result
 
         return guarded_by_breaker
 
     def hooks(self, method: MethodSetup) -> Hooks:
         """Admission before the call, its success recorded after (a refusal takes the chain)."""
-        allow, record, release = self.breaker.allow, self.breaker.record, self.breaker.release
+        allow, record_success, release = self.breaker.allow, self.breaker.record_success, self.breaker.release
 
         def admit(call: Call) -> bool:
             ticket = allow()
@@ -76,7 +76,7 @@ class CircuitBreakerLayer:
             ticket = call.ticket
             call.ticket = None
             assert ticket is not None
-            record(ticket, failed=False, duration=call.loop.time() - call.started - call.queued)
+            record_success(ticket, call.loop.time() - call.started - call.queued)
             return result
 
         return Hooks(before=admit, undo=give_back, after=succeeded)

@@ -61,6 +61,19 @@ class _CountWindow:
             self.failures += failed
             self.slow += slow
 
+    def add_ok(self, now: float) -> None:
+        """:meth:`add` of a call that neither failed nor was slow."""
+        position = self._next
+        self._next = (position + 1) % self._size
+        if self.calls == self._size:
+            old = self._codes[position]
+            if old:
+                self.failures -= old & 1
+                self.slow -= old >> 1
+                self._codes[position] = 0
+        else:
+            self.calls += 1
+
     def expire(self, now: float) -> None:
         return None
 
@@ -87,6 +100,9 @@ class _TimeWindow:
         self.calls += 1
         self.failures += failed
         self.slow += slow
+
+    def add_ok(self, now: float) -> None:
+        self.add(False, False, now)
 
     def expire(self, now: float) -> None:
         horizon = int(now) - self._seconds
@@ -201,6 +217,18 @@ class CircuitBreaker:
                     self._open()
                 else:
                     self._close()
+
+    def record_success(self, ticket: int, duration: float) -> None:
+        """:meth:`record` of a call that did not fail (the usual case first)."""
+        if ticket != self._generation:
+            return
+        if self._state is _CLOSED and duration < self._slow_call_duration:
+            window = self._window
+            window.add_ok(self._clock() if self._window_is_timed else 0.0)
+            if window.calls <= self._minimum_calls and self._tripped(window.calls, window.failures, window.slow):
+                self._open()
+            return
+        self.record(ticket, failed=False, duration=duration)
 
     def release(self, ticket: int) -> None:
         """Give back an admission without a result (the call was cancelled or its error is ignored)."""
