@@ -9,7 +9,7 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -60,6 +60,18 @@ Writer: TypeAlias = Callable[[str, Sequence[PendingWrite]], Awaitable[Sequence[O
 not raise: it handles failures itself (retry, dead-letter). If it raises anyway, the batcher logs
 the error type (never payloads), counts the writes in :attr:`Batcher.failed`, settles them
 ``FALLBACK`` (not kept) and frees their space; they are not returned to the owner."""
+
+
+class LoneWriter(Protocol):
+    """What a writer may offer for a batch of one written in its caller's task (a lone writer
+    under group commit), so that the write's own call is awaited with no frame of the writer's."""
+
+    def start_one(self, write: PendingWrite) -> Awaitable[Any] | None:
+        """The write's call, started (``None``: write it through the writer itself); never raises."""
+
+    def one_failed(self, write: PendingWrite, exc: BaseException) -> Awaitable[Sequence[Outcome] | None]:
+        """The writer's outcomes for the write whose started call failed with ``exc``; raises a
+        cancellation of the flush."""
 
 
 # --- metrics ----------------------------------------------------------------------------------------
@@ -168,6 +180,7 @@ __all__ = [
     "NO_ROOM",
     "QUEUED",
     "Instruments",
+    "LoneWriter",
     "MethodQueue",
     "PendingWrite",
     "ScopeEntry",

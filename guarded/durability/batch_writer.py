@@ -169,24 +169,19 @@ class BatchWriter:
             # out as the single write, in this task: the bulk form of one row costs more round
             # trips (a one-row COPY).
             write = writes[0]
-            if write.method not in self._keyed_appends and _ITEM_KEYS.get() is None:
-                # _write_one's usual case, inline (a frame less per lone write).
+            started = self.start_one(write)
+            if started is not None:
                 try:
-                    await self._run(
-                        self._offered_names.get(write.method) or self.offered(write.method),
-                        write.args,
-                        write.kwargs,
-                    )
+                    await started
                     return None
                 except BaseException as exc:
-                    written = await self._write_failed(write, exc)
-            else:
-                written = await self._write_one(write)
+                    return await self.one_failed(write, exc)
+            written = await self._write_one(write)
             if written is _OK:
                 return None
             if isinstance(written, Outcome):
                 return [written]
-            return await self.dead_letter_writes([(writes[0], written)])
+            return await self.dead_letter_writes([(write, written)])
         bulk = bulk_method_for(self._target, method)
         if bulk is not None:
             try:
@@ -203,6 +198,28 @@ class BatchWriter:
                     return await self.dead_letter_writes([(write, exc) for write in writes])
                 # One bad write rejects the whole bulk call: write one by one to find it.
         return await self._write_singles(writes)
+
+    def start_one(self, write: PendingWrite) -> Awaitable[Any] | None:
+        """The lone write ``write`` as its single call, started: the awaitable to await, whose
+        failure goes to :meth:`one_failed`; ``None`` when the write needs more around its call (an
+        item key) and goes through the writer itself. Never raises."""
+        method = write.method
+        if method in self._keyed_appends or _ITEM_KEYS.get() is not None:
+            return None
+        try:
+            return self._run(
+                self._offered_names.get(method) or self.offered(method), write.args, write.kwargs
+            )
+        except BaseException as exc:
+            return _raise(exc)
+
+    async def one_failed(self, write: PendingWrite, exc: BaseException) -> list[Outcome]:
+        """The writer's answer for a lone write whose call (:meth:`start_one`) failed with ``exc``:
+        parked as bad data, or dead-lettered; a cancellation of the flush is raised."""
+        written = await self._write_failed(write, exc)
+        if isinstance(written, Outcome):
+            return [written]
+        return await self.dead_letter_writes([(write, written)])
 
     async def _write_singles(self, writes: Sequence[PendingWrite]) -> list[Outcome]:
         limit = asyncio.Semaphore(self._single_write_concurrency)
@@ -252,6 +269,10 @@ class BatchWriter:
             await self._park(write.method, write.args, write.kwargs, exc)
             return _REJECTED
         return exc
+
+
+async def _raise(exc: BaseException) -> Any:
+    raise exc
 
 
 def _raised_by_store(exc: BaseException) -> bool:

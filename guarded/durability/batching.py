@@ -67,6 +67,7 @@ from .batch_queue import (
     ALONE,
     NO_ROOM,
     QUEUED,
+    LoneWriter,
     MethodQueue,
     PendingWrite,
     ScopeEntry,
@@ -97,8 +98,11 @@ class Batcher:
         store_name: str,
         registry: CollectorRegistry = REGISTRY,
         ordered: Collection[str] = (),
+        lone: LoneWriter | None = None,
     ) -> None:
         self.config = config
+        self._lone = lone
+        """How ``writer`` writes a batch of one in its caller's task, when it says."""
         self._ordered = frozenset(ordered)
         self.store_name = store_name
         self._writer = writer
@@ -381,8 +385,16 @@ class Batcher:
         began = loop.time()
         write = batch[0]
         done = write.done
+        lone = self._lone
         try:
-            outcomes = await self._writer(mq.method, batch)
+            if lone is not None and (started := lone.start_one(write)) is not None:
+                try:
+                    await started
+                    outcomes = None
+                except BaseException as exc:
+                    outcomes = await lone.one_failed(write, exc)
+            else:
+                outcomes = await self._writer(mq.method, batch)
         except asyncio.CancelledError:
             self._flush_cancelled(mq, start, batch)
             self._after_cancelled_lone_flush(mq)

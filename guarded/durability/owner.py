@@ -120,6 +120,7 @@ class Durability:
                 store_name=store_name,
                 registry=registry,
                 ordered=[policy.name for policy in policies if policy.ordered],
+                lone=self.writes,
             )
             if config.batching.enabled and self.buffer is not None
             else None

@@ -225,7 +225,9 @@ class CircuitBreaker:
         if self._state is _CLOSED and duration < self._slow_call_duration:
             window = self._window
             window.add_ok(self._clock() if self._window_is_timed else 0.0)
-            if window.calls <= self._minimum_calls and self._tripped(window.calls, window.failures, window.slow):
+            if window.calls <= self._minimum_calls and self._tripped(
+                window.calls, window.failures, window.slow
+            ):
                 self._open()
             return
         self.record(ticket, failed=False, duration=duration)
