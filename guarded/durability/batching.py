@@ -362,6 +362,9 @@ class Batcher:
             raise
         except Exception as exc:
             self._writer_raised(mq, batch, exc)
+        except BaseException:
+            self._flush_ended_raising(mq, start, batch)
+            raise
         else:
             if outcomes is None or all(outcome is _OK for outcome in outcomes):
                 for write in batch:
@@ -401,9 +404,12 @@ class Batcher:
             raise
         except Exception as exc:
             self._writer_raised(mq, batch, exc)  # settles the write FALLBACK
+        except BaseException:
+            self._flush_ended_raising(mq, start, batch)
+            raise
         else:
             if done is not None and not done.done():
-                done.set_result(_OK if outcomes is None else outcomes[0])
+                done.set_result(outcomes[0] if outcomes else _OK)
         if id(batch) in self._abandoned:
             # aclose() handed the write to the owner meanwhile: the owner's verdict stands.
             self._abandoned.discard(id(batch))
@@ -425,6 +431,15 @@ class Batcher:
             return
         self._unwritten.extend(batch)
         self._finish(mq, start, batch, pump=False)
+
+    def _flush_ended_raising(self, mq: MethodQueue, start: int, batch: list[PendingWrite]) -> None:
+        """A flush ended with neither a failure the writer answers nor a cancellation (a
+        ``BaseException`` such as ``SystemExit``, or its coroutine closed): its writes leave the
+        batcher (unless :meth:`aclose` already handed them over) and the next flush may start."""
+        if id(batch) in self._abandoned:
+            self._abandoned.discard(id(batch))
+        else:
+            self._finish(mq, start, batch)
 
     def _writer_raised(self, mq: MethodQueue, batch: list[PendingWrite], exc: Exception) -> None:
         """The writer raised (a bug in it): log the error type (never payloads), count the writes

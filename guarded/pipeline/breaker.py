@@ -46,23 +46,14 @@ class _CountWindow:
         self.calls = self.failures = self.slow = 0
 
     def add(self, failed: bool, slow: bool, now: float) -> None:
-        position = self._next
-        self._next = (position + 1) % self._size
-        if self.calls == self._size:
-            old = self._codes[position]
-            if old:
-                self.failures -= old & 1
-                self.slow -= old >> 1
-        else:
-            self.calls += 1
-        code = failed | slow << 1
-        self._codes[position] = code
-        if code:
+        position = self.add_ok(now)
+        if failed or slow:
+            self._codes[position] = failed | slow << 1
             self.failures += failed
             self.slow += slow
 
-    def add_ok(self, now: float) -> None:
-        """:meth:`add` of a call that neither failed nor was slow."""
+    def add_ok(self, now: float) -> int:
+        """:meth:`add` of a call that neither failed nor was slow; the call's position in the ring."""
         position = self._next
         self._next = (position + 1) % self._size
         if self.calls == self._size:
@@ -73,6 +64,7 @@ class _CountWindow:
                 self._codes[position] = 0
         else:
             self.calls += 1
+        return position
 
     def expire(self, now: float) -> None:
         return None

@@ -40,8 +40,8 @@ class ScriptedLone:
 
     async def one_failed(self, write: PendingWrite, exc: BaseException) -> Sequence[Outcome] | None:
         self.failures.append((write, exc))
-        if isinstance(exc, asyncio.CancelledError):
-            raise exc
+        if not isinstance(exc, Exception):
+            raise exc  # as the guard's writer does: a cancellation, or worse, is not a write's failure
         return self.failed_answer
 
     async def __call__(self, method: str, writes: Sequence[PendingWrite]) -> None:
@@ -54,9 +54,13 @@ def make(lone: ScriptedLone) -> Batcher:
     )
 
 
-def committed(write: PendingWrite) -> PendingWrite:
+def offered_alone(lone: ScriptedLone) -> tuple[Batcher, PendingWrite]:
+    """A batcher over ``lone`` and a group-commit write it has just answered ``ALONE`` for."""
+    batcher = make(lone)
+    write = event_write("t")
     write.done = asyncio.get_running_loop().create_future()
-    return write
+    assert batcher.offer(write) == ALONE
+    return batcher, write
 
 
 async def ok() -> None:
@@ -65,9 +69,7 @@ async def ok() -> None:
 
 async def test_a_lone_write_awaits_its_own_call_and_never_reaches_the_writer() -> None:
     lone = ScriptedLone(ok)
-    batcher = make(lone)
-    write = committed(event_write("t"))
-    assert batcher.offer(write) == ALONE
+    batcher, write = offered_alone(lone)
     assert await batcher.write_alone("save_event") is Outcome.OK
     assert lone.started == [write]
     assert lone.written == []
@@ -82,9 +84,7 @@ async def test_a_failed_lone_call_is_answered_by_one_failed() -> None:
         raise failure
 
     lone = ScriptedLone(failing, failed_answer=[Outcome.DEAD_LETTERED])
-    batcher = make(lone)
-    write = committed(event_write("t"))
-    assert batcher.offer(write) == ALONE
+    batcher, write = offered_alone(lone)
     assert await batcher.write_alone("save_event") is Outcome.DEAD_LETTERED
     assert lone.failures == [(write, failure)]
     assert batcher.pending == 0
@@ -92,9 +92,7 @@ async def test_a_failed_lone_call_is_answered_by_one_failed() -> None:
 
 async def test_a_declined_lone_write_goes_through_the_writer() -> None:
     lone = ScriptedLone(None)
-    batcher = make(lone)
-    write = committed(event_write("t"))
-    assert batcher.offer(write) == ALONE
+    batcher, write = offered_alone(lone)
     assert await batcher.write_alone("save_event") is Outcome.OK
     assert lone.written == [("save_event", [write])]
 
@@ -106,9 +104,7 @@ async def test_a_lone_write_abandoned_by_aclose_answers_the_owners_verdict() -> 
         await release.wait()
 
     lone = ScriptedLone(stalled)
-    batcher = make(lone)
-    write = committed(event_write("t"))
-    assert batcher.offer(write) == ALONE
+    batcher, write = offered_alone(lone)
     caller = asyncio.create_task(batcher.write_alone("save_event"))
     await asyncio.sleep(0)
     assert await batcher.aclose(timeout=0.05) == 1, "the stalled lone write is still in flight"
@@ -123,9 +119,7 @@ async def test_a_lone_write_abandoned_by_aclose_answers_the_owners_verdict() -> 
 
 async def test_a_lone_writer_cancelled_in_its_call_hands_the_write_back() -> None:
     lone = ScriptedLone(lambda: asyncio.sleep(LONG))
-    batcher = make(lone)
-    write = committed(event_write("t"))
-    assert batcher.offer(write) == ALONE
+    batcher, write = offered_alone(lone)
     caller = asyncio.create_task(batcher.write_alone("save_event"))
     await asyncio.sleep(0)
     caller.cancel()
@@ -134,3 +128,45 @@ async def test_a_lone_writer_cancelled_in_its_call_hands_the_write_back() -> Non
     assert [type(exc) for _, exc in lone.failures] == [asyncio.CancelledError]
     assert batcher.drain_unwritten() == [write]
     assert batcher.pending == 0
+
+
+class Boom(BaseException):
+    """Neither a failure a writer answers nor a cancellation (as ``SystemExit`` is)."""
+
+
+async def test_a_lone_write_ending_in_a_base_exception_leaves_the_method_free() -> None:
+    calls = 0
+
+    async def boom_once() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise Boom
+
+    lone = ScriptedLone(boom_once)
+    batcher, _ = offered_alone(lone)
+    with pytest.raises(Boom):
+        await batcher.write_alone("save_event")
+    assert batcher.pending == 0, "the write left the batcher"
+    second = event_write("t", 1)
+    second.done = asyncio.get_running_loop().create_future()
+    assert batcher.offer(second) == ALONE, "no flush of the method is left running"
+    assert await batcher.write_alone("save_event") is Outcome.OK
+    await asyncio.wait_for(batcher.flush(), 5.0)
+
+
+class BoomWriter:
+    async def __call__(self, method: str, writes: Sequence[PendingWrite]) -> None:
+        await asyncio.sleep(0)
+        raise Boom
+
+
+async def test_a_flush_ending_in_a_base_exception_leaves_the_method_free() -> None:
+    batcher = Batcher(
+        BatchConfig(max_delay=LONG), BoomWriter(), store_name="boom", registry=CollectorRegistry()
+    )
+    writes = [event_write("t", index) for index in range(2)]  # write-behind: acknowledged when queued
+    for write in writes:
+        assert await batcher.submit(write, deadline=asyncio.get_running_loop().time() + LONG)
+    await asyncio.wait_for(batcher.flush(), 5.0)
+    assert batcher.pending == 0, "the flush's writes left the batcher"
