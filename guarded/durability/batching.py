@@ -362,8 +362,8 @@ class Batcher:
             raise
         except Exception as exc:
             self._writer_raised(mq, batch, exc)
-        except BaseException:
-            self._flush_ended_raising(mq, start, batch)
+        except BaseException as exc:
+            self._flush_ended_raising(mq, start, batch, exc, lone=False)
             raise
         else:
             if outcomes is None or all(outcome is _OK for outcome in outcomes):
@@ -404,8 +404,8 @@ class Batcher:
             raise
         except Exception as exc:
             self._writer_raised(mq, batch, exc)  # settles the write FALLBACK
-        except BaseException:
-            self._flush_ended_raising(mq, start, batch)
+        except BaseException as exc:
+            self._flush_ended_raising(mq, start, batch, exc, lone=True)
             raise
         else:
             if done is not None and not done.done():
@@ -432,14 +432,24 @@ class Batcher:
         self._unwritten.extend(batch)
         self._finish(mq, start, batch, pump=False)
 
-    def _flush_ended_raising(self, mq: MethodQueue, start: int, batch: list[PendingWrite]) -> None:
+    def _flush_ended_raising(
+        self, mq: MethodQueue, start: int, batch: list[PendingWrite], exc: BaseException, *, lone: bool
+    ) -> None:
         """A flush ended with neither a failure the writer answers nor a cancellation (a
-        ``BaseException`` such as ``SystemExit``, or its coroutine closed): its writes leave the
-        batcher (unless :meth:`aclose` already handed them over) and the next flush may start."""
+        ``BaseException`` such as ``SystemExit``, or its coroutine closed): whether its writes were
+        written is unknown, so they go back to the owner (kept at close: delivered at least once),
+        the callers waiting for a flush task's batch meet ``exc`` as a lone writer does, and the
+        method is free for the next flush (unless :meth:`aclose` already handed the writes over)."""
         if id(batch) in self._abandoned:
             self._abandoned.discard(id(batch))
-        else:
-            self._finish(mq, start, batch)
+            return
+        self._unwritten.extend(batch)
+        if not lone:
+            for write in batch:
+                done = write.done
+                if done is not None and not done.done():
+                    done.set_exception(exc)
+        self._finish(mq, start, batch)
 
     def _writer_raised(self, mq: MethodQueue, batch: list[PendingWrite], exc: Exception) -> None:
         """The writer raised (a bug in it): log the error type (never payloads), count the writes

@@ -165,8 +165,37 @@ async def test_a_flush_ending_in_a_base_exception_leaves_the_method_free() -> No
     batcher = Batcher(
         BatchConfig(max_delay=LONG), BoomWriter(), store_name="boom", registry=CollectorRegistry()
     )
-    writes = [event_write("t", index) for index in range(2)]  # write-behind: acknowledged when queued
-    for write in writes:
+    acknowledged = [event_write("t", index) for index in range(2)]  # write-behind: acknowledged when queued
+    for write in acknowledged:
         assert await batcher.submit(write, deadline=asyncio.get_running_loop().time() + LONG)
     await asyncio.wait_for(batcher.flush(), 5.0)
     assert batcher.pending == 0, "the flush's writes left the batcher"
+    assert batcher.drain_unwritten() == acknowledged, (
+        "acknowledged writes go back to the owner, kept at close"
+    )
+
+
+async def test_the_callers_of_a_flush_ending_in_a_base_exception_meet_it_instead_of_waiting() -> None:
+    gate = asyncio.Event()
+
+    class GatedBoom(ScriptedLone):
+        async def __call__(self, method: str, writes: Sequence[PendingWrite]) -> None:
+            await asyncio.sleep(0)
+            raise Boom
+
+    lone = GatedBoom(gate.wait)
+    batcher, _ = offered_alone(lone)
+    leader = asyncio.create_task(batcher.write_alone("save_event"))
+    await asyncio.sleep(0)
+    behind = [event_write("t", index) for index in (1, 2)]
+    for write in behind:
+        write.done = asyncio.get_running_loop().create_future()
+        batcher.offer(write)
+    gate.set()
+    assert await leader is Outcome.OK
+    for write in behind:
+        assert write.done is not None
+        with pytest.raises(Boom):
+            await asyncio.wait_for(write.done, 5.0)
+    assert batcher.pending == 0
+    assert batcher.drain_unwritten() == behind, "their fate is unknown: the owner keeps them"
