@@ -22,6 +22,7 @@ from ..errors import InvalidPayloadError
 from ..observability.failure_log import OperationalErrors
 from ..outcome import Outcome
 from ..pipeline.classify import error_type, is_programming_error, no_wait_fixes
+from ..pipeline.compiled import raising
 from ..pipeline.idempotency import ITEM_KEYS as _ITEM_KEYS
 from ..pipeline.idempotency import WRITE_KEY_ARGUMENT, item_keys
 from ..policy_table import PolicyTable
@@ -211,7 +212,7 @@ class BatchWriter:
                 self._offered_names.get(method) or self.offered(method), write.args, write.kwargs
             )
         except BaseException as exc:
-            return _raise(exc)
+            return raising(exc)
 
     async def one_failed(self, write: PendingWrite, exc: BaseException) -> list[Outcome]:
         """The writer's answer for a lone write whose call (:meth:`start_one`) failed with ``exc``:
@@ -269,10 +270,6 @@ class BatchWriter:
             await self._park(write.method, write.args, write.kwargs, exc)
             return _REJECTED
         return exc
-
-
-async def _raise(exc: BaseException) -> Any:
-    raise exc
 
 
 def _raised_by_store(exc: BaseException) -> bool:

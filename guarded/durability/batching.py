@@ -173,22 +173,22 @@ class Batcher:
         if space.pending < space.capacity and not space.waiters and not space.closed:
             space.pending += 1  # space.take_now(), inline: this runs once per write
             mq = self._queues.get(write.method)
-            if mq is not None and mq.eager and mq.active and write.done is not None:
-                # _enqueue's group-commit case while a flush runs, inline (once per write under load).
+            if mq is not None and mq.eager and write.done is not None:
+                # _enqueue's group-commit cases, inline (once per write).
                 queue = mq.queue
-                queue.append(write)
-                if (
-                    mq.timer is None
-                    and not mq.due
-                    and len(queue) >= self._parallel_at
-                    and mq.active < self._limit(mq)
-                ):
-                    mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
-                return QUEUED
-            if mq is not None and mq.eager and not mq.queue and mq.timer is None and write.done is not None:
-                # _enqueue's lone case, inline (once per write at low concurrency).
-                mq.queue.append(write)
-                return ALONE
+                if mq.active:  # a flush runs: the write joins the next batch
+                    queue.append(write)
+                    if (
+                        mq.timer is None
+                        and not mq.due
+                        and len(queue) >= self._parallel_at
+                        and mq.active < self._limit(mq)
+                    ):
+                        mq.timer = asyncio.get_running_loop().call_soon(self._on_timer, mq)
+                    return QUEUED
+                if not queue and mq.timer is None:  # nothing runs or waits: the caller writes it
+                    queue.append(write)
+                    return ALONE
             return QUEUED if self._enqueue(write) is None else ALONE
         return NO_ROOM
 

@@ -399,14 +399,16 @@ def preloadable(backend: Service) -> Service:
         failure = call.preloaded
         if failure is not None:
             call.preloaded = None
-            return _raise(failure)
+            return raising(failure)
         return backend(call)
 
     return innermost
 
 
-async def _raise(failure: BaseException) -> Any:
+async def raising(failure: BaseException) -> Any:
+    """An awaitable that raises ``failure`` when awaited (a failure met before a call started,
+    answered where the call's own failures are)."""
     raise failure
 
 
-__all__ = ["PASS", "Attempt", "Deferred", "Hooks", "compile_method", "preloadable"]
+__all__ = ["PASS", "Attempt", "Deferred", "Hooks", "compile_method", "preloadable", "raising"]
