@@ -27,9 +27,10 @@ every side of a ratio alike.
      it is queued (docs/durability.md, "Write-behind"): the same writers and events, timed until
      :meth:`~guarded.controller.GuardController.flush` returns, so every event is written.
    * ``hand-written group commit``: the same writers, each awaiting its own event, through the
-     group commit written by hand (:mod:`benchmarks.hand_group_commit`: a queue, at most two
-     flushes at a time, the store's encoding, one ``COPY``; no guard). It shows how far returning
-     at commit, before any guard, is from ``COPY``.
+     group commit written by hand (:mod:`benchmarks.hand_group_commit`: a queue, the guard's
+     default flush concurrency, a connection kept by each flush, the store's encoding, one
+     ``COPY``; no guard). It shows how far returning at commit, before any guard, is from
+     ``COPY`` and from unbatched writes.
    * at one writer only, for reference: the bare store's ``save_event`` (no guard).
 
    Rows are counted after every repetition; a healthy run that dead-lettered anything stops the
@@ -152,6 +153,20 @@ def _driven(calls: list[list[Any]]) -> Callable[[list[float]], Awaitable[None]]:
     return lambda latencies: drive(calls, latencies)
 
 
+def _hand_run(
+    hand: HandGroupCommit, groups: Sequence[Sequence[StoredEvent]]
+) -> Callable[[list[float]], Awaitable[None]]:
+    """The hand-written group commit's writers; its connections go back to the pool at the end
+    (timed in), as the other series' guards share the pool."""
+    calls = save_calls(hand.save_event, groups)
+
+    async def run(latencies: list[float]) -> None:
+        await drive(calls, latencies)
+        await hand.release()
+
+    return run
+
+
 def build_levels(store: PostgresStateStore, closers: list[Callable[[], Awaitable[None]]]) -> list[Level]:
     """Every series at every number of writers, each guard with its own registry, all over ``store``."""
     levels = []
@@ -190,10 +205,7 @@ def build_levels(store: PostgresStateStore, closers: list[Callable[[], Awaitable
                 write_behind_registry,
             ),
             HAND: Series(
-                HAND,
-                writers,
-                total,
-                _driven(save_calls(HandGroupCommit(store.pool, SCHEMA, COLUMNS).save_event, groups)),
+                HAND, writers, total, _hand_run(HandGroupCommit(store.pool, SCHEMA, COLUMNS), groups)
             ),
         }
         if writers == 1:
@@ -332,9 +344,11 @@ async def run(dsn: str, *, repeats: int = 7, server: EmbeddedPostgres | None = N
         f"queue_size={defaults.queue_size:,}); unbatched: BatchConfig(enabled=False); store pool "
         f"max_size={pool.max_size}. COPY: encode_events (the store's own row encoding) + one "
         "copy_records_to_table, no callers. hand-written: the same callers, each awaiting its own "
-        "event, through a group commit written by hand (benchmarks/hand_group_commit.py: at most two "
-        "flushes at a time, the store's encoding, one COPY, no guard): what returning at commit "
-        "costs before any guard; x hand = group commit / hand-written. avg batch / avg flush ms: "
+        "event, through a group commit written by hand (benchmarks/hand_group_commit.py: the guard's "
+        f"default flush concurrency ({defaults.max_concurrent_flushes} at most, a further one at "
+        f"{defaults.parallel_flush_at} waiting), a connection kept by each flush, the store's encoding, "
+        "one COPY, no guard): what returning at commit costs before any guard; x hand = group commit / "
+        "hand-written, hand x unbatched = hand-written / unbatched. avg batch / avg flush ms: "
         "guarded_batch_size / guarded_batch_flush_duration_seconds.",
         "the writers alone (awaiting a no-op) cost "
         + ", ".join(
