@@ -66,6 +66,17 @@ class WriteRefusedError(GuardedError):
     counts_against_backend = False
 
 
+class GuardClosedError(GuardedError, RuntimeError):
+    """A write reached a guard that is closing or closed, past the point where it could still be
+    kept: it is refused, never answered as kept. Writing through a closed guard is the caller's
+    programming error: the call ends ``rejected`` with an ERROR record, and in strict mode this is
+    raised to it. Close a guard only once its callers are done (a framework's shutdown hook runs
+    after requests drain)."""
+
+    error_class = "programming"
+    counts_against_backend = False
+
+
 class SteeringValidationError(ValueError):
     """A steering payload does not satisfy its event type's required fields (spec 000).
 

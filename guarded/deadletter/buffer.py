@@ -47,7 +47,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from ..codec import DEFAULT_TYPES, RecordTypes
 from ..config import DeadLetterConfig
 from ..durability.bulk_forms import BATCHED_BULK_FORMS
-from ..errors import InvalidPayloadError
+from ..errors import GuardClosedError, InvalidPayloadError
 from .adoption import adopt_if_usable, adopt_orphans
 from .closing import close_link
 from .counters import BufferCounters
@@ -148,7 +148,9 @@ class DeadLetterBuffer(BufferStatus):
 
     def _check_open(self) -> None:
         if self._closing or self._link.closed:
-            raise RuntimeError(f"dead-letter buffer of store {self.store_name!r} is closed")
+            raise GuardClosedError(
+                f"the guard of store {self.store_name!r} is closed: the write was not kept"
+            )
 
     async def _prepared(self) -> None:
         """Claim the spill file left by earlier processes, or retry a failed one when due."""
