@@ -1,17 +1,18 @@
 """Adopting orphans: the slot files of processes that are gone move into a buffer's own file.
 
 An orphan is locked while it is adopted, so no two processes take it; its waiting and parked
-writes are copied into the buffer's file in one transaction (in their order, as older than any
-write of this process, only the newest per key kept, and none older than what the buffer holds or
-has written for its key), then the orphan and its WAL, shared memory and lock files are deleted.
-See :meth:`~.buffer.DeadLetterBuffer.adopt_orphans`.
+writes are copied into the buffer's file in one transaction (in their order, only the newest per
+key kept, and none older than what the buffer holds or has written for its key, by the logical
+times of the calls where both sides have one), then the orphan and its WAL, shared memory and lock
+files are deleted. See :meth:`~.buffer.DeadLetterBuffer.adopt_orphans`.
 """
 
 from __future__ import annotations
 
 import logging
 
-from .entries import index_key_of_canonical
+from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time
+from .entries import DeadLetter, index_key_of_canonical
 from .gate import Slot
 from .held import HeldIndex
 from .spill import RowInfo, SourceReadError, SpillFile, is_corruption
@@ -76,10 +77,15 @@ async def _drop_orphan(link: SpillLink, orphan: SpillFile, exc: BaseException) -
 
 
 async def _keep_and_supersede(
-    link: SpillLink, rows: list[RowInfo]
+    link: SpillLink, orphan: SpillFile, rows: list[RowInfo]
 ) -> tuple[list[RowInfo], dict[int, Slot], int]:
     """Which of an orphan's waiting ``rows`` to keep: ``(kept rows, the buffer's own waiting
-    entries they replace, how many rows were superseded)``."""
+    entries they replace, how many rows were superseded)``.
+
+    Of the orphan's writes of a key the newest is kept. Where this process also wrote the key
+    directly or holds a write of it, the logical times of the calls decide (see
+    :func:`_orphan_wins`): the orphan may be a worker that ran beside this one, so its writes are
+    not older for being adopted."""
     held: HeldIndex = link.held
     slots = {row.seq: (row.method, index_key_of_canonical(row.key)) for row in rows if row.key is not None}
     newest: dict[Slot, RowInfo] = {}
@@ -89,34 +95,68 @@ async def _keep_and_supersede(
             best = newest.get(slot)
             if best is None or (row.generation, row.stamp) >= (best.generation, best.stamp):
                 newest[slot] = row
-    contested = [
-        seq
-        for slot in newest
-        for seq, (generation, _) in held.keys.get(slot, {}).items()
-        if generation != held.generation
-    ]
-    kept_at = {entry.seq: entry.enqueued_at for entry in await link.load(contested)} if contested else {}
+    contested = [slot for slot in newest if slot in held.recent or held.keys.get(slot)]
+    theirs: dict[int, DeadLetter] = {}
+    ours: dict[int, DeadLetter] = {}
+    if contested:
+        wanted = [newest[slot].seq for slot in contested]
+        theirs = {entry.seq: entry for entry in await link.job(lambda: orphan.fetch(wanted))}
+        own = [seq for slot in contested for seq in held.keys.get(slot, {})]
+        ours = {entry.seq: entry for entry in await link.load(own)} if own else {}
     keep: list[RowInfo] = []
     victims: dict[int, Slot] = {}
     superseded = 0
     for row in rows:
         slot = slots.get(row.seq)
         if slot is not None:
-            if newest[slot] is not row or slot in held.recent:
+            if newest[slot] is not row:
                 superseded += 1
                 continue
-            ours = held.keys.get(slot)
-            if ours:
-                if any(generation == held.generation for generation, _ in ours.values()):
+            if slot in held.recent or held.keys.get(slot):
+                verdict = _orphan_wins(held, slot, row, theirs.get(row.seq), ours)
+                if verdict is None:
                     superseded += 1
                     continue
-                if all(seq in kept_at for seq in ours):
-                    if max(kept_at[seq] for seq in ours) >= row.enqueued_at:
-                        superseded += 1
-                        continue
-                    victims.update(dict.fromkeys(ours, slot))
+                victims.update(dict.fromkeys(verdict, slot))
         keep.append(row)
     return keep, victims, superseded
+
+
+def _written_at(entry: DeadLetter | None) -> int | None:
+    """The logical time a held write kept of its call (``None`` when unknown)."""
+    if entry is None:
+        return None
+    kwargs = entry.call.get("kwargs")
+    return kept_write_time(kwargs.get(WRITE_TIME_ARGUMENT)) if isinstance(kwargs, dict) else None
+
+
+def _orphan_wins(
+    held: HeldIndex, slot: Slot, row: RowInfo, theirs: DeadLetter | None, ours: dict[int, DeadLetter]
+) -> list[int] | None:
+    """Whether the orphan's newest write ``row`` of ``slot`` is newer than what this process wrote
+    directly or holds of the key: ``None`` when it is not (superseded), else the buffer's own
+    waiting entries of the key it replaces.
+
+    With a logical time on both sides the later call wins, an equal time this process's. Without
+    (a write held before logical times existed, a direct write whose time was not noted), as
+    before them: a write of this process, of its own run, wins; an own write of an earlier run
+    loses to an orphan's enqueued later."""
+    their_time = _written_at(theirs)
+    if slot in held.recent:
+        direct = held.recent_times.get(slot)
+        if their_time is None or direct is None or direct >= their_time:
+            return None
+    waiting = held.keys.get(slot)
+    if not waiting:
+        return []
+    times = [_written_at(ours.get(seq)) for seq in waiting]
+    if their_time is not None and None not in times:
+        return list(waiting) if their_time > max(time for time in times if time is not None) else None
+    if any(generation == held.generation for generation, _ in waiting.values()):
+        return None
+    if all(seq in ours for seq in waiting):
+        return list(waiting) if max(ours[seq].enqueued_at for seq in waiting) < row.enqueued_at else None
+    return []
 
 
 async def _adopt_one(link: SpillLink, orphan: SpillFile) -> int:
@@ -134,7 +174,7 @@ async def _adopt_one(link: SpillLink, orphan: SpillFile) -> int:
         await _drop_orphan(link, orphan, exc)
         return 0
     link.collect_set_aside(orphan, adopted_from=orphan.path)
-    keep, victims, superseded = await _keep_and_supersede(link, rows)
+    keep, victims, superseded = await _keep_and_supersede(link, orphan, rows)
     renumbered: dict[int, int] = {}
     for old in sorted([row.seq for row in keep] + parked_seqs):
         renumbered[old] = held.next_seq

@@ -240,26 +240,27 @@ class DeadLetterBuffer(BufferStatus):
 
     # --- last-write-wins keys ---------------------------------------------------------------------
 
-    async def supersede(self, method: str, key: Any, stamp: int) -> int:
-        """A direct write of ``(method, key)`` with call stamp ``stamp`` succeeded: drop the waiting
-        entries of that key with a smaller stamp. Returns how many were dropped.
+    async def supersede(self, method: str, key: Any, stamp: int, logical_time: int | None = None) -> int:
+        """A direct write of ``(method, key)`` with call stamp ``stamp`` (and the logical time of
+        its call, when it has one) succeeded: drop the waiting entries of that key with a smaller
+        stamp. Returns how many were dropped.
 
         Cheap when nothing of the key waits (one dictionary lookup); the guard calls it after
         every successful upsert.
         """
         slot = self.slot(method, key)
-        if slot is None or self.note_superseding(slot, stamp) is None:
+        if slot is None or self.note_superseding(slot, stamp, logical_time) is None:
             return 0
         return await self.drop_superseded(slot, stamp)
 
-    def note_superseding(self, slot: Slot, stamp: int) -> Slot | None:
+    def note_superseding(self, slot: Slot, stamp: int, logical_time: int | None = None) -> Slot | None:
         """The part of :meth:`supersede` that never waits, for the key's :meth:`slot`: the direct
         write is noted; the slot when writes of the key wait (then await :meth:`drop_superseded`),
         else ``None``."""
         held = self._held
         if held.depth:
             held.healthy_at = self._monotonic()  # the backend takes writes: failed replays count
-        note_direct_write(held, slot, stamp, remember=RECENT_WRITES)
+        note_direct_write(held, slot, stamp, remember=RECENT_WRITES, logical_time=logical_time)
         return slot if slot in held.keys else None
 
     async def drop_superseded(self, slot: Slot, stamp: int) -> int:

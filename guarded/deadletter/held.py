@@ -72,6 +72,9 @@ class HeldIndex:
         self.scopes: dict[tuple[str, str], ScopeCount] = {}
         self.recent: OrderedDict[Slot, int] = OrderedDict()
         """The stamp of the latest successful direct write of recently written keys."""
+        self.recent_times: dict[Slot, int] = {}
+        """The logical time of those direct writes, where known (the keys are among ``recent``'s):
+        what an adopted orphan's write of the key is compared with."""
         self.pending_deletes: dict[int, bool] = {}
         """Waiting entries of the file to delete once it takes writes again (value: keyed; a
         keyed one is already forgotten, an unkeyed one still counts in the depth)."""

@@ -12,15 +12,24 @@ from .held import HeldIndex
 from .spill_link import SPILL_ERRORS, SpillLink
 
 
-def note_direct_write(held: HeldIndex, slot: Slot, stamp: int, *, remember: int) -> None:
-    """A direct write of ``slot`` with call stamp ``stamp`` succeeded: remember it (the latest
-    ``remember`` keys), so an older write of the key that fails afterwards is discarded."""
+def note_direct_write(
+    held: HeldIndex, slot: Slot, stamp: int, *, remember: int, logical_time: int | None = None
+) -> None:
+    """A direct write of ``slot`` with call stamp ``stamp`` (and ``logical_time``, when known)
+    succeeded: remember it (the latest ``remember`` keys), so an older write of the key that fails
+    afterwards is discarded, and an orphan's write of it adopted later is compared with it."""
     recent = held.recent
     if recent.get(slot, stamp - 1) < stamp:
         recent[slot] = stamp
         recent.move_to_end(slot)
+        times = held.recent_times
+        if logical_time is None:
+            times.pop(slot, None)
+        else:
+            times[slot] = logical_time
         if len(recent) > remember:
-            recent.popitem(last=False)
+            forgotten, _ = recent.popitem(last=False)
+            times.pop(forgotten, None)
 
 
 async def drop_stale(link: SpillLink, slot: Slot, stamp: int) -> int:

@@ -102,8 +102,8 @@ class HeldWriteKeeper:
         """Park a write the backend refused as bad data, with its reason."""
         self.kept_kwargs = kept_kwargs
         """The arguments a batched write is kept with."""
-        self.supersede: Callable[[str, Any, int], Awaitable[int]] = buffer.supersede
-        self.note_superseding: Callable[[Slot, int], Slot | None] = buffer.note_superseding
+        self.supersede: Callable[[str, Any, int, int | None], Awaitable[int]] = buffer.supersede
+        self.note_superseding: Callable[[Slot, int, int | None], Slot | None] = buffer.note_superseding
         """:attr:`supersede` in two steps: the part that never waits answers the key's slot when
         held writes of the key wait, for :attr:`drop_superseded`."""
         self.drop_superseded: Callable[[Slot, int], Awaitable[int]] = buffer.drop_superseded

@@ -163,7 +163,7 @@ class LocalArtifactFallbackLayer:
             artifact_id = _artifact_id(result)
             if keeper is not None and artifact_id is not None:
                 # The backend has it now: a held put of the same content need not be replayed.
-                await keeper.supersede(name, artifact_id, stamp)
+                await keeper.supersede(name, artifact_id, stamp, None)
             return result
 
         return put

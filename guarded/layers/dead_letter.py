@@ -20,7 +20,7 @@ from typing import Any
 
 from ..durability.ports import DurabilityPorts
 from ..logical_time import LOGICAL_TIMES as logical_times
-from ..logical_time import WRITE_TIME_ARGUMENT, next_logical_time
+from ..logical_time import WRITE_TIME_ARGUMENT, current_logical_time, next_logical_time
 from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
@@ -113,7 +113,7 @@ class DeadLetterLayer:
             if key is not None:
                 # Even with nothing held: the buffer remembers the newest successful write of the
                 # key, so an older write of it that fails later is discarded, not replayed.
-                await supersede(name, key, stamp)
+                await supersede(name, key, stamp, current_logical_time())
             return result
 
         if key_of is not None:
@@ -160,7 +160,7 @@ class DeadLetterLayer:
         def superseded(call: Call, result: Any) -> Any:
             stamp, slot, _, _ = call.held
             try:
-                slot = None if slot is None else note_superseding(slot, stamp)
+                slot = None if slot is None else note_superseding(slot, stamp, current_logical_time())
             except BaseException:
                 give_back(call)
                 raise

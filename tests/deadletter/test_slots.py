@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from guarded.deadletter import DeadLetter, DeadLetterBuffer, SpillFile, slot_files, slot_path
 from guarded.deadletter import spill as spill_module
 from guarded.deadletter.spill import SCHEMA_VERSION, acquire_lock
+from guarded.logical_time import WRITE_TIME_ARGUMENT
 from tests.deadletter.support import config, event, put_events
 
 pytestmark = pytest.mark.asyncio
@@ -307,7 +308,10 @@ async def test_adoption_moves_waiting_and_parked_writes_in_order(tmp_path: Path)
     assert not any(exists(name + suffix) for suffix in ("", "-wal", "-shm", ".lock"))
 
 
-async def test_adopted_writes_are_older_than_any_write_of_this_process(tmp_path: Path) -> None:
+async def test_without_logical_times_adopted_writes_are_older_than_any_write_of_this_process(
+    tmp_path: Path,
+) -> None:
+    """Writes held before logical times existed, and direct writes whose time was not noted."""
     path = tmp_path / "dlq.sqlite"
 
     async def fill(target: DeadLetterBuffer) -> None:
@@ -326,6 +330,65 @@ async def test_adopted_writes_are_older_than_any_write_of_this_process(tmp_path:
         await put_memory(survivor, "c", "newer still", 0)  # any stamp of this process is newer
         assert await survivor.latest_for_key(MEMORY, "c") == (("c", {"v": "newer still"}), {})
         assert (await survivor.stats()).superseded_total == 3
+    finally:
+        await survivor.aclose()
+
+
+async def put_timed(target: DeadLetterBuffer, key: str, value: str, stamp: int, *, at: int) -> None:
+    """A held memory state whose call had logical time ``at`` (as the guard keeps it)."""
+    await target.put(MEMORY, (key, {"v": value}), {WRITE_TIME_ARGUMENT: at}, key=key, stamp=stamp, error="x")
+
+
+async def held_value(target: DeadLetterBuffer, key: str) -> Any:
+    """The value of the newest waiting memory state of ``key`` (``None`` when none waits)."""
+    call = await target.latest_for_key(MEMORY, key)
+    return None if call is None else call[0][1]["v"]
+
+
+async def test_an_orphan_of_a_worker_that_ran_beside_this_one_wins_where_its_calls_were_later(
+    tmp_path: Path,
+) -> None:
+    """Two workers on one path: the orphan's writes of ``held`` and ``direct`` were called after
+    this process's held write and direct write of those keys (their logical times are larger), so
+    they are adopted, the held one replacing this process's; the orphan's write of ``stale`` was
+    called before this process's held write of it and is superseded."""
+    path = tmp_path / "dlq.sqlite"
+
+    async def fill(target: DeadLetterBuffer) -> None:
+        await put_timed(target, "held", "orphan, later", 1, at=2_000)
+        await put_timed(target, "direct", "orphan, later", 2, at=2_000)
+        await put_timed(target, "stale", "orphan, earlier", 3, at=1_000)
+
+    await orphan(path, fill)
+    survivor = target_buffer(path)
+    try:
+        await put_timed(survivor, "held", "own, earlier", 1, at=1_500)
+        await put_timed(survivor, "stale", "own, later", 2, at=1_500)
+        await survivor.supersede(MEMORY, "direct", 3, 1_500)
+        assert await survivor.adopt_orphans() == 2
+        assert await held_value(survivor, "held") == "orphan, later"
+        assert await held_value(survivor, "direct") == "orphan, later"
+        assert await held_value(survivor, "stale") == "own, later"
+        assert len(await survivor.entries()) == 1 + 3  # slot 0's event, and one write per key
+    finally:
+        await survivor.aclose()
+
+
+async def test_an_equal_logical_time_keeps_this_processs_write(tmp_path: Path) -> None:
+    path = tmp_path / "dlq.sqlite"
+
+    async def fill(target: DeadLetterBuffer) -> None:
+        await put_timed(target, "held", "orphan", 1, at=2_000)
+        await put_timed(target, "direct", "orphan", 2, at=2_000)
+
+    await orphan(path, fill)
+    survivor = target_buffer(path)
+    try:
+        await put_timed(survivor, "held", "own", 1, at=2_000)
+        await survivor.supersede(MEMORY, "direct", 2, 2_000)
+        assert await survivor.adopt_orphans() == 0
+        assert await held_value(survivor, "held") == "own"
+        assert await held_value(survivor, "direct") is None
     finally:
         await survivor.aclose()
 

@@ -256,7 +256,27 @@ async def acknowledge(options: argparse.Namespace) -> None:
     emit(f"C {left}")
 
 
+async def memory_then_hold(dsn: str, schema: str, value: str, keys: list[str]) -> None:
+    """Ready (``R``); on SIGUSR1, save ``value`` as the memory state of each of ``keys`` (``K key``
+    once each returned), then hold (``H``) until killed."""
+    store = guard(await open_store(dsn, schema), registry=CollectorRegistry())
+    go = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, go.set)
+    await store.save_memory_state("ready", {"v": value})  # the spill slot is claimed
+    emit("R")
+    await go.wait()
+    for key in keys:
+        await store.save_memory_state(key, {"v": value})
+        emit(f"K {key}")
+    emit("H")
+    await asyncio.sleep(3600)  # until the test kills the process
+
+
 def main(argv: list[str]) -> None:
+    if argv[0] == "memory":
+        dsn, schema, value, *keys = argv[1:]
+        asyncio.run(memory_then_hold(dsn, schema, value, keys))
+        return
     if argv[0] == "readme":
         dsn, schema, count, tasks = argv[1:5]
         asyncio.run(readme(dsn, schema, int(count), int(tasks)))

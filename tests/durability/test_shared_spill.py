@@ -5,13 +5,14 @@ target (host, database, schema). Own server (it is stopped)."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.config import DeadLetterConfig, GuardConfig
-from guarded.guard import guard
+from guarded.guard import controller, guard
 from guarded.testing.postgres import EmbeddedPostgres
 from tests.postgres._outages import differences, drain_all, open_store
 from tests.postgres.conftest import new_schema_name
@@ -121,3 +122,40 @@ async def test_a_spill_file_left_for_one_schema_is_never_replayed_into_another(
         assert await drain_all(store_a, seconds=60) == 0
     problems = differences(acked, await read_back_mixed(server.dsn, schema_a))
     assert not problems, describe(problems)
+
+
+@pytest.mark.asyncio
+async def test_an_adopted_worker_s_later_writes_win_over_this_process_s_earlier_ones(
+    server: EmbeddedPostgres, schema_name: str, state_home: Path, tmp_path: Path
+) -> None:
+    """Two workers on the default spill path. This one writes ``direct`` (directly) and, during an
+    outage, ``held`` (held in its slot); the other then writes both keys (held in its own slot,
+    acknowledged) and is killed. Adopting its file, this one must deliver the other's later
+    writes, not keep its own earlier ones: the logical times of the calls decide, not which
+    process adopted whom. Found by an adversarial run, where both keys ended with the earlier value."""
+    store = guard(await open_store(server.dsn, schema_name), registry=CollectorRegistry())
+    await store.save_memory_state("direct", {"v": "earlier, this process"})
+    other = Worker(
+        ["memory", server.dsn, schema_name, "later, the other worker", "direct", "held"],
+        state_home=state_home,
+        log=tmp_path / "other.log",
+    )
+    try:
+        await eventually(lambda: other.has("R") or other.exited(), what="the other worker ready")
+        assert not other.exited(), other.stderr()
+        await asyncio.to_thread(server.stop)
+        await store.save_memory_state("held", {"v": "earlier, this process"})  # held: the server is down
+        other.process.send_signal(signal.SIGUSR1)
+        await eventually(lambda: other.has("H") or other.exited(), what="the other worker's writes held")
+        assert not other.exited(), other.stderr()
+    finally:
+        other.kill()
+    await asyncio.to_thread(server.start)
+    assert await controller(store).drain(30) == 0
+    await controller(store).aclose()
+    check = await open_store(server.dsn, schema_name)
+    try:
+        for key in ("direct", "held"):
+            assert await check.load_memory_state(key) == {"v": "later, the other worker"}, key
+    finally:
+        await check.close()

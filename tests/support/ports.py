@@ -85,7 +85,7 @@ class FakeBuffer:
     def kept_kwargs(write: PendingWrite) -> Mapping[str, Any]:
         return write.kwargs
 
-    async def supersede(self, method: str, key: Any, stamp: int) -> int:
+    async def supersede(self, method: str, key: Any, stamp: int, logical_time: int | None = None) -> int:
         self.superseded.append((method, key, stamp))
         older = [
             held for held in self.held if (held.method, held.key) == (method, key) and held.stamp < stamp
