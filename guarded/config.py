@@ -207,7 +207,7 @@ class DeadLetterConfig(_Frozen):
     adopt the files of processes that are gone. Default: ``GUARDED_DLQ_PATH`` when set, else
     ``$XDG_STATE_HOME/guarded/{name}.sqlite`` (``~/.local/state`` when ``XDG_STATE_HOME`` is unset).
     ``None`` keeps the buffer in memory only, by explicit choice: held writes die with the process
-    (one WARNING says so when the guard starts)."""
+    (one WARNING says so when the guard starts). A :class:`pathlib.Path` is taken as its text."""
     max_memory_entries: int = Field(10_000, ge=1)
     max_memory_bytes: int = Field(64 * 1024 * 1024, ge=1)
     """In-memory caps; beyond them entries live on disk only (or, without a spill file, the
@@ -230,6 +230,11 @@ class DeadLetterConfig(_Frozen):
     drain_timeout: float = Field(10.0, ge=0)
     """Seconds ``aclose()`` spends draining the buffer to the backend before leaving the rest in
     the spill file."""
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _path_as_text(cls, value: Any) -> Any:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
 
 def state_directory() -> str:

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 import guarded
 from guarded import GuardConfig, controller, guard
 from guarded.backends.memory import InMemoryStateStore
-from guarded.config import RetryConfig, TimeoutConfig, UnknownSettingError
+from guarded.config import DeadLetterConfig, RetryConfig, TimeoutConfig, UnknownSettingError
 
 
 @pytest.fixture(autouse=True)
@@ -316,3 +316,9 @@ def test_a_variable_set_empty_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.timeout.deadline == GuardConfig.model_construct().timeout.deadline
     monkeypatch.setenv("GUARDED_STRICT", "1")
     assert GuardConfig().strict is True
+
+
+def test_a_spill_path_may_be_a_pathlib_path(tmp_path: Path) -> None:
+    assert DeadLetterConfig(path=tmp_path / "dlq.sqlite").path == str(tmp_path / "dlq.sqlite")
+    with pytest.raises(ValidationError, match="path"):
+        DeadLetterConfig(path=3)  # type: ignore[arg-type]
