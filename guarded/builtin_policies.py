@@ -207,6 +207,7 @@ def state_store_policies() -> list[MethodPolicy]:
             arguments=(Argument("state", 0, "TaskState"),),
             bulk_form="save_tasks",
             bulk_item=("state",),
+            ordered_by_data=True,
         ),
         MethodPolicy(
             "list_tasks",

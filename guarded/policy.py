@@ -184,6 +184,10 @@ class MethodPolicy:
     :attr:`bulk_item` names one parameter, else of tuples of the arguments it names, in order."""
     bulk_item: tuple[str, ...] = ()
     """The parameters of this method each item of :attr:`bulk_form` carries, in signature order."""
+    ordered_by_data: bool = False
+    """Of a last-write-wins upsert: the backend orders its writes by data they carry (a task state's
+    ``updated_at``), not by the logical time of the call. An orphaned write of a key adopted from
+    another process is then kept beside this process's writes of it, for the backend to decide."""
     ordered: bool = False
     """Of a batched append: its reads follow insertion order (a ``since_id`` cursor), so its
     batches are written one at a time, never concurrently."""

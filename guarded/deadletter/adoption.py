@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time
+from ..policy_table import PolicyTable
 from .entries import DeadLetter, index_key_of_canonical
 from .gate import Slot
 from .held import HeldIndex
@@ -19,6 +20,8 @@ from .spill import RowInfo, SourceReadError, SpillFile, is_corruption
 from .spill_link import SPILL_ERRORS, SpillLink
 
 logger = logging.getLogger("guarded.deadletter")
+
+_ORDERED_BY_DATA = {policy.name: policy.ordered_by_data for policy in PolicyTable.for_state_store()}
 
 
 async def adopt_orphans(link: SpillLink) -> int:
@@ -137,10 +140,13 @@ def _orphan_wins(
     directly or holds of the key: ``None`` when it is not (superseded), else the buffer's own
     waiting entries of the key it replaces.
 
-    With a logical time on both sides the later call wins, an equal time this process's. Without
-    (a write held before logical times existed, a direct write whose time was not noted), as
-    before them: a write of this process, of its own run, wins; an own write of an earlier run
-    loses to an orphan's enqueued later."""
+    A write the backend orders by its own data (a task's ``updated_at``) is kept beside this
+    process's. Otherwise, with a logical time on both sides the later call wins, an equal time
+    this process's. Without (a write held before logical times existed, a direct write whose time
+    was not noted), as before them: a write of this process, of its own run, wins; an own write of
+    an earlier run loses to an orphan's enqueued later."""
+    if _ORDERED_BY_DATA.get(slot[0], False):
+        return []  # kept beside this process's writes of the key: the backend orders them
     their_time = _written_at(theirs)
     if slot in held.recent:
         direct = held.recent_times.get(slot)

@@ -22,6 +22,7 @@ from guarded.deadletter import DeadLetter, DeadLetterBuffer, SpillFile, slot_fil
 from guarded.deadletter import spill as spill_module
 from guarded.deadletter.spill import SCHEMA_VERSION, acquire_lock
 from guarded.logical_time import WRITE_TIME_ARGUMENT
+from guarded.models import TaskContextSnapshot, TaskState, TaskStatus, TaskType
 from tests.deadletter.support import config, event, put_events
 
 pytestmark = pytest.mark.asyncio
@@ -389,6 +390,48 @@ async def test_an_equal_logical_time_keeps_this_processs_write(tmp_path: Path) -
         assert await survivor.adopt_orphans() == 0
         assert await held_value(survivor, "held") == "own"
         assert await held_value(survivor, "direct") is None
+    finally:
+        await survivor.aclose()
+
+
+async def test_an_orphaned_task_state_is_kept_beside_this_processs_for_the_backend_to_order(
+    tmp_path: Path,
+) -> None:
+    """A task state is ordered by its ``updated_at`` in the backend, not by the logical time of
+    the call: the orphan's later call may carry an older state, so neither side supersedes the
+    other at adoption (a regression of comparing logical times for every key, found by review)."""
+    path = tmp_path / "dlq.sqlite"
+
+    async def put_task(target: DeadLetterBuffer, note: str, stamp: int, *, at: int) -> None:
+        state = TaskState(
+            task_id="task1",
+            session_id="s1",
+            status=TaskStatus.RUNNING,
+            task_type=TaskType.FOREGROUND,
+            priority=0,
+            context_snapshot=TaskContextSnapshot(session_id="s1", task_id="task1"),
+            description=note,
+        )
+        await target.put(
+            "save_task", (state,), {WRITE_TIME_ARGUMENT: at}, key="task1", stamp=stamp, error="x"
+        )
+
+    async def fill(target: DeadLetterBuffer) -> None:
+        await put_task(target, "orphan: later call, older updated_at", 1, at=2_000)
+
+    await orphan(path, fill)
+    survivor = target_buffer(path)
+    try:
+        await put_task(survivor, "own: earlier call, newer updated_at", 1, at=1_000)
+        assert await survivor.adopt_orphans() == 1
+        tasks = [entry for entry in await survivor.entries() if entry.method == "save_task"]
+        kept = [
+            note
+            for note in ("orphan: later call", "own: earlier call")
+            for entry in tasks
+            if note in str(entry.call)
+        ]
+        assert sorted(kept) == ["orphan: later call", "own: earlier call"]
     finally:
         await survivor.aclose()
 
