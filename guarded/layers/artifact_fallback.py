@@ -30,6 +30,7 @@ from typing import Any
 
 from ..durability.local_artifacts import InMemoryArtifactStore
 from ..durability.ports import DurabilityPorts
+from ..errors import GuardClosedError
 from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
@@ -193,6 +194,8 @@ class LocalArtifactFallbackLayer:
                     stamp=stamp,
                     error=error_type(exc),
                 )
+            except GuardClosedError:
+                raise  # the guard is closed: refused, never answered as kept
             except Exception:
                 logger.exception(
                     "an artifact put could not be dead-lettered; it is kept in this process only",

@@ -22,7 +22,7 @@ from guarded.config import DeadLetterConfig, GuardConfig
 from guarded.errors import GuardClosedError
 from guarded.guard import controller, guard
 from guarded.models import StateUpdate, StoredEvent, UpdateType
-from guarded.testing import strict
+from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector, strict
 from tests.postgres._outages import open_store
 from tests.support.metrics import calls
 
@@ -116,3 +116,20 @@ async def test_writes_racing_a_close_are_kept_or_refused_never_lost(pg_dsn: str,
     assert all(count == 1 for count in found.values())
     assert during > 0  # writes were made before the close ...
     assert refused > 0  # ... and refused after it
+
+
+@pytest.mark.asyncio
+async def test_an_artifact_put_the_backend_fails_after_close_is_refused(tmp_path: Path) -> None:
+    """The artifact layer kept a put it could not dead-letter in this process only and answered
+    its reference; after close that reference pointed nowhere once the process ended."""
+    backend = FaultyStore(InMemoryStateStore(), FaultPlan())
+    config = GuardConfig(dead_letter=DeadLetterConfig(path=str(tmp_path / "dlq.sqlite")))
+    registry = CollectorRegistry()
+    with strict():
+        store = guard(backend, name="closed-artifacts", config=config, registry=registry)
+    await store.artifact_store.put_bytes(b"before")
+    await controller(store).aclose()
+    fault_injector(backend).plan = FaultPlan.always(Fault.error_before(ConnectionRefusedError))
+    with pytest.raises(GuardClosedError):
+        await store.artifact_store.put_bytes(b"after the close")
+    assert calls(registry, "artifact_store.put_bytes", "rejected", store="closed-artifacts") == 1
