@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from ..codec import record_types_of
 from ..config import GuardConfig
 from ..deadletter import DeadLetterBuffer, ReplayResult
-from ..errors import InvalidPayloadError
+from ..errors import GuardClosedError, InvalidPayloadError
 from ..observability.failure_log import FailureLog, operational_errors
 from ..pipeline.breaker import BreakerState, CircuitBreaker
 from ..pipeline.classify import error_type, is_programming_error, safe_message
@@ -143,6 +143,8 @@ class Durability:
         self._replay_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._closing = False
+        self._close_begun = False
+        """``aclose()`` has begun: a write held from now on in memory only would be lost."""
         self._reported = False
         if self.buffer is not None and self.buffer.path is None:
             logger.warning(
@@ -218,8 +220,16 @@ class Durability:
         stamp: int,
         error: str,
     ) -> bool:
-        """Keep a write that failed; ``False`` when it cannot be kept (it is parked as bad data)."""
+        """Keep a write that failed; ``False`` when it cannot be kept (it is parked as bad data).
+
+        Raises :class:`~guarded.errors.GuardClosedError` once ``aclose()`` has begun and the buffer
+        holds writes in memory only: the close would drop it, so it is refused, not kept."""
         assert self.buffer is not None
+        if self._close_begun and self.buffer.spill_path is None:
+            raise GuardClosedError(
+                f"the guard of store {self.store_name!r} is closing and keeps held writes in memory "
+                "only: the write was not kept"
+            )
         try:
             await self.buffer.put(method, args, kwargs, key=key, scope=scope, stamp=stamp, error=error)
         except InvalidPayloadError as exc:
@@ -418,6 +428,7 @@ class Durability:
         """
         if self.closed:
             return 0
+        self._close_begun = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         if self.batcher is not None:

@@ -133,3 +133,45 @@ async def test_an_artifact_put_the_backend_fails_after_close_is_refused(tmp_path
     with pytest.raises(GuardClosedError):
         await store.artifact_store.put_bytes(b"after the close")
     assert calls(registry, "artifact_store.put_bytes", "rejected", store="closed-artifacts") == 1
+
+
+@pytest.mark.asyncio
+async def test_with_a_memory_only_buffer_writes_racing_a_close_land_or_are_refused() -> None:
+    """A memory-only buffer (``path=None``): a batched write arriving once the batcher closed was
+    held in memory and dropped by the close a moment later, though it returned normally and the
+    backend was healthy (40 of 60 in the adversarial run). Now it is refused."""
+    backend = InMemoryStateStore()
+    config = GuardConfig(dead_letter=DeadLetterConfig(path=None))
+    with strict():
+        store = guard(backend, name="memory-only", config=config, registry=CollectorRegistry())
+    acknowledged: list[tuple[str, str]] = []
+    refused = 0
+    stop = asyncio.Event()
+
+    async def writer(number: int) -> None:
+        nonlocal refused
+        index = 0
+        while not stop.is_set():
+            try:
+                await store.save_event(_event(f"t{number}", index))
+            except GuardClosedError:
+                refused += 1
+            else:
+                acknowledged.append((f"t{number}", f"n{index}"))
+            index += 1
+            await asyncio.sleep(0)
+
+    writers = [asyncio.create_task(writer(number)) for number in range(20)]
+    await asyncio.sleep(0.2)
+    await controller(store).aclose()
+    await asyncio.sleep(0.1)
+    stop.set()
+    await asyncio.gather(*writers)
+    found = {
+        (event.trace_id, event.node_id)
+        for number in range(20)
+        for event in await backend.load_history(f"t{number}")
+    }
+    missing = [key for key in acknowledged if key not in found]
+    assert not missing, f"{len(missing)} of {len(acknowledged)} acknowledged writes lost, e.g. {missing[:3]}"
+    assert refused > 0
