@@ -141,16 +141,25 @@ class DeadLetterBuffer(BufferStatus):
         self._commits = GroupCommit(self._link, clock)
         self._parking = Parking(self._link, clock)
         self._replaying: asyncio.Lock | None = None
+        self._removals: set[asyncio.Task[None]] = set()
         self.gate = KeyGate()
         """Orders direct writes of a last-write-wins key against its replay (see :mod:`.gate`)."""
 
     # --- state (its reports: depth, spill file, gauges, stats are in BufferStatus, .status) -------
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raise :class:`~guarded.errors.GuardClosedError` when the buffer is closing or closed."""
+        self._check_open("a held write cannot be taken out")
+
+    def removing(self, task: asyncio.Task[None]) -> None:
+        """``task`` takes a consumed write out of the buffer (:meth:`take`): closing waits for it,
+        else the spill file would keep the write and the next guard would hand it out again."""
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
+
+    def _check_open(self, refused: str = "the write was not kept") -> None:
         if self._closing or self._link.closed:
-            raise GuardClosedError(
-                f"the guard of store {self.store_name!r} is closed: the write was not kept"
-            )
+            raise GuardClosedError(f"the guard of store {self.store_name!r} is closed: {refused}")
 
     async def _prepared(self) -> None:
         """Claim the spill file left by earlier processes, or retry a failed one when due."""
@@ -283,7 +292,10 @@ class DeadLetterBuffer(BufferStatus):
 
     async def take(self, method: str, key: Any) -> Call | None:
         """Remove every waiting call of ``(method, key)`` and return the newest, decoded (``None``
-        when none waits). Used to consume a dead-lettered planner state: it is never replayed then."""
+        when none waits). Used to consume a dead-lettered planner state: it is never replayed then.
+        Raises :class:`~guarded.errors.GuardClosedError` once the buffer is closed: its spill file
+        would keep the call, and the next guard would hand it out again."""
+        self._check_open("a held write cannot be taken out")
         try:
             slot = (method, index_key(key))
         except InvalidPayloadError:
@@ -456,6 +468,8 @@ class DeadLetterBuffer(BufferStatus):
         link = self._link
         if self._closing or link.closed:
             return
+        while self._removals:
+            await asyncio.wait(set(self._removals))
         self._closing = True
         try:
             committer = self._commits.committer

@@ -17,6 +17,7 @@ Each port binds its owner's methods once: calling through a port adds no frame.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -120,7 +121,17 @@ class WaitingCount(Protocol):
 class HeldWriteLookups:
     """What the dead-letter buffer holds, for the reads that show it."""
 
-    __slots__ = ("_buffer", "latest_for_key", "pending_for_scope", "stats", "store_name", "take", "waiting")
+    __slots__ = (
+        "_buffer",
+        "check_open",
+        "latest_for_key",
+        "pending_for_scope",
+        "removing",
+        "stats",
+        "store_name",
+        "take",
+        "waiting",
+    )
 
     def __init__(self, buffer: DeadLetterBuffer) -> None:
         self._buffer = buffer
@@ -132,6 +143,10 @@ class HeldWriteLookups:
         self.pending_for_scope: Callable[[str, str], Awaitable[Sequence[Held]]] = buffer.pending_for_scope
         """The held writes of a method for one trace or session, oldest first."""
         self.take: Callable[[str, Any], Awaitable[Held | None]] = buffer.take
+        self.check_open: Callable[[], None] = buffer.check_open
+        """Raises ``GuardClosedError`` once the buffer closes (a held write can no longer be taken)."""
+        self.removing: Callable[[asyncio.Task[None]], None] = buffer.removing
+        """Register a task that takes a consumed write out: closing the buffer waits for it."""
         """Take the newest held write of a key out of the buffer (a resumed pause)."""
         self.stats: Callable[[], Awaitable[DeadLetterStats]] = buffer.stats
         """How much is held (depth, bytes in memory and on disk)."""

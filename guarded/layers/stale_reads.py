@@ -255,7 +255,6 @@ class StaleReadLayer:
         next_stamp, ensure_open = ports.next_stamp, ports.lifecycle.ensure_open
         # One consume of a held token at a time: per slot, a lock and how many consumes use it.
         turns: dict[Hashable, tuple[asyncio.Lock, list[int]]] = {}
-        removals: set[asyncio.Task[None]] = set()
 
         def leave(slot: Any, stamp: int, turn: tuple[asyncio.Lock, list[int]] | None, holding: bool) -> None:
             if turn is not None:
@@ -343,13 +342,16 @@ class StaleReadLayer:
                 except Exception as exc:
                     failure = exc
                     unconsumed = call
+                # A buffer closed meanwhile could not let the pause go (the next guard would hand
+                # it out again): refused. Else its removal is registered before any await, so a
+                # close starting from now waits for it.
+                lookups.check_open()
                 call.settle(Outcome.STALE, failure)  # the held write is newer than any copy in the backend
                 # Removed in a task of its own (the caller can no longer cancel it), still
                 # registered against replays and holding the turn until it is gone.
                 saved_at = kept_write_time(taken[1].get(WRITE_TIME_ARGUMENT))
                 task = call.loop.create_task(remove(key, slot, stamp, turn, unconsumed, saved_at))
-                removals.add(task)
-                task.add_done_callback(removals.discard)
+                lookups.removing(task)  # kept referenced, and waited for by the buffer's close
                 handed_over = True
                 return held
             finally:

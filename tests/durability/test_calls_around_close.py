@@ -175,3 +175,42 @@ async def test_with_a_memory_only_buffer_writes_racing_a_close_land_or_are_refus
     missing = [key for key in acknowledged if key not in found]
     assert not missing, f"{len(missing)} of {len(acknowledged)} acknowledged writes lost, e.g. {missing[:3]}"
     assert refused > 0
+
+
+@pytest.mark.lenient
+@pytest.mark.asyncio
+@pytest.mark.parametrize("resumed", ["while closing", "after close"])
+async def test_a_held_pause_is_resumed_once_across_a_close(tmp_path: Path, resumed: str) -> None:
+    """A pause held in the spill file, resumed through the guard while ``aclose()`` runs (the
+    backend slow to answer the consume) or after it returned, then through the next guard on the
+    path: exactly one resume gets it. The closed buffer kept the row the first resume was handed,
+    and the next guard handed it out again (second adversarial run)."""
+    backend = FaultyStore(InMemoryStateStore(), FaultPlan())
+    config = GuardConfig(dead_letter=DeadLetterConfig(path=str(tmp_path / "dlq.sqlite"), drain_timeout=0.5))
+    first = guard(backend, name="pauses", config=config, registry=CollectorRegistry())
+    await first.save_memory_state("warm", {})
+    down = Fault.error_before(ConnectionRefusedError)
+    fault_injector(backend).plan = FaultPlan.always(
+        down, methods=["save_planner_state", "save_planner_states"]
+    )
+    await first.save_planner_state("tok", {"v": "pause"})
+    if resumed == "while closing":
+        fault_injector(backend).plan = FaultPlan.script(
+            {"load_planner_state": [Fault.delay(1.0)]}, default=down
+        )
+        resume = asyncio.create_task(first.load_planner_state("tok"))
+        await asyncio.sleep(0.1)
+        await controller(first).aclose()
+        answers = [await resume]
+    else:
+        await controller(first).aclose()
+        fault_injector(backend).plan = FaultPlan()
+        answers = [await first.load_planner_state("tok")]
+    fault_injector(backend).plan = FaultPlan()
+    second = guard(backend, name="pauses", config=config, registry=CollectorRegistry())
+    try:
+        assert await controller(second).drain(5) == 0
+        answers.append(await second.load_planner_state("tok"))
+    finally:
+        await controller(second).aclose()
+    assert answers.count({"v": "pause"}) == 1, answers

@@ -51,6 +51,7 @@ class FakeBuffer:
         self.parked: list[tuple[str, tuple[Any, ...], Mapping[str, Any], BaseException]] = []
         self.superseded: list[tuple[str, Any, int]] = []
         self.taken: list[tuple[str, Any]] = []
+        self.removals: set[asyncio.Task[None]] = set()
 
     def put(self, method: str, *args: Any, key: Any = None, scope: str | None = None, **kwargs: Any) -> None:
         """Hold a write as a failed earlier call would have left it."""
@@ -123,6 +124,13 @@ class FakeBuffer:
 
     async def stats(self) -> Any:
         return SimpleNamespace(disk_bytes=self.disk_bytes, memory_bytes=0)
+
+    def check_open(self) -> None:
+        """Always open: a fake that is never closed."""
+
+    def removing(self, task: asyncio.Task[None]) -> None:
+        self.removals.add(task)
+        task.add_done_callback(self.removals.discard)
 
 
 class FakeGate:
