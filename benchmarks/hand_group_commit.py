@@ -47,24 +47,28 @@ class HandGroupCommit:
         self._queue: list[tuple[StoredEvent, asyncio.Future[None]]] = []
         self._flushes = flushes
         self._parallel_at = parallel_at
-        self._running: set[asyncio.Task[None]] = set()
+        self._flushing = 0
+        """Flushes running, counted down as a flush ends (a finished task leaves ``_tasks`` only
+        when its callbacks run, after the callers it answered may have queued again)."""
+        self._tasks: set[asyncio.Task[None]] = set()
         self._idle: list[PoolConnectionProxy[asyncpg.Record]] = []
 
     async def save_event(self, event: StoredEvent) -> None:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         self._queue.append((event, done))
-        running = len(self._running)
+        running = self._flushing
         if running == 0 or (running < self._flushes and len(self._queue) >= self._parallel_at):
+            self._flushing += 1
             task = loop.create_task(self._flush())
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         await done
 
     async def release(self) -> None:
         """Wait for the running flushes, then give their connections back to the pool."""
-        while self._running:
-            await asyncio.gather(*self._running)
+        while self._tasks:
+            await asyncio.gather(*self._tasks)
         idle, self._idle = self._idle, []
         for conn in idle:
             await self._pool.release(conn)
@@ -87,3 +91,4 @@ class HandGroupCommit:
                         done.set_result(None)
         finally:
             self._idle.append(conn)
+            self._flushing -= 1
