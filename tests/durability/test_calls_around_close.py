@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -31,6 +32,39 @@ WRITERS = 30
 
 def _event(trace_id: str, index: int) -> StoredEvent:
     return StoredEvent(trace_id, float(index), "node_end", "node", f"n{index}", {"i": index})
+
+
+async def write_through_close(
+    store: Any, writers: int, *, before: float, after: float
+) -> tuple[list[tuple[str, str]], int, int]:
+    """``writers`` tasks call ``save_event`` in a loop for ``before`` seconds, through
+    ``aclose()``, and for ``after`` seconds more. Returns the calls that returned (trace, node),
+    how many were refused with ``GuardClosedError``, and how many returned before the close."""
+    acknowledged: list[tuple[str, str]] = []
+    refused = 0
+    stop = asyncio.Event()
+
+    async def writer(number: int) -> None:
+        nonlocal refused
+        index = 0
+        while not stop.is_set():
+            try:
+                await store.save_event(_event(f"t{number}", index))
+            except GuardClosedError:
+                refused += 1
+            else:
+                acknowledged.append((f"t{number}", f"n{index}"))
+            index += 1
+            await asyncio.sleep(0)
+
+    tasks = [asyncio.create_task(writer(number)) for number in range(writers)]
+    await asyncio.sleep(before)
+    during = len(acknowledged)
+    await controller(store).aclose()
+    await asyncio.sleep(after)
+    stop.set()
+    await asyncio.gather(*tasks)
+    return acknowledged, refused, during
 
 
 @pytest.mark.lenient
@@ -75,30 +109,7 @@ async def test_writes_racing_a_close_are_kept_or_refused_never_lost(pg_dsn: str,
     returned (strict mode: a refused one raises) is in the database exactly once."""
     with strict():
         store = guard(await open_store(pg_dsn, schema_name), name="racing", registry=CollectorRegistry())
-    acknowledged: list[tuple[str, str]] = []
-    refused = 0
-    stop = asyncio.Event()
-
-    async def writer(number: int) -> None:
-        nonlocal refused
-        index = 0
-        while not stop.is_set():
-            try:
-                await store.save_event(_event(f"t{number}", index))
-            except GuardClosedError:
-                refused += 1
-            else:
-                acknowledged.append((f"t{number}", f"n{index}"))
-            index += 1
-            await asyncio.sleep(0)
-
-    writers = [asyncio.create_task(writer(number)) for number in range(WRITERS)]
-    await asyncio.sleep(0.5)
-    during = len(acknowledged)
-    await controller(store).aclose()
-    await asyncio.sleep(0.3)
-    stop.set()
-    await asyncio.gather(*writers)
+    acknowledged, refused, during = await write_through_close(store, WRITERS, before=0.5, after=0.3)
 
     second = guard(await open_store(pg_dsn, schema_name), name="racing", registry=CollectorRegistry())
     assert await controller(second).drain(30) == 0
@@ -144,29 +155,7 @@ async def test_with_a_memory_only_buffer_writes_racing_a_close_land_or_are_refus
     config = GuardConfig(dead_letter=DeadLetterConfig(path=None))
     with strict():
         store = guard(backend, name="memory-only", config=config, registry=CollectorRegistry())
-    acknowledged: list[tuple[str, str]] = []
-    refused = 0
-    stop = asyncio.Event()
-
-    async def writer(number: int) -> None:
-        nonlocal refused
-        index = 0
-        while not stop.is_set():
-            try:
-                await store.save_event(_event(f"t{number}", index))
-            except GuardClosedError:
-                refused += 1
-            else:
-                acknowledged.append((f"t{number}", f"n{index}"))
-            index += 1
-            await asyncio.sleep(0)
-
-    writers = [asyncio.create_task(writer(number)) for number in range(20)]
-    await asyncio.sleep(0.2)
-    await controller(store).aclose()
-    await asyncio.sleep(0.1)
-    stop.set()
-    await asyncio.gather(*writers)
+    acknowledged, refused, _ = await write_through_close(store, 20, before=0.2, after=0.1)
     found = {
         (event.trace_id, event.node_id)
         for number in range(20)
