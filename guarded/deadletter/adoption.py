@@ -21,7 +21,10 @@ from .spill_link import SPILL_ERRORS, SpillLink
 
 logger = logging.getLogger("guarded.deadletter")
 
-_ORDERED_BY_DATA = {policy.name: policy.ordered_by_data for policy in PolicyTable.for_state_store()}
+_ORDERED_BY_DATA = frozenset(
+    policy.name for policy in PolicyTable.for_state_store() if policy.ordered_by_data
+)
+"""Methods the backend orders by their data, not by the logical time of the call."""
 
 
 async def adopt_orphans(link: SpillLink) -> int:
@@ -98,7 +101,7 @@ async def _keep_and_supersede(
             best = newest.get(slot)
             if best is None or (row.generation, row.stamp) >= (best.generation, best.stamp):
                 newest[slot] = row
-    contested = [slot for slot in newest if slot in held.recent or held.keys.get(slot)]
+    contested = {slot for slot in newest if slot in held.recent or held.keys.get(slot)}
     theirs: dict[int, DeadLetter] = {}
     ours: dict[int, DeadLetter] = {}
     if contested:
@@ -115,7 +118,7 @@ async def _keep_and_supersede(
             if newest[slot] is not row:
                 superseded += 1
                 continue
-            if slot in held.recent or held.keys.get(slot):
+            if slot in contested:
                 verdict = _orphan_wins(held, slot, row, theirs.get(row.seq), ours)
                 if verdict is None:
                     superseded += 1
@@ -145,7 +148,7 @@ def _orphan_wins(
     this process's. Without (a write held before logical times existed, a direct write whose time
     was not noted), as before them: a write of this process, of its own run, wins; an own write of
     an earlier run loses to an orphan's enqueued later."""
-    if _ORDERED_BY_DATA.get(slot[0], False):
+    if slot[0] in _ORDERED_BY_DATA:
         return []  # kept beside this process's writes of the key: the backend orders them
     their_time = _written_at(theirs)
     if slot in held.recent:

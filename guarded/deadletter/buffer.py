@@ -295,7 +295,7 @@ class DeadLetterBuffer(BufferStatus):
         when none waits). Used to consume a dead-lettered planner state: it is never replayed then.
         Raises :class:`~guarded.errors.GuardClosedError` once the buffer is closed: its spill file
         would keep the call, and the next guard would hand it out again."""
-        self._check_open("a held write cannot be taken out")
+        self.check_open()
         try:
             slot = (method, index_key(key))
         except InvalidPayloadError:

@@ -143,11 +143,11 @@ class HeldWriteLookups:
         self.pending_for_scope: Callable[[str, str], Awaitable[Sequence[Held]]] = buffer.pending_for_scope
         """The held writes of a method for one trace or session, oldest first."""
         self.take: Callable[[str, Any], Awaitable[Held | None]] = buffer.take
+        """Take the newest held write of a key out of the buffer (a resumed pause)."""
         self.check_open: Callable[[], None] = buffer.check_open
         """Raises ``GuardClosedError`` once the buffer closes (a held write can no longer be taken)."""
         self.removing: Callable[[asyncio.Task[None]], None] = buffer.removing
         """Register a task that takes a consumed write out: closing the buffer waits for it."""
-        """Take the newest held write of a key out of the buffer (a resumed pause)."""
         self.stats: Callable[[], Awaitable[DeadLetterStats]] = buffer.stats
         """How much is held (depth, bytes in memory and on disk)."""
 
