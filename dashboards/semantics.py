@@ -16,9 +16,10 @@ ERROR_OUTCOMES: tuple[Outcome, ...] = (
     Outcome.STALE,
     Outcome.DEAD_LETTERED,
     Outcome.REJECTED,
+    Outcome.REFUSED,
 )
 """Calls the backend did not serve: the caller got a fallback, a stale value, a write parked for
-replay or a refusal of bad data. These make up the error rate and the error budget."""
+replay, a refusal of bad data or a write that could not be kept. These make up the error rate and the error budget."""
 
 SUCCESS_OUTCOMES: tuple[Outcome, ...] = (Outcome.OK, Outcome.RETRIED, Outcome.NOT_FOUND)
 """Calls the backend served; ``not_found`` is an answer ("no such key", an expired pause token),
@@ -55,6 +56,7 @@ OUTCOME_COLORS: dict[Outcome, str] = {
     Outcome.FALLBACK: "dark-red",
     Outcome.CIRCUIT_OPEN: "purple",
     Outcome.REJECTED: "semi-dark-red",
+    Outcome.REFUSED: "dark-purple",
 }
 """Fixed colours per outcome: greens served, blue answered "nothing there", warm colours failed."""
 

@@ -77,6 +77,20 @@ class GuardClosedError(GuardedError, RuntimeError):
     counts_against_backend = False
 
 
+class WriteNotKeptError(GuardedError, RuntimeError):
+    """A write the guard could not keep: the backend did not take it and the dead-letter spill file
+    could not commit it (at its byte cap, a full disk, an unusable file). Nothing already
+    acknowledged is evicted to make room; this write is refused at once instead (outcome
+    ``refused``, an ERROR record, raised in strict mode). ``reason`` says why, without payload."""
+
+    counts_against_backend = False
+
+    def __init__(self, reason: str, *, method: str | None = None) -> None:
+        self.reason = reason
+        self.method = method
+        super().__init__(f"{method}: {reason}" if method else reason)
+
+
 class SteeringValidationError(ValueError):
     """A steering payload does not satisfy its event type's required fields (spec 000).
 

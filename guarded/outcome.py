@@ -24,5 +24,10 @@ class Outcome(str, Enum):
     """A write failed and was parked in the dead-letter buffer for replay."""
     REJECTED = "rejected"
     """Refused as bad data; never retried."""
+    REFUSED = "refused"
+    """A write that could not be kept: the backend did not take it and the spill file could not
+    commit it (at its byte cap, a full disk, an unusable file), or the backend refused it as older
+    than what it holds. Never acknowledged as kept: counted, logged at ERROR, raised in strict
+    mode."""
     CANCELLED = "cancelled"
     """The caller cancelled the call; the cancellation propagated."""
