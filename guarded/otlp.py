@@ -8,11 +8,11 @@ OpenTelemetry Collector (``otel-collector.yaml``) or any OTLP backend::
     try:
         ...  # guard(store) picks the global tracer provider up, even one set after guard()
     finally:
-        if setup is not None:
-            setup.shutdown()  # flushes what is still queued
+        setup.shutdown()  # flushes what is still queued
 
-It does nothing and returns ``None`` unless an OTLP endpoint is set, and it never replaces a
-provider the application already installed. Export is OTLP over HTTP with protobuf bodies (the
+It installs nothing unless an OTLP endpoint is set (the setup it returns then exports nothing,
+says why in ``notes`` and its ``shutdown()`` does nothing), and it never replaces a provider the
+application already installed. Export is OTLP over HTTP with protobuf bodies (the
 ``opentelemetry-exporter-otlp-proto-http`` package, the ``guarded[otlp]`` extra). Header values
 (tokens, API keys) are passed to the exporter and never logged, shown in an error or kept on the
 returned object. The variables and their meaning follow the OpenTelemetry specification
@@ -108,7 +108,7 @@ class OtlpSetup:
         traces_endpoint: where spans go, without credentials or query; ``None`` when not exported.
         metrics_endpoint: where metrics go, likewise.
         global_providers: whether the providers above are the OpenTelemetry globals (``set_global``).
-        notes: why a signal with an endpoint is not exported (e.g. an application provider kept).
+        notes: why a signal is not exported (no endpoint set, an application provider kept, ...).
     """
 
     tracer_provider: TracerProvider | None
@@ -119,6 +119,11 @@ class OtlpSetup:
     notes: tuple[str, ...] = ()
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _closed: bool = field(default=False, init=False, repr=False)
+
+    @property
+    def exporting(self) -> bool:
+        """Whether any signal is exported over OTLP (``False``: OTLP export is off; ``notes`` says why)."""
+        return self.tracer_provider is not None or self.meter_provider is not None
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Export everything recorded so far; ``True`` when every provider finished in time."""
@@ -154,7 +159,7 @@ def configure_otlp_from_env(
     *,
     service_name: str | None = None,
     set_global: bool = True,
-) -> OtlpSetup | None:
+) -> OtlpSetup:
     """Export traces and metrics over OTLP when the standard environment variables ask for it.
 
     A signal is exported when ``OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT`` (used as given) or
@@ -179,8 +184,10 @@ def configure_otlp_from_env(
             spans over OTLP next to whatever the application set up.
 
     Returns:
-        ``None`` when no signal is to be exported (nothing is created or installed), else what
-        was set up; call its ``shutdown()`` before the process exits to flush.
+        What was set up; call its ``shutdown()`` before the process exits to flush. When no
+        signal is to be exported (no endpoint set, ``OTEL_SDK_DISABLED``, both exporters
+        ``none``), nothing is created or installed: the setup's ``exporting`` is ``False``, its
+        ``notes`` say why (also logged at INFO) and its ``shutdown()`` does nothing.
 
     Raises:
         OtlpConfigError: a variable holds an unusable value (the message names it).
@@ -188,13 +195,12 @@ def configure_otlp_from_env(
             (``pip install 'guarded[otlp]'``; for ``grpc``, ``opentelemetry-exporter-otlp-proto-grpc``).
     """
     if _flag(environ, "OTEL_SDK_DISABLED"):
-        return None
+        return _off("OTEL_SDK_DISABLED is true", [], set_global)
     notes: list[str] = []
-    wanted = [
-        settings for signal in ("traces", "metrics") if (settings := _export_settings(environ, signal, notes))
-    ]
+    signals: tuple[Signal, ...] = ("traces", "metrics")
+    wanted = [settings for signal in signals if (settings := _export_settings(environ, signal, notes))]
     if not wanted:
-        return None
+        return _off(_off_reason(environ, signals), notes, set_global)
     resource = _resource(environ, service_name)
     classes = {settings.signal: _exporter_class(settings) for settings in wanted}  # fail before building
     by_signal = {settings.signal: settings for settings in wanted}
@@ -231,6 +237,34 @@ def configure_otlp_from_env(
         metrics_endpoint=exported["metrics"].shown_endpoint if "metrics" in exported else None,
         global_providers=set_global,
         notes=tuple(notes),
+    )
+
+
+def _off(reason: str, notes: list[str], set_global: bool) -> OtlpSetup:
+    """The setup of a process that exports nothing over OTLP, saying why."""
+    notes.append(f"export is off: {reason}")
+    for note in notes:
+        _log.info("OTLP %s", note)
+    return OtlpSetup(
+        tracer_provider=None,
+        meter_provider=None,
+        traces_endpoint=None,
+        metrics_endpoint=None,
+        global_providers=set_global,
+        notes=tuple(notes),
+    )
+
+
+def _off_reason(environ: Mapping[str, str], signals: tuple[Signal, ...]) -> str:
+    """Why none of ``signals`` is exported, when the SDK is not disabled."""
+    with_endpoint = [signal for signal in signals if _value(environ, *_signal_variables(signal, "ENDPOINT"))]
+    if not with_endpoint:
+        return "no OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT, or a signal's own)"
+    return "; ".join(
+        f"{signal}: {_EXPORTER_VARIABLES[signal]} does not select otlp"
+        if signal in with_endpoint
+        else f"{signal}: no endpoint"
+        for signal in signals
     )
 
 
