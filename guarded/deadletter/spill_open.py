@@ -163,9 +163,9 @@ def open_read_only(cls: type[SpillFile], path: str) -> SpillFile:
         raise SpillFileError(f"no dead-letter spill file at {path!r}")
     try:
         db = _connect_read_only(path)
-    except (sqlite3.Error, OSError) as exc:
-        if isinstance(exc, sqlite3.Error):
-            raise wrap_error(exc, path, "reading") from exc
+    except sqlite3.Error as exc:
+        raise wrap_error(exc, path, "reading") from exc
+    except OSError as exc:  # copying a file a crashed writer left
         raise SpillFileError(f"cannot read dead-letter spill file {path!r}: {exc}") from exc
     with _closed_on_failure(db, path, "reading"):
         db.execute("PRAGMA busy_timeout = 5000")
