@@ -445,11 +445,23 @@ def prepare_settings(data: Mapping[str, Any], *, caller: str) -> dict[str, Any]:
     return merge_settings(environment_settings(), expand_shorthands(data))
 
 
-def build_config(config: GuardConfig | None, overrides: Mapping[str, Any]) -> GuardConfig:
+def build_config(config: GuardConfig | Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> GuardConfig:
     """The configuration of ``guard(store, config=config, **overrides)``: ``overrides`` (nested
     settings or shorthands) on top of the settings ``config`` was given, section by section, then
     the ``GUARDED_*`` environment, then the defaults. Without overrides, ``config`` as it is (a
-    ``GuardConfig`` read the environment when it was built), or ``GuardConfig()`` read now."""
+    ``GuardConfig`` read the environment when it was built), or ``GuardConfig()`` read now.
+
+    ``config`` may be a mapping of settings, validated as ``GuardConfig(**config)`` (a misspelled
+    name is an :class:`UnknownSettingError`, a bad value a ``ValidationError``); anything else is
+    a ``TypeError`` naming ``GuardConfig``."""
+    if isinstance(config, Mapping):
+        config = GuardConfig.model_validate(config)
+    elif config is not None and not isinstance(config, GuardConfig):
+        raise TypeError(
+            "config must be a GuardConfig (or a mapping of its settings), not "
+            f"{type(config).__name__}: guard(store, config=GuardConfig(...)), or settings as "
+            "keywords: guard(store, timeout=2.0)"
+        )
     if not overrides:
         return config if config is not None else GuardConfig()
     check_setting_names(overrides, caller="guard()")

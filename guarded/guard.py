@@ -326,7 +326,7 @@ def guard(
     store: S,
     *,
     name: str = "default",
-    config: GuardConfig | None = None,
+    config: GuardConfig | Mapping[str, Any] | None = None,
     policies: Mapping[str, Mapping[str, Any] | MethodPolicy] | None = None,
     registry: CollectorRegistry = REGISTRY,
     tracer_provider: TracerProvider | None = None,
@@ -342,7 +342,8 @@ def guard(
     Args:
         store: any object with async StateStore methods.
         name: the ``store`` label of metrics and ``guarded.store`` span attribute.
-        config: every tunable; production defaults when omitted.
+        config: every tunable (a :class:`~guarded.config.GuardConfig`, or a mapping of its
+            settings, validated into one); production defaults when omitted.
         policies: per-method policy overrides (a :class:`~guarded.policy.MethodPolicy`, or a mapping
             of fields to patch such as ``{"my_method": {"kind": "read", "fallback": "empty_list"}}``).
         registry: prometheus registry for the metrics (the global one by default).

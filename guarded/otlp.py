@@ -8,11 +8,11 @@ OpenTelemetry Collector (``otel-collector.yaml``) or any OTLP backend::
     try:
         ...  # guard(store) picks the global tracer provider up, even one set after guard()
     finally:
-        if setup is not None:
-            setup.shutdown()  # flushes what is still queued
+        setup.shutdown()  # flushes what is still queued
 
-It does nothing and returns ``None`` unless an OTLP endpoint is set, and it never replaces a
-provider the application already installed. Export is OTLP over HTTP with protobuf bodies (the
+It installs nothing unless an OTLP endpoint is set (the setup it returns then exports nothing,
+says why in ``notes`` and its ``shutdown()`` does nothing), and it never replaces a provider the
+application already installed. Export is OTLP over HTTP with protobuf bodies (the
 ``opentelemetry-exporter-otlp-proto-http`` package, the ``guarded[otlp]`` extra). Header values
 (tokens, API keys) are passed to the exporter and never logged, shown in an error or kept on the
 returned object. The variables and their meaning follow the OpenTelemetry specification
@@ -22,12 +22,10 @@ lists them.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import logging
 import os
 import re
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -43,6 +41,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import ProxyTracerProvider
 
 from .errors import GuardedError
+from .otlp_setup import OtlpSetup
 
 __all__ = [
     "OtlpConfigError",
@@ -95,66 +94,12 @@ class _ExportSettings:
     client_certificate: str | None
 
 
-@dataclass(eq=False)
-class OtlpSetup:
-    """What :func:`configure_otlp_from_env` set up; ``shutdown()`` flushes and stops it.
-
-    Attributes:
-        tracer_provider: the SDK tracer provider exporting spans over OTLP, or ``None`` when
-            traces are not exported by guarded (turned off, no endpoint, or the application's
-            own provider was kept). With ``set_global=False`` pass it to
-            ``guard(..., tracer_provider=...)``.
-        meter_provider: the same for metrics.
-        traces_endpoint: where spans go, without credentials or query; ``None`` when not exported.
-        metrics_endpoint: where metrics go, likewise.
-        global_providers: whether the providers above are the OpenTelemetry globals (``set_global``).
-        notes: why a signal with an endpoint is not exported (e.g. an application provider kept).
-    """
-
-    tracer_provider: TracerProvider | None
-    meter_provider: MeterProvider | None
-    traces_endpoint: str | None
-    metrics_endpoint: str | None
-    global_providers: bool
-    notes: tuple[str, ...] = ()
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
-    _closed: bool = field(default=False, init=False, repr=False)
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        """Export everything recorded so far; ``True`` when every provider finished in time."""
-        flushed = True
-        if self.tracer_provider is not None:
-            flushed = self.tracer_provider.force_flush(timeout_millis) and flushed
-        if self.meter_provider is not None:
-            flushed = self.meter_provider.force_flush(timeout_millis) and flushed
-        return flushed
-
-    def shutdown(self) -> None:
-        """Flush queued spans and a last metric collection, then stop exporting. Idempotent.
-
-        Blocks while the exporters send (each request is bounded by the OTLP timeout); from a
-        coroutine use :meth:`aclose`. Spans and measurements recorded afterwards are dropped.
-        """
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        if self.tracer_provider is not None:
-            self.tracer_provider.shutdown()
-        if self.meter_provider is not None:
-            self.meter_provider.shutdown()
-
-    async def aclose(self) -> None:
-        """:meth:`shutdown` in a worker thread, so the event loop keeps running meanwhile."""
-        await asyncio.to_thread(self.shutdown)
-
-
 def configure_otlp_from_env(
     environ: Mapping[str, str] = os.environ,
     *,
     service_name: str | None = None,
     set_global: bool = True,
-) -> OtlpSetup | None:
+) -> OtlpSetup:
     """Export traces and metrics over OTLP when the standard environment variables ask for it.
 
     A signal is exported when ``OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT`` (used as given) or
@@ -179,8 +124,10 @@ def configure_otlp_from_env(
             spans over OTLP next to whatever the application set up.
 
     Returns:
-        ``None`` when no signal is to be exported (nothing is created or installed), else what
-        was set up; call its ``shutdown()`` before the process exits to flush.
+        What was set up; call its ``shutdown()`` before the process exits to flush. When no
+        signal is to be exported (no endpoint set, ``OTEL_SDK_DISABLED``, both exporters
+        ``none``), nothing is created or installed: the setup's ``exporting`` is ``False``, its
+        ``notes`` say why (also logged at INFO) and its ``shutdown()`` does nothing.
 
     Raises:
         OtlpConfigError: a variable holds an unusable value (the message names it).
@@ -188,13 +135,12 @@ def configure_otlp_from_env(
             (``pip install 'guarded[otlp]'``; for ``grpc``, ``opentelemetry-exporter-otlp-proto-grpc``).
     """
     if _flag(environ, "OTEL_SDK_DISABLED"):
-        return None
+        return _off("OTEL_SDK_DISABLED is true", [], set_global)
     notes: list[str] = []
-    wanted = [
-        settings for signal in ("traces", "metrics") if (settings := _export_settings(environ, signal, notes))
-    ]
+    signals: tuple[Signal, ...] = ("traces", "metrics")
+    wanted = [settings for signal in signals if (settings := _export_settings(environ, signal, notes))]
     if not wanted:
-        return None
+        return _off(_off_reason(environ, signals), notes, set_global)
     resource = _resource(environ, service_name)
     classes = {settings.signal: _exporter_class(settings) for settings in wanted}  # fail before building
     by_signal = {settings.signal: settings for settings in wanted}
@@ -231,6 +177,34 @@ def configure_otlp_from_env(
         metrics_endpoint=exported["metrics"].shown_endpoint if "metrics" in exported else None,
         global_providers=set_global,
         notes=tuple(notes),
+    )
+
+
+def _off(reason: str, notes: list[str], set_global: bool) -> OtlpSetup:
+    """The setup of a process that exports nothing over OTLP, saying why."""
+    notes.append(f"export is off: {reason}")
+    for note in notes:
+        _log.info("OTLP %s", note)
+    return OtlpSetup(
+        tracer_provider=None,
+        meter_provider=None,
+        traces_endpoint=None,
+        metrics_endpoint=None,
+        global_providers=set_global,
+        notes=tuple(notes),
+    )
+
+
+def _off_reason(environ: Mapping[str, str], signals: tuple[Signal, ...]) -> str:
+    """Why none of ``signals`` is exported, when the SDK is not disabled."""
+    with_endpoint = [signal for signal in signals if _value(environ, *_signal_variables(signal, "ENDPOINT"))]
+    if not with_endpoint:
+        return "no OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT, or a signal's own)"
+    return "; ".join(
+        f"{signal}: {_EXPORTER_VARIABLES[signal]} does not select otlp"
+        if signal in with_endpoint
+        else f"{signal}: no endpoint"
+        for signal in signals
     )
 
 

@@ -322,3 +322,37 @@ def test_a_spill_path_may_be_a_pathlib_path(tmp_path: Path) -> None:
     assert DeadLetterConfig(path=tmp_path / "dlq.sqlite").path == str(tmp_path / "dlq.sqlite")
     with pytest.raises(ValidationError, match="path"):
         DeadLetterConfig(path=3)  # type: ignore[arg-type]
+
+
+# --- config as a mapping ---------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_config_may_be_a_mapping_validated_into_guard_config() -> None:
+    """Before: ``guard(store, config={...})`` raised ``AttributeError: 'dict' object has no
+    attribute 'dead_letter'`` from deep inside the guard."""
+    settings = {"timeout": {"deadline": 2.5}, "retries": 0, "spill_path": None}
+    async with guarded_store(config=settings) as store:
+        config = controller(store).config
+        assert isinstance(config, GuardConfig)
+        assert config.timeout.deadline == 2.5
+        assert config.retry.enabled is False
+        assert config.dead_letter.path is None
+    async with guarded_store(config=settings, retries=2) as store:  # keyword settings win over it
+        assert controller(store).config.retry.max_attempts == 3
+        assert controller(store).config.timeout.deadline == 2.5
+
+
+def test_a_mapping_config_with_a_misspelled_or_bad_setting_is_refused_clearly() -> None:
+    with pytest.raises(UnknownSettingError, match=r"'timout' \(did you mean 'timeout'\?\)"):
+        guard(InMemoryStateStore(), registry=CollectorRegistry(), config={"timout": 2})
+    with pytest.raises(UnknownSettingError, match=r"'timeout\.deadlin' \(did you mean 'deadline'\?\)"):
+        guard(InMemoryStateStore(), registry=CollectorRegistry(), config={"timeout": {"deadlin": 2}})
+    with pytest.raises(ValidationError, match=r"timeout\.deadline"):
+        guard(InMemoryStateStore(), registry=CollectorRegistry(), config={"timeout": {"deadline": -1}})
+
+
+@pytest.mark.parametrize("config", [42, "timeout=2", ["timeout", 2], TimeoutConfig()])
+def test_a_config_that_is_neither_a_guard_config_nor_a_mapping_is_a_type_error(config: object) -> None:
+    with pytest.raises(TypeError, match=r"config must be a GuardConfig \(or a mapping of its settings\)"):
+        guard(InMemoryStateStore(), registry=CollectorRegistry(), config=config)  # type: ignore[arg-type]

@@ -4,12 +4,14 @@
 file of it (the path itself, and ``<path>.<k>`` of the other processes configured with it; see
 :mod:`guarded.deadletter.slots`) and say which file each write is in. ``list`` and ``stats``
 open the files read-only and work beside the live processes that own them. ``replay`` and
-``purge`` need a file's lock: a file held by a live process is skipped (exit 1). A file that
-cannot be read (damaged, foreign, of a newer layout) gets one error line, the others are still
-served, and the exit status is 2. Rows of a file that cannot be read (a column of the wrong type,
-text that is not UTF-8, a call that is not JSON) never stop a command: they are left out, counted,
-and listed by ``list --quarantined`` (a guard or ``replay`` moves them to the file's quarantine
-table). Payload contents are never printed unless ``list --show-payload`` asks for them.
+``purge`` need a file's lock: a file held by a live process is skipped (exit 1). Reading creates
+and changes no file (:func:`~guarded.deadletter.spill_open.open_read_only`). A file that cannot
+be read (damaged, foreign, of a newer layout, not a file) gets one error line, the others are
+still served, no total is printed (``--json``: ``null``), and the exit status is 2. Rows of a
+file that cannot be read (a column of the wrong type, text that is not UTF-8, a call that is not
+JSON) never stop a command: they are left out, counted, and listed by ``list --quarantined`` (a
+guard or ``replay`` moves them to the file's quarantine table). Payload contents are never
+printed unless ``list --show-payload`` asks for them.
 
 ``replay`` shows progress (counts and rate) on stderr while it sends, and Ctrl-C says how many
 writes were replayed and how many still wait. Exit codes follow :mod:`guarded.cli.support`: 0

@@ -23,7 +23,7 @@ from ..deadletter import (
 )
 from ..deadletter.slots import slot_files
 from ..deadletter.spill import holder_pid, is_locked
-from .formatting import Column, console, render_table
+from .formatting import Column, render_table, terminal_width
 from .support import UsageError, error_line
 
 T = TypeVar("T")
@@ -47,11 +47,10 @@ def error_text(stored: str | None) -> str | None:
 
 
 def as_table(headers: Sequence[str], rows: Sequence[Sequence[object]], widths: Sequence[int]) -> str:
-    """The rows under their headers; long cells are cut to ``widths`` (and, on a terminal, every
-    column shrinks so the table fits its width)."""
-    width = console().width if sys.stdout.isatty() else None
+    """The rows under their headers; on a terminal long cells are cut to ``widths`` and every
+    column shrinks so the table fits its width, elsewhere every value is printed whole."""
     columns = [Column(header, size) for header, size in zip(headers, widths, strict=True)]
-    return render_table(columns, rows, width=width)
+    return render_table(columns, rows, width=terminal_width())
 
 
 # --- the files of a path ---------------------------------------------------------------------------
@@ -84,13 +83,15 @@ class Failures:
 
 
 def files_of(base: str) -> list[SlotFile]:
-    found = [SlotFile(slot, path) for slot, path in slot_files(base)]
+    """The slot files of ``base``, a name in a slot file's place that is not a file included (it
+    is reported as unreadable, never passed over)."""
+    if os.path.isdir(base):
+        raise UsageError(
+            f"{base!r} is a directory",
+            "give the configured spill path (a file name), e.g. DIR/NAME.sqlite",
+        )
+    found = [SlotFile(slot, path) for slot, path in slot_files(base, files_only=False)]
     if not found:
-        if os.path.isdir(base):
-            raise UsageError(
-                f"{base!r} is a directory",
-                "give the configured spill path (a file name), e.g. DIR/NAME.sqlite",
-            )
         raise UsageError(
             f"no dead-letter spill file at {base!r}",
             "give the path the guard was configured with ({name} replaced); 'guarded dlq stats' works too",

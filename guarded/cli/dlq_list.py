@@ -145,7 +145,7 @@ def list_command(args: argparse.Namespace) -> int:
         document = {
             "path": args.path,
             "kind": kind,
-            "total": total,
+            "total": None if failures.count else total,
             "unreadable": sum(count for _, count in unreadable),
             "files": [file_dict(file) for file in files],
             "entries": rows,
@@ -156,7 +156,8 @@ def list_command(args: argparse.Namespace) -> int:
     for file, bad in unreadable:
         note(f"{bad} row(s) of {file.path!r} could not be read and are not listed; see 'list --quarantined'")
     if not rows:
-        print(f"no {kind} {'rows' if args.quarantined else 'writes'} in {where}")
+        if not failures.count:
+            print(f"no {kind} {'rows' if args.quarantined else 'writes'} in {where}")
         return status
     if args.quarantined:
         table = as_table(
@@ -219,6 +220,8 @@ def list_command(args: argparse.Namespace) -> int:
                 print(f"{name}: {json.dumps(row['raw'], ensure_ascii=False)}")
             else:
                 print(f"{row['slot']}/{row['seq']}: {json.dumps(row['call'], ensure_ascii=False)}")
+    if failures.count:
+        return status
     shown = len(rows)
     print(
         f"\n{shown} of {total} {kind} {'row' if args.quarantined else 'write'}(s) in {where}"
@@ -277,17 +280,21 @@ def stats_command(args: argparse.Namespace) -> int:
             counts["pending"] += pending
             counts["bytes"] += size
     aside = set_aside_files(args.path)
+    known = not failures.count
     summary: dict[str, Any] = {
         "path": args.path,
-        **totals,
-        "oldest_age_seconds": oldest,
-        "by_method": dict(sorted(by_method.items())),
+        **{name: value if known else None for name, value in totals.items()},
+        "oldest_age_seconds": oldest if known else None,
+        "by_method": dict(sorted(by_method.items())) if known else None,
         "files": per_file,
         "set_aside": aside,
     }
     status = 2 if failures.count else 0
     if args.json:
         print(json.dumps(summary, ensure_ascii=False))
+        return status
+    if not known:
+        _print_unknown_totals(args.path, per_file, aside)
         return status
     print(f"dead-letter spill files of {args.path} (in {os.path.dirname(os.path.abspath(args.path))})")
     print(f"  pending:     {summary['pending']} ({format_bytes(summary['pending_bytes'])})")
@@ -297,23 +304,7 @@ def stats_command(args: argparse.Namespace) -> int:
     print(f"  oldest:      {format_age(oldest) if summary['pending'] else '-'}")
     print(f"  file size:   {format_bytes(summary['file_bytes'])}")
     print()
-    print(
-        as_table(
-            ("SLOT", "FILE", "IN USE", "PENDING", "PARKED", "TARGET"),
-            [
-                (
-                    row["slot"],
-                    os.path.basename(row["path"]),
-                    in_use_text(row),
-                    "error" if row["error"] else row["pending"],
-                    "-" if row["error"] else row["parked"],
-                    row["target"] or "(not recorded)",
-                )
-                for row in per_file
-            ],
-            (4, 32, 10, 8, 8, 40),
-        )
-    )
+    print(_files_table(per_file))
     if by_method:
         print()
         print(
@@ -326,7 +317,38 @@ def stats_command(args: argparse.Namespace) -> int:
                 (24, 8, 12),
             )
         )
+    _print_set_aside(aside)
+    return status
+
+
+def _files_table(per_file: list[dict[str, Any]]) -> str:
+    return as_table(
+        ("SLOT", "FILE", "IN USE", "PENDING", "PARKED", "TARGET"),
+        [
+            (
+                row["slot"],
+                os.path.basename(row["path"]),
+                in_use_text(row),
+                "unreadable" if row["error"] else row["pending"],
+                "-" if row["error"] else row["parked"],
+                "-" if row["error"] else row["target"] or "(not recorded)",
+            )
+            for row in per_file
+        ],
+        (4, 32, 10, 10, 8, 40),
+    )
+
+
+def _print_set_aside(aside: list[str]) -> None:
     if aside:
         print()
         print(f"damaged files set aside for inspection: {', '.join(aside)}")
-    return status
+
+
+def _print_unknown_totals(path: str, per_file: list[dict[str, Any]], aside: list[str]) -> None:
+    """``stats`` when a file could not be read: no total (it would leave that file out), only the
+    files that were read, beside the unreadable ones."""
+    if any(not row["error"] for row in per_file):
+        print(f"dead-letter spill files of {path}: totals unknown, a file could not be read")
+        print(_files_table(per_file))
+    _print_set_aside(aside)

@@ -37,7 +37,8 @@ def console(stream: TextIO | None = None, *, stderr: bool = False) -> Console:
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    """A column of :func:`print_table`: a header and, for long text, the width it is cut to."""
+    """A column of :func:`print_table`: a header and, for long text, the width it is cut to when
+    the table must fit a terminal."""
 
     header: str
     max_width: int | None = None
@@ -47,9 +48,10 @@ class Column:
 def render_table(
     columns: Sequence[Column], rows: Iterable[Sequence[object]], *, width: int | None = None
 ) -> str:
-    """The rows under their headers, aligned, with no borders (``-`` for ``None``); cells longer
-    than a column's ``max_width`` end in ``…``. ``width`` (default: unlimited) is the line length
-    it must fit: columns shrink and cut their text to fit it."""
+    """The rows under their headers, aligned, with no borders (``-`` for ``None``). ``width`` is the
+    line length of a terminal it must fit: cells longer than a column's ``max_width`` end in ``…``
+    and columns shrink and cut their text to fit it. Without one (output piped or to a file),
+    every value is printed whole, for ``grep`` and ``awk``."""
     from rich.console import Console
     from rich.table import Table
 
@@ -57,7 +59,7 @@ def render_table(
     for column in columns:
         table.add_column(
             column.header,
-            max_width=column.max_width,
+            max_width=column.max_width if width else None,
             no_wrap=True,
             overflow="ellipsis",
             justify=column.justify,  # type: ignore[arg-type]
@@ -71,12 +73,14 @@ def render_table(
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
 
 
+def terminal_width() -> int | None:
+    """The width of the terminal stdout is, ``None`` when it is not one (piped, a file)."""
+    return console().width if sys.stdout.isatty() else None
+
+
 def print_table(columns: Sequence[Column], rows: Iterable[Sequence[object]]) -> None:
     """Print :func:`render_table` on stdout, fitted to the terminal's width when it is one."""
-    width = None
-    if sys.stdout.isatty():
-        width = console().width
-    print(render_table(columns, rows, width=width))
+    print(render_table(columns, rows, width=terminal_width()))
 
 
 def format_bytes(count: float) -> str:
@@ -103,4 +107,4 @@ def format_age(seconds: float) -> str:
     return f"{days}d{hours:02d}h"
 
 
-__all__ = ["Column", "console", "format_age", "format_bytes", "print_table", "render_table"]
+__all__ = ["Column", "console", "format_age", "format_bytes", "print_table", "render_table", "terminal_width"]

@@ -22,7 +22,7 @@ from .support import EXIT_OK, note
 
 async def capture_command(args: argparse.Namespace) -> int:
     """``capture``: a session's or a trace's state from a StateStore into a new snapshot."""
-    snapshots = await snapshot_store(args)
+    snapshots = await snapshot_store(args, access="create")
     try:
         source = await state_store(args.source)
         try:
@@ -63,7 +63,7 @@ async def capture_command(args: argparse.Namespace) -> int:
 
 async def list_command(args: argparse.Namespace) -> int:
     """``list``: snapshots, oldest first, a page of them (or every page with ``--all``)."""
-    snapshots = await snapshot_store(args)
+    snapshots = await snapshot_store(args, access="read")
     items: list[Snapshot] = []
     cursor = args.cursor
     try:
@@ -119,7 +119,7 @@ async def list_command(args: argparse.Namespace) -> int:
 
 async def show_command(args: argparse.Namespace) -> int:
     """``show``: a snapshot's record and lineage."""
-    snapshots = await snapshot_store(args)
+    snapshots = await snapshot_store(args, access="read")
     try:
         chain = await snapshots.lineage(args.snapshot_id)
     finally:
@@ -157,7 +157,7 @@ def _lost_parent(chain: list[Snapshot]) -> str:
 
 async def diff_command(args: argparse.Namespace) -> int:
     """``diff``: what changed from snapshot A to snapshot B."""
-    snapshots = await snapshot_store(args)
+    snapshots = await snapshot_store(args, access="read")
     try:
         found = await snapshots.diff(args.a, args.b)
     finally:
@@ -186,7 +186,7 @@ async def diff_command(args: argparse.Namespace) -> int:
 
 async def restore_command(args: argparse.Namespace) -> int:
     """``restore``: a snapshot written into a StateStore (idempotent)."""
-    snapshots = await snapshot_store(args)
+    snapshots = await snapshot_store(args, access="read")
     try:
         target = await state_store(args.into)
         try:
@@ -241,7 +241,7 @@ async def restore_command(args: argparse.Namespace) -> int:
 
 async def tag_command(args: argparse.Namespace) -> int:
     """``tag``: tags added to a snapshot (or removed with ``--remove``)."""
-    snapshots = await snapshot_store(args)
+    snapshots = await snapshot_store(args, access="write")
     try:
         change = snapshots.untag if args.remove else snapshots.tag
         updated: Snapshot = await change(args.snapshot_id, args.tags)
@@ -263,7 +263,7 @@ async def gc_command(args: argparse.Namespace) -> int:
         keep_tagged=not args.include_tagged,
         grace=timedelta(seconds=args.grace),
     )
-    snapshots = await snapshot_store(args)
+    snapshots = await snapshot_store(args, access="write")
     try:
         args.state.done = "what gc deleted before Ctrl-C stays deleted; run it again to finish"
         report = await snapshots.gc(policy)

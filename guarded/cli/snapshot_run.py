@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import CapabilityError
 from ..snapshots import (
@@ -21,6 +21,7 @@ from ..snapshots import (
     SnapshotCorruptError,
     SnapshotNotFoundError,
     SnapshotStore,
+    SnapshotStoreNotFoundError,
     SnapshotStoreUnavailableError,
 )
 from .check import build_store, close_store, load_factory
@@ -32,6 +33,9 @@ from .support import (
     UsageError,
     interrupted,
 )
+
+StoreAccess = Literal["create", "write", "read"]
+"""What an action does with the snapshot store (:func:`snapshot_store`)."""
 
 STORE_VARIABLE = "GUARDED_SNAPSHOT_STORE"
 """The snapshot store's factory when ``--snapshots`` is not given."""
@@ -60,6 +64,10 @@ def run_action(
         raise
     except SnapshotNotFoundError as exc:
         raise UsageError(str(exc), LIST_HINT) from exc
+    except SnapshotStoreNotFoundError as exc:
+        raise UsageError(
+            str(exc), "check --dir: it names the directory a 'guarded snapshot capture' created"
+        ) from exc
     except InvalidCursorError as exc:
         raise UsageError(str(exc), "pass the cursor a listing printed, or leave --cursor out") from exc
     except FormatVersionError as exc:
@@ -94,12 +102,16 @@ def _backend_failure(exc: BaseException) -> CommandError:
     raise exc
 
 
-async def snapshot_store(args: argparse.Namespace) -> Any:
-    """The snapshot store ``--dir`` or ``--snapshots`` (else ``$GUARDED_SNAPSHOT_STORE``) names."""
+async def snapshot_store(args: argparse.Namespace, *, access: StoreAccess) -> Any:
+    """The snapshot store ``--dir`` or ``--snapshots`` (else ``$GUARDED_SNAPSHOT_STORE``) names.
+
+    ``access`` is what the action does with a file store: ``"create"`` (``capture``: a new
+    directory becomes a store), ``"write"`` (``tag``, ``gc``: the store must exist) or ``"read"``
+    (``list``, ``show``, ``diff``, a restore's source: nothing is created or changed)."""
     if args.dir is not None:
         if args.snapshots is not None:
             raise UsageError("--dir and --snapshots both name the snapshot store", "pass one of them")
-        return FileSnapshotStore(Path(args.dir))
+        return FileSnapshotStore(Path(args.dir), create=access == "create", read_only=access == "read")
     spec = args.snapshots or os.environ.get(STORE_VARIABLE) or None
     if spec is None:
         raise UsageError(

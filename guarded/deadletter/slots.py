@@ -83,8 +83,10 @@ def sibling_spill_path(path: str | None, suffix: str) -> str | None:
     return f"{root}{suffix}{ext}"
 
 
-def slot_files(base: str) -> list[tuple[int, str]]:
-    """``(slot, path)`` of every existing slot file of ``base``, by slot (a directory listing)."""
+def slot_files(base: str, *, files_only: bool = True) -> list[tuple[int, str]]:
+    """``(slot, path)`` of every existing slot file of ``base``, by slot (a directory listing);
+    ``files_only=False`` keeps the names that are not regular files (a directory in a slot file's
+    place), for tools that must report them rather than pass over them."""
     directory, name = os.path.split(os.path.abspath(base))
     pattern = re.compile(re.escape(name) + r"\.([1-9][0-9]{0,8})")
     found: list[tuple[int, str]] = []
@@ -100,7 +102,7 @@ def slot_files(base: str) -> list[tuple[int, str]]:
         if matched is not None:
             found.append((int(matched.group(1)), slot_path(base, int(matched.group(1)))))
     found.sort()
-    return [(slot, path) for slot, path in found if os.path.isfile(path)]
+    return [(slot, path) for slot, path in found if not files_only or os.path.isfile(path)]
 
 
 def slot_of(base: str, path: str) -> int | None:

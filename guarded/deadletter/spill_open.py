@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sqlite3
+import tempfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -19,7 +21,7 @@ from .spill_errors import (
     wrap_error,
 )
 from .spill_format import APPLICATION_ID, QUARANTINE_TABLE, SCHEMA, SCHEMA_VERSION
-from .spill_lock import acquire_lock, remove_files
+from .spill_lock import acquire_lock, is_locked, remove_files
 
 if TYPE_CHECKING:
     from .spill import SpillFile
@@ -149,18 +151,22 @@ def open_writable(
 
 
 def open_read_only(cls: type[SpillFile], path: str) -> SpillFile:
-    """Open an existing file for reading only, without the lock (works beside a live writer)."""
+    """Open an existing file for reading only, without the lock (works beside a live writer).
+
+    Reading creates and changes nothing beside the file: a file no live process holds is read as
+    immutable (SQLite creates no ``-wal`` or ``-shm``), and one a crashed writer left with its WAL
+    is read from a private copy of both (the WAL's writes counted, the originals untouched). Only
+    beside a live writer does it read through that writer's WAL and shared memory."""
     if not os.path.isfile(path):
+        if os.path.exists(path):
+            raise SpillFileError(f"cannot read dead-letter spill file {path!r}: it is not a regular file")
         raise SpillFileError(f"no dead-letter spill file at {path!r}")
     try:
-        db = sqlite3.connect(
-            f"file:{quote(os.path.abspath(path))}?mode=ro",
-            uri=True,
-            isolation_level=None,
-            check_same_thread=False,
-        )
+        db = _connect_read_only(path)
     except sqlite3.Error as exc:
         raise wrap_error(exc, path, "reading") from exc
+    except OSError as exc:  # copying a file a crashed writer left
+        raise SpillFileError(f"cannot read dead-letter spill file {path!r}: {exc}") from exc
     with _closed_on_failure(db, path, "reading"):
         db.execute("PRAGMA busy_timeout = 5000")
         if not is_ours(db, path):
@@ -170,6 +176,46 @@ def open_read_only(cls: type[SpillFile], path: str) -> SpillFile:
         spill = cls(db, path, lock_fd=None, generation=generation, target=target)
         spill.check_parked()
         return spill
+
+
+class _CopyConnection(sqlite3.Connection):
+    """A connection to a private copy of a spill file that deletes the copy when it is closed."""
+
+    copy_dir: str | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.copy_dir is not None:
+                shutil.rmtree(self.copy_dir, ignore_errors=True)
+                self.copy_dir = None
+
+
+def _uri(path: str, options: str) -> str:
+    return f"file:{quote(os.path.abspath(path))}?{options}"
+
+
+def _connect_read_only(path: str) -> sqlite3.Connection:
+    """A read-only connection to ``path`` that leaves every file beside it as it was (see
+    :func:`open_read_only`)."""
+    if is_locked(path):
+        return sqlite3.connect(_uri(path, "mode=ro"), uri=True, isolation_level=None, check_same_thread=False)
+    if not os.path.exists(path + "-wal"):
+        return sqlite3.connect(
+            _uri(path, "mode=ro&immutable=1"), uri=True, isolation_level=None, check_same_thread=False
+        )
+    copy_dir = tempfile.mkdtemp(prefix="guarded-dlq-read-")
+    try:
+        copy = os.path.join(copy_dir, os.path.basename(path))
+        shutil.copyfile(path, copy)
+        shutil.copyfile(path + "-wal", copy + "-wal")
+        db = sqlite3.connect(copy, isolation_level=None, check_same_thread=False, factory=_CopyConnection)
+    except BaseException:
+        shutil.rmtree(copy_dir, ignore_errors=True)
+        raise
+    db.copy_dir = copy_dir
+    return db
 
 
 def meta(db: sqlite3.Connection, name: str) -> str | None:

@@ -64,6 +64,8 @@ from .errors import (
     SnapshotError,
     SnapshotNotFoundError,
     SnapshotStagingError,
+    SnapshotStoreNotFoundError,
+    SnapshotStoreReadOnlyError,
     SnapshotStoreUnavailableError,
 )
 from .file_store import FileSnapshotStore
@@ -109,6 +111,8 @@ __all__ = [
     "SnapshotPage",
     "SnapshotStore",
     "SnapshotStagingError",
+    "SnapshotStoreNotFoundError",
+    "SnapshotStoreReadOnlyError",
     "SnapshotStoreUnavailableError",
     "SpooledSnapshot",
     "SubjectKind",

@@ -22,6 +22,19 @@ class SnapshotNotFoundError(SnapshotError, LookupError):
         super().__init__(f"no snapshot {snapshot_id!r}")
 
 
+class SnapshotStoreNotFoundError(SnapshotError, LookupError):
+    """A file snapshot store opened without creating it (read-only, or ``create=False``) names a
+    directory that is not one: missing, or without a store's ``snapshots/`` directory."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        super().__init__(f"no snapshot store at {root!r}")
+
+
+class SnapshotStoreReadOnlyError(SnapshotError):
+    """A writing method (save, delete, tag, untag, gc) of a snapshot store opened read-only."""
+
+
 class SnapshotConflictError(SnapshotError):
     """A snapshot with this id is already saved with other content (a save is idempotent only for
     the same content)."""
@@ -128,5 +141,7 @@ __all__ = [
     "SnapshotError",
     "SnapshotNotFoundError",
     "SnapshotStagingError",
+    "SnapshotStoreNotFoundError",
+    "SnapshotStoreReadOnlyError",
     "SnapshotStoreUnavailableError",
 ]

@@ -29,20 +29,26 @@ from pathlib import Path
 from typing import Any
 
 from .content import fsync_dir, write_file
+from .errors import SnapshotStoreNotFoundError
 
 
 class Layout:
-    """Paths of one store directory (created on first use)."""
+    """Paths of one store directory. ``create``: a missing store is created; otherwise ``root``
+    must hold one (:class:`SnapshotStoreNotFoundError`). ``read_only``: nothing is created, not
+    even the missing directories of a store an older version or another tool left."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, create: bool = True, read_only: bool = False) -> None:
         self.root = root
         self.snapshots = root / "snapshots"
         self.blobs = root / "blobs"
         self.staging = root / "staging"
         self.trash = root / "trash"
         self.locks = root / "locks"
-        for directory in (self.snapshots, self.blobs, self.staging, self.trash, self.locks):
-            directory.mkdir(parents=True, exist_ok=True)
+        if (read_only or not create) and not self.snapshots.is_dir():
+            raise SnapshotStoreNotFoundError(str(root))
+        if not read_only:
+            for directory in (self.snapshots, self.blobs, self.staging, self.trash, self.locks):
+                directory.mkdir(parents=True, exist_ok=True)
 
     def snapshot_dir(self, snapshot_id: str) -> Path:
         return self.snapshots / snapshot_id

@@ -47,6 +47,7 @@ from .errors import (
     SnapshotCorruptError,
     SnapshotError,
     SnapshotNotFoundError,
+    SnapshotStoreReadOnlyError,
 )
 from .file_layout import Layout, read_json, write_json_atomically
 from .listing import ListFilter, paginate, retention_victims
@@ -71,6 +72,11 @@ class FileSnapshotStore:
 
     ``migrations``: the registry that loads older formats (:data:`DEFAULT_MIGRATIONS`).
     ``spool_dir``: where migrated loads are spooled (the system's temporary directory by default).
+    ``create=False``: ``root`` must already hold a store (:class:`SnapshotStoreNotFoundError`
+    otherwise), so a mistyped directory is an error, not a new empty store.
+    ``read_only``: open an existing store for reading (``list``, ``get``, ``load``, ``lineage``,
+    ``diff``): nothing is created or changed, not a directory, not a lock file; the writing methods
+    raise :class:`SnapshotStoreReadOnlyError`.
     """
 
     def __init__(
@@ -79,10 +85,19 @@ class FileSnapshotStore:
         *,
         migrations: MigrationRegistry = DEFAULT_MIGRATIONS,
         spool_dir: Path | None = None,
+        create: bool = True,
+        read_only: bool = False,
     ) -> None:
-        self.layout = Layout(Path(root))
+        self.layout = Layout(Path(root), create=create, read_only=read_only)
         self.migrations = migrations
         self.spool_dir = spool_dir
+        self.read_only = read_only
+
+    def _check_writable(self, method: str) -> None:
+        if self.read_only:
+            raise SnapshotStoreReadOnlyError(
+                f"the snapshot store at {str(self.layout.root)!r} is open read-only: {method} is refused"
+            )
 
     @property
     def root(self) -> Path:
@@ -97,6 +112,7 @@ class FileSnapshotStore:
     # --- save --------------------------------------------------------------------------------------
 
     async def save(self, content: SnapshotContent) -> Snapshot:
+        self._check_writable("save")
         snapshot = content.snapshot
         existing = await asyncio.to_thread(self._stored_hash, snapshot.id)
         if existing is not None:
@@ -255,6 +271,7 @@ class FileSnapshotStore:
     # --- delete, tags, lineage, diff ---------------------------------------------------------------
 
     async def delete(self, snapshot_id: str) -> bool:
+        self._check_writable("delete")
         trash = await asyncio.to_thread(self._unpublish, _checked_id(snapshot_id))
         if trash is None:
             return False
@@ -272,10 +289,12 @@ class FileSnapshotStore:
             return trash
 
     async def tag(self, snapshot_id: str, tags: Iterable[str]) -> Snapshot:
+        self._check_writable("tag")
         added = builtins.list(tags)
         return await asyncio.to_thread(self._retag, snapshot_id, lambda old: [*old, *added])
 
     async def untag(self, snapshot_id: str, tags: Iterable[str]) -> Snapshot:
+        self._check_writable("untag")
         removed = set(tags)
         return await asyncio.to_thread(
             self._retag, snapshot_id, lambda old: [t for t in old if t not in removed]
@@ -297,6 +316,7 @@ class FileSnapshotStore:
     # --- gc ----------------------------------------------------------------------------------------
 
     async def gc(self, policy: RetentionPolicy | None = None) -> GcReport:
+        self._check_writable("gc")
         return await asyncio.to_thread(self._gc, policy or RetentionPolicy())
 
     def _gc(self, policy: RetentionPolicy) -> GcReport:

@@ -434,7 +434,7 @@ def guard_snapshots(
     store: object,
     *,
     name: str = "snapshots",
-    config: GuardConfig | None = None,
+    config: GuardConfig | Mapping[str, Any] | None = None,
     policies: Mapping[str, Mapping[str, Any] | MethodPolicy] | None = None,
     registry: CollectorRegistry = REGISTRY,
     tracer_provider: TracerProvider | None = None,

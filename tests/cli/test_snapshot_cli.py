@@ -22,6 +22,7 @@ from guarded.cli.support import (
     EXIT_USAGE,
 )
 from guarded.codec import penguiflow_types
+from guarded.snapshots import FileSnapshotStore
 from tests.snapshots._sessions import observe, populate
 
 from . import snapshot_factories
@@ -135,6 +136,7 @@ def test_capture_list_show_tag_diff_restore_gc(capsys: pytest.CaptureFixture[str
 
 
 def test_user_errors_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    FileSnapshotStore(tmp_path)  # an empty store
     ran = snap(capsys, tmp_path, "show", "nope")
     assert ran.code == EXIT_USAGE
     assert ran.error == "error: no snapshot 'nope'; hint: 'guarded snapshot list' lists the snapshots"

@@ -133,8 +133,8 @@ class ScriptedLLM:
         return "\n".join(str(message.get("content", "")) for message in self.prompts[index])
 
 
-def build_planner(store: object, llm: ScriptedLLM) -> ReactPlanner:
-    """The refund-desk planner, persisting pauses through ``store``."""
+def refund_catalog() -> list[Any]:
+    """The refund desk's tools as a planner catalog."""
     registry = ModelRegistry()
     registry.register("lookup_order", OrderQuery, OrderInfo)
     registry.register("request_approval", ApprovalRequest, Approval)
@@ -144,9 +144,14 @@ def build_planner(store: object, llm: ScriptedLLM) -> ReactPlanner:
         Node(request_approval, name="request_approval"),
         Node(issue_refund, name="issue_refund"),
     ]
+    return list(build_catalog(nodes, registry))
+
+
+def build_planner(store: object, llm: ScriptedLLM) -> ReactPlanner:
+    """The refund-desk planner, persisting pauses through ``store``."""
     return ReactPlanner(
         llm_client=llm,
-        catalog=build_catalog(nodes, registry),
+        catalog=refund_catalog(),
         pause_enabled=True,
         state_store=store,
         max_iters=6,

@@ -44,8 +44,22 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 def configured(environ: dict[str, str], **kwargs: Any) -> OtlpSetup:
     setup = configure_otlp_from_env(environ, set_global=False, **kwargs)
-    assert setup is not None
+    assert setup.exporting
     return setup
+
+
+def assert_off(setup: OtlpSetup, why: str) -> None:
+    """``setup`` exports nothing, says why, and its ``shutdown()`` is harmless (the README's code
+    calls it whether or not an endpoint is set)."""
+    assert not setup.exporting
+    assert setup.tracer_provider is None
+    assert setup.meter_provider is None
+    assert setup.traces_endpoint is None
+    assert setup.metrics_endpoint is None
+    assert why in " ".join(setup.notes), setup.notes
+    assert setup.force_flush()
+    setup.shutdown()
+    setup.shutdown()
 
 
 @pytest.mark.asyncio
@@ -182,18 +196,23 @@ def test_service_name_argument_is_a_default_the_environment_overrides(receiver: 
         setup.shutdown()
 
 
-def test_unset_endpoint_configures_nothing() -> None:
+def test_unset_endpoint_configures_nothing_and_says_otlp_is_off(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="guarded.otlp")
     tracer_provider, meter_provider = trace.get_tracer_provider(), metrics.get_meter_provider()
-    assert configure_otlp_from_env({}) is None
-    assert configure_otlp_from_env({"OTEL_SERVICE_NAME": "x", "OTEL_TRACES_EXPORTER": "otlp"}) is None
-    assert configure_otlp_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "  "}) is None
+    for environ in (
+        {},
+        {"OTEL_SERVICE_NAME": "x", "OTEL_TRACES_EXPORTER": "otlp"},
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "  "},
+    ):
+        assert_off(configure_otlp_from_env(environ), "no OTLP endpoint is set")
     assert trace.get_tracer_provider() is tracer_provider
     assert metrics.get_meter_provider() is meter_provider
+    assert "OTLP export is off: no OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT" in caplog.text
 
 
 def test_sdk_disabled_configures_nothing() -> None:
     environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4318", "OTEL_SDK_DISABLED": "TRUE"}
-    assert configure_otlp_from_env(environ) is None
+    assert_off(configure_otlp_from_env(environ), "OTEL_SDK_DISABLED is true")
 
 
 def test_sdk_disabled_other_than_true_is_false_with_a_warning(
@@ -217,7 +236,11 @@ def test_exporter_none_turns_a_signal_off(receiver: OtlpReceiver) -> None:
         "OTEL_TRACES_EXPORTER": "none",
         "OTEL_METRICS_EXPORTER": " None ",
     }
-    assert configure_otlp_from_env(both_off) is None
+    assert_off(
+        configure_otlp_from_env(both_off),
+        "traces: OTEL_TRACES_EXPORTER does not select otlp; "
+        "metrics: OTEL_METRICS_EXPORTER does not select otlp",
+    )
 
 
 def test_exporters_guarded_does_not_set_up_are_noted_not_refused(receiver: OtlpReceiver) -> None:

@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from guarded.snapshots import FileSnapshotStore, SnapshotNotFoundError
+from guarded.snapshots import (
+    FileSnapshotStore,
+    SnapshotNotFoundError,
+    SnapshotStoreNotFoundError,
+    SnapshotStoreReadOnlyError,
+)
 from guarded.snapshots.content import parse, read_section
 from guarded.testing.snapshot_contract import make_content
 from tests.killed_process import REPO, report_then_kill
@@ -98,3 +103,31 @@ def test_processes_save_concurrently_while_another_collects(tmp_path: Path) -> N
     import asyncio
 
     asyncio.run(check())
+
+
+@pytest.mark.asyncio
+async def test_a_store_opened_read_only_or_existing_never_creates_one(tmp_path: Path) -> None:
+    missing = tmp_path / "typo"
+    for options in ({"read_only": True}, {"create": False}):
+        with pytest.raises(SnapshotStoreNotFoundError, match="no snapshot store at"):
+            FileSnapshotStore(missing, **options)
+        assert not missing.exists()
+    root = tmp_path / "store"
+    async with await make_content("s-1") as content:
+        saved = await FileSnapshotStore(root).save(content)
+    before = sorted(str(path.relative_to(root)) for path in root.rglob("*"))
+    reader = FileSnapshotStore(root, read_only=True)
+    assert [s.id for s in (await reader.list()).items] == [saved.id]
+    async with await reader.load(saved.id) as loaded:
+        assert loaded.snapshot == saved
+    async with await make_content("s-2") as content:
+        with pytest.raises(SnapshotStoreReadOnlyError, match="save is refused"):
+            await reader.save(content)
+    with pytest.raises(SnapshotStoreReadOnlyError, match="tag is refused"):
+        await reader.tag(saved.id, ["x"])
+    with pytest.raises(SnapshotStoreReadOnlyError, match="gc is refused"):
+        await reader.gc()
+    with pytest.raises(SnapshotStoreReadOnlyError, match="delete is refused"):
+        await reader.delete(saved.id)
+    assert sorted(str(path.relative_to(root)) for path in root.rglob("*")) == before
+    assert (await FileSnapshotStore(root, create=False).tag(saved.id, ["kept"])).tags == ("kept",)
