@@ -8,6 +8,7 @@ the in-memory store and a real PostgreSQL store.
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -41,7 +42,7 @@ def new_store(request: pytest.FixtureRequest) -> StoreMaker:
     return lambda: make_store(types=types)
 
 
-async def write_newer(store: Any, traces: list[str]) -> None:
+async def write_newer(store: Any) -> None:
     """A newer write of every key the snapshot holds: memory, bindings, tasks, trajectories, pause."""
     for key in (memory_key(SESSION), f"custom:{SESSION}"):
         await store.save_memory_state(key, {"newer": True})
@@ -62,9 +63,15 @@ async def write_newer(store: Any, traces: list[str]) -> None:
         task.result = {"newer": True}
         task.update_status(task.status)  # updated_at: now, later than the snapshot's
         await store.save_task(task)
-    for trace in traces:
+    for trace in await store.list_traces(SESSION, 100):
         await store.save_trajectory(trace, SESSION, Trajectory(query="newer"))
     await store.save_planner_state(PAUSE, {"resume": "newer"})
+
+
+def without_task_times(seen: dict[str, Any]) -> dict[str, Any]:
+    """``observe``'s answer without the tasks' ``updated_at`` (a roll-back sets it to now)."""
+    tasks = [{k: v for k, v in task.items() if k != "updated_at"} for task in seen["tasks"]]
+    return {**seen, "tasks": tasks}
 
 
 @pytest.mark.asyncio
@@ -75,7 +82,7 @@ async def test_an_older_snapshot_never_moves_a_newer_key_backwards(new_store: St
         store, session_id=SESSION, memory_keys=[f"custom:{SESSION}"], pause_tokens=[PAUSE]
     ) as older:
         assert older.snapshot.counts["memory"] == 2
-        await write_newer(store, traces)
+        await write_newer(store)
         newer = await observe(store, SESSION, traces)
         report = await restore(older, store, include_pauses=True)
         assert await observe(store, SESSION, traces) == newer
@@ -107,16 +114,19 @@ async def test_a_roll_back_writes_the_snapshot_and_names_what_it_overwrote(new_s
     async with await capture(
         store, session_id=SESSION, memory_keys=[f"custom:{SESSION}"], pause_tokens=[PAUSE]
     ) as older:
-        before = await observe(store, SESSION, traces)
+        before = without_task_times(await observe(store, SESSION, traces))
         bindings = [
             f"{b.trace_id}/{b.context_id}/{b.task_id}"
             for b in await store.list_bindings(router_session_id=SESSION)
         ]
         tasks = [task.task_id for task in await store.list_tasks(SESSION)]
         trajectories = await store.list_traces(SESSION, 100)
-        await write_newer(store, traces)
+        await write_newer(store)
+        started = dt.datetime.now(dt.UTC)
         report = await restore(older, store, include_pauses=True, rollback=True)
-        assert await observe(store, SESSION, traces) == before
+        assert without_task_times(await observe(store, SESSION, traces)) == before
+        for task in await store.list_tasks(SESSION):  # as of now: newer than what it replaced
+            assert task.updated_at >= started - dt.timedelta(seconds=1)
         assert await store.load_planner_state(PAUSE) == {"resume": "here"}
         again = await restore(older, store, rollback=True)  # nothing left to overwrite
     assert sorted(report.overwritten["memory"]) == sorted([memory_key(SESSION), f"custom:{SESSION}"])
