@@ -11,12 +11,15 @@ from __future__ import annotations
 import datetime as dt
 import random
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from penguiflow.planner import Trajectory
 from penguiflow.state.models import RemoteBinding
+from prometheus_client import CollectorRegistry
 
+from guarded import guard
 from guarded.backends.memory import InMemoryStateStore
 from guarded.codec import penguiflow_types
 from guarded.snapshots import capture, restore
@@ -149,3 +152,22 @@ async def test_a_restore_into_an_empty_store_writes_everything(new_store: StoreM
     for section in ("memory", "bindings", "tasks", "trajectories"):
         assert report.written[section] == captured.snapshot.counts[section] > 0, section
     assert report.overwritten == {}
+
+
+@pytest.mark.asyncio
+async def test_the_rule_holds_through_the_guard(tmp_path: Path) -> None:
+    backend = InMemoryStateStore(record_types=penguiflow_types())
+    store = guard(backend, registry=CollectorRegistry(), spill_path=str(tmp_path / "spill.sqlite"))
+    try:
+        traces = await populate(store, random.Random(25), SESSION)
+        async with await capture(store, session_id=SESSION, memory_keys=[f"custom:{SESSION}"]) as older:
+            await write_newer(store)
+            newer = await observe(backend, SESSION, traces)
+            report = await restore(older, store)
+            assert await observe(backend, SESSION, traces) == newer
+            assert report.written["memory"] == report.written["bindings"] == 0
+            report = await restore(older, store, rollback=True)
+        assert sorted(report.overwritten["memory"]) == sorted([memory_key(SESSION), f"custom:{SESSION}"])
+        assert await backend.load_memory_state(f"custom:{SESSION}") == {"x": 1}
+    finally:
+        await store.close()
