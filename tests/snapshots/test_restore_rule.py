@@ -19,7 +19,7 @@ from penguiflow.planner import Trajectory
 from penguiflow.state.models import RemoteBinding
 from prometheus_client import CollectorRegistry
 
-from guarded import guard
+from guarded import controller, guard
 from guarded.backends.memory import InMemoryStateStore
 from guarded.codec import penguiflow_types
 from guarded.snapshots import capture, restore
@@ -170,4 +170,4 @@ async def test_the_rule_holds_through_the_guard(tmp_path: Path) -> None:
         assert sorted(report.overwritten["memory"]) == sorted([memory_key(SESSION), f"custom:{SESSION}"])
         assert await backend.load_memory_state(f"custom:{SESSION}") == {"x": 1}
     finally:
-        await store.close()
+        await controller(store).aclose()
