@@ -135,6 +135,9 @@ async def restore(
     return report
 
 
+BindingKey = tuple[object, object, object]
+"""``(trace_id, context_id, task_id)`` of a binding, as its record holds them."""
+
 Read = Callable[[], Awaitable[bytes | None]]
 """Reads the canonical form of the value the store holds for one key (``None``: none, or the
 store cannot read it back)."""
@@ -163,28 +166,38 @@ class _Writer:
         self.report.overwritten.setdefault(section, []).append(key)
 
     async def _upsert(
-        self, section: str, key: str, value: bytes, read: Read | None, method: str, *args: Any
-    ) -> None:
-        """Write one last-write-wins key (``method(*args)``) with the restore's logical time, unless
-        the store holds ``value`` already; skipped when the store keeps (or refuses for) a newer
-        value."""
-        held = None if read is None else await read()
+        self, section: str, key: str, value: bytes, held: bytes | None, method: str, *args: Any
+    ) -> bool:
+        """Write one last-write-wins key (``method(*args)``) with the restore's logical time,
+        unless the store holds ``value`` already (``held``); whether it was written (the caller
+        then checks, outside a roll-back, that the store kept it: :meth:`_kept_newer`)."""
         if held == value:
             self._count(section, False)
-            return
+            return False
         try:
             with logical_times(self.time):
                 await getattr(self.store, method)(*args)
         except WriteNotKeptError:
             self._count(section, False)  # the store refused it: it holds a newer write
-            return
-        if self.rollback:
-            if held is not None:
-                self._overwrote(section, key)
-        elif read is not None and await read() != value:
-            self._count(section, False)  # the store kept its newer value
-            return
+            return False
+        if self.rollback and held is not None:
+            self._overwrote(section, key)
         self._count(section, True)
+        return True
+
+    def _kept_newer(self, section: str) -> None:
+        """A write :meth:`_upsert` made that the store did not keep: it holds a newer value."""
+        self.report.written[section] -= 1
+        self.report.skipped[section] += 1
+
+    async def _upsert_read_back(
+        self, section: str, key: str, value: bytes, read: Read | None, method: str, *args: Any
+    ) -> None:
+        """:meth:`_upsert` of a key ``read`` reads back (``None``: the store cannot read it)."""
+        held = None if read is None else await read()
+        written = await self._upsert(section, key, value, held, method, *args)
+        if written and not self.rollback and read is not None and await read() != value:
+            self._kept_newer(section)
 
     def _reader(self, name: str, *args: Any, encode: Callable[[Any], Any] | None = None) -> Read | None:
         method = getattr(self.store, name, None)
@@ -230,7 +243,7 @@ class _Writer:
         async for record in self._records("trajectories"):
             trace, session = record["trace_id"], record["session_id"]
             trajectory = decode_trajectory(record["trajectory"])
-            await self._upsert(
+            await self._upsert_read_back(
                 "trajectories",
                 str(trace),
                 canonical(record["trajectory"]),
@@ -244,7 +257,7 @@ class _Writer:
     async def _memory(self) -> None:
         async for record in self._records("memory"):
             key, state = record["key"], record["state"]
-            await self._upsert(
+            await self._upsert_read_back(
                 "memory",
                 str(key),
                 canonical(state),
@@ -298,31 +311,38 @@ class _Writer:
             self._count(section, True)
 
     async def _bindings(self) -> None:
+        # Each router session is listed once before the restore writes to it, and once after.
+        can_list = callable(getattr(self.store, "list_bindings", None))
+        before: dict[str, dict[BindingKey, bytes]] = {}
+        written: dict[str, list[tuple[BindingKey, bytes]]] = {}
         async for record in self._records("bindings"):
+            found = record.get("router_session_id")
+            session = found if can_list and isinstance(found, str) else None  # None: cannot read back
+            key: BindingKey = (record["trace_id"], record.get("context_id"), record["task_id"])
+            value = canonical(record)
+            if session is not None and session not in before:
+                before[session] = await self._listed_bindings(session)
+            held = None if session is None else before[session].get(key)
             binding = REMOTE_BINDING.decode(record, self.types)
-            key = (record["trace_id"], record.get("context_id"), record["task_id"])
-            await self._upsert(
-                "bindings",
-                "/".join(str(part) for part in key),
-                canonical(record),
-                self._binding_reader(record.get("router_session_id"), key),
-                "save_remote_binding",
-                binding,
-            )
+            name = "/".join(str(part) for part in key)
+            wrote = await self._upsert("bindings", name, value, held, "save_remote_binding", binding)
+            if wrote and session is not None:
+                written.setdefault(session, []).append((key, value))
+        if self.rollback:
+            return
+        for session, items in written.items():
+            after = await self._listed_bindings(session)
+            for key, value in items:
+                if after.get(key) != value:
+                    self._kept_newer("bindings")
 
-    def _binding_reader(self, session: object, key: tuple[object, ...]) -> Read | None:
-        list_bindings = getattr(self.store, "list_bindings", None)
-        if not isinstance(session, str) or not callable(list_bindings):
-            return None  # not listed by any router session: only the store can compare
-
-        async def read() -> bytes | None:
-            for held in await list_bindings(router_session_id=session):
-                data = REMOTE_BINDING.encode(held)
-                if (data["trace_id"], data.get("context_id"), data["task_id"]) == key:
-                    return canonical(data)
-            return None
-
-        return read
+    async def _listed_bindings(self, session: str) -> dict[BindingKey, bytes]:
+        """The store's bindings of a router session by ``(trace_id, context_id, task_id)``."""
+        listed: dict[BindingKey, bytes] = {}
+        for binding in await self.store.list_bindings(router_session_id=session):
+            data = REMOTE_BINDING.encode(binding)
+            listed[(data["trace_id"], data.get("context_id"), data["task_id"])] = canonical(data)
+        return listed
 
     async def _pauses(self) -> None:
         async for record in self._records("pauses"):
