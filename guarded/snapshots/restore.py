@@ -126,7 +126,7 @@ async def restore(
         )
     report = RestoreReport(unsupported=unsupported, rollback=rollback)
     now = next_logical_time()
-    time = now if rollback else min(logical_time_of(content.snapshot.created_at), now)
+    time = now if rollback else min(_logical_time_of(content.snapshot.created_at), now)
     writer = _Writer(content, store, record_types or record_types_of(store), report, time)
     for section in sections:
         if section in unsupported or not counts.get(section, 0):
@@ -282,7 +282,7 @@ class _Writer:
                 self._count("tasks", False)  # already there
                 continue
             if self.rollback and held is not None:
-                task.updated_at = _as_of(self.time[0], task.updated_at)  # newer than what it replaces
+                task.updated_at = _as_of(self.time[0], task.updated_at, held[0])
                 self._overwrote("tasks", str(task.task_id))
             elif held is not None and _newer(held[0], task.updated_at):
                 self._count("tasks", False)  # newer there
@@ -382,16 +382,18 @@ class _Writer:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def logical_time_of(moment: datetime) -> int:
+def _logical_time_of(moment: datetime) -> int:
     """The logical time (microseconds since the Unix epoch) of ``moment``; naive is taken as UTC."""
     aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
     return (aware - _EPOCH) // timedelta(microseconds=1)
 
 
-def _as_of(time: int, like: datetime) -> datetime:
-    """The moment of logical ``time``, naive when ``like`` is (a roll-back's ``updated_at``)."""
+def _as_of(time: int, like: datetime, replaced: datetime) -> datetime:
+    """A roll-back's ``updated_at``: the moment of logical ``time`` (naive when ``like`` is), or
+    just after ``replaced`` when that is later (a clock ahead of this one wrote it)."""
     moment = _EPOCH + timedelta(microseconds=time)
-    return moment if like.tzinfo is not None else moment.replace(tzinfo=None)
+    moment = moment if like.tzinfo is not None else moment.replace(tzinfo=None)
+    return replaced + timedelta(microseconds=1) if _newer(replaced, moment) else moment
 
 
 def _task_value(record: JSONObject) -> bytes:
@@ -406,4 +408,4 @@ def _newer(held: datetime, restored: datetime) -> bool:
         return False
 
 
-__all__ = ["NEEDS", "RestoreReport", "logical_time_of", "restore"]
+__all__ = ["NEEDS", "RestoreReport", "restore"]
