@@ -304,6 +304,14 @@ class InMemoryStateStore:
         state: dict[str, Any] = json.loads(text)
         return state
 
+    async def list_memory_keys(self, session_id: str) -> list[str]:
+        """Every memory key of the session, sorted: the keys ending with ``:{session_id}`` (spec
+        003's ``tenant:user:session``)."""
+        suffix = f":{session_id}"
+        async with self._lock:
+            keys = [key for key in self._memory_state if key.endswith(suffix)]
+        return sorted(keys)
+
     # --- tasks and updates -------------------------------------------------------------------------
 
     async def save_task(self, state: TaskState) -> None:

@@ -196,6 +196,7 @@ def state_store_policies() -> list[MethodPolicy]:
             read_key=arg("key", 0),
             memory_health=True,
         ),
+        MethodPolicy("list_memory_keys", Kind.READ, Fallback.EMPTY_LIST, ids=Ids(session_id=_session_arg)),
         MethodPolicy(
             "save_task",
             Kind.UPSERT,

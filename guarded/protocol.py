@@ -68,6 +68,17 @@ class SupportsMemoryState(Protocol):
 
 
 @runtime_checkable
+class SupportsMemoryKeys(Protocol):
+    """Listing the memory keys of a session: what lets a snapshot capture every memory state of
+    it without being told the keys (:func:`guarded.snapshots.capture`)."""
+
+    async def list_memory_keys(self, session_id: str) -> Sequence[str]:
+        """Every key with a memory state that ends with ``:{session_id}`` (spec 003's
+        ``tenant:user:session``, and any other ``...:{session_id}`` key), sorted; ``[]`` when none."""
+        ...
+
+
+@runtime_checkable
 class SupportsTasks(Protocol):
     """Task lifecycle and streaming updates for sessions."""
 
@@ -203,6 +214,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("core", StateStore, ("save_event", "load_history", "save_remote_binding"), required=True),
     Capability("planner_state", SupportsPlannerState, ("save_planner_state", "load_planner_state")),
     Capability("memory_state", SupportsMemoryState, ("save_memory_state", "load_memory_state")),
+    Capability("memory_keys", SupportsMemoryKeys, ("list_memory_keys",)),
     Capability("tasks", SupportsTasks, ("save_task", "list_tasks", "save_update", "list_updates")),
     Capability("steering", SupportsSteering, ("save_steering", "list_steering")),
     Capability("trajectories", SupportsTrajectories, ("save_trajectory", "get_trajectory", "list_traces")),
@@ -328,6 +340,7 @@ __all__ = [
     "SupportsArtifacts",
     "SupportsBulkEvents",
     "SupportsConversationBindings",
+    "SupportsMemoryKeys",
     "SupportsMemoryState",
     "SupportsPlannerEvents",
     "SupportsPlannerState",

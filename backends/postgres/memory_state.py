@@ -7,6 +7,10 @@ during an outage and replayed later never undoes a newer write, from any process
 :meth:`MemoryStates.save_many` upserts many keys in one ``INSERT ... SELECT FROM unnest(...)``
 statement, the last state of a key winning (:mod:`.bulk`). The rows go in key order, so two
 concurrent bulk writes of overlapping keys lock them in the same order and cannot deadlock.
+
+:meth:`MemoryStates.keys_of_session` (``list_memory_keys``) lists the keys of a session: those
+ending with ``:{session_id}``, spec 003's ``tenant:user:session``. It reads the whole table (no
+index serves a suffix); a capture calls it once per session.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from guarded.logical_time import current_logical_time
 
 from .bulk import last_per_key, with_logical_times
 from .connection import Database
-from .json_codec import check_text, dump_json_object, loads_json, to_db_text
+from .json_codec import check_text, dump_json_object, from_db_text, loads_json, to_db_text
 from .schema_names import qualified
 
 
@@ -42,6 +46,8 @@ class MemoryStates:
             f"{on_conflict}"
         )
         self.select = f"SELECT state FROM {table} WHERE key = $1"
+        # A suffix compared as text, not a LIKE pattern: a session id's % and _ are plain characters.
+        self.keys_ending = f"SELECT key FROM {table} WHERE right(key, char_length($1)) = $1"
 
     @staticmethod
     def encode(key: Any, state: Any) -> tuple[str, str]:
@@ -61,6 +67,12 @@ class MemoryStates:
             await self._db.execute(self.upsert, *unique[0])
             return
         await self._db.execute(self.upsert_many, *zip(*unique, strict=True))
+
+    async def keys_of_session(self, session_id: Any) -> list[str]:
+        """The keys ending with ``:{session_id}``, sorted by code point."""
+        suffix = to_db_text(":" + check_text(session_id, "session_id"))
+        rows = await self._db.fetch(self.keys_ending, suffix)
+        return sorted(from_db_text(row[0]) for row in rows)
 
     async def load(self, key: Any) -> dict[str, Any] | None:
         text = await self._db.fetchval(self.select, to_db_text(check_text(key, "key")))

@@ -150,6 +150,12 @@ class ProtocolMethods:
         with refusing("load_memory_state"):
             return await self._tables.memory.load(key)
 
+    async def list_memory_keys(self, session_id: str) -> list[str]:
+        """Every memory key of the session, sorted: the keys ending with ``:{session_id}`` (spec
+        003's ``tenant:user:session``)."""
+        with refusing("list_memory_keys"):
+            return await self._tables.memory.keys_of_session(session_id)
+
     # ------------------------------------------------------------------------------------------------
     # Tasks and updates
     # ------------------------------------------------------------------------------------------------

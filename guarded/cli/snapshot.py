@@ -117,12 +117,21 @@ def register(subparsers: Any) -> None:
 
     sub = action(
         "restore",
-        "write a snapshot into a StateStore (idempotent: again is the same as once)",
+        "write a snapshot into a StateStore (idempotent; never over newer data unless --rollback)",
         restore_command,
     )
     sub.add_argument("snapshot_id", metavar="ID")
     sub.add_argument("--into", required=True, metavar="MODULE:CALLABLE", help="StateStore factory")
-    sub.add_argument("--include-pauses", action="store_true", help="restore pause tokens too")
+    sub.add_argument(
+        "--rollback",
+        action="store_true",
+        help="write the snapshot's values over newer ones, as of now, and list what was overwritten",
+    )
+    sub.add_argument(
+        "--include-pauses",
+        action="store_true",
+        help="restore pause tokens too (re-created only with --rollback)",
+    )
     sub.add_argument(
         "--skip-unsupported", action="store_true", help="leave out sections the store cannot take"
     )

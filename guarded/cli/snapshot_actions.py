@@ -51,13 +51,24 @@ async def capture_command(args: argparse.Namespace) -> int:
     finally:
         await close_store(snapshots)
 
+    not_enumerated = captured.not_enumerated
+
     def text() -> None:
         print(
             f"captured snapshot {saved.id} of {saved.subject_kind} {saved.subject_id}: "
             f"{counts_line(saved)}; {format_bytes(saved.total_bytes)} in {seconds:.1f}s"
         )
+        if not_enumerated:
+            note(
+                "read only for the keys named or derived (the store cannot list them): "
+                + ", ".join(not_enumerated)
+            )
 
-    emit(args, {"snapshot": saved.manifest(), "seconds": round(seconds, 3)}, text)
+    emit(
+        args,
+        {"snapshot": saved.manifest(), "not_enumerated": not_enumerated, "seconds": round(seconds, 3)},
+        text,
+    )
     return EXIT_OK
 
 
@@ -185,7 +196,8 @@ async def diff_command(args: argparse.Namespace) -> int:
 
 
 async def restore_command(args: argparse.Namespace) -> int:
-    """``restore``: a snapshot written into a StateStore (idempotent)."""
+    """``restore``: a snapshot written into a StateStore (idempotent; the store's newer data wins
+    unless ``--rollback``)."""
     snapshots = await snapshot_store(args, access="read")
     try:
         target = await state_store(args.into)
@@ -202,6 +214,7 @@ async def restore_command(args: argparse.Namespace) -> int:
                             target,
                             include_pauses=args.include_pauses,
                             skip_unsupported=args.skip_unsupported,
+                            rollback=args.rollback,
                         )
                     except (KeyboardInterrupt, asyncio.CancelledError):
                         args.state.done = (
@@ -224,13 +237,23 @@ async def restore_command(args: argparse.Namespace) -> int:
         )
         if report.unsupported:
             note(f"left out (the store cannot take them): {', '.join(report.unsupported)}")
+        if args.include_pauses and not args.rollback and report.skipped["pauses"]:
+            note(
+                f"{report.skipped['pauses']:,} pause(s) not restored: only a roll-back re-creates "
+                "a pause (the store may have consumed it); pass --rollback"
+            )
+        for section, keys in report.overwritten.items():
+            shown = ", ".join(keys[:5]) + (f", ... ({len(keys):,} in all)" if len(keys) > 5 else "")
+            print(f"  overwrote {section}: {shown}")
 
     emit(
         args,
         {
             "snapshot": snapshot.id,
+            "rollback": report.rollback,
             "written": report.written,
             "skipped": report.skipped,
+            "overwritten": report.overwritten,
             "unsupported": report.unsupported,
             "seconds": round(seconds, 3),
         },

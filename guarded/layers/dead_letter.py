@@ -20,7 +20,7 @@ from typing import Any
 
 from ..durability.ports import DurabilityPorts
 from ..logical_time import LOGICAL_TIMES as logical_times
-from ..logical_time import WRITE_TIME_ARGUMENT, current_logical_time, next_logical_time
+from ..logical_time import WRITE_TIME_ARGUMENT, current_logical_time
 from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
@@ -63,9 +63,10 @@ class DeadLetterLayer:
                 finally:
                     _release_key(held, leave)
             stamp = next_stamp()
-            # The logical time of the call: the backend refuses to let a write older than the
-            # row's replace it, so a replay of this write never undoes a newer one.
-            token = logical_times.set((next_logical_time(),))
+            # The logical time of the call (the caller's, when it set one: a snapshot restore): the
+            # backend refuses to let a write older than the row's replace it, so a replay of this
+            # write never undoes a newer one.
+            token = logical_times.set((current_logical_time(),))
             try:
                 assert key_of is not None
                 key = key_of(call.args, call.kwargs)
@@ -148,7 +149,7 @@ class DeadLetterLayer:
             stamp = next_stamp()
             if slot is not None and not try_enter(slot, stamp):
                 return False
-            call.held = (stamp, slot, set_time((next_logical_time(),)), key)
+            call.held = (stamp, slot, set_time((current_logical_time(),)), key)
             return True
 
         def give_back(call: Call) -> None:

@@ -11,6 +11,7 @@ trace (spec 004, "State Recovery System"; its pipeline replay engine is out of s
     ...
     async with await snapshots.load(record.id) as content:
         await restore(content, staging_store)           # any StateStore; twice is the same as once
+        await restore(content, production_store, rollback=True)  # newer data wins unless rolling back
 
 Pieces, one job each:
 

@@ -11,16 +11,22 @@ CAPABILITIES`): a store without tasks simply yields a snapshot without tasks. Wh
   events (``load_history``) and planner events.
 * **trace** ``t``: its events, planner events, artifacts scoped to the trace, and its trajectory
   when ``session_id`` is also given (``get_trajectory`` needs it).
-* **memory states**: a store cannot list its memory keys, so the keys read are ``memory_keys`` plus,
-  for a session, PenguiFlow's ``tenant:user:session`` for every tenant and user its bindings
-  and artifacts name.
-* **pauses**: only the ``pause_tokens`` given. Reading a pause consumes it, so each is saved back at
-  once; a resume racing the capture may find the token missing for that instant.
+* **memory states**: the keys read are ``memory_keys`` plus, for a session, every key the store
+  lists (``list_memory_keys``, :class:`~guarded.protocol.SupportsMemoryKeys`). A store that cannot
+  list them gets PenguiFlow's ``tenant:user:session`` for every tenant and user the session's
+  bindings and artifacts name instead, and the capture says it could not enumerate ``memory``.
+* **pauses**: only the ``pause_tokens`` given (no store lists its pauses: ``pauses`` is never
+  enumerated). Reading a pause consumes it, so each is saved back at once; a resume racing the
+  capture may find the token missing for that instant.
+
+The snapshot's ``created_at`` is taken when the capture starts: every record was read at or after
+it, which is what a restore counts the snapshot's values as of (:mod:`.restore`).
 
 Memory stays bounded: each read's answer is written out, batch by batch, to a local spool
 (:class:`~guarded.snapshots.content.SpoolWriter`) before the next read; blobs go to files one at a
 time. The result is a :class:`~guarded.snapshots.content.SpooledSnapshot`: pass it to a store's
-``save`` and close it.
+``save`` and close it; its ``not_enumerated`` names the sections the capture could only read for
+the keys it was given or could derive.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ async def capture(
     kind: SubjectKind = "trace" if trace_id is not None else "session"
     subject = trace_id if trace_id is not None else session_id
     assert subject is not None
+    created_at = datetime.now(UTC)
     writer = SpoolWriter(spool_dir, on_lines=progress)
     try:
         reader = _Reader(store, writer)
@@ -94,11 +101,11 @@ async def capture(
             await reader.trace(trace_id, session_id, list(memory_keys))
         await reader.pauses(list(pause_tokens))
         parent_id = parent.id if isinstance(parent, Snapshot) else parent
-        return await writer.finish(
+        captured = await writer.finish(
             id=snapshot_id or uuid.uuid4().hex,
             subject_kind=kind,
             subject_id=subject,
-            created_at=datetime.now(UTC),
+            created_at=created_at,
             format_version=FORMAT_VERSION,
             tags=tuple(tags),
             description=description,
@@ -107,6 +114,8 @@ async def capture(
     except BaseException:
         writer.abandon()
         raise
+    captured.not_enumerated = (*reader.not_enumerated, "pauses")
+    return captured
 
 
 class _Reader:
@@ -115,6 +124,8 @@ class _Reader:
         self.writer = writer
         self.traces: dict[str, None] = {}
         self.people: set[tuple[str, str]] = set()
+        self.not_enumerated: tuple[str, ...] = ()
+        """The sections read only for the keys given or derived (the store lists none)."""
 
     def _note_trace(self, trace_id: object) -> None:
         if isinstance(trace_id, str) and trace_id:
@@ -152,8 +163,12 @@ class _Reader:
         for trace in list(self.traces):
             await self._trace_logs(trace)
         keys = dict.fromkeys(memory_keys)
-        for tenant, user in sorted(self.people):
-            keys.setdefault(f"{tenant}:{user}:{session_id}", None)
+        if list_keys := _method(self.store, "list_memory_keys"):
+            keys.update(dict.fromkeys(await list_keys(session_id)))
+        else:
+            self.not_enumerated = ("memory",)
+            for tenant, user in sorted(self.people):
+                keys.setdefault(f"{tenant}:{user}:{session_id}", None)
         await self._memory(list(keys))
 
     async def trace(self, trace_id: str, session_id: str | None, memory_keys: Sequence[str]) -> None:
@@ -161,6 +176,7 @@ class _Reader:
         if session_id is not None:
             await self._trajectory(trace_id, session_id)
         await self._artifacts(trace_id=trace_id)
+        self.not_enumerated = ("memory",)  # memory belongs to a session: only the keys given
         await self._memory(memory_keys)
 
     async def _tasks(self, session_id: str) -> None:

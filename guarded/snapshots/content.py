@@ -271,6 +271,9 @@ class SpooledSnapshot(DirectoryContent):
     def __init__(self, snapshot: Snapshot, directory: Path) -> None:
         super().__init__(snapshot, directory / "sections", lambda digest: directory / "blobs" / digest)
         self.directory = directory
+        self.not_enumerated: tuple[str, ...] = ()
+        """For a capture: the sections it read only for the keys it was given or could derive,
+        because the store cannot list them (:func:`~guarded.snapshots.capture`)."""
         self._finalizer = weakref.finalize(self, shutil.rmtree, directory, True)
 
     async def aclose(self) -> None:

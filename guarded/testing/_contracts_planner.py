@@ -15,6 +15,7 @@ LOAD_PLANNER = "spec 000 'Optional Duck-Typed Methods' §5 load_planner_state"
 MISSING_TOKEN = f"{LOAD_PLANNER}, 'missing token semantics'"
 SAVE_MEMORY = "spec 000 'Optional Duck-Typed Methods' §6 save_memory_state"
 LOAD_MEMORY = "spec 000 'Optional Duck-Typed Methods' §7 load_memory_state"
+MEMORY_KEYS = "optional list_memory_keys; keys are spec 003's MemoryKey.composite(), tenant:user:session"
 TRAJECTORIES = "spec 000 'Optional Duck-Typed Methods' §10 Trajectory Persistence"
 LIST_TRACES = "spec 001 list_traces: most recent first, by the last time a trajectory was saved"
 PLANNER_EVENTS = "spec 000 'Optional Duck-Typed Methods' §11 Planner Event Persistence"
@@ -194,6 +195,30 @@ async def memory_latest_wins(store: Any) -> None:
         "state",
         f"save_memory_state upserts: the latest state replaces the previous one ({SAVE_MEMORY})",
     )
+
+
+@contract(
+    "memory_keys.session_keys",
+    "memory_keys",
+    "list_memory_keys lists every memory key of the session (tenant:user:session, sorted), and no other.",
+    requires=("save_memory_state",),
+)
+async def memory_keys_of_session(store: Any) -> None:
+    session = unique("session")
+    mine = sorted([f"tenant-a:user-1:{session}", f"tenant-b:user-2:{session}", f"custom:{session}"])
+    others = [f"tenant-a:user-1:{session}-2", f"tenant-a:user-1:x{session}", f"tenant-a:{session}:other"]
+    for key in [*mine, *others]:
+        await store.save_memory_state(key, memory_state(key))
+    listed = await store.list_memory_keys(session)
+    expect_same(
+        mine,
+        list(expect_sequence(listed, "list_memory_keys", f"it returns a sequence ({MEMORY_KEYS})")),
+        "keys",
+        f"every key ending with ':' and the session id, sorted, and no other ({MEMORY_KEYS})",
+    )
+    empty = await store.list_memory_keys(unique("session"))
+    if list(empty):
+        raise violation(f"list_memory_keys of a session with no memory returned {show(empty)}, not []")
 
 
 def trajectory(query: str, marker: str) -> Any:

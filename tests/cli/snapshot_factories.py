@@ -6,7 +6,7 @@ import random
 
 from guarded.backends.memory import InMemoryStateStore
 from guarded.codec import penguiflow_types
-from tests.snapshots._sessions import populate
+from tests.snapshots._sessions import TENANT, USER, populate
 
 SEED = 7
 SESSION = "s1"
@@ -34,3 +34,11 @@ def unreachable() -> InMemoryStateStore:
 
 def not_a_snapshot_store() -> InMemoryStateStore:
     return InMemoryStateStore()
+
+
+async def changed() -> InMemoryStateStore:
+    """:func:`populated`'s session with a newer memory state (kept in :data:`TARGETS`)."""
+    store = await populated()
+    await store.save_memory_state(f"{TENANT}:{USER}:{SESSION}", {"newer": True})
+    TARGETS.append(store)
+    return store

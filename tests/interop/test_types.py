@@ -229,6 +229,7 @@ async def test_every_load_returns_penguiflows_own_classes(make_store: StoreFacto
         assert await load("list_traces", SESSION) == [TRACE]
 
         assert await load("load_memory_state", "acme:alice:session-1") == memory
+        assert await load("list_memory_keys", "session-1") == ["acme:alice:session-1"]
         assert await load("load_planner_state", "pause-token") == pause
         assert await load("load_planner_state", "pause-token") is None  # consumed once
 

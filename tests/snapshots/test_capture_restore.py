@@ -48,7 +48,7 @@ async def test_restore_answers_every_read_like_the_source(
     assert record.counts["pauses"] == 1
     target = STORES[target_kind]()
     async with await snapshots.load(record.id) as content:
-        await restore(content, target, include_pauses=True)
+        await restore(content, target, include_pauses=True, rollback=True)
     expected = await observe(source, "s1", traces)
     assert await observe(target, "s1", traces) == expected
     assert await target.load_planner_state("s1-pause") == {"resume": "here"}
@@ -66,13 +66,13 @@ async def test_restore_answers_every_read_like_the_source(
 
 @pytest.mark.asyncio
 async def test_memory_keys_are_derived_from_tenant_and_user(tmp_path: Path) -> None:
-    source = InMemoryStateStore()
+    source = PenguiFlowStore()  # cannot list its memory keys
     await populate(source, random.Random(1), "s1")
     async with await capture(source, session_id="s1") as captured:
         from guarded.snapshots import records
 
         keys = [record["key"] async for record in records(captured, "memory")]
-    assert keys == [memory_key("s1")]  # the custom key is found only when named
+    assert keys == [memory_key("s1")]  # the custom key is found only when named (or listed)
 
 
 @pytest.mark.asyncio
@@ -219,3 +219,42 @@ async def test_restore_never_overwrites_a_write_newer_than_the_restore() -> None
         assert await older.load_memory_state(memory_key("s1")) == await source.load_memory_state(
             memory_key("s1")
         )
+
+
+@pytest.mark.asyncio
+async def test_memory_keys_listed_by_the_store_are_captured_diffed_and_restored(tmp_path: Path) -> None:
+    source = InMemoryStateStore(record_types=penguiflow_types())
+    await populate(source, random.Random(10), "s1")
+    await populate(source, random.Random(11), "other")
+    unnamed = "acme:u2:s1"  # a user neither a binding nor an artifact names
+    await source.save_memory_state(unnamed, {"turns": [1]})
+    snapshots = FileSnapshotStore(tmp_path)
+    async with await capture(source, session_id="s1") as captured:  # no memory key named
+        assert captured.not_enumerated == ("pauses",)
+        before = await snapshots.save(captured)
+    assert before.counts["memory"] == 3  # derived, custom:s1 and the unnamed user's
+    await source.save_memory_state(unnamed, {"turns": [1, 2]})
+    await source.save_memory_state("custom:s1", {"x": 2})
+    async with await capture(source, session_id="s1", parent=before) as captured:
+        after = await snapshots.save(captured)
+    diff = await snapshots.diff(before.id, after.id)
+    assert sorted((c.key, c.after["state"]) for c in diff.memory_changed) == [
+        ("acme:u2:s1", {"turns": [1, 2]}),
+        ("custom:s1", {"x": 2}),
+    ]
+    assert not diff.empty
+    target = InMemoryStateStore(record_types=penguiflow_types())
+    async with await snapshots.load(after.id) as content:
+        await restore(content, target)
+    for key in (memory_key("s1"), "custom:s1", unnamed):
+        assert await target.load_memory_state(key) == await source.load_memory_state(key)
+    assert await target.load_memory_state(memory_key("other")) is None
+
+
+@pytest.mark.asyncio
+async def test_a_capture_says_which_sections_it_could_not_enumerate() -> None:
+    source = PenguiFlowStore()  # no list_memory_keys
+    await populate(source, random.Random(12), "s1")
+    async with await capture(source, session_id="s1") as captured:
+        assert captured.not_enumerated == ("memory", "pauses")
+        assert captured.snapshot.counts["memory"] == 1  # only the derived key

@@ -31,8 +31,8 @@ async def test_memory_to_postgres_and_back(tmp_path: Path, make_store: StoreFact
 
     postgres = await make_store(types=types)
     async with await snapshots.load(first.id) as content:
-        await restore(content, postgres, include_pauses=True)
-        await restore(content, postgres, include_pauses=True)  # twice: the same
+        await restore(content, postgres, include_pauses=True, rollback=True)
+        await restore(content, postgres, include_pauses=True, rollback=True)  # twice: the same
     expected = await observe(source, "s1", traces)
     assert await observe(postgres, "s1", traces) == expected
 
@@ -41,7 +41,7 @@ async def test_memory_to_postgres_and_back(tmp_path: Path, make_store: StoreFact
     assert second.content_hash == first.content_hash
     back = InMemoryStateStore(record_types=types)
     async with await snapshots.load(second.id) as content:
-        await restore(content, back, include_pauses=True)
+        await restore(content, back, include_pauses=True, rollback=True)
     assert await observe(back, "s1", traces) == expected
     assert await back.load_planner_state("s1-pause") == {"resume": "here"}
     assert (await snapshots.diff(first.id, second.id)).empty

@@ -35,8 +35,8 @@ async def test_memory_to_postgres_and_back_with_postgres_snapshots(
         first = await snapshots.save(captured)
 
     async with await snapshots.load(first.id) as content:
-        await restore(content, postgres, include_pauses=True)
-        await restore(content, postgres, include_pauses=True)  # twice: the same
+        await restore(content, postgres, include_pauses=True, rollback=True)
+        await restore(content, postgres, include_pauses=True, rollback=True)  # twice: the same
     expected = await observe(source, "s1", traces)
     assert await observe(postgres, "s1", traces) == expected
 
@@ -46,7 +46,7 @@ async def test_memory_to_postgres_and_back_with_postgres_snapshots(
     assert [s.id for s in await snapshots.lineage(second.id)] == [second.id, first.id]
     back = InMemoryStateStore(record_types=types)
     async with await snapshots.load(second.id) as content:
-        await restore(content, back, include_pauses=True)
+        await restore(content, back, include_pauses=True, rollback=True)
     assert await observe(back, "s1", traces) == expected
     assert await back.load_planner_state("s1-pause") == {"resume": "here"}
     assert (await snapshots.diff(first.id, second.id)).empty
