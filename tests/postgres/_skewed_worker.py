@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
 from guarded.guard import guard
 
+
 def skew_clock(seconds: float) -> None:
     real = time.time_ns
     offset = int(seconds * 1e9)
@@ -51,7 +52,11 @@ async def main(dsn: str, schema: str, skew: float, name: str, spill: str) -> Non
     skew_clock(skew)
     registry = CollectorRegistry()
     backend = await PostgresStateStore.connect(
-        dsn, schema=schema, registry=CollectorRegistry(), stats_interval=None, pool=PoolSettings(min_size=1, max_size=2)
+        dsn,
+        schema=schema,
+        registry=CollectorRegistry(),
+        stats_interval=None,
+        pool=PoolSettings(min_size=1, max_size=2),
     )
     store = guard(backend, name=name, registry=registry, dead_letter={"path": spill})
     loop = asyncio.get_running_loop()

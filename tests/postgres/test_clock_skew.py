@@ -149,14 +149,22 @@ async def test_a_write_held_by_an_older_version_never_overwrites_a_newer_write(
     target = await make_store()
     path = tmp_path / "worker.sqlite"
     older = DeadLetterBuffer(
-        DeadLetterConfig(path=str(path)), store_name="worker", registry=CollectorRegistry(), target=target.target_identity
+        DeadLetterConfig(path=str(path)),
+        store_name="worker",
+        registry=CollectorRegistry(),
+        target=target.target_identity,
     )
     try:
         for name in ("contested", "uncontested"):
             kwargs: dict[str, Any] = {}
             assert WRITE_TIME_ARGUMENT not in kwargs  # as an older version held it
             await older.put(
-                "save_memory_state", (name, {"by": "held before the upgrade"}), kwargs, key=name, stamp=1, error="x"
+                "save_memory_state",
+                (name, {"by": "held before the upgrade"}),
+                kwargs,
+                key=name,
+                stamp=1,
+                error="x",
             )
             await older.put(
                 "save_trajectory",
