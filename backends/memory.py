@@ -187,7 +187,7 @@ class InMemoryStateStore:
         [written] = current_logical_times(1)
         async with self._lock:
             applied = self._bindings.put(data, written, self._next_seq)
-        _superseded(not applied, "save_remote_binding")
+        _superseded(0 if applied else 1, "save_remote_binding")
 
     async def save_remote_bindings(self, bindings: Sequence[RemoteBinding]) -> None:
         """:meth:`save_remote_binding` for each binding in order; nothing is stored if one is invalid."""
@@ -237,7 +237,7 @@ class InMemoryStateStore:
         [written] = current_logical_times(1)
         async with self._lock:
             applied = self._bindings.mark_terminal((trace_id, context_id, task_id), written)
-        _superseded(not applied, "mark_binding_terminal")
+        _superseded(0 if applied else 1, "mark_binding_terminal")
 
     async def mark_bindings_terminal(self, items: Sequence[tuple[str, str | None, str]]) -> None:
         """:meth:`mark_binding_terminal` for each ``(trace_id, context_id, task_id)`` in order."""
@@ -295,7 +295,7 @@ class InMemoryStateStore:
             applied = self._written.newest("memory", key, written)
             if applied:
                 self._memory_state[key] = text
-        _superseded(not applied, "save_memory_state")
+        _superseded(0 if applied else 1, "save_memory_state")
 
     async def save_memory_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """:meth:`save_memory_state` for each ``(key, state)`` in order (the last of a key wins);
@@ -425,7 +425,7 @@ class InMemoryStateStore:
         [written] = current_logical_times(1)
         async with self._lock:
             applied = self._trajectories.put(trace_id, session_id, text, written)
-        _superseded(not applied, "save_trajectory")
+        _superseded(0 if applied else 1, "save_trajectory")
 
     async def save_trajectories(self, items: Sequence[tuple[str, str, Trajectory]]) -> None:
         """:meth:`save_trajectory` for each ``(trace_id, session_id, trajectory)`` in order;
