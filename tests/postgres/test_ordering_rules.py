@@ -9,6 +9,7 @@ applied); a replay kept without a time lands only where the key has no row.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from guarded import logical_time
 from guarded.backends.postgres import PostgresStateStore
 from guarded.errors import WriteSupersededError
 from guarded.logical_time import logical_times, next_logical_time, replaying
-from guarded.models import RemoteBinding
+from guarded.models import RemoteBinding, TaskContextSnapshot, TaskState, TaskStatus, TaskType
 
 AHEAD = 4_000_000_000_000_000  # microseconds: a clock far ahead of this one
 
@@ -141,3 +142,32 @@ async def test_terminal_marks_and_pause_saves_follow_the_same_rules(
     [found] = await store.list_bindings(router_session_id="router")
     assert found.is_terminal
     assert await store.load_planner_state("p") == {"by": "a direct save"}
+
+
+def task(step: int) -> TaskState:
+    return TaskState(
+        task_id="task",
+        session_id="session",
+        status=TaskStatus.RUNNING,
+        task_type=TaskType.BACKGROUND,
+        priority=step,
+        context_snapshot=TaskContextSnapshot(session_id="session", task_id="task"),
+        updated_at=datetime(2025, 1, 1, tzinfo=UTC) + timedelta(seconds=step),
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_replayed_task_state_older_than_the_stored_one_is_reported(store: PostgresStateStore) -> None:
+    """Tasks are ordered by their own ``updated_at``: an older one is refused, a direct write
+    quietly as before, a replay reported so the guard counts it as superseded."""
+    await store.save_task(task(2))
+    await store.save_task(task(1))  # a direct write of older data: refused, as PenguiFlow callers expect
+    with replaying():
+        with pytest.raises(WriteSupersededError):
+            await store.save_task(task(0))
+        with pytest.raises(WriteSupersededError) as refused:
+            await store.save_tasks([task(1)])
+        assert refused.value.refused == 1
+        await store.save_task(task(3))
+    [found] = await store.list_tasks("session")
+    assert found.priority == 3
