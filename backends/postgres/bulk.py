@@ -88,20 +88,20 @@ def with_logical_times(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]
     return [(*row, time) for row, time in zip(rows, current_logical_times(len(rows)), strict=True)]
 
 
-def last_write_wins(assignments: str, *, stored: str = "stored", new: str = "EXCLUDED") -> tuple[str, str]:
-    """The SET list and condition of a last-write-wins update by logical time
-    (:mod:`guarded.logical_time`), for a direct write and for a replay: ``assignments`` (the
-    columns the write sets) followed by the row's new time, each ending with ``RETURNING
-    logical_time``. A direct write is always applied and the row takes ``GREATEST(its time, the
-    stored time + 1)``; a replay only when the stored time is not newer.
-    ``stored`` and ``new`` name the stored row and the written values."""
+def last_write_wins(assignments: str) -> tuple[str, str]:
+    """What ``ON CONFLICT ... DO UPDATE SET`` is followed by in a last-write-wins upsert by logical
+    time (:mod:`guarded.logical_time`), for a direct write and for a replay: ``assignments`` (the
+    columns the write sets, the conflicting row aliased ``stored``), the row's new time, and
+    ``RETURNING logical_time``. A direct write is always applied and the row takes ``GREATEST(its
+    time, the stored time + 1)``; a replay only when the stored time is not newer (no row returned
+    otherwise)."""
     direct = (
-        f"{assignments}, logical_time = GREATEST({new}.logical_time, {stored}.logical_time + 1) "
-        f"RETURNING {stored}.logical_time"
+        f"{assignments}, logical_time = GREATEST(EXCLUDED.logical_time, stored.logical_time + 1) "
+        "RETURNING stored.logical_time"
     )
     replay = (
-        f"{assignments}, logical_time = {new}.logical_time "
-        f"WHERE {stored}.logical_time <= {new}.logical_time RETURNING {stored}.logical_time"
+        f"{assignments}, logical_time = EXCLUDED.logical_time "
+        "WHERE stored.logical_time <= EXCLUDED.logical_time RETURNING stored.logical_time"
     )
     return direct, replay
 
