@@ -4,7 +4,8 @@ A write held during an outage is replayed later, perhaps after another worker wr
 directly. Bookkeeping inside one process cannot see that worker, so the data itself carries the
 time: every upsert of a memory state, trajectory, remote binding or pause has the logical time of
 its *call*, and the backend keeps with each row the time of the write that set it. Tasks need none
-of this: a task state carries its own ``updated_at``.
+of this: a task state carries its own ``updated_at`` (a replayed one older than the stored one is
+reported as below all the same).
 
 The rules a backend follows:
 
