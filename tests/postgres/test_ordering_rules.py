@@ -82,6 +82,8 @@ async def test_direct_writes_apply_and_only_older_replays_are_refused(
     write, read = (SINGLE if form == "single" else BULK)[kind]
     items = 1 if form == "single" else 2
     seen = logical_time._last
+    # The process clock comes back to this after the test, not to the time ahead it merges below.
+    monkeypatch.setattr(logical_time, "_last", seen)
     with logical_times((AHEAD,) * items):  # another worker, its clock far ahead
         await write(store, "ahead")
     monkeypatch.setattr(logical_time, "_last", seen)  # a time this process has not seen
@@ -119,6 +121,8 @@ async def test_terminal_marks_and_pause_saves_follow_the_same_rules(
     store: PostgresStateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen = logical_time._last
+    # The process clock comes back to this after the test, not to the time ahead it merges below.
+    monkeypatch.setattr(logical_time, "_last", seen)
     with logical_times((AHEAD,)):
         await store.save_remote_binding(binding(0, "ahead"))
         await store.save_planner_state("p", {"by": "ahead"})

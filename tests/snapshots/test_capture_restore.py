@@ -211,6 +211,8 @@ async def test_restore_never_overwrites_a_write_newer_than_the_restore(
     async with await capture(source, session_id="s1") as captured:
         later = next_logical_time() + 60_000_000  # a write made (by another worker) after the restore began
         seen = logical_time._last
+        # The process clock comes back to this after the test, not to the time ahead it merges below.
+        monkeypatch.setattr(logical_time, "_last", seen)
         with logical_times((later,)):
             await target.save_memory_state(memory_key("s1"), {"newer": True})
         monkeypatch.setattr(logical_time, "_last", seen)  # that worker's time: this process never saw it
