@@ -18,9 +18,11 @@ in list order does, except that every item is validated first: one bad item rais
 method's error (its path prefixed by ``items[3]``, ``states[3]``, ...) and nothing is stored.
 
 Memory states, trajectories, remote bindings and pauses are last-write-wins by logical time
-(:mod:`guarded.logical_time`), like the PostgreSQL backend: a write older than the one that set a
-key leaves it alone. Without a guard every call gets a new, larger time, so plain calls behave
-exactly as PenguiFlow's reference store (the last call wins).
+(:mod:`guarded.logical_time`), like the PostgreSQL backend: a direct write is always applied (the
+key's time only grows), a replay older than the write that set the key leaves it alone and raises
+:class:`~guarded.errors.WriteSupersededError` once the rest of the call is applied. Without a guard
+every call is a direct write, so plain calls behave exactly as PenguiFlow's reference store (the
+last call wins).
 
 Safe for concurrent use on one event loop: encoding happens before the lock is taken, and no
 critical section awaits. Not thread-safe.
@@ -71,6 +73,7 @@ from guarded.codec import (
     to_json_object,
 )
 from guarded.durability.local_artifacts import InMemoryArtifactStore
+from guarded.errors import WriteSupersededError
 from guarded.logical_time import LOGICAL_TIMES, current_logical_times
 from guarded.models import (
     ArtifactRetentionConfig,
@@ -183,7 +186,8 @@ class InMemoryStateStore:
         data = checked("save_remote_binding", "binding", lambda: REMOTE_BINDING.encode(binding))
         [written] = current_logical_times(1)
         async with self._lock:
-            self._bindings.put(data, written, self._next_seq)
+            applied = self._bindings.put(data, written, self._next_seq)
+        _superseded(0 if applied else 1, "save_remote_binding")
 
     async def save_remote_bindings(self, bindings: Sequence[RemoteBinding]) -> None:
         """:meth:`save_remote_binding` for each binding in order; nothing is stored if one is invalid."""
@@ -193,8 +197,11 @@ class InMemoryStateStore:
         ]
         times = current_logical_times(len(encoded))
         async with self._lock:
-            for data, written in zip(encoded, times, strict=True):
-                self._bindings.put(data, written, self._next_seq)
+            refused = sum(
+                not self._bindings.put(data, written, self._next_seq)
+                for data, written in zip(encoded, times, strict=True)
+            )
+        _superseded(refused, "save_remote_bindings")
 
     async def find_binding(
         self,
@@ -229,7 +236,8 @@ class InMemoryStateStore:
         """Mark the binding terminal so :meth:`find_binding` never returns it; unknown: no-op."""
         [written] = current_logical_times(1)
         async with self._lock:
-            self._bindings.mark_terminal((trace_id, context_id, task_id), written)
+            applied = self._bindings.mark_terminal((trace_id, context_id, task_id), written)
+        _superseded(0 if applied else 1, "mark_binding_terminal")
 
     async def mark_bindings_terminal(self, items: Sequence[tuple[str, str | None, str]]) -> None:
         """:meth:`mark_binding_terminal` for each ``(trace_id, context_id, task_id)`` in order."""
@@ -239,8 +247,11 @@ class InMemoryStateStore:
         ]
         times = current_logical_times(len(keys))
         async with self._lock:
-            for key, written in zip(keys, times, strict=True):
-                self._bindings.mark_terminal(key, written)
+            refused = sum(
+                not self._bindings.mark_terminal(key, written)
+                for key, written in zip(keys, times, strict=True)
+            )
+        _superseded(refused, "mark_bindings_terminal")
 
     # --- planner pause / resume --------------------------------------------------------------------
 
@@ -249,7 +260,8 @@ class InMemoryStateStore:
         text = dumps(checked("save_planner_state", "payload", lambda: to_json_object(payload)))
         times = current_logical_times(1)
         async with self._lock:
-            self._pauses.put([(token, text)], times)
+            refused = self._pauses.put([(token, text)], times)
+        _superseded(refused, "save_planner_state")
 
     async def save_planner_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """:meth:`save_planner_state` for each ``(token, payload)`` in order (the last of a token
@@ -260,7 +272,8 @@ class InMemoryStateStore:
         ]
         times = current_logical_times(len(encoded))
         async with self._lock:
-            self._pauses.put(encoded, times)
+            refused = self._pauses.put(encoded, times)
+        _superseded(refused, "save_planner_states")
 
     async def load_planner_state(self, token: str) -> dict[str, Any] | None:
         """Return and consume the payload; ``None`` (never ``{}``) when missing, consumed or expired."""
@@ -279,8 +292,10 @@ class InMemoryStateStore:
         text = dumps(checked("save_memory_state", "state", lambda: to_json_object(state)))
         [written] = current_logical_times(1)
         async with self._lock:
-            if self._written.newest("memory", key, written):
+            applied = self._written.newest("memory", key, written)
+            if applied:
                 self._memory_state[key] = text
+        _superseded(0 if applied else 1, "save_memory_state")
 
     async def save_memory_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """:meth:`save_memory_state` for each ``(key, state)`` in order (the last of a key wins);
@@ -290,10 +305,14 @@ class InMemoryStateStore:
             for index, (key, state) in bulk_calls("save_memory_states", items, 2, "(key, state)")
         ]
         times = current_logical_times(len(encoded))
+        refused = 0
         async with self._lock:
             for (key, text), written in zip(encoded, times, strict=True):
                 if self._written.newest("memory", key, written):
                     self._memory_state[key] = text
+                else:
+                    refused += 1
+        _superseded(refused, "save_memory_states")
 
     async def load_memory_state(self, key: str) -> dict[str, Any] | None:
         """A fresh copy of the state saved for ``key``, or ``None``."""
@@ -413,7 +432,8 @@ class InMemoryStateStore:
         text = dumps(checked("save_trajectory", "", lambda: encode_trajectory(trajectory)))
         [written] = current_logical_times(1)
         async with self._lock:
-            self._trajectories.put(trace_id, session_id, text, written)
+            applied = self._trajectories.put(trace_id, session_id, text, written)
+        _superseded(0 if applied else 1, "save_trajectory")
 
     async def save_trajectories(self, items: Sequence[tuple[str, str, Trajectory]]) -> None:
         """:meth:`save_trajectory` for each ``(trace_id, session_id, trajectory)`` in order;
@@ -427,8 +447,11 @@ class InMemoryStateStore:
             encoded.append((trace_id, session_id, dumps(data)))
         times = current_logical_times(len(encoded))
         async with self._lock:
-            for (trace_id, session_id, text), written in zip(encoded, times, strict=True):
-                self._trajectories.put(trace_id, session_id, text, written)
+            refused = sum(
+                not self._trajectories.put(trace_id, session_id, text, written)
+                for (trace_id, session_id, text), written in zip(encoded, times, strict=True)
+            )
+        _superseded(refused, "save_trajectories")
 
     async def get_trajectory(self, trace_id: str, session_id: str) -> Trajectory | None:
         """The trajectory, or ``None`` when missing or saved under another session."""
@@ -517,6 +540,13 @@ class InMemoryStateStore:
 
     def _decode(self, codec: RecordCodec[Any], text: str) -> Any:
         return codec.decode(json.loads(text), self._types)
+
+
+def _superseded(refused: int, method: str) -> None:
+    """Report replayed writes left alone because the key holds a newer one (after the rest of the
+    call was applied)."""
+    if refused:
+        raise WriteSupersededError(refused, method=method)
 
 
 __all__ = ["DROP_KINDS", "InMemoryStateStore", "event_fingerprint"]

@@ -9,6 +9,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import cast
 
 from guarded.codec import JSONObject
+from guarded.logical_time import REPLAYING, merge_logical_time
 
 from .memory_records import Binding, BindingKey, Coordinates, dumps, text_of
 
@@ -23,11 +24,21 @@ class LatestWrites:
         self._times: dict[tuple[str, Hashable], int] = {}
 
     def newest(self, kind: str, key: Hashable, written: int) -> bool:
-        """Record ``written`` as the logical time of ``key`` unless a newer write set it; whether
-        the write may be applied (last-write-wins)."""
-        if self._times.get((kind, key), written) > written:
-            return False
+        """Record a write of ``key`` with logical time ``written``; whether it may be applied.
+
+        A direct write always is, and the key takes ``max(written, stored time + 1)``; a replay
+        (:data:`~guarded.logical_time.REPLAYING`) only when ``written`` is not older than the
+        stored time (last-write-wins). The time the key now holds is merged into the process clock.
+        """
+        stored = self._times.get((kind, key))
+        if stored is not None and written <= stored:
+            if REPLAYING.get():
+                if written < stored:
+                    return False
+            else:
+                written = stored + 1
         self._times[(kind, key)] = written
+        merge_logical_time(written)
         return True
 
     def time_of(self, kind: str, key: Hashable) -> int:
@@ -47,17 +58,26 @@ class BindingTable:
         self._written = written
         self.by_key: dict[BindingKey, Binding] = {}
 
-    def put(self, data: JSONObject, written: int, next_seq: Callable[[], int]) -> None:
+    def put(self, data: JSONObject, written: int, next_seq: Callable[[], int]) -> bool:
+        """Upsert the binding; ``False`` when a replay older than the stored binding is refused."""
         key = (text_of(data, "trace_id"), cast(str | None, data["context_id"]), text_of(data, "task_id"))
-        if self._written.newest("binding", key, written):
-            self.by_key[key] = Binding.of(next_seq(), data)
+        if not self._written.newest("binding", key, written):
+            return False
+        self.by_key[key] = Binding.of(next_seq(), data)
+        return True
 
-    def mark_terminal(self, key: BindingKey, written: int) -> None:
+    def mark_terminal(self, key: BindingKey, written: int) -> bool:
+        """Mark the binding terminal (an unknown one: nothing to do); ``False`` when a replay older
+        than the stored binding is refused."""
         binding = self.by_key.get(key)
-        if binding is not None and self._written.newest("binding", key, written):
-            data: JSONObject = json.loads(binding.text)
-            data["is_terminal"] = True
-            self.by_key[key] = Binding.of(binding.seq, data)
+        if binding is None:
+            return True
+        if not self._written.newest("binding", key, written):
+            return False
+        data: JSONObject = json.loads(binding.text)
+        data["is_terminal"] = True
+        self.by_key[key] = Binding.of(binding.seq, data)
+        return True
 
     def live_with(self, wanted: Coordinates) -> list[Binding]:
         """The non-terminal bindings with these coordinates."""
@@ -80,8 +100,9 @@ class PauseTable:
         self._clock = clock
         self.saved: dict[str, Pause] = {}
 
-    def put(self, items: Sequence[tuple[str, str]], times: Sequence[int]) -> None:
-        """Store ``(token, payload text)`` pairs, all saved now: expired pauses are dropped first."""
+    def put(self, items: Sequence[tuple[str, str]], times: Sequence[int]) -> int:
+        """Store ``(token, payload text)`` pairs, all saved now: expired pauses are dropped first.
+        Returns how many replayed saves older than the stored pause were refused."""
         now = self._clock()
         ttl = self._ttl
         if ttl is not None:
@@ -89,9 +110,13 @@ class PauseTable:
             for key in expired:
                 del self.saved[key]
                 self._written.forget("pause", key)
+        refused = 0
         for (token, text), written in zip(items, times, strict=True):
             if self._written.newest("pause", token, written):
                 self.saved[token] = (None if ttl is None else now + ttl, text)
+            else:
+                refused += 1
+        return refused
 
     def take(self, token: str, saved_by: int | None) -> Pause | None:
         """Consume the pause of ``token``; ``None`` when there is none, or when ``saved_by`` (the
@@ -142,13 +167,15 @@ class TrajectoryTable:
         self._by_trace: dict[str, tuple[str, str]] = {}
         self._session_traces: dict[str, dict[str, None]] = {}
 
-    def put(self, trace_id: str, session_id: str, text: str, written: int) -> None:
+    def put(self, trace_id: str, session_id: str, text: str, written: int) -> bool:
+        """Upsert the trajectory; ``False`` when a replay older than the stored one is refused."""
         if not self._written.newest("trajectory", trace_id, written):
-            return
+            return False
         self._by_trace[trace_id] = (session_id, text)
         traces = self._session_traces.setdefault(session_id, {})
         traces.pop(trace_id, None)
         traces[trace_id] = None
+        return True
 
     def get(self, trace_id: str) -> tuple[str, str] | None:
         """``(session_id, text)`` of the trajectory of ``trace_id``."""

@@ -91,6 +91,18 @@ class WriteNotKeptError(GuardedError, RuntimeError):
         super().__init__(f"{method}: {reason}" if method else reason)
 
 
+class WriteSupersededError(WriteNotKeptError):
+    """The backend left ``refused`` items of a replayed upsert alone because the stored rows hold a
+    newer logical time (:mod:`guarded.logical_time`): another process wrote those keys since. Raised
+    by a backend after it applied the rest of the call. A replay counts those writes as superseded;
+    a direct write the backend refuses so (a backend comparing direct writes, against the rule)
+    ends with outcome ``refused``, never ``ok``."""
+
+    def __init__(self, refused: int = 1, *, method: str | None = None) -> None:
+        self.refused = refused
+        super().__init__(f"{refused} write(s) older than the stored row left alone", method=method)
+
+
 class SteeringValidationError(ValueError):
     """A steering payload does not satisfy its event type's required fields (spec 000).
 

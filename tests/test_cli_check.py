@@ -72,7 +72,7 @@ def test_only_selects_contracts_and_capabilities() -> None:
         "check", "tests.broken_stores:make_broken_store", "--only", "planner_state", "--only", "memory_state"
     )
     assert failing.returncode == 1
-    assert "5 passed, 2 failed" in failing.stdout
+    assert "7 passed, 2 failed" in failing.stdout
 
 
 def test_json_output() -> None:

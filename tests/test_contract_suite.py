@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,8 @@ import pytest
 import pytest_asyncio
 
 from guarded.backends.memory import InMemoryStateStore
+from guarded.errors import WriteSupersededError
+from guarded.logical_time import current_logical_time, logical_times, replaying
 from guarded.models import StoredEvent, TaskState
 from guarded.protocol import CAPABILITIES
 from guarded.testing import (
@@ -296,3 +299,23 @@ def test_mixin_in_a_downstream_project_with_strict_asyncio(tmp_path: Path) -> No
     for name in BROKEN_CONTRACTS:
         assert f"FAILED test_downstream.py::TestBroken::test_contract[{name}]" in output
     assert "capability planner_state not offered by tests.broken_stores.MinimalStore" in output
+
+
+class ComparesEveryWrite(InMemoryStateStore):
+    """The rule before direct writes were always applied: every save_memory_state is compared by
+    logical time, and a refused one is dropped silently."""
+
+    async def save_memory_state(self, key: str, state: dict[str, Any]) -> None:
+        with logical_times((current_logical_time(),)), replaying(), contextlib.suppress(WriteSupersededError):
+            await super().save_memory_state(key, state)
+
+
+@pytest.mark.asyncio
+async def test_a_store_comparing_direct_writes_or_hiding_refusals_fails_the_ordering_contracts() -> None:
+    ordering = ["memory_state.direct_write_applied", "memory_state.refused_replay_reported"]
+    assert (await run_contracts(InMemoryStateStore(), only=ordering)).ok
+    report = await run_contracts(ComparesEveryWrite(), only=ordering)
+    assert names(report.failed) == set(ordering), str(report)
+    messages = {result.name: result.message for result in report.results}
+    assert "a direct write must be applied" in messages["memory_state.direct_write_applied"]
+    assert "without raising WriteSupersededError" in messages["memory_state.refused_replay_reported"]

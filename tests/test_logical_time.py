@@ -10,12 +10,16 @@ import pytest
 from guarded import logical_time
 from guarded.backends.memory import InMemoryStateStore
 from guarded.durability.bulk_forms import bulk_call
+from guarded.errors import WriteSupersededError
 from guarded.logical_time import (
+    REPLAYING,
+    UNTIMED_REPLAY,
     WRITE_TIME_ARGUMENT,
     current_logical_time,
     current_logical_times,
     logical_times,
     next_logical_time,
+    replaying,
 )
 from guarded.models import RemoteBinding
 from guarded.pipeline.idempotency import WRITE_KEY_ARGUMENT, current_item_keys, replayed_call
@@ -47,11 +51,14 @@ def test_a_replay_takes_the_kept_time_and_key_out_of_the_call() -> None:
     with replayed_call(kwargs):
         assert current_logical_time() == 42
         assert current_item_keys() == ("w1",)
+        assert REPLAYING.get()
+    assert not REPLAYING.get()
     assert kwargs == {"state": {}}
     untimed: dict[str, Any] = {WRITE_TIME_ARGUMENT: "not a time"}
     with replayed_call(untimed):
-        assert current_logical_time() > 42  # kept without a usable time: a new one
+        assert current_logical_time() == UNTIMED_REPLAY  # kept without a usable time: older than any
     assert untimed == {}
+    assert current_logical_time() > 42  # a direct write outside: a new time
 
 
 def test_a_bulk_replay_carries_each_calls_time() -> None:
@@ -63,10 +70,13 @@ def test_a_bulk_replay_carries_each_calls_time() -> None:
     replay = bulk_call("save_memory_state", calls)
     assert replay.args == ([("a", {"v": 1}), ("b", {"v": 2}), ("a", {"v": 3})],)
     assert replay.logical_times is not None
-    first, kept_without, last = replay.logical_times
-    assert (first, last) == (10, 30)
-    assert kept_without > 30
-    assert bulk_call("save_memory_state", [(("a", {}), {})]).logical_times is None
+    assert replay.logical_times == (10, UNTIMED_REPLAY, 30)
+    with replay.context():
+        assert REPLAYING.get()
+    untimed = bulk_call("save_memory_state", [(("a", {}), {}), (("b", {}), {})])
+    assert untimed.logical_times is None
+    with untimed.context():
+        assert list(current_logical_times(2)) == [UNTIMED_REPLAY] * 2
 
 
 def binding(agent: str) -> RemoteBinding:
@@ -76,32 +86,69 @@ def binding(agent: str) -> RemoteBinding:
 
 
 @pytest.mark.asyncio
-async def test_the_memory_store_refuses_an_older_write_of_every_last_write_wins_key() -> None:
+async def test_the_memory_store_refuses_an_older_replay_of_every_last_write_wins_key() -> None:
     store = InMemoryStateStore()
     with logical_times((100,)):
         await store.save_memory_state("k", {"v": "new"})
         await store.save_trajectory("trace", "s", {"v": "new"})
         await store.save_remote_binding(binding("new"))
         await store.save_planner_state("p", {"v": "new"})
-    with logical_times((99,)):
-        await store.save_memory_state("k", {"v": "old"})
-        await store.save_trajectory("trace", "s2", {"v": "old"})
-        await store.save_remote_binding(binding("old"))
-        await store.mark_binding_terminal(trace_id="t", context_id="c", task_id="task")
-        await store.save_planner_state("p", {"v": "old"})
+    with logical_times((99,)), replaying():
+        for write in (
+            store.save_memory_state("k", {"v": "old"}),
+            store.save_trajectory("trace", "s2", {"v": "old"}),
+            store.save_remote_binding(binding("old")),
+            store.mark_binding_terminal(trace_id="t", context_id="c", task_id="task"),
+            store.save_planner_state("p", {"v": "old"}),
+        ):
+            with pytest.raises(WriteSupersededError):
+                await write
     assert await store.load_memory_state("k") == {"v": "new"}
     assert await store.get_trajectory("trace", "s") == {"v": "new"}
     assert await store.list_traces("s2") == []
     [found] = await store.list_bindings(router_session_id="r")
     assert (found.agent_url, found.is_terminal) == ("new", False)
     assert await store.load_planner_state("p") == {"v": "new"}
-    with logical_times((100,)):  # an equal time wins: a repeat of the same write is harmless
+    with logical_times((100,)), replaying():  # an equal time wins: a repeat of the same write is harmless
         await store.save_memory_state("k", {"v": "again"})
     assert await store.load_memory_state("k") == {"v": "again"}
-    with logical_times((50, 200)):
+    with logical_times((50, 200)), replaying(), pytest.raises(WriteSupersededError) as refused:
         await store.save_memory_states([("k", {"v": "older"}), ("j", {"v": "j"})])
+    assert refused.value.refused == 1
     assert await store.load_memory_state("k") == {"v": "again"}
-    assert await store.load_memory_state("j") == {"v": "j"}
+    assert await store.load_memory_state("j") == {"v": "j"}  # the rest of the call is applied
+
+
+@pytest.mark.asyncio
+async def test_a_direct_write_is_applied_whatever_its_time_and_the_time_only_grows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker whose clock is behind another's writes directly: applied, at a time past the
+    stored one, which the process clock then moves past (as a hybrid logical clock merges)."""
+    monkeypatch.setattr(logical_time, "_last", 0)
+    store = InMemoryStateStore()
+    ahead = 10**18
+    with logical_times((ahead,)):
+        await store.save_memory_state("k", {"v": "ahead"})
+    with logical_times((5,)):
+        await store.save_memory_state("k", {"v": "behind, later"})
+    assert await store.load_memory_state("k") == {"v": "behind, later"}
+    assert next_logical_time() > ahead + 1  # merged: the stored time was ahead + 1
+    with logical_times((ahead,)), replaying(), pytest.raises(WriteSupersededError):
+        await store.save_memory_state("k", {"v": "replay of the write ahead"})
+    assert await store.load_memory_state("k") == {"v": "behind, later"}
+
+
+@pytest.mark.asyncio
+async def test_a_replay_kept_without_a_time_lands_only_where_the_key_has_no_row() -> None:
+    store = InMemoryStateStore()
+    await store.save_memory_state("written", {"v": "direct"})
+    with replaying():
+        await store.save_memory_state("free", {"v": "held by an older version"})
+        with pytest.raises(WriteSupersededError):
+            await store.save_memory_state("written", {"v": "held by an older version"})
+    assert await store.load_memory_state("free") == {"v": "held by an older version"}
+    assert await store.load_memory_state("written") == {"v": "direct"}
 
 
 @pytest.mark.asyncio

@@ -13,8 +13,9 @@ each key's *first* item (the identity ``id``, ``list_bindings``' order, is taken
 take their ``saved_seq`` in the order of each key's *last* item (``find_binding``'s "most
 recently saved"). ``mark_bindings_terminal`` is one ``UPDATE ... FROM unnest(...)``.
 
-Saves and terminal marks are last-write-wins by logical time (:mod:`guarded.logical_time`): one
-older than the write that last set the row leaves it alone, from any process.
+Saves and terminal marks are last-write-wins by logical time (:mod:`guarded.logical_time`): a
+direct one is always applied (the row's time only grows); a replayed one older than the write that
+last set the row leaves it alone, from any process.
 """
 
 from __future__ import annotations
@@ -23,9 +24,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from guarded.codec import REMOTE_BINDING, RecordTypes
-from guarded.logical_time import current_logical_time
+from guarded.errors import WriteSupersededError
+from guarded.logical_time import REPLAYING, current_logical_time, merge_logical_time
 
-from .bulk import last_per_key, last_per_key_at_first, with_logical_times
+from .bulk import (
+    last_per_key,
+    last_per_key_at_first,
+    last_write_wins,
+    upsert_many,
+    upsert_one,
+    with_logical_times,
+)
 from .connection import Database
 from .json_codec import (
     check_text,
@@ -87,29 +96,33 @@ class Bindings:
             "trace_id, context_key, task_id, agent_url, router_session_id, "
             "remote_skill, tenant_id, user_id, is_terminal, doc"
         )
-        on_conflict = (
-            "ON CONFLICT (trace_id, context_key, task_id) DO UPDATE SET "
-            "agent_url = EXCLUDED.agent_url, router_session_id = EXCLUDED.router_session_id, "
-            "remote_skill = EXCLUDED.remote_skill, tenant_id = EXCLUDED.tenant_id, "
-            "user_id = EXCLUDED.user_id, "
-            "is_terminal = EXCLUDED.is_terminal, doc = EXCLUDED.doc, saved_seq = EXCLUDED.saved_seq, "
-            "logical_time = EXCLUDED.logical_time, updated_at = now() "
-            "WHERE stored.logical_time <= EXCLUDED.logical_time"
-        )
-        self.upsert = (
+        on_conflicts = [
+            f"ON CONFLICT (trace_id, context_key, task_id) DO UPDATE SET {rule}"
+            for rule in last_write_wins(
+                "agent_url = EXCLUDED.agent_url, router_session_id = EXCLUDED.router_session_id, "
+                "remote_skill = EXCLUDED.remote_skill, tenant_id = EXCLUDED.tenant_id, "
+                "user_id = EXCLUDED.user_id, "
+                "is_terminal = EXCLUDED.is_terminal, doc = EXCLUDED.doc, saved_seq = EXCLUDED.saved_seq, "
+                "updated_at = now()"
+            )
+        ]
+        self.upsert = tuple(
             f"INSERT INTO {table} AS stored ({columns}, logical_time, saved_seq) "
             f"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, {next_seq(schema)}) {on_conflict}"
+            for on_conflict in on_conflicts
         )
+        """The statement of a direct save, and of a replay."""
         # The CTE takes the sequence values in the order of each key's last item (nextval, a
         # volatile output expression, is evaluated after the ORDER BY sort; a CTE with a volatile
         # function is materialised once); the INSERT then adds the rows in first-item order.
-        self.upsert_many = (
+        self.upsert_many = tuple(
             f"WITH batch AS (SELECT {columns}, logical_time, ord, {next_seq(schema)} AS saved_seq "
             "FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], "
             "$7::text[], $8::text[], $9::bool[], $10::json[], $11::int8[], $12::int8[]) WITH ORDINALITY "
             f"AS item({columns}, logical_time, last_pos, ord) ORDER BY last_pos) "
             f"INSERT INTO {table} AS stored ({columns}, logical_time, saved_seq) "
             f"SELECT {columns}, logical_time, saved_seq FROM batch ORDER BY ord {on_conflict}"
+            for on_conflict in on_conflicts
         )
         self.find = (
             f"SELECT doc, is_terminal FROM {table} WHERE router_session_id = $1 AND agent_url = $2 "
@@ -118,16 +131,31 @@ class Bindings:
             "ORDER BY saved_seq DESC LIMIT 1"
         )
         self.list = f"SELECT doc, is_terminal FROM {table} WHERE router_session_id = $1 ORDER BY id"
-        self.mark = (
-            f"UPDATE {table} SET is_terminal = true, logical_time = $4, updated_at = now() "
-            "WHERE trace_id = $1 AND context_key = $2 AND task_id = $3 AND logical_time <= $4"
+        # A mark returns the row's new time; no row for an unknown binding (nothing to mark) or a
+        # replay refused as older, told apart by counting the bindings that exist.
+        self.mark = tuple(
+            f"UPDATE {table} AS stored SET is_terminal = true, logical_time = {time}, updated_at = now() "
+            f"WHERE trace_id = $1 AND context_key = $2 AND task_id = $3{condition} RETURNING logical_time"
+            for time, condition in (
+                ("GREATEST($4, stored.logical_time + 1)", ""),
+                ("$4", " AND stored.logical_time <= $4"),
+            )
         )
-        self.mark_many = (
-            f"UPDATE {table} AS stored SET is_terminal = true, logical_time = batch.logical_time, "
+        self.mark_many = tuple(
+            f"UPDATE {table} AS stored SET is_terminal = true, logical_time = {time}, "
             "updated_at = now() FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[]) "
             "AS batch(trace_id, context_key, task_id, logical_time) "
             "WHERE stored.trace_id = batch.trace_id AND stored.context_key = batch.context_key "
-            "AND stored.task_id = batch.task_id AND stored.logical_time <= batch.logical_time"
+            f"AND stored.task_id = batch.task_id{condition} RETURNING stored.logical_time"
+            for time, condition in (
+                ("GREATEST(batch.logical_time, stored.logical_time + 1)", ""),
+                ("batch.logical_time", " AND stored.logical_time <= batch.logical_time"),
+            )
+        )
+        self.existing = (
+            f"SELECT count(*) FROM {table} AS stored JOIN unnest($1::text[], $2::text[], $3::text[]) "
+            "AS batch(trace_id, context_key, task_id) ON stored.trace_id = batch.trace_id "
+            "AND stored.context_key = batch.context_key AND stored.task_id = batch.task_id"
         )
 
     def _decode(self, doc: str, is_terminal: bool) -> Any:
@@ -135,7 +163,7 @@ class Bindings:
         return REMOTE_BINDING.decode(data, self._types)
 
     async def save(self, row: BindingRow) -> None:
-        await self._db.execute(self.upsert, *row, current_logical_time())
+        await upsert_one(self._db, self.upsert, "save_remote_binding", *row, current_logical_time())
 
     async def save_many(self, rows: Sequence[BindingRow]) -> None:
         """Upsert encoded rows in one statement, leaving what single saves in order would leave."""
@@ -144,10 +172,15 @@ class Bindings:
         timed = with_logical_times(rows)
         unique = last_per_key_at_first(timed, lambda row: row[:3])
         if len(unique) == 1:
-            await self._db.execute(self.upsert, *unique[0][0])
+            await upsert_one(self._db, self.upsert, "save_remote_bindings", *unique[0][0])
             return
-        await self._db.execute(
-            self.upsert_many, *zip(*(row for row, _ in unique), strict=True), [last for _, last in unique]
+        await upsert_many(
+            self._db,
+            self.upsert_many,
+            "save_remote_bindings",
+            len(unique),
+            *zip(*(row for row, _ in unique), strict=True),
+            [last for _, last in unique],
         )
 
     async def find_binding(
@@ -176,18 +209,35 @@ class Bindings:
 
     async def mark_terminal(self, *, trace_id: Any, context_id: Any, task_id: Any) -> None:
         key = encode_binding_key(trace_id, context_id, task_id)
-        await self._db.execute(self.mark, *key, current_logical_time())
+        await self._mark("mark_binding_terminal", [(*key, current_logical_time())])
 
     async def mark_terminal_many(self, keys: Sequence[BindingKey]) -> None:
         """Mark the bindings of the encoded keys terminal in one statement; unknown keys: no-op."""
         if not keys:
             return
         timed = with_logical_times(keys)
-        unique = sorted(last_per_key(timed, lambda row: row[:3]))
-        if len(unique) == 1:
-            await self._db.execute(self.mark, *unique[0])
-            return
-        await self._db.execute(self.mark_many, *zip(*unique, strict=True))
+        await self._mark("mark_bindings_terminal", sorted(last_per_key(timed, lambda row: row[:3])))
+
+    async def _mark(self, method: str, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Mark the bindings of ``(trace_id, context_key, task_id, logical_time)`` rows terminal
+        (unknown ones: nothing to do); a replay refused as older raises
+        :class:`~guarded.errors.WriteSupersededError`."""
+        replayed = REPLAYING.get()
+        if len(rows) == 1:
+            stored = await self._db.fetchval(self.mark[replayed], *rows[0])
+            returned = [] if stored is None else [stored]
+        else:
+            returned = [
+                record[0]
+                for record in await self._db.fetch(self.mark_many[replayed], *zip(*rows, strict=True))
+            ]
+        if returned:
+            merge_logical_time(max(returned))
+        if replayed and len(returned) < len(rows):
+            keys = [row[:3] for row in rows]
+            existing = await self._db.fetchval(self.existing, *zip(*keys, strict=True))
+            if existing > len(returned):
+                raise WriteSupersededError(existing - len(returned), method=method)
 
 
 __all__ = ["BindingKey", "BindingRow", "Bindings", "encode_binding", "encode_binding_key"]

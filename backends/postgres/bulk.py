@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from guarded.errors import InvalidPayloadError
-from guarded.logical_time import current_logical_times
+from guarded.errors import InvalidPayloadError, WriteSupersededError
+from guarded.logical_time import REPLAYING, current_logical_times, merge_logical_time
+
+from .connection import Database
 
 Row = TypeVar("Row")
 
@@ -86,4 +88,50 @@ def with_logical_times(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]
     return [(*row, time) for row, time in zip(rows, current_logical_times(len(rows)), strict=True)]
 
 
-__all__ = ["encode_items", "has_duplicates", "last_per_key", "last_per_key_at_first", "with_logical_times"]
+def last_write_wins(assignments: str) -> tuple[str, str]:
+    """What ``ON CONFLICT ... DO UPDATE SET`` is followed by in a last-write-wins upsert by logical
+    time (:mod:`guarded.logical_time`), for a direct write and for a replay: ``assignments`` (the
+    columns the write sets, the conflicting row aliased ``stored``), the row's new time, and
+    ``RETURNING logical_time``. A direct write is always applied and the row takes ``GREATEST(its
+    time, the stored time + 1)``; a replay only when the stored time is not newer (no row returned
+    otherwise)."""
+    direct = (
+        f"{assignments}, logical_time = GREATEST(EXCLUDED.logical_time, stored.logical_time + 1) "
+        "RETURNING stored.logical_time"
+    )
+    replay = (
+        f"{assignments}, logical_time = EXCLUDED.logical_time "
+        "WHERE stored.logical_time <= EXCLUDED.logical_time RETURNING stored.logical_time"
+    )
+    return direct, replay
+
+
+async def upsert_one(db: Database, statements: Sequence[str], method: str, *args: Any) -> None:
+    """Run the single-row upsert of ``statements`` (direct, replay: see :func:`last_write_wins`)
+    that fits the call in progress; merge the row's time into the process clock, or raise
+    :class:`WriteSupersededError` when a replay was refused."""
+    stored = await db.fetchval(statements[REPLAYING.get()], *args)
+    if stored is None:
+        raise WriteSupersededError(method=method)
+    merge_logical_time(stored)
+
+
+async def upsert_many(db: Database, statements: Sequence[str], method: str, rows: int, *args: Any) -> None:
+    """:func:`upsert_one` for a statement writing ``rows`` rows: those it did not write were refused."""
+    returned = await db.fetch(statements[REPLAYING.get()], *args)
+    if returned:
+        merge_logical_time(max(record[0] for record in returned))
+    if len(returned) < rows:
+        raise WriteSupersededError(rows - len(returned), method=method)
+
+
+__all__ = [
+    "encode_items",
+    "has_duplicates",
+    "last_per_key",
+    "last_per_key_at_first",
+    "last_write_wins",
+    "upsert_many",
+    "upsert_one",
+    "with_logical_times",
+]

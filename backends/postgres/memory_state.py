@@ -1,8 +1,10 @@
 """Short-term memory state: an upsert per key, read back exactly (spec 000 §6, §7).
 
 Last-write-wins by logical time (:mod:`guarded.logical_time`): each row keeps the logical time of
-the write that set it, and an upsert with an older time leaves the row alone -- so a write held
-during an outage and replayed later never undoes a newer write, from any process.
+the write that set it. A direct upsert is always applied (the row's time only grows); a replayed
+one with an older time leaves the row alone -- so a write held during an outage and replayed later
+never undoes a newer write, from any process, and a clock behind another host's never drops a
+live write.
 
 :meth:`MemoryStates.save_many` upserts many keys in one ``INSERT ... SELECT FROM unnest(...)``
 statement, the last state of a key winning (:mod:`.bulk`). The rows go in key order, so two
@@ -20,7 +22,7 @@ from typing import Any
 
 from guarded.logical_time import current_logical_time
 
-from .bulk import last_per_key, with_logical_times
+from .bulk import last_per_key, last_write_wins, upsert_many, upsert_one, with_logical_times
 from .connection import Database
 from .json_codec import check_text, dump_json_object, from_db_text, loads_json, to_db_text
 from .schema_names import qualified
@@ -32,18 +34,18 @@ class MemoryStates:
     def __init__(self, db: Database, schema: str) -> None:
         self._db = db
         table = qualified(schema, "memory_states")
-        on_conflict = (
-            "ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, "
-            "logical_time = EXCLUDED.logical_time, updated_at = now() "
-            "WHERE stored.logical_time <= EXCLUDED.logical_time"
+        rules = last_write_wins("state = EXCLUDED.state, updated_at = now()")
+        self.upsert = tuple(
+            f"INSERT INTO {table} AS stored (key, state, logical_time) VALUES ($1, $2, $3) "
+            f"ON CONFLICT (key) DO UPDATE SET {rule}"
+            for rule in rules
         )
-        self.upsert = (
-            f"INSERT INTO {table} AS stored (key, state, logical_time) VALUES ($1, $2, $3) {on_conflict}"
-        )
-        self.upsert_many = (
+        """The statement of a direct write, and of a replay."""
+        self.upsert_many = tuple(
             f"INSERT INTO {table} AS stored (key, state, logical_time) SELECT key, state, logical_time "
             "FROM unnest($1::text[], $2::json[], $3::int8[]) AS batch(key, state, logical_time) "
-            f"{on_conflict}"
+            f"ON CONFLICT (key) DO UPDATE SET {rule}"
+            for rule in rules
         )
         self.select = f"SELECT state FROM {table} WHERE key = $1"
         # A suffix compared as text, not a LIKE pattern: a session id's % and _ are plain characters.
@@ -55,7 +57,7 @@ class MemoryStates:
         return to_db_text(check_text(key, "key")), dump_json_object(state, "state")
 
     async def save(self, key: str, state: str) -> None:
-        await self._db.execute(self.upsert, key, state, current_logical_time())
+        await upsert_one(self._db, self.upsert, "save_memory_state", key, state, current_logical_time())
 
     async def save_many(self, rows: Sequence[tuple[str, str]]) -> None:
         """Upsert encoded ``(key, state)`` rows in one statement; the last row of a key wins."""
@@ -64,9 +66,11 @@ class MemoryStates:
         timed = with_logical_times(rows)
         unique = sorted(last_per_key(timed, lambda row: row[0]))
         if len(unique) == 1:
-            await self._db.execute(self.upsert, *unique[0])
+            await upsert_one(self._db, self.upsert, "save_memory_states", *unique[0])
             return
-        await self._db.execute(self.upsert_many, *zip(*unique, strict=True))
+        await upsert_many(
+            self._db, self.upsert_many, "save_memory_states", len(unique), *zip(*unique, strict=True)
+        )
 
     async def keys_of_session(self, session_id: Any) -> list[str]:
         """The keys ending with ``:{session_id}``, sorted by code point."""

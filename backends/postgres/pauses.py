@@ -31,8 +31,9 @@ Missing, expired and consumed tokens all read as ``None`` (never ``{}``).
 ``INSERT ... SELECT FROM unnest(...)`` statement: every token gets the TTL and becomes consumable
 again as with single saves, the last payload of a token winning (:mod:`.bulk`).
 
-A save is last-write-wins by logical time (:mod:`guarded.logical_time`): one older than the save
-that set the row leaves it alone (payload, TTL and consumption), from any process.
+A save is last-write-wins by logical time (:mod:`guarded.logical_time`): a direct save is always
+applied (the row's time only grows); a replayed one older than the save that set the row leaves it
+alone (payload, TTL and consumption), from any process.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from typing import Any
 from guarded.logical_time import LOGICAL_TIMES, current_logical_time
 from guarded.pipeline.idempotency import current_idempotency_key, current_unanswered_keys
 
-from .bulk import last_per_key, with_logical_times
+from .bulk import last_per_key, last_write_wins, upsert_many, upsert_one, with_logical_times
 from .connection import Connection, Database
 from .json_codec import check_text, dump_json_object, loads_json, to_db_text
 from .schema_names import qualified
@@ -57,20 +58,25 @@ class Pauses:
         self.ttl = ttl
         self.grace = grace
         table = qualified(schema, "planner_pauses")
-        on_conflict = (
-            "ON CONFLICT (token) DO UPDATE SET payload = EXCLUDED.payload, created_at = now(), "
-            "expires_at = EXCLUDED.expires_at, consumed_at = NULL, consumer_key = NULL, "
-            "logical_time = EXCLUDED.logical_time WHERE stored.logical_time <= EXCLUDED.logical_time"
-        )
-        self.upsert = (
+        on_conflicts = [
+            f"ON CONFLICT (token) DO UPDATE SET {rule}"
+            for rule in last_write_wins(
+                "payload = EXCLUDED.payload, created_at = now(), "
+                "expires_at = EXCLUDED.expires_at, consumed_at = NULL, consumer_key = NULL"
+            )
+        ]
+        self.upsert = tuple(
             f"INSERT INTO {table} AS stored (token, payload, expires_at, logical_time) "
             f"VALUES ($1, $2, now() + make_interval(secs => $3), $4) {on_conflict}"
+            for on_conflict in on_conflicts
         )
-        self.upsert_many = (
+        """The statement of a direct save, and of a replay."""
+        self.upsert_many = tuple(
             f"INSERT INTO {table} AS stored (token, payload, expires_at, logical_time) "
             "SELECT token, payload, now() + make_interval(secs => $3), logical_time "
             "FROM unnest($1::text[], $2::json[], $4::int8[]) AS batch(token, payload, logical_time) "
             f"{on_conflict}"
+            for on_conflict in on_conflicts
         )
         self.take = (
             f"DELETE FROM {table} WHERE token = $1 AND consumed_at IS NULL AND expires_at > now() "
@@ -100,7 +106,9 @@ class Pauses:
         return to_db_text(check_text(token, "token")), dump_json_object(payload, "payload")
 
     async def save(self, token: str, payload: str) -> None:
-        await self._db.execute(self.upsert, token, payload, self.ttl, current_logical_time())
+        await upsert_one(
+            self._db, self.upsert, "save_planner_state", token, payload, self.ttl, current_logical_time()
+        )
 
     async def save_many(self, rows: Sequence[tuple[str, str]]) -> None:
         """Upsert encoded ``(token, payload)`` rows in one statement; the last row of a token wins."""
@@ -110,10 +118,12 @@ class Pauses:
         unique = sorted(last_per_key(timed, lambda row: row[0]))  # token order: no deadlocks
         if len(unique) == 1:
             token, payload, time = unique[0]
-            await self._db.execute(self.upsert, token, payload, self.ttl, time)
+            await upsert_one(self._db, self.upsert, "save_planner_states", token, payload, self.ttl, time)
             return
         tokens, payloads, times = zip(*unique, strict=True)
-        await self._db.execute(self.upsert_many, tokens, payloads, self.ttl, times)
+        await upsert_many(
+            self._db, self.upsert_many, "save_planner_states", len(unique), tokens, payloads, self.ttl, times
+        )
 
     async def load(self, token: Any) -> dict[str, Any] | None:
         key = to_db_text(check_text(token, "token"))

@@ -11,6 +11,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from guarded.errors import WriteSupersededError
+from guarded.logical_time import REPLAYING
 from guarded.steering import sanitize_steering_event
 
 from .bindings import encode_binding, encode_binding_key
@@ -165,7 +167,7 @@ class ProtocolMethods:
         with refusing("save_task", "state"):
             row = encode_task(state)
         if not await self._tables.tasks.save(row):
-            self._stale_tasks_refused(None)
+            self._stale_tasks_refused("save_task", 1)
 
     async def save_tasks(self, states: Sequence[Any]) -> None:
         """Upsert many tasks in one round trip, as :meth:`save_task` for each in order: a task never
@@ -175,14 +177,16 @@ class ProtocolMethods:
             rows = encode_items(states, encode_task, arity=1, shape="state", name="states")
         refused = await self._tables.tasks.save_many(rows)
         if refused:
-            self._stale_tasks_refused(refused)
+            self._stale_tasks_refused("save_tasks", refused)
 
-    def _stale_tasks_refused(self, refused: int | None) -> None:
-        """Log (DEBUG) task saves refused as older than the stored ones (``None``: one, uncounted)."""
+    def _stale_tasks_refused(self, method: str, refused: int) -> None:
+        """Log (DEBUG) task saves refused as older than the stored ones; a replay's are reported
+        (:class:`~guarded.errors.WriteSupersededError`: the guard counts them as superseded)."""
         extra: dict[str, Any] = {"event": "guarded_pg_stale_task_refused", "schema": self.schema}
-        if refused is not None:
-            extra["refused"] = refused
+        extra["refused"] = refused
         logger.debug("guarded_pg_stale_task_refused", extra=extra)
+        if REPLAYING.get():
+            raise WriteSupersededError(refused, method=method)
 
     async def list_tasks(self, session_id: str) -> list[Any]:
         """Every task of the session; ``[]`` when none."""

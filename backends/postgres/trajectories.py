@@ -17,8 +17,9 @@ SELECT FROM unnest(...)`` statement. Each trace keeps its last item, every item'
 its trace, and the sequence values are taken in list order, so ``list_traces`` orders the traces
 exactly as single saves in list order would.
 
-Last-write-wins by logical time (:mod:`guarded.logical_time`): a save older than the one that set
-the row leaves it alone (a late replay never undoes a newer save, from any process).
+Last-write-wins by logical time (:mod:`guarded.logical_time`): a direct save is always applied (the
+row's time only grows); a replayed save older than the one that set the row leaves it alone (a late
+replay never undoes a newer save, from any process) and does not list the trace.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from guarded.codec import decode_trajectory, encode_trajectory
 from guarded.errors import InvalidPayloadError
 from guarded.logical_time import current_logical_time
 
-from .bulk import with_logical_times
+from .bulk import last_write_wins, upsert_many, upsert_one, with_logical_times
 from .connection import Database
 from .json_codec import check_text, dump_json, from_db_text, loads_json, to_db_text
 from .schema_names import next_seq, qualified
@@ -42,31 +43,37 @@ class Trajectories:
     def __init__(self, db: Database, schema: str) -> None:
         self._db = db
         table = qualified(schema, "trajectories")
-        on_conflict = (
-            "ON CONFLICT (trace_id) DO UPDATE SET session_id = EXCLUDED.session_id, doc = EXCLUDED.doc, "
-            "saved_seq = EXCLUDED.saved_seq, logical_time = EXCLUDED.logical_time, updated_at = now() "
-            "WHERE stored.logical_time <= EXCLUDED.logical_time"
+        rules = last_write_wins(
+            "session_id = EXCLUDED.session_id, doc = EXCLUDED.doc, saved_seq = EXCLUDED.saved_seq, "
+            "updated_at = now()"
         )
+        on_conflicts = [f"ON CONFLICT (trace_id) DO UPDATE SET {rule}" for rule in rules]
         listed = qualified(schema, "session_traces")
-        returning = "RETURNING trace_id, session_id, saved_seq"
-        # Only a save the last-write-wins check applied is RETURNed, and so listed.
+        returning = ", stored.trace_id, stored.session_id, stored.saved_seq"
+        # Only a save the last-write-wins rule applied is RETURNed, and so listed.
         list_saved = (
-            f"INSERT INTO {listed} (session_id, trace_id, saved_seq) "
+            f"listed AS (INSERT INTO {listed} (session_id, trace_id, saved_seq) "
             "SELECT session_id, trace_id, saved_seq FROM saved "
-            "ON CONFLICT (session_id, trace_id) DO UPDATE SET saved_seq = EXCLUDED.saved_seq"
+            "ON CONFLICT (session_id, trace_id) DO UPDATE SET saved_seq = EXCLUDED.saved_seq) "
+            "SELECT logical_time FROM saved"
         )
-        self.upsert = (
+        self.upsert = tuple(
             f"WITH saved AS (INSERT INTO {table} AS stored "
             "(trace_id, session_id, doc, logical_time, saved_seq) "
-            f"VALUES ($1, $2, $3, $4, {next_seq(schema)}) {on_conflict} {returning}) {list_saved}"
+            f"VALUES ($1, $2, $3, $4, {next_seq(schema)}) {on_conflict}{returning}), {list_saved}"
+            for on_conflict in on_conflicts
         )
+        """The statement of a direct save, and of a replay."""
         # The CTE takes the sequence values in batch order (PostgreSQL evaluates nextval, a volatile
         # output expression, after the ORDER BY sort, and materialises a CTE calling it once); the
         # last item of each trace goes to the trajectories in trace order, so concurrent bulk writes
         # lock shared rows in one order. Every session an item names lists its trace, with the seq
         # of its last item there, when that item passes the check against the stored row (the
         # statement's snapshot), exactly as single saves in batch order would.
-        self.upsert_many = (
+        # A direct save lists every item's trace; a replayed item only when it is not older than
+        # the stored row.
+        replayed_item = "WHERE stored.trace_id IS NULL OR stored.logical_time <= batch.logical_time "
+        self.upsert_many = tuple(
             "WITH batch AS (SELECT trace_id, session_id, doc, logical_time, ord, "
             f"{next_seq(schema)} AS saved_seq "
             "FROM unnest($1::text[], $2::text[], $3::json[], $4::int8[]) WITH ORDINALITY "
@@ -74,14 +81,16 @@ class Trajectories:
             "last AS (SELECT DISTINCT ON (trace_id) * FROM batch ORDER BY trace_id, ord DESC), "
             f"saved AS (INSERT INTO {table} AS stored (trace_id, session_id, doc, logical_time, saved_seq) "
             "SELECT trace_id, session_id, doc, logical_time, saved_seq FROM last "
-            f"ORDER BY trace_id {on_conflict}) "
-            f"INSERT INTO {listed} (session_id, trace_id, saved_seq) "
+            f"ORDER BY trace_id {on_conflict}), "
+            f"listed AS (INSERT INTO {listed} (session_id, trace_id, saved_seq) "
             "SELECT DISTINCT ON (batch.session_id, batch.trace_id) "
             "batch.session_id, batch.trace_id, batch.saved_seq "
             f"FROM batch LEFT JOIN {table} AS stored ON stored.trace_id = batch.trace_id "
-            "WHERE stored.trace_id IS NULL OR stored.logical_time <= batch.logical_time "
+            f"{condition}"
             "ORDER BY batch.session_id, batch.trace_id, batch.ord DESC "
-            "ON CONFLICT (session_id, trace_id) DO UPDATE SET saved_seq = EXCLUDED.saved_seq"
+            "ON CONFLICT (session_id, trace_id) DO UPDATE SET saved_seq = EXCLUDED.saved_seq) "
+            "SELECT logical_time FROM saved"
+            for on_conflict, condition in zip(on_conflicts, ("", replayed_item), strict=True)
         )
         self.select = f"SELECT doc FROM {table} WHERE trace_id = $1 AND session_id = $2"
         self.recent = f"SELECT trace_id FROM {listed} WHERE session_id = $1 ORDER BY saved_seq DESC LIMIT $2"
@@ -96,7 +105,7 @@ class Trajectories:
         )
 
     async def save(self, row: tuple[str, str, str]) -> None:
-        await self._db.execute(self.upsert, *row, current_logical_time())
+        await upsert_one(self._db, self.upsert, "save_trajectory", *row, current_logical_time())
 
     async def save_many(self, rows: Sequence[tuple[str, str, str]]) -> None:
         """Upsert encoded rows in one statement, as single saves in order (the last of a trace wins
@@ -105,9 +114,10 @@ class Trajectories:
             return
         timed = with_logical_times(rows)
         if len(timed) == 1:
-            await self._db.execute(self.upsert, *timed[0])
+            await upsert_one(self._db, self.upsert, "save_trajectories", *timed[0])
             return
-        await self._db.execute(self.upsert_many, *zip(*timed, strict=True))
+        traces = len({row[0] for row in timed})
+        await upsert_many(self._db, self.upsert_many, "save_trajectories", traces, *zip(*timed, strict=True))
 
     async def get(self, trace_id: Any, session_id: Any) -> Any:
         text = await self._db.fetchval(

@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Any
 
 from ..durability.bulk_forms import bulk_call, bulk_method_for, bulk_methods_of
-from ..errors import GuardedError, InvalidPayloadError
+from ..errors import GuardedError, InvalidPayloadError, WriteSupersededError
 from ..pipeline.call_check import own_signature, protocol_signature
 from ..pipeline.classify import (
     CircuitOpenError,
@@ -39,6 +39,11 @@ class ReplayResult(str, Enum):
     key or stream wait behind it, the others go on (see :meth:`DeadLetterBuffer.replay`)."""
     REJECTED = "rejected"
     """Bad data the backend will never take: the entry is parked with the reason, the pass goes on."""
+    SUPERSEDED = "superseded"
+    """The backend left it alone: the key holds a newer write (another process wrote it since;
+    :class:`~guarded.errors.WriteSupersededError`). The entry is removed and counted as superseded,
+    not as replayed. From a bulk sender: some items were left alone, the run's writes are sent one
+    by one to tell which."""
 
 
 Send = Callable[[str, tuple[Any, ...], dict[str, Any]], Awaitable[ReplayResult]]
@@ -225,8 +230,11 @@ def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
         target = getattr(store, method, None)
         if not callable(target):
             raise ReplayRejected(f"the store has no method {method!r}")
-        with replayed_call(kwargs):
-            await target(*args, **kwargs)
+        try:
+            with replayed_call(kwargs):
+                await target(*args, **kwargs)
+        except WriteSupersededError:
+            return ReplayResult.SUPERSEDED
         return ReplayResult.OK
 
     if not bulk_methods_of(store):
@@ -240,8 +248,11 @@ def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
             replay = bulk_call(method, calls)
         except TypeError as exc:
             raise ReplayRejected(f"cannot group these calls into a bulk write: {exc}") from None
-        with replay.context():
-            await getattr(store, bulk)(*replay.args)
+        try:
+            with replay.context():
+                await getattr(store, bulk)(*replay.args)
+        except WriteSupersededError:
+            return ReplayResult.SUPERSEDED
         return ReplayResult.OK
 
     return send, send_bulk

@@ -209,6 +209,9 @@ class ReplayPass:
         if outcome.result is ReplayResult.OK:
             tally.replayed += await remove_replayed(self.link, [entry], tally.epoch)
             self._answered(entry.method)
+        elif outcome.result is ReplayResult.SUPERSEDED:
+            await remove_replayed(self.link, [entry], tally.epoch, superseded=True)
+            self._answered(entry.method)
         elif outcome.unknown_method(entry.method):
             await self._park_now(entry, f"the store has no method {entry.method!r}")
         elif doubt is not None and isinstance(outcome.error, TypeError):

@@ -13,14 +13,26 @@ from .spill_link import SPILL_ERRORS, SpillLink
 logger = logging.getLogger("guarded.deadletter")
 
 
-async def remove_replayed(link: SpillLink, entries: Sequence[DeadLetter], epoch: int) -> int:
-    """The backend took ``entries``: remove (and count) those still waiting; returns how many."""
+async def remove_replayed(
+    link: SpillLink, entries: Sequence[DeadLetter], epoch: int, *, superseded: bool = False
+) -> int:
+    """The backend took ``entries`` (``superseded``: left them alone, as its rows hold newer
+    writes): remove (and count) those still waiting; returns how many."""
     held = link.held
 
     async def op() -> list[DeadLetter]:
         done = await removed()
         # Counted here, inside the operation: it completes even when the replaying task is
         # cancelled meanwhile (a drain stops a background pass), so no replay goes uncounted.
+        if superseded:
+            link.counters.superseded(len(done))
+            for entry in done:
+                logger.info(
+                    "a replayed %s was older than what the backend holds: superseded, not applied",
+                    entry.method,
+                    extra={"store": link.counters.store_name, "method": entry.method},
+                )
+            return done
         for entry in done:
             link.counters.replayed(entry.method)
         return done

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time, logical_times, next_logical_time
+from ..logical_time import UNTIMED_REPLAY, WRITE_TIME_ARGUMENT, kept_write_time, logical_times, replaying
 from ..pipeline.idempotency import KEPT_ARGUMENTS, WRITE_KEY_ARGUMENT, item_keys
 from ..policy import MethodPolicy
 from ..policy_table import PolicyTable
@@ -102,12 +102,14 @@ class BulkReplay:
     unless every call has one."""
     logical_times: tuple[int, ...] | None
     """The logical time of each call (:data:`~guarded.logical_time.WRITE_TIME_ARGUMENT`; a call
-    kept without one gets a new time); ``None`` when no call has one."""
+    kept without one has :data:`~guarded.logical_time.UNTIMED_REPLAY`); ``None`` when no call has
+    one."""
 
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:
-        """Set the item keys and logical times for the bulk call made inside the block."""
-        with item_keys(self.item_keys), logical_times(self.logical_times):
+        """Set the item keys and logical times for the bulk call made inside the block, marked as
+        a replay (:data:`~guarded.logical_time.REPLAYING`)."""
+        with item_keys(self.item_keys), logical_times(self.logical_times), replaying():
             yield
 
 
@@ -133,7 +135,7 @@ def bulk_call(method: str, calls: Sequence[tuple[tuple[Any, ...], Mapping[str, A
     return BulkReplay(
         bulk_args(method, kept),
         tuple(keys) if keys and len(keys) == len(kept) else None,
-        tuple(next_logical_time() if time is None else time for time in times) if timed else None,
+        tuple(UNTIMED_REPLAY if time is None else time for time in times) if timed else None,
     )
 
 

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from ..codec import record_types_of
 from ..config import GuardConfig
 from ..deadletter import DeadLetterBuffer, ReplayResult
-from ..errors import GuardClosedError, InvalidPayloadError
+from ..errors import GuardClosedError, InvalidPayloadError, WriteSupersededError
 from ..observability.failure_log import FailureLog, operational_errors
 from ..pipeline.breaker import BreakerState, CircuitBreaker
 from ..pipeline.classify import error_type, is_programming_error, safe_message
@@ -278,6 +278,8 @@ class Durability:
         try:
             with replayed_call(kwargs):
                 await self._run(self.writes.offered(method), args, kwargs)
+        except WriteSupersededError:
+            return ReplayResult.SUPERSEDED
         except Exception as exc:
             self._operational.count(self.store_name, method, exc)
             if is_programming_error(exc):
@@ -294,6 +296,8 @@ class Durability:
         try:
             with replay.context():
                 await self._run(bulk, replay.args, {})
+        except WriteSupersededError:
+            return ReplayResult.SUPERSEDED  # some items were left alone: sent one by one to tell which
         except Exception as exc:
             self._operational.count(self.store_name, method, exc, len(calls))
             raise

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..durability.ports import DurabilityPorts
+from ..errors import WriteSupersededError
 from ..logical_time import LOGICAL_TIMES as logical_times
 from ..logical_time import WRITE_TIME_ARGUMENT, current_logical_time
 from ..observability.failure_log import FailureLog
@@ -89,6 +90,8 @@ class DeadLetterLayer:
             except BaseException as exc:
                 if not isinstance(exc, Exception) and not _raised_by_store(exc):
                     raise  # the caller's cancellation, KeyboardInterrupt, SystemExit
+                if isinstance(exc, WriteSupersededError):
+                    raise  # the backend refused it as older: outcome refused, nothing to replay
                 if no_wait_fixes(exc):
                     # Bad data, or a bug of the backend's (a TypeError, an AttributeError): no wait
                     # fixes it, so it is never held for replay; parked with its reason, it can be

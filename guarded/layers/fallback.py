@@ -3,7 +3,9 @@
 A programming error (the caller's wrong call, a ``TypeError`` or ``AttributeError`` of the
 backend) ends ``rejected`` and is logged at ERROR with its message. In strict mode
 (:mod:`guarded.pipeline.strict_mode`) a rejected call raises to the caller instead; store failures degrade
-all the same.
+all the same. A write that could not be kept (:class:`~guarded.errors.WriteNotKeptError`: among
+others, a backend refusing it as older than what it holds) ends ``refused``, never ``ok``, is
+logged at ERROR and raised in strict mode.
 
 Caller cancellation (``asyncio.CancelledError``), ``KeyboardInterrupt`` and ``SystemExit`` are
 ``BaseException``s and pass through untouched. A backend answering ``{}`` for a missing pause
@@ -18,6 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import WriteNotKeptError
 from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
@@ -37,6 +40,8 @@ from ..policy import Kind
 
 def failure_outcome(exc: BaseException) -> Outcome:
     """The outcome of a call that failed with ``exc``."""
+    if isinstance(exc, WriteNotKeptError):
+        return Outcome.REFUSED
     if isinstance(exc, CircuitOpenError):
         return Outcome.CIRCUIT_OPEN
     if isinstance(exc, TimeoutError):
@@ -121,10 +126,12 @@ class FallbackLayer:
 
         def failed(call: Call, exc: BaseException) -> Any:
             kind = classify(exc)
-            call.settle(failure_outcome(exc), exc)
-            if kind in NO_WAIT_FIXES and (strict or strict_forced()):
+            outcome = failure_outcome(exc)
+            call.settle(outcome, exc)
+            refused = outcome is Outcome.REFUSED
+            if (kind in NO_WAIT_FIXES or refused) and (strict or strict_forced()):
                 raise exc
-            bug = kind is ErrorClass.PROGRAMMING
+            bug = kind is ErrorClass.PROGRAMMING or refused
             log.failure(
                 store=method.store_name,
                 method=method.label,

@@ -33,7 +33,7 @@ import contextvars
 from collections.abc import Iterator
 from typing import Any
 
-from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time, logical_times
+from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time, logical_times, replaying
 
 IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "guarded_idempotency_key", default=None
@@ -104,10 +104,15 @@ def replayed_call(kwargs: dict[str, Any]) -> Iterator[None]:
     """For the replay of a kept write: remove what the guard kept with it from ``kwargs`` -- its
     item key (:data:`WRITE_KEY_ARGUMENT`) and the logical time of its call
     (:data:`~guarded.logical_time.WRITE_TIME_ARGUMENT`) -- and set them as :data:`ITEM_KEYS` and
-    :data:`~guarded.logical_time.LOGICAL_TIMES` for the calls inside the block."""
+    :data:`~guarded.logical_time.LOGICAL_TIMES` for the calls inside the block, marked as a replay
+    (:data:`~guarded.logical_time.REPLAYING`)."""
     key = kwargs.pop(WRITE_KEY_ARGUMENT, None)
     time = kept_write_time(kwargs.pop(WRITE_TIME_ARGUMENT, None))
-    with item_keys(None if key is None else (str(key),)), logical_times(None if time is None else (time,)):
+    with (
+        item_keys(None if key is None else (str(key),)),
+        logical_times(None if time is None else (time,)),
+        replaying(),
+    ):
         yield
 
 

@@ -10,7 +10,7 @@ data wins, in every section.
   events (which have no id) when the store's list for the trace already holds as many equal ones.
 * **last-write-wins upserts** (memory states, trajectories, bindings) count as of the snapshot's
   ``created_at`` (when its capture began): each is written with that logical time
-  (:mod:`guarded.logical_time`), so a store that keeps logical times leaves alone every key
+  as a replay (:mod:`guarded.logical_time`), so a store that keeps logical times leaves alone every key
   written after the capture began, and takes the snapshot's value over an older one. A key the
   store holds exactly as the snapshot is not written again; one it kept (read back after the
   write) or refused (:class:`~guarded.errors.WriteNotKeptError`) is counted as skipped.
@@ -59,7 +59,7 @@ from ..codec import (
     record_types_of,
 )
 from ..errors import CapabilityError, WriteNotKeptError
-from ..logical_time import logical_times, next_logical_time
+from ..logical_time import logical_times, next_logical_time, replaying
 from .content import SnapshotContent, canonical, parse
 from .record import SECTIONS
 
@@ -175,7 +175,7 @@ class _Writer:
             self._count(section, False)
             return False
         try:
-            with logical_times(self.time):
+            with logical_times(self.time), replaying(not self.rollback):
                 await getattr(self.store, method)(*args)
         except WriteNotKeptError:
             self._count(section, False)  # the store refused it: it holds a newer write

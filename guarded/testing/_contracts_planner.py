@@ -7,6 +7,8 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import WriteSupersededError
+from ..logical_time import logical_times, replaying
 from ..models import PlannerEvent
 from ._base import contract, expect_same, expect_sequence, rich_payload, show, survive, unique, violation
 
@@ -177,6 +179,61 @@ async def memory_missing_key(store: Any) -> None:
     )
     if loaded is not None:
         raise violation(f"load_memory_state returned {show(loaded)} for a key never saved; {rule}")
+
+
+LAST_WRITE_WINS = "guarded.logical_time: a direct write is applied, only a replay is compared"
+
+
+@contract(
+    "memory_state.direct_write_applied",
+    "memory_state",
+    "A direct save_memory_state is applied even when its logical time is older than the stored "
+    "row's (a worker whose clock is behind another's).",
+)
+async def memory_direct_write_applied(store: Any) -> None:
+    key = f"{unique('tenant')}:user:clock"
+    await store.save_memory_state(key, {"by": "a worker"})
+    with logical_times((1,)):  # a worker whose clock is far behind
+        await survive(
+            "a direct save_memory_state older than the stored row",
+            store.save_memory_state(key, {"by": "a later direct write"}),
+            f"a direct write must be applied ({LAST_WRITE_WINS})",
+        )
+    loaded = await store.load_memory_state(key)
+    if loaded != {"by": "a later direct write"}:
+        raise violation(
+            f"load_memory_state returned {show(loaded)} after a direct write with an older logical time; "
+            f"a direct write must be applied, whatever the clocks say ({LAST_WRITE_WINS})"
+        )
+
+
+@contract(
+    "memory_state.refused_replay_reported",
+    "memory_state",
+    "A replayed save_memory_state older than the stored row is either applied (a store that does not "
+    "order by logical time) or left alone with WriteSupersededError raised, never dropped silently.",
+)
+async def memory_refused_replay_reported(store: Any) -> None:
+    key = f"{unique('tenant')}:user:replay"
+    await store.save_memory_state(key, {"by": "a direct write"})
+    raised: WriteSupersededError | None = None
+    with logical_times((1,)), replaying():
+        try:
+            await store.save_memory_state(key, {"by": "an older replay"})
+        except WriteSupersededError as exc:
+            raised = exc
+    loaded = await store.load_memory_state(key)
+    if raised is None and loaded == {"by": "a direct write"}:
+        raise violation(
+            "a replayed save_memory_state older than the stored row was left alone without raising "
+            "WriteSupersededError: the guard would count a write that was not applied as delivered "
+            f"({LAST_WRITE_WINS})"
+        )
+    if raised is not None and loaded != {"by": "a direct write"}:
+        raise violation(
+            f"save_memory_state raised WriteSupersededError but the key now holds {show(loaded)}; "
+            f"a refused replay must leave the stored row alone ({LAST_WRITE_WINS})"
+        )
 
 
 @contract(

@@ -23,8 +23,9 @@ from prometheus_client import CollectorRegistry
 
 from guarded.backends.postgres import PostgresStateStore
 from guarded.deadletter import buffer as buffer_module
+from guarded.errors import WriteSupersededError
 from guarded.guard import controller, guard
-from guarded.logical_time import logical_times
+from guarded.logical_time import logical_times, replaying
 from guarded.models import RemoteBinding
 
 N = 20
@@ -138,6 +139,9 @@ async def test_a_replay_never_undoes_another_workers_newer_write(
             await b.save_planner_state(f"pause{i}", {"by": "b"})
         raw_a.down = False
         assert await controller(a).drain() == 0
+        stats = await controller(a).dead_letters.stats()
+    # Every held write lost to B's newer one: removed and counted as superseded, not as replayed.
+    assert (stats.replayed_total, stats.superseded_total) == (0, 4 * N)
 
     memory = [await reader.load_memory_state(f"k{i}") for i in range(N)]
     trajectories = [await reader.get_trajectory(f"trace{i}", "s") for i in range(N)]
@@ -207,19 +211,24 @@ async def test_the_store_alone_takes_each_calls_time_so_the_last_call_wins(
     stores: tuple[FlakyStore, PostgresStateStore, PostgresStateStore],
 ) -> None:
     """Without a guard nothing sets a logical time: every call gets a newer one, as PenguiFlow's
-    reference store (the last call wins); a time set explicitly is honoured."""
+    reference store (the last call wins). A direct write is applied whatever time is set; a time
+    set for a replay is compared, and a replay it refuses is reported."""
     _, _, store = stores
     for version in range(5):
         await store.save_memory_state("k", {"version": version})
     assert await store.load_memory_state("k") == {"version": 4}
-    with logical_times((1,)):
+    with logical_times((1,)), replaying(), pytest.raises(WriteSupersededError):
         await store.save_memory_state("k", {"version": -1})
     assert await store.load_memory_state("k") == {"version": 4}
-    await store.save_memory_states([("k", {"version": 5}), ("k", {"version": 6})])
-    assert await store.load_memory_state("k") == {"version": 6}
-    with logical_times((2, 3)):
+    with logical_times((1,)):  # a direct write: applied, its time past the stored one
+        await store.save_memory_state("k", {"version": 5})
+    assert await store.load_memory_state("k") == {"version": 5}
+    await store.save_memory_states([("k", {"version": 6}), ("k", {"version": 7})])
+    assert await store.load_memory_state("k") == {"version": 7}
+    with logical_times((2, 3)), replaying(), pytest.raises(WriteSupersededError) as refused:
         await store.save_memory_states([("k", {"version": -2}), ("j", {"version": 0})])
-    assert await store.load_memory_state("k") == {"version": 6}
+    assert refused.value.refused == 1
+    assert await store.load_memory_state("k") == {"version": 7}
     assert await store.load_memory_state("j") == {"version": 0}
 
 
