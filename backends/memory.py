@@ -20,7 +20,10 @@ method's error (its path prefixed by ``items[3]``, ``states[3]``, ...) and nothi
 Memory states, trajectories, remote bindings and pauses are last-write-wins by logical time
 (:mod:`guarded.logical_time`), like the PostgreSQL backend: a write older than the one that set a
 key leaves it alone. Without a guard every call gets a new, larger time, so plain calls behave
-exactly as PenguiFlow's reference store (the last call wins).
+exactly as PenguiFlow's reference store (the last call wins). A consumed pause leaves a
+tombstone with the consume's logical time, kept until the pause TTL after the consume: only a
+strictly newer save makes the token consumable again, and a save lives for the TTL after its call
+(a replay of one that would have expired stores nothing), as in the PostgreSQL backend.
 
 Safe for concurrent use on one event loop: encoding happens before the lock is taken, and no
 critical section awaits. Not thread-safe.
@@ -71,7 +74,7 @@ from guarded.codec import (
     to_json_object,
 )
 from guarded.durability.local_artifacts import InMemoryArtifactStore
-from guarded.logical_time import LOGICAL_TIMES, current_logical_times
+from guarded.logical_time import LOGICAL_TIMES, current_logical_times, next_logical_time
 from guarded.models import (
     ArtifactRetentionConfig,
     PlannerEvent,
@@ -265,8 +268,9 @@ class InMemoryStateStore:
     async def load_planner_state(self, token: str) -> dict[str, Any] | None:
         """Return and consume the payload; ``None`` (never ``{}``) when missing, consumed or expired."""
         saved_by = LOGICAL_TIMES.get()
+        consumed_at = next_logical_time()
         async with self._lock:
-            entry = self._pauses.take(token, None if saved_by is None else saved_by[0])
+            entry = self._pauses.take(token, None if saved_by is None else saved_by[0], consumed_at)
         if entry is None or (entry[0] is not None and entry[0] <= self._clock()):
             return None
         payload: dict[str, Any] = json.loads(entry[1])

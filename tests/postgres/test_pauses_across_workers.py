@@ -60,7 +60,9 @@ class PartitionedStore(PostgresStateStore):
         return await super().load_planner_state(token)
 
 
-def worker_config(spill: Path, *, breaker: bool = False, answer_held_pauses: bool | None = None) -> dict[str, Any]:
+def worker_config(
+    spill: Path, *, breaker: bool = False, answer_held_pauses: bool | None = None
+) -> dict[str, Any]:
     stale: dict[str, Any] = {}
     if answer_held_pauses is not None:
         stale["answer_held_pauses"] = answer_held_pauses
@@ -68,7 +70,7 @@ def worker_config(spill: Path, *, breaker: bool = False, answer_held_pauses: boo
         "retry": {"enabled": False},
         "timeout": {"attempt": 2.0, "deadline": 4.0, "critical_deadline": 4.0},
         "breaker": (
-            {"enabled": True, "minimum_calls": 2, "window_size": 4, "open_duration": 0.3, "half_open_probes": 1}
+            {"minimum_calls": 2, "window_size": 4, "open_duration": 0.3, "half_open_probes": 1}
             if breaker
             else {"enabled": False}
         ),
@@ -78,7 +80,9 @@ def worker_config(spill: Path, *, breaker: bool = False, answer_held_pauses: boo
 
 
 @pytest_asyncio.fixture
-async def raw_stores(pg_dsn: str, schema_name: str) -> AsyncIterator[tuple[PartitionedStore, PartitionedStore]]:
+async def raw_stores(
+    pg_dsn: str, schema_name: str
+) -> AsyncIterator[tuple[PartitionedStore, PartitionedStore]]:
     """Worker A's store and worker B's (one schema, two pools)."""
     a = await PartitionedStore.connect(pg_dsn, schema=schema_name)
     b = await PartitionedStore.connect(pg_dsn, schema=schema_name)
@@ -193,9 +197,8 @@ async def test_case_3_with_b_breaker_open_the_resume_probes_the_backend(
     replay of the hold is that probe; the user gets A's newer pause once."""
     raw_a, raw_b = raw_stores
     a = guard(raw_a, name="worker-a", registry=CollectorRegistry(), **worker_config(tmp_path / "a.sqlite"))
-    b = guard(
-        raw_b, name="worker-b", registry=CollectorRegistry(), **worker_config(tmp_path / "b.sqlite", breaker=True)
-    )
+    b_config = worker_config(tmp_path / "b.sqlite", breaker=True)
+    b = guard(raw_b, name="worker-b", registry=CollectorRegistry(), **b_config)
     no_background_replay(b)
     async with a, b:
         await b_holds_older_a_saves_newer(a, b, raw_b)
