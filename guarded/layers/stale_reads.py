@@ -8,9 +8,10 @@ Driven by the policy table (``merge_from``, ``merge``, ``read_key``, ``value``):
 * ``load_planner_state`` of a token whose save is still held in the dead-letter buffer first
   delivers that save to the backend (a replay: it loses to a newer save of another worker, and to
   the tombstone of a consume), takes it out of the buffer, and answers what the backend consumes:
-  the backend is the truth whenever it can be reached. Only when it cannot is the held save
-  answered (outcome ``stale``; never with ``answer_held_pauses=False``), and its consume held for
-  replay; it leaves the buffer once a resume returned it, never with a resume that was cancelled;
+  the backend is the truth whenever it can be reached (also when only the save could not reach
+  it: the hold then waits for its replay). Only when neither reaches it is the held save answered
+  (outcome ``stale``; never with ``answer_held_pauses=False``), and its consume held for replay;
+  it leaves the buffer once a resume returned it, never with a resume that was cancelled;
 * when the backend fails, the last value this process read or wrote for the key, plus what is
   held, is served with outcome ``stale``; with nothing to serve the failure goes on to the
   fallback layer.
@@ -347,8 +348,8 @@ class StaleReadLayer:
                     # Delivered as a replay: a newer save of another worker, or the tombstone of
                     # a consume, wins over it.
                     await replay(write, args, dict(kwargs))
-                except Exception as exc:
-                    unreachable: Exception = exc
+                except Exception:
+                    pass  # not delivered: the hold stays, and the backend is asked as it is
                 else:
                     try:
                         await lookups.take(write, key)
@@ -362,17 +363,24 @@ class StaleReadLayer:
                             },
                         )
                     return await inner(call)  # the backend is the truth: its newest save, or None
-                if not answer_held:
-                    raise unreachable  # never answered from the hold: it waits for its replay
+                try:
+                    # A backend that answers is the truth, though the hold could not reach it: the
+                    # hold waits for its replay (which loses to this consume's tombstone). This
+                    # also consumes a copy of the save that reached it (its answer lost).
+                    return await inner(call)
+                except Exception as exc:
+                    if not answer_held:
+                        raise  # never answered from the hold: it waits for its replay
+                    failure = exc
                 held = value_of(*taken)
                 # A buffer closed meanwhile could not let the pause go (the next guard would hand
                 # it out again): refused. Else its removal is registered before any await, so a
                 # close starting from now waits for it.
                 lookups.check_open()
-                call.settle(Outcome.STALE, unreachable)  # the backend could not be reached
+                call.settle(Outcome.STALE, failure)  # the backend could not be reached
                 # Removed in a task of its own (the caller can no longer cancel it), still
                 # registered against replays and holding the turn until it is gone. A copy of the
-                # save may have reached the backend (its answer lost): its consume is held too.
+                # save may be in the backend (its answer lost): the consume is held too.
                 saved_at = kept_write_time(kwargs.get(WRITE_TIME_ARGUMENT))
                 task = call.loop.create_task(remove(key, slot, stamp, turn, call, saved_at))
                 lookups.removing(task)  # kept referenced, and waited for by the buffer's close
