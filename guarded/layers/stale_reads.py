@@ -275,6 +275,12 @@ class StaleReadLayer:
                     del turns[slot]
             gate.leave(slot, stamp)
 
+        def take_failed(message: str) -> None:
+            logger.exception(
+                message,
+                extra={"event": "deadletter_take_failed", "store": lookups.store_name, "method": write},
+            )
+
         async def remove(
             key: Any,
             slot: Any,
@@ -302,10 +308,7 @@ class StaleReadLayer:
                     error="consume_of_held_copy",
                 )
             except Exception:  # the entry stays: it may be replayed, and so resumed again
-                logger.exception(
-                    "a resumed pause could not be removed from the dead-letter buffer",
-                    extra={"event": "deadletter_take_failed", "store": lookups.store_name, "method": write},
-                )
+                take_failed("a resumed pause could not be removed from the dead-letter buffer")
             finally:
                 leave(slot, stamp, turn, True)
 
@@ -354,14 +357,7 @@ class StaleReadLayer:
                     try:
                         await lookups.take(write, key)
                     except Exception:  # it stays and is replayed again: refused, being in the backend
-                        logger.exception(
-                            "a delivered pause could not be removed from the dead-letter buffer",
-                            extra={
-                                "event": "deadletter_take_failed",
-                                "store": lookups.store_name,
-                                "method": write,
-                            },
-                        )
+                        take_failed("a delivered pause could not be removed from the dead-letter buffer")
                     return await inner(call)  # the backend is the truth: its newest save, or None
                 try:
                     # A backend that answers is the truth, though the hold could not reach it: the
