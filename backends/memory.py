@@ -23,6 +23,10 @@ key's time only grows), a replay older than the write that set the key leaves it
 :class:`~guarded.errors.WriteSupersededError` once the rest of the call is applied. Without a guard
 every call is a direct write, so plain calls behave exactly as PenguiFlow's reference store (the
 last call wins).
+A consumed pause leaves a tombstone with the consume's logical time, kept until the pause TTL
+after the consume: only a strictly newer replayed save makes the token consumable again, and a save
+lives for the TTL after its call (a replay of one that would have expired stores nothing), as in
+the PostgreSQL backend.
 
 Safe for concurrent use on one event loop: encoding happens before the lock is taken, and no
 critical section awaits. Not thread-safe.
@@ -74,7 +78,7 @@ from guarded.codec import (
 )
 from guarded.durability.local_artifacts import InMemoryArtifactStore
 from guarded.errors import WriteSupersededError
-from guarded.logical_time import LOGICAL_TIMES, current_logical_times
+from guarded.logical_time import LOGICAL_TIMES, current_logical_times, next_logical_time
 from guarded.models import (
     ArtifactRetentionConfig,
     PlannerEvent,
@@ -278,8 +282,9 @@ class InMemoryStateStore:
     async def load_planner_state(self, token: str) -> dict[str, Any] | None:
         """Return and consume the payload; ``None`` (never ``{}``) when missing, consumed or expired."""
         saved_by = LOGICAL_TIMES.get()
+        consumed_at = next_logical_time()
         async with self._lock:
-            entry = self._pauses.take(token, None if saved_by is None else saved_by[0])
+            entry = self._pauses.take(token, None if saved_by is None else saved_by[0], consumed_at)
         if entry is None or (entry[0] is not None and entry[0] <= self._clock()):
             return None
         payload: dict[str, Any] = json.loads(entry[1])

@@ -9,7 +9,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import cast
 
 from guarded.codec import JSONObject
-from guarded.logical_time import REPLAYING, merge_logical_time
+from guarded.logical_time import REPLAYING, age_of, merge_logical_time
 
 from .memory_records import Binding, BindingKey, Coordinates, dumps, text_of
 
@@ -92,43 +92,76 @@ class BindingTable:
 
 
 class PauseTable:
-    """Planner pauses by token, each loadable until it expires (``ttl``; ``None`` never)."""
+    """Planner pauses by token, each loadable until it expires (``ttl``; ``None`` never), and the
+    tombstones of consumed tokens: the consume's logical time, kept until the TTL after it."""
 
     def __init__(self, written: LatestWrites, ttl: float | None, clock: Callable[[], float]) -> None:
         self._written = written
         self._ttl = ttl
         self._clock = clock
         self.saved: dict[str, Pause] = {}
+        self.consumed: dict[str, tuple[int, float | None]] = {}
+        """Tombstones: ``token -> (logical time, kept until or None)``."""
 
     def put(self, items: Sequence[tuple[str, str]], times: Sequence[int]) -> int:
-        """Store ``(token, payload text)`` pairs, all saved now: expired pauses are dropped first.
-        Returns how many replayed saves older than the stored pause were refused."""
+        """Store ``(token, payload text)`` pairs saved at logical ``times``: a replayed save replaces
+        a tombstone only when strictly newer, and a save lives for the TTL after its call (a replay
+        of a save that would have expired stores nothing). Expired pauses and tombstones go first.
+        Returns how many replayed saves were refused (older than the stored pause or its tombstone)."""
         now = self._clock()
         ttl = self._ttl
         if ttl is not None:
-            expired = [key for key, (until, _) in self.saved.items() if until is not None and until <= now]
-            for key in expired:
-                del self.saved[key]
-                self._written.forget("pause", key)
+            self._forget_expired(now)
         refused = 0
         for (token, text), written in zip(items, times, strict=True):
+            left = None if ttl is None else ttl - age_of(written)
+            if left is not None and left <= 0:
+                continue
+            tombstone = self.consumed.get(token)
+            if tombstone is not None and written <= tombstone[0]:
+                if REPLAYING.get():
+                    refused += 1
+                    continue
+                written = tombstone[0] + 1
             if self._written.newest("pause", token, written):
-                self.saved[token] = (None if ttl is None else now + ttl, text)
+                self.consumed.pop(token, None)
+                self.saved[token] = (None if left is None else now + left, text)
             else:
                 refused += 1
         return refused
 
-    def take(self, token: str, saved_by: int | None) -> Pause | None:
-        """Consume the pause of ``token``; ``None`` when there is none, or when ``saved_by`` (the
-        logical time of the save the caller consumes for) is older than the one that set it."""
-        if saved_by is not None and self._written.time_of("pause", token) > saved_by:
-            return None  # a consume held for an older save of the token (the guard's replay)
+    def _forget_expired(self, now: float) -> None:
+        expired = [key for key, (until, _) in self.saved.items() if until is not None and until <= now]
+        for key in expired:
+            del self.saved[key]
+            self._written.forget("pause", key)
+        gone = [key for key, (_, until) in self.consumed.items() if until is not None and until <= now]
+        for key in gone:
+            del self.consumed[key]
+
+    def take(self, token: str, saved_by: int | None, consumed_at: int) -> Pause | None:
+        """Consume the pause of ``token`` at logical time ``consumed_at``, leaving its tombstone;
+        ``None`` when there is none. ``saved_by``: the logical time of the save the caller
+        consumes for (the guard's replay of a held consume): a newer save is left alone, and a
+        tombstone of that time is left whatever was found."""
+        written = self._written.time_of("pause", token)
+        if saved_by is not None:
+            if written > saved_by and token in self.saved:
+                return None  # a consume held for an older save of the token
+            consumed_at = saved_by
         entry = self.saved.pop(token, None)
+        if entry is None and saved_by is None:
+            return None
         self._written.forget("pause", token)
+        earlier = self.consumed.get(token)
+        time = max(consumed_at, written, earlier[0] if earlier is not None else 0)
+        ttl = self._ttl
+        self.consumed[token] = (time, None if ttl is None else self._clock() + ttl)
         return entry
 
     def clear(self) -> None:
         self.saved.clear()
+        self.consumed.clear()
 
 
 class TaskTable:

@@ -260,6 +260,15 @@ class StaleConfig(_Frozen):
     max_bytes: int = Field(64 * 1024 * 1024, ge=0)
     """Estimated bytes of the values held (see :func:`guarded.durability.stale.estimate_size`); a value above
     an eighth of this is not kept. ``0`` keeps nothing."""
+    answer_held_pauses: bool = True
+    """Whether a resume (``load_planner_state``) the backend cannot answer is answered from a save
+    of its token held in this process's dead-letter buffer (outcome ``stale``). The backend is the
+    truth whenever it can be reached: a held save is first delivered to it and the backend answers.
+    ``True`` keeps a paused flow resumable during an outage, but a worker cut off from the backend
+    cannot know that another worker consumed the token meanwhile: it may deliver it a second time.
+    ``False`` never answers a pause from a hold (at most once across workers): such a resume fails
+    (or gets its fallback) until the backend is back and the hold is replayed. Independent of
+    :attr:`enabled`."""
 
 
 class MethodConfig(_Frozen):

@@ -188,7 +188,7 @@ class GuardCore:
             )
             ports = self.durability.ports()
             degraded_layers = [
-                StaleReadLayer(ports, policies),
+                StaleReadLayer(ports, policies, answer_held_pauses=config.stale.answer_held_pauses),
                 DeadLetterLayer(ports, self.failure_log),
                 BatchingLayer(ports),
                 *degraded_layers,

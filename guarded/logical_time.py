@@ -136,6 +136,12 @@ def replaying(replay: bool = True) -> Iterator[None]:
         REPLAYING.reset(token)
 
 
+def age_of(logical: int) -> float:
+    """Seconds since the logical time ``logical`` by this process's wall clock (0 for a time not
+    yet reached): how long ago a write was first called, when it is replayed."""
+    return max(0.0, (time.time_ns() // 1000 - logical) / 1_000_000)
+
+
 def kept_write_time(value: object) -> int | None:
     """The logical time a held write kept under :data:`WRITE_TIME_ARGUMENT` (``None`` when absent
     or not an integer: the write is then replayed as :data:`UNTIMED_REPLAY`)."""
@@ -149,6 +155,7 @@ __all__ = [
     "REPLAYING",
     "UNTIMED_REPLAY",
     "WRITE_TIME_ARGUMENT",
+    "age_of",
     "current_logical_time",
     "current_logical_times",
     "kept_write_time",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +25,7 @@ from guarded.codec import (
     register_trajectory_type,
 )
 from guarded.errors import InvalidPayloadError
+from guarded.logical_time import logical_times, next_logical_time
 from guarded.models import (
     GLOBAL_TRACE_ID,
     ArtifactRetentionConfig,
@@ -431,6 +433,55 @@ class TestPlannerState:
         now[0] += 2
         assert await store.load_planner_state("old") is None
         assert await store.load_planner_state("fresh") == {"v": 3}
+
+    @pytest.mark.asyncio
+    async def test_a_consume_leaves_a_tombstone_only_a_newer_save_replaces(self) -> None:
+        now = [1000.0]
+        store = InMemoryStateStore(planner_state_ttl_seconds=60, clock=lambda: now[0])
+        saved_at = next_logical_time()
+        with logical_times((saved_at,)):
+            await store.save_planner_state("tok", {"v": 1})
+        assert await store.load_planner_state("tok") == {"v": 1}
+        with logical_times((saved_at,)):  # a replay of the consumed save
+            await store.save_planner_state("tok", {"v": 1})
+        with logical_times((saved_at + 1,)):  # a save called before the consume, replayed
+            await store.save_planner_states([("tok", {"v": 0})])
+        assert await store.load_planner_state("tok") is None
+        await store.save_planner_state("tok", {"v": 2})  # called after the consume: paused again
+        assert await store.load_planner_state("tok") == {"v": 2}
+        assert await store.load_planner_state("tok") is None
+        now[0] += 61  # the tombstone is forgotten the TTL after the consume ...
+        with logical_times((saved_at - 61_000_000,)):  # ... and a save that old stores nothing
+            await store.save_planner_state("tok", {"v": 1})
+        assert store._pauses.consumed == {}
+        assert await store.load_planner_state("tok") is None
+
+    @pytest.mark.asyncio
+    async def test_a_replayed_save_lives_for_the_ttl_after_its_call(self) -> None:
+        store = InMemoryStateStore(planner_state_ttl_seconds=60)
+        with logical_times((next_logical_time() - 61_000_000,)):
+            await store.save_planner_state("expired", {"v": 1})
+        with logical_times((next_logical_time() - 50_000_000,)):
+            await store.save_planner_state("alive", {"v": 1})
+        assert "expired" not in store._planner_state
+        until, _ = store._planner_state["alive"]
+        assert until is not None
+        assert until - time.time() == pytest.approx(10, abs=1)
+
+    @pytest.mark.asyncio
+    async def test_a_held_consume_leaves_a_tombstone_and_spares_a_newer_save(self) -> None:
+        store = InMemoryStateStore()
+        held = (next_logical_time(),)
+        with logical_times(held):  # the replay of a consume held for a save never delivered
+            assert await store.load_planner_state("never") is None
+            await store.save_planner_state("never", {"v": 1})  # that save's replay
+        assert await store.load_planner_state("never") is None
+        with logical_times(held):
+            await store.save_planner_state("newer", {"v": 1})
+        await store.save_planner_state("newer", {"v": 2})
+        with logical_times(held):
+            assert await store.load_planner_state("newer") is None
+        assert await store.load_planner_state("newer") == {"v": 2}
 
     @pytest.mark.asyncio
     async def test_concurrent_loads_consume_exactly_once(self, store: InMemoryStateStore) -> None:

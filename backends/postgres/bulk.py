@@ -88,20 +88,21 @@ def with_logical_times(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]
     return [(*row, time) for row, time in zip(rows, current_logical_times(len(rows)), strict=True)]
 
 
-def last_write_wins(assignments: str) -> tuple[str, str]:
+def last_write_wins(assignments: str, *, replay_also: str = "") -> tuple[str, str]:
     """What ``ON CONFLICT ... DO UPDATE SET`` is followed by in a last-write-wins upsert by logical
     time (:mod:`guarded.logical_time`), for a direct write and for a replay: ``assignments`` (the
     columns the write sets, the conflicting row aliased ``stored``), the row's new time, and
     ``RETURNING logical_time``. A direct write is always applied and the row takes ``GREATEST(its
     time, the stored time + 1)``; a replay only when the stored time is not newer (no row returned
-    otherwise)."""
+    otherwise; ``replay_also``: a further condition a replay must meet)."""
+    condition = f" AND {replay_also}" if replay_also else ""
     direct = (
         f"{assignments}, logical_time = GREATEST(EXCLUDED.logical_time, stored.logical_time + 1) "
         "RETURNING stored.logical_time"
     )
     replay = (
         f"{assignments}, logical_time = EXCLUDED.logical_time "
-        "WHERE stored.logical_time <= EXCLUDED.logical_time RETURNING stored.logical_time"
+        f"WHERE stored.logical_time <= EXCLUDED.logical_time{condition} RETURNING stored.logical_time"
     )
     return direct, replay
 

@@ -1,6 +1,7 @@
 """``cleanup()``: delete expired pauses and artifacts, enforce the configured retention.
 
-* ``planner_pauses``: rows past ``expires_at``, and consumed rows whose grace period is over.
+* ``planner_pauses``: rows past ``expires_at`` (for a consumed row, its tombstone: the pause TTL
+  after the consume), a consumed row not before its grace period is over.
 * ``artifacts``: rows past ``expires_at`` (the artifact TTL).
 * ``flow_events``, ``state_updates``, ``steering_events``, ``planner_events``: rows stored longer
   ago than the :class:`~.options.RetentionPolicy` maximum age, when one is configured.
@@ -60,7 +61,7 @@ async def cleanup(db: Database, schema: str, *, grace: float, policy: RetentionP
     deleted["planner_pauses"] = await _delete_batched(
         db,
         qualified(schema, "planner_pauses"),
-        "expires_at <= now() OR consumed_at <= now() - make_interval(secs => $1)",
+        "expires_at <= now() AND (consumed_at IS NULL OR consumed_at <= now() - make_interval(secs => $1))",
         (grace,),
         batch,
     )

@@ -162,7 +162,7 @@ class Durability:
             next_stamp=self.next_stamp,
             queue=WriteQueue(self.batcher) if self.batcher is not None else None,
             keeper=(
-                HeldWriteKeeper(self.dead_letter, self.park, self.writes.kept_kwargs, buffer)
+                HeldWriteKeeper(self.dead_letter, self.park, self.writes.kept_kwargs, buffer, self._send)
                 if buffer is not None
                 else None
             ),

@@ -87,7 +87,7 @@ class WriteQueue:
 class HeldWriteKeeper:
     """Keeps writes that failed (held for replay), parks bad data, drops superseded writes."""
 
-    __slots__ = ("drop_superseded", "hold", "kept_kwargs", "note_superseding", "park", "supersede")
+    __slots__ = ("drop_superseded", "hold", "kept_kwargs", "note_superseding", "park", "replay", "supersede")
 
     def __init__(
         self,
@@ -95,8 +95,13 @@ class HeldWriteKeeper:
         park: Callable[[str, tuple[Any, ...], Mapping[str, Any], BaseException], Awaitable[None]],
         kept_kwargs: Callable[[PendingWrite], Mapping[str, Any]],
         buffer: DeadLetterBuffer,
+        replay: Callable[[str, tuple[Any, ...], dict[str, Any]], Awaitable[object]],
     ) -> None:
         self.hold = hold
+        self.replay = replay
+        """``replay(method, args, kwargs)``: send one held write to the backend now, as the
+        background replay does (its logical time and item key taken from ``kwargs``); raises when
+        it fails. The write stays held: the caller takes it out."""
         """``hold(method, args, kwargs, key=, scope=, stamp=, error=)``: keep a failed write for
         replay; ``False`` when it cannot be kept (it is parked as bad data)."""
         self.park = park

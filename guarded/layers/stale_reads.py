@@ -5,8 +5,13 @@ Driven by the policy table (``merge_from``, ``merge``, ``read_key``, ``value``):
 * a read of a trace or session first flushes the batched writes of that scope, then adds the
   writes still held (queued or dead-lettered) to the backend's answer (read-your-writes);
 * a single-value read (memory state, trajectory) answers the newest held write for its key;
-* ``load_planner_state`` takes a pause token still held in the dead-letter buffer (consume): it
-  leaves the buffer once a resume returned it, never with a resume that was cancelled;
+* ``load_planner_state`` of a token whose save is still held in the dead-letter buffer first
+  delivers that save to the backend (a replay: it loses to a newer save of another worker, and to
+  the tombstone of a consume), takes it out of the buffer, and answers what the backend consumes:
+  the backend is the truth whenever it can be reached (also when only the save could not reach
+  it: the hold then waits for its replay). Only when neither reaches it is the held save answered
+  (outcome ``stale``; never with ``answer_held_pauses=False``), and its consume held for replay;
+  it leaves the buffer once a resume returned it, never with a resume that was cancelled;
 * when the backend fails, the last value this process read or wrote for the key, plus what is
   held, is served with outcome ``stale``; with nothing to serve the failure goes on to the
   fallback layer.
@@ -40,9 +45,12 @@ class StaleReadLayer:
     """Read-your-writes and stale-if-error for reads with a ``merge`` policy; keeps the cache
     up to date from the writes those reads see."""
 
-    def __init__(self, ports: DurabilityPorts, policies: PolicyTable) -> None:
+    def __init__(
+        self, ports: DurabilityPorts, policies: PolicyTable, *, answer_held_pauses: bool = True
+    ) -> None:
         self._ports = ports
         self._policies = policies
+        self._answer_held_pauses = answer_held_pauses
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         policy = method.policy
@@ -253,6 +261,7 @@ class StaleReadLayer:
         if lookups is None or gate is None or keeper is None or key_of is None:
             return inner
         next_stamp, ensure_open = ports.next_stamp, ports.lifecycle.ensure_open
+        replay, answer_held = keeper.replay, self._answer_held_pauses
         # One consume of a held token at a time: per slot, a lock and how many consumes use it.
         turns: dict[Hashable, tuple[asyncio.Lock, list[int]]] = {}
 
@@ -266,37 +275,40 @@ class StaleReadLayer:
                     del turns[slot]
             gate.leave(slot, stamp)
 
+        def take_failed(message: str) -> None:
+            logger.exception(
+                message,
+                extra={"event": "deadletter_take_failed", "store": lookups.store_name, "method": write},
+            )
+
         async def remove(
             key: Any,
             slot: Any,
             stamp: int,
             turn: tuple[asyncio.Lock, list[int]],
-            unconsumed: Call | None,
+            unconsumed: Call,
             saved_at: int | None,
         ) -> None:
             try:
                 await lookups.take(write, key)
-                if unconsumed is not None:
-                    # The backend may hold a copy (a save whose answer was lost reached it): hold
-                    # the consume and replay it, else that copy could be resumed a second time. It
-                    # carries the held save's logical time: a newer save of the token is not its.
-                    kwargs = unconsumed.kwargs
-                    if saved_at is not None:
-                        kwargs = {**kwargs, WRITE_TIME_ARGUMENT: saved_at}
-                    await keeper.hold(
-                        unconsumed.method.policy.name,
-                        unconsumed.args,
-                        kwargs,
-                        key=None,
-                        scope=None,
-                        stamp=stamp,
-                        error="consume_of_held_copy",
-                    )
-            except Exception:  # the entry stays: it may be replayed, and so resumed again
-                logger.exception(
-                    "a resumed pause could not be removed from the dead-letter buffer",
-                    extra={"event": "deadletter_take_failed", "store": lookups.store_name, "method": write},
+                # The backend may hold a copy (a save whose answer was lost reached it): hold the
+                # consume and replay it, else that copy could be resumed a second time. It carries
+                # the held save's logical time: a newer save of the token is not its, and the
+                # backend leaves a tombstone of that time.
+                kwargs = unconsumed.kwargs
+                if saved_at is not None:
+                    kwargs = {**kwargs, WRITE_TIME_ARGUMENT: saved_at}
+                await keeper.hold(
+                    unconsumed.method.policy.name,
+                    unconsumed.args,
+                    kwargs,
+                    key=None,
+                    scope=None,
+                    stamp=stamp,
+                    error="consume_of_held_copy",
                 )
+            except Exception:  # the entry stays: it may be replayed, and so resumed again
+                take_failed("a resumed pause could not be removed from the dead-letter buffer")
             finally:
                 leave(slot, stamp, turn, True)
 
@@ -334,23 +346,39 @@ class StaleReadLayer:
                 taken = await lookups.latest_for_key(write, key)
                 if taken is None:
                     return await inner(call)  # the consume before this one returned it
-                held = value_of(*taken)
-                unconsumed: Call | None = None
-                failure: Exception | None = None
+                args, kwargs = taken
                 try:
-                    await inner(call)  # also consumes a copy that reached the backend
+                    # Delivered as a replay: a newer save of another worker, or the tombstone of
+                    # a consume, wins over it.
+                    await replay(write, args, dict(kwargs))
+                except Exception:
+                    pass  # not delivered: the hold stays, and the backend is asked as it is
+                else:
+                    try:
+                        await lookups.take(write, key)
+                    except Exception:  # it stays and is replayed again: refused, being in the backend
+                        take_failed("a delivered pause could not be removed from the dead-letter buffer")
+                    return await inner(call)  # the backend is the truth: its newest save, or None
+                try:
+                    # A backend that answers is the truth, though the hold could not reach it: the
+                    # hold waits for its replay (which loses to this consume's tombstone). This
+                    # also consumes a copy of the save that reached it (its answer lost).
+                    return await inner(call)
                 except Exception as exc:
+                    if not answer_held:
+                        raise  # never answered from the hold: it waits for its replay
                     failure = exc
-                    unconsumed = call
+                held = value_of(*taken)
                 # A buffer closed meanwhile could not let the pause go (the next guard would hand
                 # it out again): refused. Else its removal is registered before any await, so a
                 # close starting from now waits for it.
                 lookups.check_open()
-                call.settle(Outcome.STALE, failure)  # the held write is newer than any copy in the backend
+                call.settle(Outcome.STALE, failure)  # the backend could not be reached
                 # Removed in a task of its own (the caller can no longer cancel it), still
-                # registered against replays and holding the turn until it is gone.
-                saved_at = kept_write_time(taken[1].get(WRITE_TIME_ARGUMENT))
-                task = call.loop.create_task(remove(key, slot, stamp, turn, unconsumed, saved_at))
+                # registered against replays and holding the turn until it is gone. A copy of the
+                # save may be in the backend (its answer lost): the consume is held too.
+                saved_at = kept_write_time(kwargs.get(WRITE_TIME_ARGUMENT))
+                task = call.loop.create_task(remove(key, slot, stamp, turn, call, saved_at))
                 lookups.removing(task)  # kept referenced, and waited for by the buffer's close
                 handed_over = True
                 return held

@@ -48,7 +48,7 @@ def test_status_exit_codes_tell_pending_from_unreachable_from_a_problem(
 
     ran = pg(capsys, pg_dsn, schema_name, "migrate")
     assert ran.code == 0, ran.err
-    assert ran.out == f"schema {schema_name}: applied 0001, 0002, 0003, 0004; now at version 4\n"
+    assert ran.out == f"schema {schema_name}: applied 0001, 0002, 0003, 0004, 0005; now at version 5\n"
     ran = pg(capsys, pg_dsn, schema_name, "status", "--json")
     assert ran.code == 0
     document = json.loads(ran.out)
@@ -155,9 +155,9 @@ def test_migrate_shows_progress(
     ran = pg(capsys, pg_dsn, schema_name, "migrate")
     assert ran.code == 0
     lines = [line for line in ran.err_lines if line.startswith(f"migrate {schema_name}: ")]
-    assert lines[0].startswith(f"migrate {schema_name}: 1 of 4 migrations (25%), ")
-    assert lines[-1].startswith(f"migrate {schema_name}: done: 4 of 4 migrations (100%), ")
-    assert lines[-1].endswith("; applied 0004_snapshots")
+    assert lines[0].startswith(f"migrate {schema_name}: 1 of 5 migrations (20%), ")
+    assert lines[-1].startswith(f"migrate {schema_name}: done: 5 of 5 migrations (100%), ")
+    assert lines[-1].endswith("; applied 0005_pause_tombstones")
 
 
 def tables(dsn: str, schema: str) -> dict[str, list[tuple[str, str]]]:

@@ -39,11 +39,15 @@ DOWN = ConnectionResetError("the backend is down")
 
 
 def layer(
-    buffer: FakeBuffer | None = None, queue: FakeQueue | None = None, gate: FakeGate | None = None
+    buffer: FakeBuffer | None = None,
+    queue: FakeQueue | None = None,
+    gate: FakeGate | None = None,
+    *,
+    answer_held_pauses: bool = True,
 ) -> StaleReadLayer:
     cache = StaleCache(100, registry=CollectorRegistry())
     ports = fake_ports(buffer=buffer or FakeBuffer(), queue=queue, gate=gate or FakeGate(), cache=cache)
-    return StaleReadLayer(ports, PolicyTable.for_state_store())
+    return StaleReadLayer(ports, PolicyTable.for_state_store(), answer_held_pauses=answer_held_pauses)
 
 
 async def run(layer_: StaleReadLayer, inner: Any, method: str, *args: Any, **kwargs: Any) -> tuple[Any, Call]:
@@ -202,23 +206,42 @@ async def test_with_no_held_pause_the_backend_answers_the_consume() -> None:
     assert (value, call.outcome, buffer.taken, gate.inside) == ({"p": "db"}, Outcome.OK, [], [])
 
 
-async def test_a_held_pause_is_answered_once_and_then_leaves_the_buffer() -> None:
+async def test_a_held_pause_goes_to_a_reachable_backend_first_and_the_backend_answers() -> None:
+    """The backend is the truth when it can be reached: the held save is delivered to it as a
+    replay (where a newer save of another worker wins), leaves the buffer, and the resume gets
+    what the backend consumes."""
+    buffer, gate = FakeBuffer(), FakeGate()
+    buffer.put("save_planner_state", "tok", {"p": "held"}, key="tok", **{WRITE_TIME_ARGUMENT: 17})
+    stale = layer(buffer, gate=gate)
+    inner = ScriptedService().answer({"p": "newer, of another worker"})
+    value, call = await run(stale, inner, "load_planner_state", "tok")
+    assert (value, call.outcome) == ({"p": "newer, of another worker"}, Outcome.OK)
+    assert buffer.replayed == [("save_planner_state", ("tok", {"p": "held"}), {WRITE_TIME_ARGUMENT: 17})]
+    assert len(inner.calls) == 1
+    assert (buffer.held, buffer.taken, gate.inside) == ([], [("save_planner_state", "tok")], [])
+
+
+async def test_a_held_pause_is_answered_once_when_the_backend_cannot_be_reached() -> None:
     buffer, gate = FakeBuffer(), FakeGate()
     buffer.put("save_planner_state", "tok", {"p": "held"}, key="tok")
+    buffer.replay_error = DOWN
     stale = layer(buffer, gate=gate)
-    inner = ScriptedService().answer(None)
+    inner = ScriptedService().fail(DOWN)
     value, call = await run(stale, inner, "load_planner_state", "tok")
-    assert (value, call.outcome) == ({"p": "held"}, Outcome.STALE)
-    assert len(inner.calls) == 1, "a copy that reached the backend is consumed as well"
+    assert (value, call.outcome, call.error) == ({"p": "held"}, Outcome.STALE, DOWN)
+    assert len(inner.calls) == 1, "a copy that reached the backend is consumed as well, when it can be"
     await settle()
-    assert (buffer.held, buffer.taken, gate.inside) == ([], [("save_planner_state", "tok")], [])
-    value, _ = await run(stale, ScriptedService().answer(None), "load_planner_state", "tok")
-    assert value is None, "a second resume of the same pause finds nothing"
+    assert (buffer.taken, gate.inside) == ([("save_planner_state", "tok")], [])
+    [consume] = buffer.held
+    assert (consume.method, consume.error) == ("load_planner_state", "consume_of_held_copy")
+    with pytest.raises(ConnectionResetError):  # a second resume finds nothing held to answer
+        await run(stale, ScriptedService().fail(DOWN), "load_planner_state", "tok")
 
 
 async def test_a_held_pause_whose_backend_copy_cannot_be_consumed_holds_the_consume() -> None:
     buffer = FakeBuffer()
     buffer.put("save_planner_state", "tok", {"p": "held"}, key="tok", **{WRITE_TIME_ARGUMENT: 17})
+    buffer.replay_error = DOWN
     value, call = await run(layer(buffer), ScriptedService().fail(DOWN), "load_planner_state", "tok")
     assert (value, call.outcome, call.error) == ({"p": "held"}, Outcome.STALE, DOWN)
     await settle()
@@ -231,19 +254,52 @@ async def test_a_held_pause_whose_backend_copy_cannot_be_consumed_holds_the_cons
     assert consume.kwargs[WRITE_TIME_ARGUMENT] == 17, "the consume is of that save, not of a newer one"
 
 
+async def test_a_guard_that_never_answers_held_pauses_keeps_the_hold_for_its_replay() -> None:
+    buffer, gate = FakeBuffer(), FakeGate()
+    buffer.put("save_planner_state", "tok", {"p": "held"}, key="tok")
+    buffer.replay_error = DOWN
+    stale = layer(buffer, gate=gate, answer_held_pauses=False)
+    with pytest.raises(ConnectionResetError):
+        await run(stale, ScriptedService().fail(DOWN), "load_planner_state", "tok")
+    assert ([held.method for held in buffer.held], buffer.taken, gate.inside) == (
+        ["save_planner_state"],
+        [],
+        [],
+    )
+
+
 async def test_a_cancelled_consume_leaves_the_held_pause_for_the_next() -> None:
     buffer, gate = FakeBuffer(), FakeGate()
     buffer.put("save_planner_state", "tok", {"p": "held"}, key="tok")
+    buffer.replay_waits = asyncio.Event()
     stale = layer(buffer, gate=gate)
     setup = method_setup("load_planner_state")
-    task = asyncio.ensure_future(stale.wrap(ScriptedService().hang(), setup)(new_call(setup, "tok")))
+    task = asyncio.ensure_future(stale.wrap(ScriptedService(), setup)(new_call(setup, "tok")))
     await settle()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert (buffer.taken, gate.inside) == ([], [])
-    value, _ = await run(stale, ScriptedService().answer(None), "load_planner_state", "tok")
+    buffer.replay_waits, buffer.replay_error = None, DOWN
+    value, _ = await run(stale, ScriptedService().fail(DOWN), "load_planner_state", "tok")
     assert value == {"p": "held"}
+
+
+async def test_a_backend_that_answers_is_the_truth_though_the_hold_could_not_reach_it() -> None:
+    """Only the held save failed to reach the backend: the backend's answer is the resume's (a
+    newer save of another worker, a consume's None), and the hold waits for its replay."""
+    buffer, gate = FakeBuffer(), FakeGate()
+    buffer.put("save_planner_state", "tok", {"p": "held"}, key="tok")
+    buffer.replay_error = DOWN
+    stale = layer(buffer, gate=gate)
+    for answer in ({"p": "newer, of another worker"}, None):
+        value, call = await run(stale, ScriptedService().answer(answer), "load_planner_state", "tok")
+        assert (value, call.outcome) == (answer, Outcome.OK)
+    assert ([held.method for held in buffer.held], buffer.taken, gate.inside) == (
+        ["save_planner_state"],
+        [],
+        [],
+    )
 
 
 async def test_a_pause_token_is_never_answered_from_the_cache() -> None:

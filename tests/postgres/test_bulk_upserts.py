@@ -172,7 +172,9 @@ async def pause_snapshot(store: PostgresStateStore) -> Any:
     """The stored pauses, then what loading every token gives (this consumes them)."""
     rows = await table(
         store,
-        "SELECT token, payload::text, expires_at - created_at, consumed_at IS NULL, consumer_key "
+        # The TTL counts from each save's call: to the second, as the two stores' calls differ.
+        "SELECT token, payload::text, round(extract(epoch FROM expires_at - created_at)), "
+        "consumed_at IS NULL, consumer_key "
         "FROM {t}.planner_pauses ORDER BY token",
     )
     loads = []

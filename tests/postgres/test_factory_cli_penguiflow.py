@@ -173,14 +173,14 @@ async def test_pg_commands(pg_dsn: str, schema_name: str, raw: asyncpg.Connectio
     assert "pending  0002_logical_time" in out
     code, out = await asyncio.to_thread(cli, "migrate")
     assert code == 0
-    assert "applied 0001, 0002, 0003, 0004; now at version 4" in out
+    assert "applied 0001, 0002, 0003, 0004, 0005; now at version 5" in out
     code, out = await asyncio.to_thread(cli, "migrate", "--json")
     assert code == 0
     assert json.loads(out)["applied"] == []
     code, out = await asyncio.to_thread(cli, "status", "--json")
     status = json.loads(out)
     assert code == 0
-    assert status["version"] == status["latest"] == 4
+    assert status["version"] == status["latest"] == 5
     assert "flow_events" in status["tables"]
     await raw.execute(
         f'INSERT INTO "{schema_name}".state_updates '

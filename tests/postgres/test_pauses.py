@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from guarded.backends.postgres import PostgresStateStore
 from guarded.config import GuardConfig, RetryConfig
 from guarded.guard import guard
+from guarded.logical_time import logical_times, next_logical_time
 from guarded.pipeline.idempotency import current_idempotency_key, idempotency_key
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
@@ -40,15 +41,51 @@ async def test_a_retry_with_the_same_key_gets_the_payload_again(store: PostgresS
 
 
 @pytest.mark.asyncio
-async def test_a_consume_without_key_deletes_the_row(
+async def test_a_consume_without_key_leaves_a_tombstone_nobody_can_repeat(
     store: PostgresStateStore, raw: asyncpg.Connection
 ) -> None:
-    await store.save_planner_state("tok", {"x": 1})
+    saved_at = next_logical_time()
+    with logical_times((saved_at,)):
+        await store.save_planner_state("tok", {"x": 1})
     assert await store.load_planner_state("tok") == {"x": 1}
     with idempotency_key("late"):
         assert await store.load_planner_state("tok") is None
-    count = await raw.fetchval(f'SELECT count(*) FROM "{store.schema}".planner_pauses')
-    assert count == 0
+    row = await raw.fetchrow(
+        "SELECT consumed_at IS NOT NULL AS consumed, consumer_key, logical_time "
+        f'FROM "{store.schema}".planner_pauses'
+    )
+    assert row is not None
+    assert row["consumed"]
+    assert row["consumer_key"] is None
+    assert row["logical_time"] > saved_at  # the consume's time
+    with logical_times((saved_at,)):  # a replay of the consumed save: refused
+        await store.save_planner_state("tok", {"x": 1})
+    assert await store.load_planner_state("tok") is None
+    await store.save_planner_state("tok", {"x": 2})  # a new save: the token is paused again
+    assert await store.load_planner_state("tok") == {"x": 2}
+
+
+@pytest.mark.asyncio
+async def test_cleanup_keeps_a_tombstone_until_the_ttl_after_its_consume(
+    make_store: StoreFactory, raw: asyncpg.Connection
+) -> None:
+    store = await make_store(pause_ttl=1.0, consume_grace=0.01)
+    saved_at = next_logical_time()
+    with logical_times((saved_at,)):
+        await store.save_planner_state("tok", {})
+    await asyncio.sleep(0.5)
+    with idempotency_key("k"):
+        assert await store.load_planner_state("tok") == {}
+    await asyncio.sleep(0.7)  # past the save's expiry, not yet the TTL after the consume
+    assert (await store.cleanup()).deleted["planner_pauses"] == 0
+    with logical_times((saved_at,)):
+        await store.save_planner_state("tok", {})  # a late replay: refused by the tombstone
+    assert await store.load_planner_state("tok") is None
+    await asyncio.sleep(0.5)
+    assert (await store.cleanup()).deleted["planner_pauses"] == 1
+    with logical_times((saved_at,)):
+        await store.save_planner_state("tok", {})  # expired since its call: stores nothing
+    assert await raw.fetchval(f'SELECT count(*) FROM "{store.schema}".planner_pauses') == 0
 
 
 @pytest.mark.asyncio

@@ -25,7 +25,7 @@ from guarded.backends.postgres import PostgresStateStore
 from guarded.deadletter import buffer as buffer_module
 from guarded.errors import WriteSupersededError
 from guarded.guard import controller, guard
-from guarded.logical_time import logical_times, replaying
+from guarded.logical_time import logical_times, next_logical_time, replaying
 from guarded.models import RemoteBinding
 
 N = 20
@@ -270,13 +270,18 @@ async def test_a_held_consume_takes_only_the_save_it_was_held_for(
     """The guard's replay of a consume held for a save with logical time T (a resume answered from
     the held copy) removes the token only when the stored save is not newer than T."""
     _, _, store = stores
-    with logical_times((1_000,)):
+    held = (next_logical_time(),)
+    with logical_times(held):
         await store.save_planner_state("t", {"pause": 1})
     await store.save_planner_state("t", {"pause": 2})  # a newer save of the token: now
-    with logical_times((1_000,)):
+    with logical_times(held):
         assert await store.load_planner_state("t") is None  # not the save it was held for
     assert await store.load_planner_state("t") == {"pause": 2}
-    with logical_times((1_000,)):
+    with logical_times(held):
         await store.save_planner_state("u", {"pause": 1})
         assert await store.load_planner_state("u") == {"pause": 1}
     assert await store.load_planner_state("u") is None
+    with logical_times(held):  # a held consume of a token never saved leaves a tombstone
+        assert await store.load_planner_state("v") is None
+        await store.save_planner_state("v", {"pause": 1})  # a replay of the save it was for
+    assert await store.load_planner_state("v") is None

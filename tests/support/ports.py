@@ -39,7 +39,9 @@ class HeldWrite:
 class FakeBuffer:
     """The dead-letter buffer as the keeper and the lookups ports see it: what is held is a list
     a test can read and fill. ``keeps`` (``False``: every ``hold`` is refused) and ``hold_error``
-    (raised by ``hold``) script its answers; ``disk_bytes`` is what ``stats()`` reports held."""
+    (raised by ``hold``) script its answers; ``disk_bytes`` is what ``stats()`` reports held.
+    ``replay`` delivers a held write to the backend: recorded in ``replayed``, or ``replay_error``
+    raised (the backend cannot be reached); it waits for ``replay_waits`` when set."""
 
     store_name = "s"
 
@@ -52,6 +54,9 @@ class FakeBuffer:
         self.superseded: list[tuple[str, Any, int]] = []
         self.taken: list[tuple[str, Any]] = []
         self.removals: set[asyncio.Task[None]] = set()
+        self.replayed: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.replay_error: BaseException | None = None
+        self.replay_waits: asyncio.Event | None = None
 
     def put(self, method: str, *args: Any, key: Any = None, scope: str | None = None, **kwargs: Any) -> None:
         """Hold a write as a failed earlier call would have left it."""
@@ -85,6 +90,13 @@ class FakeBuffer:
     @staticmethod
     def kept_kwargs(write: PendingWrite) -> Mapping[str, Any]:
         return write.kwargs
+
+    async def replay(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.replay_waits is not None:
+            await self.replay_waits.wait()
+        if self.replay_error is not None:
+            raise self.replay_error
+        self.replayed.append((method, args, kwargs))
 
     async def supersede(self, method: str, key: Any, stamp: int, logical_time: int | None = None) -> int:
         self.superseded.append((method, key, stamp))
