@@ -9,7 +9,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import cast
 
 from guarded.codec import JSONObject
-from guarded.logical_time import REPLAYING, age_of, merge_logical_time
+from guarded.logical_time import REPLAYING, merge_logical_time, ttl_left
 
 from .memory_records import Binding, BindingKey, Coordinates, dumps, text_of
 
@@ -114,7 +114,7 @@ class PauseTable:
             self._forget_expired(now)
         refused = 0
         for (token, text), written in zip(items, times, strict=True):
-            left = None if ttl is None else ttl - age_of(written)
+            left = None if ttl is None else ttl_left(ttl, written)
             if left is not None and left <= 0:
                 continue
             tombstone = self.consumed.get(token)

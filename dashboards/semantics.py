@@ -19,7 +19,8 @@ ERROR_OUTCOMES: tuple[Outcome, ...] = (
     Outcome.REFUSED,
 )
 """Calls the backend did not serve: the caller got a fallback, a stale value, a write parked for
-replay, a refusal of bad data or a write that could not be kept. These make up the error rate and the error budget."""
+replay, a refusal of bad data or a write that could not be kept. These make up the error rate and
+the error budget."""
 
 SUCCESS_OUTCOMES: tuple[Outcome, ...] = (Outcome.OK, Outcome.RETRIED, Outcome.NOT_FOUND)
 """Calls the backend served; ``not_found`` is an answer ("no such key", an expired pause token),

@@ -142,6 +142,13 @@ def age_of(logical: int) -> float:
     return max(0.0, (time.time_ns() // 1000 - logical) / 1_000_000)
 
 
+def ttl_left(ttl: float, logical: int) -> float:
+    """Seconds a write called at logical time ``logical`` has left of a time to live ``ttl``: all of
+    it for a direct write; for a replay (:data:`REPLAYING`) the TTL counts from its call, so the
+    replay of a write that would have expired meanwhile has none left."""
+    return ttl - age_of(logical) if REPLAYING.get() else ttl
+
+
 def kept_write_time(value: object) -> int | None:
     """The logical time a held write kept under :data:`WRITE_TIME_ARGUMENT` (``None`` when absent
     or not an integer: the write is then replayed as :data:`UNTIMED_REPLAY`)."""
@@ -156,6 +163,7 @@ __all__ = [
     "UNTIMED_REPLAY",
     "WRITE_TIME_ARGUMENT",
     "age_of",
+    "ttl_left",
     "current_logical_time",
     "current_logical_times",
     "kept_write_time",

@@ -163,7 +163,11 @@ async def test_without_a_guard_the_last_call_wins_as_in_penguiflows_reference() 
     assert (found.agent_url, found.is_terminal) == ("agent2", True)
     await store.save_planner_state("p", {"v": 1})
     assert await store.load_planner_state("p") == {"v": 1}
-    with logical_times((1,)):  # called before the consume (a replay): its tombstone refuses it
+    with (
+        logical_times((1,)),
+        replaying(),
+        pytest.raises(WriteSupersededError),
+    ):  # called before the consume (a replay): its tombstone refuses it
         await store.save_planner_state("p", {"v": 2})
     assert await store.load_planner_state("p") is None
     await store.save_planner_state("p", {"v": 3})  # a new call: the token is paused again

@@ -24,8 +24,8 @@ from guarded.codec import (
     penguiflow_types,
     register_trajectory_type,
 )
-from guarded.errors import InvalidPayloadError
-from guarded.logical_time import logical_times, next_logical_time
+from guarded.errors import InvalidPayloadError, WriteSupersededError
+from guarded.logical_time import logical_times, next_logical_time, replaying
 from guarded.models import (
     GLOBAL_TRACE_ID,
     ArtifactRetentionConfig,
@@ -442,16 +442,24 @@ class TestPlannerState:
         with logical_times((saved_at,)):
             await store.save_planner_state("tok", {"v": 1})
         assert await store.load_planner_state("tok") == {"v": 1}
-        with logical_times((saved_at,)):  # a replay of the consumed save
+        with (
+            logical_times((saved_at,)),
+            replaying(),
+            pytest.raises(WriteSupersededError),
+        ):  # a replay of the consumed save
             await store.save_planner_state("tok", {"v": 1})
-        with logical_times((saved_at + 1,)):  # a save called before the consume, replayed
+        with (
+            logical_times((saved_at + 1,)),
+            replaying(),
+            pytest.raises(WriteSupersededError),
+        ):  # a save called before the consume, replayed
             await store.save_planner_states([("tok", {"v": 0})])
         assert await store.load_planner_state("tok") is None
         await store.save_planner_state("tok", {"v": 2})  # called after the consume: paused again
         assert await store.load_planner_state("tok") == {"v": 2}
         assert await store.load_planner_state("tok") is None
         now[0] += 61  # the tombstone is forgotten the TTL after the consume ...
-        with logical_times((saved_at - 61_000_000,)):  # ... and a save that old stores nothing
+        with logical_times((saved_at - 61_000_000,)), replaying():  # ... and a replay that old stores nothing
             await store.save_planner_state("tok", {"v": 1})
         assert store._pauses.consumed == {}
         assert await store.load_planner_state("tok") is None
@@ -459,9 +467,9 @@ class TestPlannerState:
     @pytest.mark.asyncio
     async def test_a_replayed_save_lives_for_the_ttl_after_its_call(self) -> None:
         store = InMemoryStateStore(planner_state_ttl_seconds=60)
-        with logical_times((next_logical_time() - 61_000_000,)):
+        with logical_times((next_logical_time() - 61_000_000,)), replaying():
             await store.save_planner_state("expired", {"v": 1})
-        with logical_times((next_logical_time() - 50_000_000,)):
+        with logical_times((next_logical_time() - 50_000_000,)), replaying():
             await store.save_planner_state("alive", {"v": 1})
         assert "expired" not in store._planner_state
         until, _ = store._planner_state["alive"]
@@ -472,9 +480,10 @@ class TestPlannerState:
     async def test_a_held_consume_leaves_a_tombstone_and_spares_a_newer_save(self) -> None:
         store = InMemoryStateStore()
         held = (next_logical_time(),)
-        with logical_times(held):  # the replay of a consume held for a save never delivered
+        with logical_times(held), replaying():  # the replay of a consume held for a save never delivered
             assert await store.load_planner_state("never") is None
-            await store.save_planner_state("never", {"v": 1})  # that save's replay
+            with pytest.raises(WriteSupersededError):
+                await store.save_planner_state("never", {"v": 1})  # that save's replay
         assert await store.load_planner_state("never") is None
         with logical_times(held):
             await store.save_planner_state("newer", {"v": 1})

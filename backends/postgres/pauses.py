@@ -52,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from guarded.logical_time import LOGICAL_TIMES, age_of, current_logical_time
+from guarded.logical_time import LOGICAL_TIMES, current_logical_time, ttl_left
 from guarded.pipeline.idempotency import current_idempotency_key, current_unanswered_keys
 
 from .bulk import last_per_key, last_write_wins, upsert_many, upsert_one, with_logical_times
@@ -129,14 +129,9 @@ class Pauses:
         """Validate the arguments of ``save_planner_state``."""
         return to_db_text(check_text(token, "token")), dump_json_object(payload, "payload")
 
-    def _ttl_left(self, time: int) -> float:
-        """Seconds a save called at logical time ``time`` has left to live: its TTL counts from
-        its call, so a replay of a save that would have expired meanwhile stores nothing."""
-        return self.ttl - age_of(time)
-
     async def save(self, token: str, payload: str) -> None:
         time = current_logical_time()
-        left = self._ttl_left(time)
+        left = ttl_left(self.ttl, time)
         if left > 0:
             await upsert_one(self._db, self.upsert, "save_planner_state", token, payload, left, time)
 
@@ -146,7 +141,7 @@ class Pauses:
             return
         timed = with_logical_times(rows)
         unique = sorted(last_per_key(timed, lambda row: row[0]))  # token order: no deadlocks
-        with_ttl = [(token, payload, self._ttl_left(time), time) for token, payload, time in unique]
+        with_ttl = [(token, payload, ttl_left(self.ttl, time), time) for token, payload, time in unique]
         living = [row for row in with_ttl if row[2] > 0]
         if len(living) == 1:
             token, payload, left, time = living[0]

@@ -130,7 +130,7 @@ async def test_terminal_marks_and_pause_saves_follow_the_same_rules(
     with logical_times((1,)), replaying():
         with pytest.raises(WriteSupersededError):
             await store.mark_binding_terminal(trace_id="t0", context_id="c0", task_id="task")
-        with pytest.raises(WriteSupersededError):
+        with logical_times((seen,)), pytest.raises(WriteSupersededError):  # older, not expired
             await store.save_planner_state("p", {"by": "an older replay"})
         await store.mark_binding_terminal(
             trace_id="unknown", context_id=None, task_id="task"

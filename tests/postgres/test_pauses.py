@@ -10,8 +10,9 @@ from prometheus_client import CollectorRegistry
 
 from guarded.backends.postgres import PostgresStateStore
 from guarded.config import GuardConfig, RetryConfig
+from guarded.errors import WriteSupersededError
 from guarded.guard import guard
-from guarded.logical_time import logical_times, next_logical_time
+from guarded.logical_time import logical_times, next_logical_time, replaying
 from guarded.pipeline.idempotency import current_idempotency_key, idempotency_key
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
@@ -58,7 +59,11 @@ async def test_a_consume_without_key_leaves_a_tombstone_nobody_can_repeat(
     assert row["consumed"]
     assert row["consumer_key"] is None
     assert row["logical_time"] > saved_at  # the consume's time
-    with logical_times((saved_at,)):  # a replay of the consumed save: refused
+    with (
+        logical_times((saved_at,)),
+        replaying(),
+        pytest.raises(WriteSupersededError),
+    ):  # a replay of the consumed save: refused
         await store.save_planner_state("tok", {"x": 1})
     assert await store.load_planner_state("tok") is None
     await store.save_planner_state("tok", {"x": 2})  # a new save: the token is paused again
@@ -78,12 +83,13 @@ async def test_cleanup_keeps_a_tombstone_until_the_ttl_after_its_consume(
         assert await store.load_planner_state("tok") == {}
     await asyncio.sleep(0.7)  # past the save's expiry, not yet the TTL after the consume
     assert (await store.cleanup()).deleted["planner_pauses"] == 0
-    with logical_times((saved_at,)):
-        await store.save_planner_state("tok", {})  # a late replay: refused by the tombstone
+    # A late replay of a save called before the consume and not yet expired: the tombstone refuses it.
+    with logical_times((saved_at + 400_000,)), replaying(), pytest.raises(WriteSupersededError):
+        await store.save_planner_state("tok", {})
     assert await store.load_planner_state("tok") is None
     await asyncio.sleep(0.5)
     assert (await store.cleanup()).deleted["planner_pauses"] == 1
-    with logical_times((saved_at,)):
+    with logical_times((saved_at,)), replaying():
         await store.save_planner_state("tok", {})  # expired since its call: stores nothing
     assert await raw.fetchval(f'SELECT count(*) FROM "{store.schema}".planner_pauses') == 0
 
