@@ -1,9 +1,11 @@
 """Must-not-throw: every failure becomes the method's safe default, with its outcome recorded.
 
 A programming error (the caller's wrong call, a ``TypeError`` or ``AttributeError`` of the
-backend) ends ``rejected`` and is logged at ERROR with its message. In strict mode
-(:mod:`guarded.pipeline.strict_mode`) a rejected call raises to the caller instead; store failures degrade
-all the same.
+backend) ends ``rejected`` and is logged at ERROR with its message. A write the guard could not
+keep (:class:`~guarded.errors.WriteNotKeptError`: the backend did not take it and the dead-letter
+buffer had no room for it) ends ``refused`` and is logged at ERROR. In strict mode
+(:mod:`guarded.pipeline.strict_mode`) a rejected or refused call raises to the caller instead; store
+failures degrade all the same.
 
 Caller cancellation (``asyncio.CancelledError``), ``KeyboardInterrupt`` and ``SystemExit`` are
 ``BaseException``s and pass through untouched. A backend answering ``{}`` for a missing pause
@@ -18,6 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import WriteNotKeptError
 from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
@@ -39,6 +42,8 @@ def failure_outcome(exc: BaseException) -> Outcome:
     """The outcome of a call that failed with ``exc``."""
     if isinstance(exc, CircuitOpenError):
         return Outcome.CIRCUIT_OPEN
+    if isinstance(exc, WriteNotKeptError):
+        return Outcome.REFUSED
     if isinstance(exc, TimeoutError):
         return Outcome.TIMEOUT
     if no_wait_fixes(exc):
@@ -121,8 +126,10 @@ class FallbackLayer:
 
         def failed(call: Call, exc: BaseException) -> Any:
             kind = classify(exc)
-            call.settle(failure_outcome(exc), exc)
-            if kind in NO_WAIT_FIXES and (strict or strict_forced()):
+            outcome = failure_outcome(exc)
+            call.settle(outcome, exc)
+            refused = outcome is Outcome.REFUSED
+            if (kind in NO_WAIT_FIXES or refused) and (strict or strict_forced()):
                 raise exc
             bug = kind is ErrorClass.PROGRAMMING
             log.failure(
@@ -131,7 +138,7 @@ class FallbackLayer:
                 error_type=error_type(exc),
                 outcome=call.outcome.value,
                 message=lambda: safe_message(exc),  # made only for a record that is logged
-                level=logging.ERROR if bug else logging.WARNING,
+                level=logging.ERROR if bug or refused else logging.WARNING,
                 distinct=bug,  # each bug's own message is logged, not only the first of its type
             )
             return make_fallback()

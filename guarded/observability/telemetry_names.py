@@ -303,3 +303,13 @@ PG_METRIC_NAMES = (*PG_METRIC_NAMES, GUARDED_PG_SCHEMA_EXPECTED_VERSION)
 STALE_BYTES = "guarded_stale_cache_bytes"
 """Gauge: estimated bytes of the values held for stale-if-error reads (``stale.max_bytes`` bounds
 it), by store; the companion of :data:`STALE_ENTRIES`."""
+
+# --- writes refused at the dead-letter buffer's limits ----------------------------------------------
+DLQ_REFUSED = "guarded_deadletter_refused_total"
+"""Counter: writes the dead-letter buffer refused to keep (never acknowledged as kept), by store,
+method and ``reason``: ``disk_cap`` (the spill file at ``max_disk_bytes``), ``disk_full`` (no room on
+its disk), ``spill_unavailable`` (the file cannot be used), ``memory_full`` (a buffer without a spill
+file at its memory caps). Nothing already kept is evicted to make room: any increase means callers
+are being refused; alert on it."""
+ALERT_DEADLETTER_REFUSED = "GuardedDeadLetterRefusedWrites"
+ALERT_NAMES = (*ALERT_NAMES, ALERT_DEADLETTER_REFUSED)
