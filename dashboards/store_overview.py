@@ -316,10 +316,10 @@ def _dead_letter_panels() -> tuple[Panel, ...]:
         Panel(
             title="Dropped writes (data loss)",
             description=(
-                "Dead-lettered writes dropped because the buffer was full (memory_full without a spill "
-                "file, disk_full at max_disk_bytes). Each one is lost data. Give the buffer a spill file "
-                "(GuardConfig.dead_letter.path or GUARDED_DLQ_PATH) or more room, and fix the backend "
-                "outage that filled it."
+                "Held writes lost: spill_corrupt (only a damaged spill file held them; it is set aside "
+                "for inspection), memory_full (parked writes held in memory past the caps). Each one is "
+                "lost data. At its limits the buffer refuses new writes instead of dropping: see Refused "
+                "writes."
             ),
             queries=(
                 Query(

@@ -9,6 +9,7 @@ without a file, past the memory caps) is refused, write by write: its caller get
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
@@ -50,6 +51,18 @@ def prepare(item: PutItem) -> Prepared:
     return method, call, canonical, scope, int(stamp), size, readable_text(str(error))[:1000], slot, text
 
 
+def _admitted(prepared: Sequence[Prepared], room: int, entries: float = math.inf) -> list[bool]:
+    """Which of ``prepared`` fit, in order, in ``room`` bytes and ``entries`` entries."""
+    admitted = []
+    for item in prepared:
+        fits = entries >= 1 and item[5] <= room
+        if fits:
+            room -= item[5]
+            entries -= 1
+        admitted.append(fits)
+    return admitted
+
+
 class GroupCommit:
     """The puts of one buffer (see the module docs)."""
 
@@ -77,27 +90,17 @@ class GroupCommit:
     def _room_in_memory(self, prepared: Sequence[Prepared]) -> list[bool]:
         """Without a spill file: which of ``prepared`` the memory caps admit, in order."""
         held, config = self.link.held, self.link.config
-        entries, size = len(held.volatile), held.memory_bytes
-        admitted = []
-        for item in prepared:
-            fits = entries < config.max_memory_entries and size + item[5] <= config.max_memory_bytes
-            if fits:
-                entries, size = entries + 1, size + item[5]
-            admitted.append(fits)
-        return admitted
+        return _admitted(
+            prepared,
+            config.max_memory_bytes - held.memory_bytes,
+            config.max_memory_entries - len(held.volatile),
+        )
 
     def _room_in_file(self, prepared: Sequence[Prepared]) -> list[bool]:
         """Which of ``prepared`` fit in the spill file under its byte cap, in order (the room a
         write would free by replacing a held one of its key is not counted)."""
         held = self.link.held
-        room = self.link.config.max_disk_bytes - held.disk_bytes - held.file_parked_bytes
-        admitted = []
-        for item in prepared:
-            fits = item[5] <= room
-            if fits:
-                room -= item[5]
-            admitted.append(fits)
-        return admitted
+        return _admitted(prepared, self.link.config.max_disk_bytes - held.disk_bytes - held.file_parked_bytes)
 
     def _keep(self, prepared: Sequence[Prepared], admitted: Sequence[bool]) -> list[Kept]:
         """Memory only: hold the admitted puts, refuse the others."""

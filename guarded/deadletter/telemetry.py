@@ -27,9 +27,9 @@ LABEL_LOCATION = "location"
 LABEL_REASON = "reason"
 
 DROP_MEMORY_FULL = "memory_full"
-"""``reason`` of writes dropped because the in-memory buffer (no spill file) was full."""
-DROP_DISK_FULL = "disk_full"
-"""``reason`` of writes dropped because the spill file reached ``max_disk_bytes``."""
+"""``reason`` of parked writes (bad data, answered ``rejected``) held in memory while no spill file
+takes them, dropped past the memory caps. A waiting write is never dropped at the caps: a new one is
+refused instead (:data:`REFUSE_MEMORY_FULL`)."""
 DROP_SPILL_CORRUPT = "spill_corrupt"
 """``reason`` of waiting writes that only a damaged spill file held: the file is renamed aside
 (kept for inspection) and they are no longer replayed. ``method`` is ``unknown`` for them."""
@@ -93,7 +93,7 @@ class DeadLetterTelemetry:
         self.replayed[key] = self.replayed.get(key, 0) + amount
 
     def count_dropped(self, store: str, method: str, reason: str, amount: int = 1) -> None:
-        """Writes of ``method`` dropped for lack of space (``reason``: memory_full / disk_full)."""
+        """Writes of ``method`` dropped (``reason``: spill_corrupt / memory_full)."""
         key = (store, method, reason)
         self.dropped[key] = self.dropped.get(key, 0) + amount
 
@@ -141,7 +141,8 @@ class _Collector(Collector):
             (names.DLQ_PARKED, "Writes parked as bad data.", store_method, telemetry.parked),
             (
                 names.DLQ_DROPPED,
-                "Dead-lettered writes dropped for lack of space (data loss).",
+                "Dead-lettered writes lost: only a damaged spill file held them, or parked writes past "
+                "the memory caps.",
                 [*store_method, LABEL_REASON],
                 telemetry.dropped,
             ),
@@ -303,7 +304,6 @@ class DropLog:
 
 
 __all__ = [
-    "DROP_DISK_FULL",
     "DROP_MEMORY_FULL",
     "DROP_SPILL_CORRUPT",
     "LABEL_LOCATION",

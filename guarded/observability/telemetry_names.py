@@ -117,7 +117,9 @@ DLQ_ENQUEUED = "guarded_deadletter_enqueued_total"
 DLQ_REPLAYED = "guarded_deadletter_replayed_total"
 """Counter: dead-lettered writes replayed to the backend, by store and method."""
 DLQ_DROPPED = "guarded_deadletter_dropped_total"
-"""Counter: writes dropped for lack of space (data loss), by store, method and ``reason``."""
+"""Counter: writes lost (data loss), by store, method and ``reason``: ``spill_corrupt`` (only a
+damaged spill file, set aside, held them), ``memory_full`` (parked writes held in memory past the
+caps). At its limits the buffer refuses new writes instead (:data:`DLQ_REFUSED`)."""
 DLQ_PARKED = "guarded_deadletter_parked_total"
 """Counter: writes parked as bad data, by store and method."""
 DLQ_SUPERSEDED = "guarded_deadletter_superseded_total"

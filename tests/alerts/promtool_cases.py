@@ -23,8 +23,8 @@ import yaml
 
 from dashboards import alerts, semantics
 from guarded.deadletter.telemetry import (
-    DROP_DISK_FULL,
     DROP_MEMORY_FULL,
+    DROP_SPILL_CORRUPT,
     LABEL_REASON,
     REFUSE_DISK_CAP,
     REFUSE_DISK_FULL,
@@ -471,11 +471,14 @@ def deadletter_drops() -> dict[str, Any]:
     ]
     return unit_test_file(
         case(
-            "writes dropped for lack of disk space page",
-            [*busy, _dropped_series("save_memory_state", DROP_DISK_FULL, counter((10, 0), (1, 5), (9, 0)))],
+            "writes lost with a damaged spill file page",
+            [
+                *busy,
+                _dropped_series("save_memory_state", DROP_SPILL_CORRUPT, counter((10, 0), (1, 5), (9, 0))),
+            ],
             [
                 *silent(alert, [10]),
-                at(12, alert, _dropped("save_memory_state", DROP_DISK_FULL, "5")),
+                at(12, alert, _dropped("save_memory_state", DROP_SPILL_CORRUPT, "5")),
                 *silent(alert, [17]),
             ],
         ),
@@ -488,13 +491,13 @@ def deadletter_drops() -> dict[str, Any]:
             "drops from before a failed scrape do not page again",
             [
                 *breaker(["closed"] * 10 + [STALE] + ["closed"] * 10),
-                _dropped_series("save_memory_state", DROP_DISK_FULL, steps((10, 4), (1, STALE), (10, 4))),
+                _dropped_series("save_memory_state", DROP_SPILL_CORRUPT, steps((10, 4), (1, STALE), (10, 4))),
             ],
             silent(alert, [11, 13, 15, 16, 20]),
         ),
         case(
             "a busy buffer that drops nothing is silent",
-            [*busy, _dropped_series("save_memory_state", DROP_DISK_FULL, counter((20, 0)))],
+            [*busy, _dropped_series("save_memory_state", DROP_SPILL_CORRUPT, counter((20, 0)))],
             silent(alert, [2, 10, 17]),
         ),
     )
