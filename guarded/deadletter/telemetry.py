@@ -217,7 +217,7 @@ class _Collector(Collector):
             parked.add_metric([store], parked_value)
         spill = GaugeMetricFamily(
             names.DLQ_SPILL_AVAILABLE,
-            "1 while the spill file takes writes, 0 while held writes are in memory only.",
+            "1 while the spill file takes writes, 0 while it cannot (writes that need holding are refused).",
             labels=[names.LABEL_STORE],
         )
         for store, value in available.items():

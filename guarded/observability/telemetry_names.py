@@ -214,9 +214,9 @@ LABEL_REASON = "reason"
 SPAN_EVENT_TASK = "penguiflow.task"
 """The span event added for each task telemetry event (ids go on it as attributes, never labels)."""
 DLQ_SPILL_AVAILABLE = "guarded_deadletter_spill_available"
-"""Gauge: 1 while the dead-letter buffer's spill file takes writes, 0 while held writes are kept
-in memory only because it cannot (locked on every slot, damaged, disk full, unwritable), by
-store. No series for a buffer configured without a spill file."""
+"""Gauge: 1 while the dead-letter buffer's spill file takes writes, 0 while it cannot (locked on
+every slot, damaged, disk full, unwritable) and writes that need holding are refused, by store.
+No series for a buffer configured without a spill file."""
 
 # --- operational errors (issue 13) -----------------------------------------------------------------
 OPERATIONAL_ERRORS = "guarded_store_operational_errors_total"
