@@ -5,9 +5,9 @@ bulk writes.
 Group commit (``ack="commit"``, the default): the caller returns once the batch holding its write
 is committed, to the backend (outcome ``ok``) or to the dead-letter buffer when the backend cannot
 take it (``dead_lettered``); bad data is parked (``rejected``); a write neither could take is
-``refused`` (:class:`~guarded.errors.WriteNotKeptError`), each caller of a batch answered for its own
-write. Write-behind (``ack="enqueue"``, an
-explicit opt-in): the caller returns once the write is queued.
+``refused`` (:class:`~guarded.errors.WriteNotKeptError`), each caller of a batch answered for its
+own write. Write-behind (``ack="enqueue"``, an explicit opt-in): the caller returns once the write
+is queued.
 
 Legacy aliases share their target's queue (``save_task_update`` is written as ``save_update``), so
 reads of the target and of its alias see them (read-your-writes). A full queue makes the caller
