@@ -458,9 +458,12 @@ def circuit_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, An
 
 
 def deadletter_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
-    """Writes dropped for lack of space (data loss), and writes held too long."""
+    """Writes dropped (data loss) or refused at the buffer's limits, and writes held too long."""
     dropped = events_in_window(
         names.DLQ_DROPPED, DEADLETTER_DROP_WINDOW, [*PROCESS_LABELS, names.LABEL_METHOD, LABEL_REASON]
+    )
+    refused = events_in_window(
+        names.DLQ_REFUSED, DEADLETTER_DROP_WINDOW, [*PROCESS_LABELS, names.LABEL_METHOD, LABEL_REASON]
     )
     oldest = f"max {_by(PROCESS_LABELS)} ({names.DLQ_OLDEST_AGE})"
     age_description = (
@@ -479,6 +482,19 @@ def deadletter_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str,
                 f"{{{{ $labels.instance }}}} were dropped in the last {in_words(DEADLETTER_DROP_WINDOW)} "
                 "({{ $labels.reason }}): they "
                 "were acknowledged to the caller and are lost."
+            ),
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            names.ALERT_DEADLETTER_REFUSED,
+            f"{refused}\n> 0",
+            severity=CRITICAL,
+            summary="The dead-letter buffer of store {{ $labels.store }} refuses writes it has no room for",
+            description=(
+                "{{ $value | humanize }} {{ $labels.method }} write(s) of store {{ $labels.store }} on "
+                f"{{{{ $labels.instance }}}} were refused in the last {in_words(DEADLETTER_DROP_WINDOW)} "
+                "({{ $labels.reason }}): the backend did not take them and the dead-letter buffer could "
+                "not keep them. Their callers were answered refused; nothing kept was evicted."
             ),
             runbook_base=runbook_base,
         ),

@@ -55,6 +55,7 @@ PAUSE_ALERTS = (names.ALERT_PAUSE_SAVES_FAILING, names.ALERT_PAUSE_SAVE_FAILED, 
 STORE_ALERTS = (
     names.ALERT_CIRCUIT_OPEN,
     names.ALERT_DEADLETTER_DROPS,
+    names.ALERT_DEADLETTER_REFUSED,
     names.ALERT_DEADLETTER_OLD,
     names.ALERT_DEADLETTER_PARKED,
     names.ALERT_DEADLETTER_QUARANTINED,
@@ -286,7 +287,7 @@ def _dead_letter_panels() -> tuple[Panel, ...]:
                 "Writes that finally failed and wait in this process's buffer (memory and spill file) "
                 "for replay. It should fall back to zero once the backend recovers; if it keeps "
                 "growing the backend still refuses writes. Inspect with `guarded dlq stats --path "
-                "<spill file>`; the buffer is bounded, so watch Dropped writes."
+                "<spill file>`; the buffer is bounded, so watch Refused writes."
             ),
             queries=(
                 Query(q.sum_by(INSTANCE_STORE, SCOPE.selector(names.DLQ_DEPTH)), "{{store}} @ {{instance}}"),
@@ -315,10 +316,10 @@ def _dead_letter_panels() -> tuple[Panel, ...]:
         Panel(
             title="Dropped writes (data loss)",
             description=(
-                "Dead-lettered writes dropped because the buffer was full (memory_full without a spill "
-                "file, disk_full at max_disk_bytes). Each one is lost data. Give the buffer a spill file "
-                "(GuardConfig.dead_letter.path or GUARDED_DLQ_PATH) or more room, and fix the backend "
-                "outage that filled it."
+                "Held writes lost: spill_corrupt (only a damaged spill file held them; it is set aside "
+                "for inspection), memory_full (parked writes held in memory past the caps). Each one is "
+                "lost data. At its limits the buffer refuses new writes instead of dropping: see Refused "
+                "writes."
             ),
             queries=(
                 Query(
@@ -326,6 +327,31 @@ def _dead_letter_panels() -> tuple[Panel, ...]:
                         q.sum_by(
                             (names.LABEL_STORE, names.LABEL_METHOD, LABEL_REASON),
                             q.increase(SCOPE.selector(q.counter(names.DLQ_DROPPED))),
+                        ),
+                        depth,
+                    ),
+                    "{{store}} {{method}} {{reason}}",
+                ),
+            ),
+            width=8,
+            decimals=0,
+            thresholds=(Threshold("red", 1),),
+        ),
+        Panel(
+            title="Refused writes (not kept)",
+            description=(
+                "Writes the backend did not take and the dead-letter buffer could not keep, by method and "
+                "reason: disk_cap (the spill file at max_disk_bytes), disk_full, spill_unavailable (the "
+                "file cannot be used), memory_full (no spill file, at the memory caps). Their callers "
+                "were answered refused (raised in strict mode); nothing kept was evicted. Fix the "
+                "backend outage, and give the buffer room."
+            ),
+            queries=(
+                Query(
+                    q.or_zero(
+                        q.sum_by(
+                            (names.LABEL_STORE, names.LABEL_METHOD, LABEL_REASON),
+                            q.increase(SCOPE.selector(q.counter(names.DLQ_REFUSED))),
                         ),
                         depth,
                     ),
@@ -371,8 +397,8 @@ def _dead_letter_panels() -> tuple[Panel, ...]:
             title="Dead-letter size",
             description=(
                 "Encoded size of the waiting writes in memory and in the spill file. Compare with the "
-                "buffer's limits (GuardConfig.dead_letter max_memory_bytes / max_disk_bytes): at the limit, "
-                "new failed writes are dropped."
+                "buffer's limits (GuardConfig.dead_letter max_disk_bytes, or max_memory_bytes without a "
+                "spill file): at the limit, new failed writes are refused."
             ),
             queries=(
                 Query(

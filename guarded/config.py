@@ -210,10 +210,12 @@ class DeadLetterConfig(_Frozen):
     (one WARNING says so when the guard starts). A :class:`pathlib.Path` is taken as its text."""
     max_memory_entries: int = Field(10_000, ge=1)
     max_memory_bytes: int = Field(64 * 1024 * 1024, ge=1)
-    """In-memory caps; beyond them entries live on disk only (or, without a spill file, the
-    oldest are dropped: counted and logged)."""
+    """In-memory caps: with a spill file they bound the copies of what it holds (beyond them
+    entries live on disk only); without one, a new write past them is refused
+    (:class:`~guarded.errors.WriteNotKeptError`, counted and logged), the oldest are never dropped."""
     max_disk_bytes: int = Field(1024 * 1024 * 1024, ge=1)
-    """Spill-file cap; beyond it the oldest entries are dropped (counted and logged)."""
+    """Spill-file cap (encoded bytes of the held and parked writes); a new write past it is refused
+    (:class:`~guarded.errors.WriteNotKeptError`, counted and logged), nothing kept is evicted."""
     synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
     """SQLite ``synchronous`` in WAL mode: NORMAL survives a crash of the process, FULL also a
     power loss (one fsync per commit)."""

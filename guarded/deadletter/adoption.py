@@ -16,7 +16,7 @@ from ..policy_table import PolicyTable
 from .entries import DeadLetter, index_key_of_canonical
 from .gate import Slot
 from .held import HeldIndex
-from .spill import RowInfo, SourceReadError, SpillFile, is_corruption
+from .spill import RowInfo, SourceReadError, SpillCapError, SpillFile, is_corruption
 from .spill_link import SPILL_ERRORS, SpillLink
 
 logger = logging.getLogger("guarded.deadletter")
@@ -202,6 +202,18 @@ async def _adopt_one(link: SpillLink, orphan: SpillFile) -> int:
         )
     except SourceReadError as exc:
         await _drop_orphan(link, orphan, exc.__cause__ or exc)
+        return 0
+    except SpillCapError:
+        # Its writes stay in the orphan's file, adopted once this file has the room.
+        await _release(link, orphan)
+        logger.warning(
+            "dead-letter buffer of store %r leaves %r for later: its writes do not fit under "
+            "max_disk_bytes=%d now",
+            link.store_name,
+            orphan.path,
+            link.config.max_disk_bytes,
+            extra={"event": "deadletter_adoption_deferred", "store": link.store_name, "path": orphan.path},
+        )
         return 0
     except SPILL_ERRORS as exc:
         await _release(link, orphan)

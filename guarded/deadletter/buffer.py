@@ -1,8 +1,16 @@
-"""The dead-letter buffer: writes that finally failed are kept, not lost (DESIGN.md).
+"""The dead-letter buffer: writes that finally failed are kept, not lost.
 
 Acknowledged means committed. With a spill file every entry is committed to it before
 :meth:`DeadLetterBuffer.put` returns, so an acknowledged write survives a crash of the process;
-the oldest waiting entries are also held in memory within the configured caps. Concurrent puts
+the oldest waiting entries are also held in memory within the configured caps (a cache of what
+the file holds: past the caps, entries live in the file only).
+
+**At the limits, refuse; never forget.** A write the file cannot take (its byte cap
+``max_disk_bytes``, a full disk, an unusable file) is refused at once: :meth:`~DeadLetterBuffer.put`
+raises :class:`~guarded.errors.WriteNotKeptError`, the refusal is counted
+(``guarded_deadletter_refused_total{reason}``) and logged at ERROR, and nothing already kept is
+evicted to make room. Without a spill file (``path=None``), a write past the memory caps is refused
+so too. Concurrent puts
 share one transaction (group commit): while a commit runs, newer puts queue, and the next commit
 takes all of them; each caller returns once the transaction holding its entry committed.
 
@@ -13,13 +21,13 @@ records the backend target its writes belong to and is never claimed, adopted or
 buffer of another target.
 
 **A spill file that fails costs nothing the backend can take.** When no slot can be claimed, the
-file is damaged, the disk is full or the path cannot be written, the buffer keeps new held writes
-in memory only (within the memory caps: beyond them the oldest are dropped, counted and logged),
-logs one ERROR, exports ``guarded_deadletter_spill_available`` 0 and tries the file again at most
-every ``retry_interval`` seconds (on a put, a park, :meth:`~DeadLetterBuffer.open` or
-:meth:`~DeadLetterBuffer.adopt_orphans`), moving what memory holds into it when it is back. A
-damaged file is renamed aside (kept for inspection) and a fresh one started at once. No method
-raises because of the spill file. Writes the file already held stay there while it is
+file is damaged, the disk is full or the path cannot be written, the buffer refuses new writes to
+hold (the guard's writes still go to the backend when it takes them), logs one ERROR, exports
+``guarded_deadletter_spill_available`` 0 and tries the file again at most every
+``retry_interval`` seconds (on a put, a park, :meth:`~DeadLetterBuffer.open` or
+:meth:`~DeadLetterBuffer.adopt_orphans`), moving what memory still holds into it when it is back. A
+damaged file is renamed aside (kept for inspection) and a fresh one started at once. Apart from a
+put's refusal, no method raises because of the spill file. Writes the file already held stay there while it is
 unavailable; deletions it cannot take (replayed, superseded writes) are applied when it is back,
 so a crash in between may replay such a write once more (replays are idempotent, and the backend
 refuses an upsert older than what it has).
@@ -47,13 +55,13 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from ..codec import DEFAULT_TYPES, RecordTypes
 from ..config import DeadLetterConfig
 from ..durability.bulk_forms import BATCHED_BULK_FORMS
-from ..errors import GuardClosedError, InvalidPayloadError
+from ..errors import GuardClosedError, InvalidPayloadError, WriteNotKeptError
 from .adoption import adopt_if_usable, adopt_orphans
 from .closing import close_link
 from .counters import BufferCounters
 from .entries import DeadLetter, ParkedWrite, index_key
 from .gate import KeyGate, Slot
-from .group_commit import GroupCommit, PutItem, prepare
+from .group_commit import GroupCommit, Kept, PutItem, prepare
 from .held import HeldIndex
 from .last_write_wins import drop_stale, note_direct_write, take_newest
 from .listing import decode_entry, parked_writes, quarantined_rows, waiting_in_scope, waiting_page
@@ -228,15 +236,20 @@ class DeadLetterBuffer(BufferStatus):
         as superseded (the returned entry is then not kept).
 
         Raises :class:`~guarded.errors.InvalidPayloadError` (nothing kept) when the call cannot be
-        encoded: the caller should :meth:`park` it. Never raises because of the spill file: when
-        it cannot take the write, the write is held in memory (see the module docs). A caller
-        cancelled while its write is being committed leaves it kept.
+        encoded: the caller should :meth:`park` it. Raises :class:`~guarded.errors.WriteNotKeptError`
+        (nothing kept, nothing evicted) when the spill file cannot take the write: at its byte cap,
+        on a full disk, unusable; without a spill file, past the memory caps (see the module docs).
+        A caller cancelled while its write is being committed leaves it kept.
         """
-        entries = await self.put_many([(method, args, kwargs, key, scope, stamp, error)])
-        return entries[0]
+        kept = (await self.put_many([(method, args, kwargs, key, scope, stamp, error)]))[0]
+        if isinstance(kept, WriteNotKeptError):
+            raise kept
+        return kept
 
-    async def put_many(self, items: Sequence[PutItem]) -> list[DeadLetter]:
-        """:meth:`put` for many writes in one transaction (a failed batch of events).
+    async def put_many(self, items: Sequence[PutItem]) -> list[Kept]:
+        """:meth:`put` for many writes in one transaction (a failed batch of events): each write's
+        entry, or the :class:`~guarded.errors.WriteNotKeptError` refusing it (write by write: the
+        writes that fit are kept).
 
         Every call is encoded first: if one cannot be, :class:`InvalidPayloadError` is raised and
         nothing is kept. Concurrent calls share transactions (group commit).

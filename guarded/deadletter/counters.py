@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -19,9 +19,11 @@ class BufferCounters:
         self.store_name = store_name
         self.telemetry: DeadLetterTelemetry = deadletter_telemetry(registry)
         self._drop_log = DropLog(store_name)
+        self._refusal_log = DropLog(store_name, refused=True)
         self.enqueued_total = 0
         self.replayed_total = 0
         self.dropped_total = 0
+        self.refused_total = 0
         self.parked_total = 0
         self.superseded_total = 0
         self.adopted_total = 0
@@ -36,13 +38,23 @@ class BufferCounters:
 
     def dropped(self, methods: Sequence[str], reason: str) -> None:
         """Writes of ``methods`` dropped (data loss): counted and logged."""
+        self.dropped_total += self._tally(methods, reason, self.telemetry.count_dropped, self._drop_log)
+
+    def refused(self, methods: Sequence[str], reason: str) -> None:
+        """Writes of ``methods`` refused at the buffer's limits (never acknowledged): counted and
+        logged at ERROR (rate-limited)."""
+        self.refused_total += self._tally(methods, reason, self.telemetry.count_refused, self._refusal_log)
+
+    def _tally(
+        self, methods: Sequence[str], reason: str, count: Callable[[str, str, str, int], None], log: DropLog
+    ) -> int:
         counts: dict[str, int] = {}
         for method in methods:
             counts[method] = counts.get(method, 0) + 1
-        for method, count in counts.items():
-            self.telemetry.count_dropped(self.store_name, method, reason, count)
-            self._drop_log.dropped(method, reason, count)
-        self.dropped_total += len(methods)
+        for method, amount in counts.items():
+            count(self.store_name, method, reason, amount)
+            log.dropped(method, reason, amount)
+        return len(methods)
 
     def superseded(self, count: int) -> None:
         if count:
@@ -88,6 +100,7 @@ class BufferCounters:
             enqueued_total=self.enqueued_total,
             replayed_total=self.replayed_total,
             dropped_total=self.dropped_total,
+            refused_total=self.refused_total,
             parked_total=self.parked_total,
             superseded_total=self.superseded_total,
             adopted_total=self.adopted_total,

@@ -59,6 +59,7 @@ class DeadLetterStats:
     ``memory_only`` how many waiting writes are held in memory only (lost if the process dies).
     ``quarantined`` counts the unreadable rows in the spill file's quarantine table,
     ``quarantined_total`` those this buffer moved there (or found in an adopted file).
+    ``refused_total`` counts the writes refused at the buffer's limits (never acknowledged).
     """
 
     depth: int
@@ -78,6 +79,7 @@ class DeadLetterStats:
     memory_only: int = 0
     quarantined: int = 0
     quarantined_total: int = 0
+    refused_total: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The snapshot as a JSON-ready mapping."""

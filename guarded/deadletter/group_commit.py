@@ -1,21 +1,26 @@
 """Keeping new dead-lettered writes: encoded, numbered, coalesced per last-write-wins key, and
 committed to the spill file in shared transactions (group commit): while a commit runs, newer puts
 queue, and the next commit takes all of them; each caller returns once the transaction holding its
-entry committed. What the file cannot take stays in memory.
+entry committed. A write the file cannot take (past its byte cap, a full disk, an unusable file;
+without a file, past the memory caps) is refused, write by write: its caller gets a
+:class:`~guarded.errors.WriteNotKeptError` and nothing kept is evicted to make room.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from ..codec import JSONObject, check_text
+from ..errors import WriteNotKeptError
 from .calls import encode_call
 from .entries import DeadLetter, canonical_key, index_key, readable_text
 from .gate import Slot
-from .spill import dumps
+from .spill import SpillCapError, dumps
 from .spill_link import SPILL_ERRORS, SpillLink
+from .telemetry import REFUSE_DISK_CAP, REFUSE_MEMORY_FULL
 
 PutItem = tuple[str, Sequence[Any], Mapping[str, Any], Any, str | None, int, str]
 """``(method, args, kwargs, key, scope, stamp, error)`` of :meth:`DeadLetterBuffer.put_many`."""
@@ -24,7 +29,10 @@ Prepared = tuple[str, JSONObject, str | None, str | None, int, int, str, Hashabl
 """An encoded put: its entry's fields but the sequence number and time (``method, call, key,
 scope, stamp, size, error``), its key's index and its call's JSON text."""
 
-_Waiter = tuple[list[Prepared], "asyncio.Future[list[DeadLetter]]"]
+Kept = DeadLetter | WriteNotKeptError
+"""What became of one put: its entry, or the refusal raised to its caller."""
+
+_Waiter = tuple[list[Prepared], "asyncio.Future[list[Kept]]"]
 
 
 def prepare(item: PutItem) -> Prepared:
@@ -43,6 +51,18 @@ def prepare(item: PutItem) -> Prepared:
     return method, call, canonical, scope, int(stamp), size, readable_text(str(error))[:1000], slot, text
 
 
+def _admitted(prepared: Sequence[Prepared], room: int, entries: float = math.inf) -> list[bool]:
+    """Which of ``prepared`` fit, in order, in ``room`` bytes and ``entries`` entries."""
+    admitted = []
+    for item in prepared:
+        fits = entries >= 1 and item[5] <= room
+        if fits:
+            room -= item[5]
+            entries -= 1
+        admitted.append(fits)
+    return admitted
+
+
 class GroupCommit:
     """The puts of one buffer (see the module docs)."""
 
@@ -52,15 +72,13 @@ class GroupCommit:
         self._incoming: list[_Waiter] = []
         self.committer: asyncio.Task[None] | None = None
 
-    async def put(self, prepared: list[Prepared]) -> list[DeadLetter]:
-        """Keep ``prepared`` (not empty): committed before this returns when the file is usable."""
+    async def put(self, prepared: list[Prepared]) -> list[Kept]:
+        """Keep ``prepared`` (not empty), each committed before this returns, or refused."""
         link = self.link
         if link.files is None:
-            results, _, _, _ = self._add(prepared)
-            link.enforce_memory()
-            return results
+            return self._keep(prepared, self._room_in_memory(prepared))
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[list[DeadLetter]] = loop.create_future()
+        waiter: asyncio.Future[list[Kept]] = loop.create_future()
         self._incoming.append((prepared, waiter))
         if self.committer is None:
             self.committer = loop.create_task(
@@ -68,6 +86,49 @@ class GroupCommit:
             )
         # Cancelling the caller cancels only its waiter: the queued write is committed all the same.
         return await waiter
+
+    def _room_in_memory(self, prepared: Sequence[Prepared]) -> list[bool]:
+        """Without a spill file: which of ``prepared`` the memory caps admit, in order."""
+        held, config = self.link.held, self.link.config
+        return _admitted(
+            prepared,
+            config.max_memory_bytes - held.memory_bytes,
+            config.max_memory_entries - len(held.volatile),
+        )
+
+    def _room_in_file(self, prepared: Sequence[Prepared]) -> list[bool]:
+        """Which of ``prepared`` fit in the spill file under its byte cap, in order (the room a
+        write would free by replacing a held one of its key is not counted)."""
+        held = self.link.held
+        return _admitted(prepared, self.link.config.max_disk_bytes - held.disk_bytes - held.file_parked_bytes)
+
+    def _keep(self, prepared: Sequence[Prepared], admitted: Sequence[bool]) -> list[Kept]:
+        """Memory only: hold the admitted puts, refuse the others."""
+        chosen = [item for item, fits in zip(prepared, admitted, strict=True) if fits]
+        results = self._add(chosen)[0] if chosen else []
+        self._count_enqueued(results)
+        return self._answers(prepared, admitted, results, REFUSE_MEMORY_FULL)
+
+    def _answers(
+        self, prepared: Sequence[Prepared], admitted: Sequence[bool], kept: Sequence[Kept], reason: str
+    ) -> list[Kept]:
+        """Each put's answer: the next of ``kept`` when admitted, else a refusal for ``reason``
+        (counted and logged once for all of them)."""
+        if all(admitted):
+            return list(kept)
+        refused = [item[0] for item, fits in zip(prepared, admitted, strict=True) if not fits]
+        why = self.link.refusal(refused, reason)
+        answers = iter(kept)
+        return [
+            next(answers) if fits else WriteNotKeptError(why, method=item[0])
+            for item, fits in zip(prepared, admitted, strict=True)
+        ]
+
+    def _count_enqueued(self, entries: Sequence[DeadLetter]) -> None:
+        counters = self.link.counters
+        for entry in entries:
+            counters.enqueued(entry.method)
+        counters.enqueued_total += len(entries)
 
     async def _commit_loop(self) -> None:
         """Commit queued puts, one transaction per group, until none is queued."""
@@ -98,26 +159,35 @@ class GroupCommit:
         finally:
             self.committer = None
 
-    async def _commit_group(self, prepared: Sequence[Prepared]) -> list[DeadLetter]:
-        """(Under the lock.) Coalesce ``prepared`` against what waits and commit it in one
-        transaction; what the file cannot take stays in memory."""
+    async def _commit_group(self, prepared: Sequence[Prepared]) -> list[Kept]:
+        """(Under the lock.) Coalesce what fits of ``prepared`` against what waits and commit it in
+        one transaction; the rest, or all of it when the file cannot take it, is refused."""
         link = self.link
         await link.prepare(create=True)
-        results, kept, victims, texts = self._add(prepared)
-        if link.usable():
-            if kept or victims:
-                await self._write_group(kept, victims, texts)
-        elif victims:
-            for seq, slot in victims.items():
-                link.held.defer_delete(seq, slot)
-            link.counters.superseded(len(victims))
         if not link.usable():
-            link.enforce_memory()
-        return results
+            return self._answers(prepared, [False] * len(prepared), [], link.unusable_reason())
+        admitted = self._room_in_file(prepared)
+        chosen = [item for item, fits in zip(prepared, admitted, strict=True) if fits]
+        if not chosen:
+            return self._answers(prepared, admitted, [], REFUSE_DISK_CAP)
+        results, kept, victims, texts = self._add(chosen)
+        reason = await self._write_group(kept, victims, texts)
+        if reason is not None:
+            held = link.held
+            for entry in kept:  # never acknowledged: forgotten; what they would replace still waits
+                if entry.seq in held.volatile:
+                    held.forget_entry(entry)
+            return self._answers(prepared, [False] * len(prepared), [], reason)
+        self._count_enqueued(results)
+        return self._answers(prepared, admitted, results, REFUSE_DISK_CAP)
 
     async def _write_group(
         self, kept: list[DeadLetter], victims: dict[int, Slot], texts: dict[int, str]
-    ) -> None:
+    ) -> str | None:
+        """Commit ``kept`` (deleting the ``victims`` it replaces); ``None`` once committed, else
+        the reason it was not (``refused`` label)."""
+        if not (kept or victims):
+            return None
         link = self.link
         spill = link.spill
         assert spill is not None
@@ -132,14 +202,16 @@ class GroupCommit:
                     texts=texts,
                 )
             )
+        except SpillCapError:
+            return REFUSE_DISK_CAP
         except SPILL_ERRORS as exc:
-            for seq, slot in victims.items():
-                link.held.defer_delete(seq, slot)
-            link.counters.superseded(len(victims))
             await link.spill_failed(exc)
-            return
+            if link.usable() and not any(entry.seq in link.held.volatile for entry in kept):
+                return None  # a damaged file was set aside and the fresh one took them
+            return link.unusable_reason()
         link.counters.superseded(link.apply_write(result, victims))
         link.held.settle(kept)
+        return None
 
     def _add(
         self, prepared: Sequence[Prepared]
@@ -157,7 +229,6 @@ class GroupCommit:
             entry = DeadLetter(held.next_seq, method, call, key, scope, stamp, now, size, error)
             held.next_seq += 1
             results.append(entry)
-            counters.enqueued(entry.method)
             slot: Slot | None = None
             if index is not None:
                 slot = (entry.method, index)
@@ -181,9 +252,8 @@ class GroupCommit:
             held.remember(entry, slot)
             kept[entry.seq] = entry
             texts[entry.seq] = text
-        counters.enqueued_total += len(results)
         counters.superseded(superseded)
         return results, list(kept.values()), victims, texts
 
 
-__all__ = ["GroupCommit", "Prepared", "PutItem", "prepare"]
+__all__ = ["GroupCommit", "Kept", "Prepared", "PutItem", "prepare"]

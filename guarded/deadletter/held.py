@@ -322,9 +322,11 @@ class HeldIndex:
                 found.held.pop(entry.seq, None)
 
     def enforce_memory(self) -> list[str]:
-        """Without a usable spill file: keep memory within its caps, first by letting go of copies
-        of what the file holds, then by dropping the oldest memory-only writes; returns the
-        methods of the writes dropped (to count and log)."""
+        """Without a usable spill file: keep memory within its caps by letting go of copies of
+        what the file holds and of the oldest parked writes held in memory (bad data, answered
+        ``rejected``); returns the methods of the parked writes dropped (to count and log).
+        Waiting writes held in memory only were acknowledged: they are never dropped (new ones
+        are refused at the caps instead)."""
         cap_entries, cap_bytes = self.config.max_memory_entries, self.config.max_memory_bytes
         while self.memory and (
             len(self.memory) + len(self.volatile) > cap_entries or self.memory_bytes > cap_bytes
@@ -332,10 +334,6 @@ class HeldIndex:
             _, held = self.memory.popitem(last=False)
             self.drop_payload(held)
         dropped: list[str] = []
-        while self.volatile and (len(self.volatile) > cap_entries or self.memory_bytes > cap_bytes):
-            entry = next(iter(self.volatile.values()))
-            self.forget_entry(entry)
-            dropped.append(entry.method)
         while self.parked_memory and (
             len(self.parked_memory) > cap_entries or self.parked_memory_bytes > cap_bytes
         ):

@@ -1,6 +1,6 @@
 """Parking: writes refused as bad data are kept with their reason, never replayed automatically
 (until an operator unparks them). In the spill file's ``parked`` table, or in memory while it is
-unavailable."""
+unavailable; one the file has no room for under its byte cap is not kept (counted as refused)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from ..errors import InvalidPayloadError
 from .calls import encode_call
 from .entries import DeadLetter, ParkedWrite, readable_text
 from .held import slot_of
-from .spill import dumps
+from .spill import SpillCapError, dumps
 from .spill_link import SPILL_ERRORS, SpillLink
+from .telemetry import REFUSE_DISK_CAP
 
 
 def parkable(
@@ -61,6 +62,9 @@ class Parking:
         if spill is not None and link.usable():
             try:
                 result = await link.job(lambda: spill.park([parked], max_bytes=link.config.max_disk_bytes))
+            except SpillCapError:
+                link.refusal([method], REFUSE_DISK_CAP)  # nothing kept is evicted for it
+                return parked
             except SPILL_ERRORS as exc:
                 await link.spill_failed(exc)
             else:

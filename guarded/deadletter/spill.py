@@ -33,6 +33,7 @@ from typing import Literal
 from .entries import DeadLetter, ParkedWrite
 from .spill_errors import (
     SourceReadError,
+    SpillCapError,
     SpillFileCorruptError,
     SpillFileError,
     SpillFileForeignError,
@@ -76,7 +77,7 @@ from .spill_records import (
     dumps,
 )
 from .spill_rows import read_parked, read_pending
-from .spill_writes import copy_from, delete_pending, enforce, insert_parked, insert_pending
+from .spill_writes import check_cap, copy_from, delete_pending, insert_parked, insert_pending
 
 
 class SpillFile:
@@ -374,13 +375,14 @@ class SpillFile:
         parked: Sequence[ParkedWrite] = (),
     ) -> WriteResult:
         """In one transaction: delete the waiting entries ``delete``, insert ``entries`` (and the
-        parked writes ``parked``), then drop the oldest entries while the file's encoded bytes
-        exceed ``max_bytes``.
+        parked writes ``parked``). Raises :class:`SpillCapError` (nothing written) when that would
+        take the file's encoded bytes past ``max_bytes``: nothing is dropped to make room.
 
         Entries are stored with ``generation`` unless ``generations`` (by seq) says otherwise;
         ``texts`` (by seq) are their calls already encoded with :func:`dumps`.
         """
         with self._transaction() as db:
+            before = self.counts.pending_bytes + self.counts.parked_bytes
             deleted = delete_pending(db, self._rows, self.counts, delete) if delete else []
             if entries:
                 insert_pending(
@@ -388,8 +390,9 @@ class SpillFile:
                 )
             if parked:
                 insert_parked(db, self.counts, parked)
-            dropped = enforce(db, self._rows, self.counts, max_bytes) if max_bytes is not None else []
-        return WriteResult(deleted, dropped, self.totals())
+            if max_bytes is not None:
+                check_cap(self.counts, before, max_bytes)
+        return WriteResult(deleted, self.totals())
 
     def take_over(
         self,
@@ -406,13 +409,16 @@ class SpillFile:
         every row of its quarantine table. Read every row of ``source`` first
         (:meth:`check_all`), so that none that cannot be read is met here.
 
-        A failure reading ``source`` raises :class:`SourceReadError` (nothing written here).
+        A failure reading ``source`` raises :class:`SourceReadError` (nothing written here); past
+        ``max_bytes``, :class:`SpillCapError` (nothing written: the source keeps its rows).
         """
         with self._transaction() as db:
+            before = self.counts.pending_bytes + self.counts.parked_bytes
             deleted = delete_pending(db, self._rows, self.counts, delete) if delete else []
             copy_from(db, self.counts, source, pending, parked, has_quarantine=self._rows.has_quarantine)
-            dropped = enforce(db, self._rows, self.counts, max_bytes) if max_bytes is not None else []
-        return WriteResult(deleted, dropped, self.totals())
+            if max_bytes is not None:
+                check_cap(self.counts, before, max_bytes)
+        return WriteResult(deleted, self.totals())
 
     def shift(self, offset: int) -> None:
         """Add ``offset`` (larger than any sequence number stored) to every sequence number, in one
@@ -427,7 +433,7 @@ class SpillFile:
         """Delete the waiting entries ``seqs``; the result lists those that were still there."""
         with self._transaction() as db:
             deleted = delete_pending(db, self._rows, self.counts, seqs)
-        return WriteResult(deleted, [], self.totals())
+        return WriteResult(deleted, self.totals())
 
     def park(
         self,
@@ -436,12 +442,15 @@ class SpillFile:
         delete: Sequence[int] = (),
         max_bytes: int | None = None,
     ) -> WriteResult:
-        """In one transaction: delete the waiting entries ``delete`` and store ``writes`` as parked."""
+        """In one transaction: delete the waiting entries ``delete`` and store ``writes`` as parked
+        (:class:`SpillCapError`, nothing written, past ``max_bytes``)."""
         with self._transaction() as db:
+            before = self.counts.pending_bytes + self.counts.parked_bytes
             deleted = delete_pending(db, self._rows, self.counts, delete) if delete else []
             insert_parked(db, self.counts, writes)
-            dropped = enforce(db, self._rows, self.counts, max_bytes) if max_bytes is not None else []
-        return WriteResult(deleted, dropped, self.totals())
+            if max_bytes is not None:
+                check_cap(self.counts, before, max_bytes)
+        return WriteResult(deleted, self.totals())
 
     def park_pending(self, seq: int, *, reason: str, parked_at: float) -> WriteResult:
         """Move the waiting entry ``seq`` to the parked writes with ``reason`` (one transaction)."""
@@ -454,7 +463,7 @@ class SpillFile:
             deleted = delete_pending(db, self._rows, self.counts, [seq])
             self.counts.parked += len(deleted)
             self.counts.parked_bytes += sum(row.size for row in deleted)
-        return WriteResult(deleted, [], self.totals())
+        return WriteResult(deleted, self.totals())
 
     def unpark(self, limit: int | None = None) -> WriteResult:
         """Move parked writes that kept their call back to the waiting entries (same ``seq``, the
@@ -468,7 +477,7 @@ class SpillFile:
             )
             db.execute("DELETE FROM parked WHERE seq IN (SELECT seq FROM pending)")
             self._rows.recount()
-        return WriteResult([], [], self.totals())
+        return WriteResult([], self.totals())
 
     def purge(self, *, pending: bool, parked: bool, quarantined: bool = False) -> int:
         """Delete every waiting, parked and/or quarantined row; returns how many were deleted."""
@@ -495,6 +504,7 @@ __all__ = [
     "RowInfo",
     "SetAside",
     "SourceReadError",
+    "SpillCapError",
     "SpillFile",
     "SpillFileCorruptError",
     "SpillFileError",

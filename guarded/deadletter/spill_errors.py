@@ -63,6 +63,11 @@ def is_disk_full(exc: BaseException) -> bool:
     return False
 
 
+class SpillCapError(SpillFileError):
+    """A write transaction would take the file past its byte cap (``max_disk_bytes``): it is rolled
+    back, nothing in the file is dropped to make room. The file itself is fine."""
+
+
 class SourceReadError(SpillFileError):
     """Reading the other file of :meth:`SpillFile.take_over` failed (that file's fault, not ours)."""
 
@@ -76,6 +81,7 @@ def wrap_error(exc: sqlite3.Error, path: str, doing: str) -> SpillFileError:
 
 __all__ = [
     "SourceReadError",
+    "SpillCapError",
     "SpillFileCorruptError",
     "SpillFileError",
     "SpillFileForeignError",

@@ -31,8 +31,16 @@ from .spill import (
     SpillTotals,
     WriteResult,
     is_corruption,
+    is_disk_full,
 )
-from .telemetry import DROP_DISK_FULL, DROP_MEMORY_FULL, DROP_SPILL_CORRUPT
+from .telemetry import (
+    DROP_MEMORY_FULL,
+    DROP_SPILL_CORRUPT,
+    REFUSE_DISK_CAP,
+    REFUSE_DISK_FULL,
+    REFUSE_MEMORY_FULL,
+    REFUSE_SPILL_UNAVAILABLE,
+)
 
 logger = logging.getLogger("guarded.deadletter")
 
@@ -87,6 +95,7 @@ class SpillLink:
         self._looked = False
         self._detaching = False
         self._spill_error: str | None = None
+        self._disk_full = False
         self.retry_at = -math.inf
         self._read_warned_at = -math.inf
         self.executor: ThreadPoolExecutor | None = None
@@ -99,6 +108,33 @@ class SpillLink:
 
     def usable(self) -> bool:
         return self.spill is not None and not self.failed
+
+    def unusable_reason(self) -> str:
+        """Why the file takes no write now (the ``reason`` of the refusals): its disk is full, or
+        it cannot be used."""
+        return REFUSE_DISK_FULL if self._disk_full else REFUSE_SPILL_UNAVAILABLE
+
+    def refusal(self, methods: Sequence[str], reason: str) -> str:
+        """Writes of ``methods`` are refused for ``reason`` (one of
+        :data:`~.telemetry.REFUSAL_REASONS`): counted and logged at ERROR; returns what a
+        :class:`~guarded.errors.WriteNotKeptError` says of it (never a payload)."""
+        self.counters.refused(methods, reason)
+        config, store = self.config, self.store_name
+        if reason == REFUSE_MEMORY_FULL:
+            why = (
+                f"the in-memory dead-letter buffer of store {store!r} is at its caps (max_memory_entries="
+                f"{config.max_memory_entries}, max_memory_bytes={config.max_memory_bytes})"
+            )
+        elif reason == REFUSE_DISK_CAP:
+            why = (
+                f"the dead-letter spill file of store {store!r} is at its cap "
+                f"(max_disk_bytes={config.max_disk_bytes})"
+            )
+        elif reason == REFUSE_DISK_FULL:
+            why = f"the disk of the dead-letter spill file of store {store!r} is full"
+        else:
+            why = f"the dead-letter spill file of store {store!r} is unavailable ({self._spill_error})"
+        return f"{why}: the write was not kept (nothing kept was evicted to make room)"
 
     # --- worker thread, tasks and locking ---------------------------------------------------------
 
@@ -318,8 +354,10 @@ class SpillLink:
         return totals.pending + totals.parked
 
     def fail(self, exc: BaseException, doing: str, *, quiet: bool = False) -> None:
-        """The spill file cannot be used: memory takes held writes; one ERROR per outage."""
+        """The spill file cannot be used: writes that need holding are refused until it is back;
+        one ERROR per outage."""
         self._spill_error = f"{doing}: {describe(exc)}"
+        self._disk_full = is_disk_full(exc)
         self.retry_at = self.monotonic() + self.retry_interval
         if self.failed:
             logger.debug("dead-letter spill file of store %r still unavailable: %s", self.store_name, exc)
@@ -328,13 +366,10 @@ class SpillLink:
         if quiet:
             return
         logger.error(
-            "dead-letter spill file of store %r is unavailable (%s); held writes are kept in memory only "
-            "(at most %d entries, %d bytes; the oldest are dropped beyond that) and the file is tried "
-            "again every %.0f s",
+            "dead-letter spill file of store %r is unavailable (%s); writes the backend does not take "
+            "are refused until it is back (the file is tried again every %.0f s)",
             self.store_name,
             self._spill_error,
-            self.config.max_memory_entries,
-            self.config.max_memory_bytes,
             self.retry_interval,
             extra={
                 "event": "deadletter_spill_unavailable",
@@ -396,7 +431,8 @@ class SpillLink:
 
     async def flush(self) -> bool:
         """(Under the lock.) Move memory-only writes and parked writes into the file and apply the
-        deletions it missed; makes the file available again when that commits."""
+        deletions it missed; makes the file available again when that commits. The writes memory
+        held were acknowledged already: the byte cap does not turn them away."""
         spill, held = self.spill, self.held
         assert spill is not None
         if not (held.volatile or held.parked_memory or held.pending_deletes):
@@ -417,7 +453,6 @@ class SpillLink:
                     entries,
                     generation=current,
                     delete=deletes,
-                    max_bytes=self.config.max_disk_bytes,
                     generations=generations,
                     parked=parked,
                 )
@@ -430,9 +465,6 @@ class SpillLink:
             if row.key is None:  # keyed ones were forgotten when their deletion was deferred
                 held.forget_row(row)
         held.clear_parked_memory()
-        if result.dropped:
-            held.forget_rows(result.dropped)
-            self.counters.dropped([row.method for row in result.dropped], DROP_DISK_FULL)
         held.apply_totals(result.totals)
         held.settle(entries)
         self._back(len(entries) + len(parked))
@@ -455,7 +487,7 @@ class SpillLink:
     # --- applying what the file did ---------------------------------------------------------------
 
     def apply_write(self, result: WriteResult, slots: Mapping[int, Slot] | None = None) -> int:
-        """Forget what a write transaction deleted or dropped (``slots``: the known index slots of
+        """Forget what a write transaction deleted (``slots``: the known index slots of
         deleted entries); returns how many it deleted."""
         held = self.held
         if slots:
@@ -467,15 +499,12 @@ class SpillLink:
                     held.forget(row.seq, row.method, slot, row.scope)
         else:
             held.forget_rows(result.deleted)
-        if result.dropped:
-            held.forget_rows(result.dropped)
-            self.counters.dropped([row.method for row in result.dropped], DROP_DISK_FULL)
         held.apply_totals(result.totals)
         return len(result.deleted)
 
     def enforce_memory(self) -> None:
         """Without a usable spill file: keep memory within its caps (see
-        :meth:`~.held.HeldIndex.enforce_memory`); dropped writes are counted and logged."""
+        :meth:`~.held.HeldIndex.enforce_memory`); dropped parked writes are counted and logged."""
         dropped = self.held.enforce_memory()
         if dropped:
             self.counters.dropped(dropped, DROP_MEMORY_FULL)

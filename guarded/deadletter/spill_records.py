@@ -89,8 +89,6 @@ class WriteResult:
 
     deleted: list[RowInfo]
     """Entries removed because the caller asked (superseded, replayed, taken, parked)."""
-    dropped: list[RowInfo]
-    """Entries removed to keep the file under its size cap (oldest first)."""
     totals: SpillTotals
 
 

@@ -1,5 +1,5 @@
 """The row work of a dead-letter spill file's write transactions: inserting waiting and parked
-writes, deleting waiting ones, dropping the oldest beyond the size cap, and copying another file's
+writes, deleting waiting ones, refusing a transaction past the size cap, and copying another file's
 rows in (adoption). Each runs inside the caller's transaction and keeps its counts."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .entries import DeadLetter, ParkedWrite
-from .spill_errors import SourceReadError
+from .spill_errors import SourceReadError, SpillCapError
 from .spill_format import CHUNK, INDEX_COLUMNS_PLAIN, PARKED_COLUMNS, PENDING_COLUMNS, RAW_COLUMNS
 from .spill_quarantine import RowQuarantine
 from .spill_records import RowInfo, SpillCounts, dumps
@@ -38,40 +38,13 @@ def delete_pending(
     return deleted
 
 
-def enforce(
-    db: sqlite3.Connection, rows: RowQuarantine, counts: SpillCounts, max_bytes: int
-) -> list[RowInfo]:
-    """Drop the oldest waiting, then parked, writes while the file's bytes exceed ``max_bytes``."""
-    excess = counts.pending_bytes + counts.parked_bytes - max_bytes
-    if excess <= 0:
-        return []
-    dropped: list[RowInfo] = []
-    for table, parked in (("pending", False), ("parked", True)):
-        stamp = "stamp, generation" if not parked else "0, 0"
-        last = None
-        query = (
-            f"SELECT rowid, seq, method, key, scope, {stamp}, size, 0.0, 'text', 'ok', NULL FROM {table} "
-            "WHERE typeof(seq) = 'integer' ORDER BY seq"
-        )
-        for row in rows.select(query):
-            info = deleted_info(row, parked=parked)
-            dropped.append(info)
-            last = info.seq
-            excess -= info.size
-            if excess <= 0:
-                break
-        if last is not None:
-            db.execute(f"DELETE FROM {table} WHERE seq <= ?", (last,))
-            removed = [row for row in dropped if row.parked is parked]
-            if parked:
-                counts.parked -= len(removed)
-                counts.parked_bytes -= sum(row.size for row in removed)
-            else:
-                counts.pending -= len(removed)
-                counts.pending_bytes -= sum(row.size for row in removed)
-        if excess <= 0:
-            break
-    return dropped
+def check_cap(counts: SpillCounts, before: int, max_bytes: int) -> None:
+    """Refuse a transaction that grew the file's encoded bytes from ``before`` past ``max_bytes``
+    (raises :class:`SpillCapError`, the caller's transaction rolls back): nothing the file holds is
+    ever dropped to make room."""
+    after = counts.pending_bytes + counts.parked_bytes
+    if after > max_bytes and after > before:
+        raise SpillCapError(f"the spill file would hold {after} bytes, past its cap of {max_bytes}")
 
 
 def insert_pending(
@@ -176,4 +149,4 @@ def _from_source(
         yield rows
 
 
-__all__ = ["copy_from", "delete_pending", "enforce", "insert_parked", "insert_pending"]
+__all__ = ["check_cap", "copy_from", "delete_pending", "insert_parked", "insert_pending"]

@@ -27,12 +27,24 @@ LABEL_LOCATION = "location"
 LABEL_REASON = "reason"
 
 DROP_MEMORY_FULL = "memory_full"
-"""``reason`` of writes dropped because the in-memory buffer (no spill file) was full."""
-DROP_DISK_FULL = "disk_full"
-"""``reason`` of writes dropped because the spill file reached ``max_disk_bytes``."""
+"""``reason`` of parked writes (bad data, answered ``rejected``) held in memory while no spill file
+takes them, dropped past the memory caps. A waiting write is never dropped at the caps: a new one is
+refused instead (:data:`REFUSE_MEMORY_FULL`)."""
 DROP_SPILL_CORRUPT = "spill_corrupt"
 """``reason`` of waiting writes that only a damaged spill file held: the file is renamed aside
 (kept for inspection) and they are no longer replayed. ``method`` is ``unknown`` for them."""
+
+REFUSE_DISK_CAP = "disk_cap"
+"""``reason`` of writes refused because the spill file holds ``max_disk_bytes`` already."""
+REFUSE_DISK_FULL = "disk_full"
+"""``reason`` of writes refused because the spill file's disk has no room for them."""
+REFUSE_SPILL_UNAVAILABLE = "spill_unavailable"
+"""``reason`` of writes refused because the spill file cannot be used (locked, unwritable, damaged
+with no fresh file possible)."""
+REFUSE_MEMORY_FULL = "memory_full"
+"""``reason`` of writes refused by a buffer without a spill file at its memory caps."""
+REFUSAL_REASONS = (REFUSE_DISK_CAP, REFUSE_DISK_FULL, REFUSE_SPILL_UNAVAILABLE, REFUSE_MEMORY_FULL)
+"""Every value of the ``reason`` label of ``guarded_deadletter_refused_total``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +76,7 @@ class DeadLetterTelemetry:
         self.enqueued: dict[tuple[str, str], int] = {}
         self.replayed: dict[tuple[str, str], int] = {}
         self.dropped: dict[tuple[str, str, str], int] = {}
+        self.refused: dict[tuple[str, str, str], int] = {}
         self.parked: dict[tuple[str, str], int] = {}
         self.superseded: dict[str, int] = {}
         self.quarantined: dict[str, int] = {}
@@ -80,9 +93,15 @@ class DeadLetterTelemetry:
         self.replayed[key] = self.replayed.get(key, 0) + amount
 
     def count_dropped(self, store: str, method: str, reason: str, amount: int = 1) -> None:
-        """Writes of ``method`` dropped for lack of space (``reason``: memory_full / disk_full)."""
+        """Writes of ``method`` dropped (``reason``: spill_corrupt / memory_full)."""
         key = (store, method, reason)
         self.dropped[key] = self.dropped.get(key, 0) + amount
+
+    def count_refused(self, store: str, method: str, reason: str, amount: int = 1) -> None:
+        """Writes of ``method`` refused at the buffer's limits (``reason``: one of
+        :data:`REFUSAL_REASONS`)."""
+        key = (store, method, reason)
+        self.refused[key] = self.refused.get(key, 0) + amount
 
     def count_parked(self, store: str, method: str, amount: int = 1) -> None:
         """Writes of ``method`` parked as bad data."""
@@ -122,9 +141,16 @@ class _Collector(Collector):
             (names.DLQ_PARKED, "Writes parked as bad data.", store_method, telemetry.parked),
             (
                 names.DLQ_DROPPED,
-                "Dead-lettered writes dropped for lack of space (data loss).",
+                "Dead-lettered writes lost: only a damaged spill file held them, or parked writes past "
+                "the memory caps.",
                 [*store_method, LABEL_REASON],
                 telemetry.dropped,
+            ),
+            (
+                names.DLQ_REFUSED,
+                "Writes refused at the dead-letter buffer's limits (never acknowledged as kept).",
+                [*store_method, LABEL_REASON],
+                telemetry.refused,
             ),
             (
                 names.DLQ_SUPERSEDED,
@@ -191,7 +217,7 @@ class _Collector(Collector):
             parked.add_metric([store], parked_value)
         spill = GaugeMetricFamily(
             names.DLQ_SPILL_AVAILABLE,
-            "1 while the spill file takes writes, 0 while held writes are in memory only.",
+            "1 while the spill file takes writes, 0 while it cannot (writes that need holding are refused).",
             labels=[names.LABEL_STORE],
         )
         for store, value in available.items():
@@ -209,6 +235,7 @@ class _Collector(Collector):
         yield CounterMetricFamily(names.DLQ_REPLAYED, "", labels=store_method)
         yield CounterMetricFamily(names.DLQ_PARKED, "", labels=store_method)
         yield CounterMetricFamily(names.DLQ_DROPPED, "", labels=[*store_method, LABEL_REASON])
+        yield CounterMetricFamily(names.DLQ_REFUSED, "", labels=[*store_method, LABEL_REASON])
         yield CounterMetricFamily(names.DLQ_SUPERSEDED, "", labels=store)
         yield CounterMetricFamily(names.DLQ_QUARANTINED, "", labels=store)
         yield GaugeMetricFamily(names.DLQ_DEPTH, "", labels=store)
@@ -226,20 +253,28 @@ class DropLog:
     """Logs dropped writes at most once per interval per (method, reason), counting the rest.
 
     Records carry ``event``, ``store``, ``method``, ``reason``, ``dropped`` and ``suppressed``
-    as ``extra`` fields, never payload contents.
+    as ``extra`` fields, never payload contents. With ``refused``, the same for writes refused at
+    the buffer's limits (``event`` ``deadletter_refused``; the count is in ``refused``).
     """
 
     def __init__(
-        self, store: str, *, interval: float = 10.0, clock: Callable[[], float] = time.monotonic
+        self,
+        store: str,
+        *,
+        interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        refused: bool = False,
     ) -> None:
         self._store = store
         self._interval = interval
         self._clock = clock
         self._last: dict[tuple[str, str], float] = {}
         self._pending: dict[tuple[str, str], int] = {}
+        self._what = "refused" if refused else "dropped"
 
     def dropped(self, method: str, reason: str, count: int) -> None:
-        """Record ``count`` dropped writes of ``method``; logs now or folds them into the next record."""
+        """Record ``count`` dropped (or refused) writes of ``method``; logs now or folds them into
+        the next record."""
         key = (method, reason)
         now = self._clock()
         total = self._pending.pop(key, 0) + count
@@ -248,29 +283,36 @@ class DropLog:
             self._pending[key] = total
             return
         self._last[key] = now
+        what = self._what
         logger.error(
-            "dead-letter buffer of store %r dropped %d %s write(s) (%s): data loss",
+            "dead-letter buffer of store %r %s %d %s write(s) (%s): %s",
             self._store,
+            what,
             total,
             method,
             reason,
+            "not acknowledged, nothing kept was evicted" if what == "refused" else "data loss",
             extra={
-                "event": "deadletter_dropped",
+                "event": f"deadletter_{what}",
                 "store": self._store,
                 "method": method,
                 "reason": reason,
-                "dropped": total,
+                what: total,
                 "suppressed": total - count,
             },
         )
 
 
 __all__ = [
-    "DROP_DISK_FULL",
     "DROP_MEMORY_FULL",
     "DROP_SPILL_CORRUPT",
     "LABEL_LOCATION",
     "LABEL_REASON",
+    "REFUSAL_REASONS",
+    "REFUSE_DISK_CAP",
+    "REFUSE_DISK_FULL",
+    "REFUSE_MEMORY_FULL",
+    "REFUSE_SPILL_UNAVAILABLE",
     "DeadLetterTelemetry",
     "DropLog",
     "GaugeSource",

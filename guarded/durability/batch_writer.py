@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..deadletter import DeadLetterBuffer
-from ..errors import InvalidPayloadError
+from ..errors import InvalidPayloadError, WriteNotKeptError
 from ..observability.failure_log import OperationalErrors
 from ..outcome import Outcome
 from ..pipeline.classify import error_type, is_programming_error, no_wait_fixes
@@ -37,6 +37,7 @@ DeadLetter = Callable[..., Awaitable[bool]]
 """Keeps one write that failed (``Durability.dead_letter``); ``False`` when it was parked instead."""
 
 _OK, _DEAD_LETTERED, _REJECTED = Outcome.OK, Outcome.DEAD_LETTERED, Outcome.REJECTED
+_REFUSED = Outcome.REFUSED
 _NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
 
 _ITEM_ARITY = {
@@ -125,8 +126,9 @@ class BatchWriter:
         return {**write.kwargs, WRITE_KEY_ARGUMENT: self._write_key(write)}
 
     async def dead_letter_writes(self, failed: Sequence[tuple[PendingWrite, BaseException]]) -> list[Outcome]:
-        """Keep batched writes that failed; each one's outcome (``DEAD_LETTERED``, or ``REJECTED``
-        when its call cannot be encoded and was parked)."""
+        """Keep batched writes that failed; each one's outcome (``DEAD_LETTERED``, ``REFUSED`` when
+        the buffer had no room for it, or ``REJECTED`` when its call cannot be encoded and was
+        parked)."""
         assert self._buffer is not None
         for write, exc in failed:
             self._operational.count(self._store_name, write.method, exc)
@@ -143,20 +145,26 @@ class BatchWriter:
             for write, exc in failed
         ]
         try:
-            await self._buffer.put_many(items)
-            outcomes = [_DEAD_LETTERED] * len(failed)
+            entries = await self._buffer.put_many(items)
+            outcomes = [
+                _REFUSED if isinstance(entry, WriteNotKeptError) else _DEAD_LETTERED for entry in entries
+            ]
         except InvalidPayloadError:
             outcomes = []
             for write, exc in failed:
-                kept = await self._dead_letter(
-                    write.method,
-                    write.args,
-                    self.kept_kwargs(write),
-                    key=None,
-                    scope=write.scope,
-                    stamp=write.stamp,
-                    error=error_type(exc),
-                )
+                try:
+                    kept = await self._dead_letter(
+                        write.method,
+                        write.args,
+                        self.kept_kwargs(write),
+                        key=None,
+                        scope=write.scope,
+                        stamp=write.stamp,
+                        error=error_type(exc),
+                    )
+                except WriteNotKeptError:
+                    outcomes.append(_REFUSED)
+                    continue
                 outcomes.append(_DEAD_LETTERED if kept else _REJECTED)
         self._kick_replay()
         return outcomes

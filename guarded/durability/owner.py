@@ -222,7 +222,9 @@ class Durability:
     ) -> bool:
         """Keep a write that failed; ``False`` when it cannot be kept (it is parked as bad data).
 
-        Raises :class:`~guarded.errors.GuardClosedError` once ``aclose()`` has begun and the buffer
+        Raises :class:`~guarded.errors.WriteNotKeptError` when the buffer has no room for it (the
+        spill file at its cap, a full disk, an unusable file; memory only, past the caps), and
+        :class:`~guarded.errors.GuardClosedError` once ``aclose()`` has begun and the buffer
         holds writes in memory only: the close would drop it, so it is refused, not kept."""
         assert self.buffer is not None
         if self._close_begun and self.buffer.spill_path is None:

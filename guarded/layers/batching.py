@@ -4,8 +4,10 @@ bulk writes.
 
 Group commit (``ack="commit"``, the default): the caller returns once the batch holding its write
 is committed, to the backend (outcome ``ok``) or to the dead-letter buffer when the backend cannot
-take it (``dead_lettered``); bad data is parked (``rejected``). Write-behind (``ack="enqueue"``, an
-explicit opt-in): the caller returns once the write is queued.
+take it (``dead_lettered``); bad data is parked (``rejected``); a write neither could take is
+``refused`` (:class:`~guarded.errors.WriteNotKeptError`), each caller of a batch answered for its
+own write. Write-behind (``ack="enqueue"``, an explicit opt-in): the caller returns once the write
+is queued.
 
 Legacy aliases share their target's queue (``save_task_update`` is written as ``save_update``), so
 reads of the target and of its alias see them (read-your-writes). A full queue makes the caller
@@ -19,7 +21,7 @@ from typing import Any, TypeAlias
 
 from ..durability.batching import ALONE, QUEUED, PendingWrite
 from ..durability.ports import DurabilityPorts
-from ..errors import WriteRefusedError
+from ..errors import WriteNotKeptError, WriteRefusedError
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.compiled import PASS, Hooks
@@ -73,6 +75,7 @@ class BatchingLayer:
         hold, kept_kwargs = keeper.hold, keeper.kept_kwargs
         commit = method.settings.ack == "commit"
         ok, rejected, dead_lettered = Outcome.OK, Outcome.REJECTED, Outcome.DEAD_LETTERED
+        refused = Outcome.REFUSED
 
         async def finish(call: Call, write: PendingWrite, offered: int) -> Outcome | None:
             # Group commit, leader style: when no flush of the method runs, the caller writes its
@@ -105,6 +108,12 @@ class BatchingLayer:
                 raise WriteRefusedError(
                     f"{name}: the backend refused the write; it is parked with its reason "
                     "(guarded dlq list --parked)"
+                )
+            if outcome is refused:
+                raise WriteNotKeptError(
+                    "the backend did not take the write and the dead-letter buffer had no room for it "
+                    "(see the deadletter_refused log record)",
+                    method=name,
                 )
             call.settle(outcome)
             return None

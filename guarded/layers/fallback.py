@@ -1,11 +1,11 @@
 """Must-not-throw: every failure becomes the method's safe default, with its outcome recorded.
 
 A programming error (the caller's wrong call, a ``TypeError`` or ``AttributeError`` of the
-backend) ends ``rejected`` and is logged at ERROR with its message. In strict mode
-(:mod:`guarded.pipeline.strict_mode`) a rejected call raises to the caller instead; store failures degrade
-all the same. A write that could not be kept (:class:`~guarded.errors.WriteNotKeptError`: among
-others, a backend refusing it as older than what it holds) ends ``refused``, never ``ok``, is
-logged at ERROR and raised in strict mode.
+backend) ends ``rejected`` and is logged at ERROR with its message. A write that could not be kept
+(:class:`~guarded.errors.WriteNotKeptError`: the backend did not take it and the dead-letter buffer
+had no room for it, or a backend refused it as older than what it holds) ends ``refused``, never
+``ok``, and is logged at ERROR. In strict mode (:mod:`guarded.pipeline.strict_mode`) a rejected or
+refused call raises to the caller instead; store failures degrade all the same.
 
 Caller cancellation (``asyncio.CancelledError``), ``KeyboardInterrupt`` and ``SystemExit`` are
 ``BaseException``s and pass through untouched. A backend answering ``{}`` for a missing pause
@@ -138,7 +138,7 @@ class FallbackLayer:
                 error_type=error_type(exc),
                 outcome=call.outcome.value,
                 message=lambda: safe_message(exc),  # made only for a record that is logged
-                level=logging.ERROR if bug else logging.WARNING,
+                level=logging.ERROR if bug or refused else logging.WARNING,
                 distinct=bug,  # each bug's own message is logged, not only the first of its type
             )
             return make_fallback()

@@ -117,7 +117,9 @@ DLQ_ENQUEUED = "guarded_deadletter_enqueued_total"
 DLQ_REPLAYED = "guarded_deadletter_replayed_total"
 """Counter: dead-lettered writes replayed to the backend, by store and method."""
 DLQ_DROPPED = "guarded_deadletter_dropped_total"
-"""Counter: writes dropped for lack of space (data loss), by store, method and ``reason``."""
+"""Counter: writes lost (data loss), by store, method and ``reason``: ``spill_corrupt`` (only a
+damaged spill file, set aside, held them), ``memory_full`` (parked writes held in memory past the
+caps). At its limits the buffer refuses new writes instead (:data:`DLQ_REFUSED`)."""
 DLQ_PARKED = "guarded_deadletter_parked_total"
 """Counter: writes parked as bad data, by store and method."""
 DLQ_SUPERSEDED = "guarded_deadletter_superseded_total"
@@ -212,9 +214,9 @@ LABEL_REASON = "reason"
 SPAN_EVENT_TASK = "penguiflow.task"
 """The span event added for each task telemetry event (ids go on it as attributes, never labels)."""
 DLQ_SPILL_AVAILABLE = "guarded_deadletter_spill_available"
-"""Gauge: 1 while the dead-letter buffer's spill file takes writes, 0 while held writes are kept
-in memory only because it cannot (locked on every slot, damaged, disk full, unwritable), by
-store. No series for a buffer configured without a spill file."""
+"""Gauge: 1 while the dead-letter buffer's spill file takes writes, 0 while it cannot (locked on
+every slot, damaged, disk full, unwritable) and writes that need holding are refused, by store.
+No series for a buffer configured without a spill file."""
 
 # --- operational errors (issue 13) -----------------------------------------------------------------
 OPERATIONAL_ERRORS = "guarded_store_operational_errors_total"
@@ -303,3 +305,13 @@ PG_METRIC_NAMES = (*PG_METRIC_NAMES, GUARDED_PG_SCHEMA_EXPECTED_VERSION)
 STALE_BYTES = "guarded_stale_cache_bytes"
 """Gauge: estimated bytes of the values held for stale-if-error reads (``stale.max_bytes`` bounds
 it), by store; the companion of :data:`STALE_ENTRIES`."""
+
+# --- writes refused at the dead-letter buffer's limits ----------------------------------------------
+DLQ_REFUSED = "guarded_deadletter_refused_total"
+"""Counter: writes the dead-letter buffer refused to keep (never acknowledged as kept), by store,
+method and ``reason``: ``disk_cap`` (the spill file at ``max_disk_bytes``), ``disk_full`` (no room on
+its disk), ``spill_unavailable`` (the file cannot be used), ``memory_full`` (a buffer without a spill
+file at its memory caps). Nothing already kept is evicted to make room: any increase means callers
+are being refused; alert on it."""
+ALERT_DEADLETTER_REFUSED = "GuardedDeadLetterRefusedWrites"
+ALERT_NAMES = (*ALERT_NAMES, ALERT_DEADLETTER_REFUSED)

@@ -22,7 +22,14 @@ from typing import Any
 import yaml
 
 from dashboards import alerts, semantics
-from guarded.deadletter.telemetry import DROP_DISK_FULL, DROP_MEMORY_FULL, LABEL_REASON
+from guarded.deadletter.telemetry import (
+    DROP_MEMORY_FULL,
+    DROP_SPILL_CORRUPT,
+    LABEL_REASON,
+    REFUSE_DISK_CAP,
+    REFUSE_DISK_FULL,
+    REFUSE_MEMORY_FULL,
+)
 from guarded.observability import telemetry_names as names
 
 TEST_DIR = Path(__file__).resolve().parents[2] / "grafana" / "alerts" / "tests"
@@ -464,11 +471,14 @@ def deadletter_drops() -> dict[str, Any]:
     ]
     return unit_test_file(
         case(
-            "writes dropped for lack of disk space page",
-            [*busy, _dropped_series("save_memory_state", DROP_DISK_FULL, counter((10, 0), (1, 5), (9, 0)))],
+            "writes lost with a damaged spill file page",
+            [
+                *busy,
+                _dropped_series("save_memory_state", DROP_SPILL_CORRUPT, counter((10, 0), (1, 5), (9, 0))),
+            ],
             [
                 *silent(alert, [10]),
-                at(12, alert, _dropped("save_memory_state", DROP_DISK_FULL, "5")),
+                at(12, alert, _dropped("save_memory_state", DROP_SPILL_CORRUPT, "5")),
                 *silent(alert, [17]),
             ],
         ),
@@ -481,13 +491,71 @@ def deadletter_drops() -> dict[str, Any]:
             "drops from before a failed scrape do not page again",
             [
                 *breaker(["closed"] * 10 + [STALE] + ["closed"] * 10),
-                _dropped_series("save_memory_state", DROP_DISK_FULL, steps((10, 4), (1, STALE), (10, 4))),
+                _dropped_series("save_memory_state", DROP_SPILL_CORRUPT, steps((10, 4), (1, STALE), (10, 4))),
             ],
             silent(alert, [11, 13, 15, 16, 20]),
         ),
         case(
             "a busy buffer that drops nothing is silent",
-            [*busy, _dropped_series("save_memory_state", DROP_DISK_FULL, counter((20, 0)))],
+            [*busy, _dropped_series("save_memory_state", DROP_SPILL_CORRUPT, counter((20, 0)))],
+            silent(alert, [2, 10, 17]),
+        ),
+    )
+
+
+# --- 4b. dead-letter refusals -------------------------------------------------------------------
+
+
+def _refused(method: str, reason: str, count: str) -> dict[str, Any]:
+    return fired(
+        {**PROCESS, names.LABEL_METHOD: method, LABEL_REASON: reason, "severity": "critical"},
+        "The dead-letter buffer of store primary refuses writes it has no room for",
+        f"{count} {method} write(s) of store primary on worker-1:9464 were refused in the last 5 minutes "
+        f"({reason}): the backend did not take them and the dead-letter buffer could not keep them. "
+        "Their callers were answered refused; nothing kept was evicted.",
+        RUNBOOK + "#guardeddeadletterrefusedwrites",
+    )
+
+
+def _refused_series(method: str, reason: str, values: str) -> Series:
+    labels = {**PROCESS, names.LABEL_METHOD: method, LABEL_REASON: reason}
+    return series(names.DLQ_REFUSED, values, labels)
+
+
+def deadletter_refused() -> dict[str, Any]:
+    alert = names.ALERT_DEADLETTER_REFUSED
+    store_labels = {**PROCESS, names.LABEL_METHOD: "save_event"}
+    busy = [
+        series(names.DLQ_ENQUEUED, counter((20, 30)), store_labels),
+        series(names.DLQ_DEPTH, steps((21, 120)), PROCESS),
+        *alive(21),
+    ]
+    return unit_test_file(
+        case(
+            "writes refused at the spill file's cap page",
+            [*busy, _refused_series("save_event", REFUSE_DISK_CAP, counter((10, 0), (1, 7), (9, 0)))],
+            [
+                *silent(alert, [10]),
+                at(12, alert, _refused("save_event", REFUSE_DISK_CAP, "7")),
+                *silent(alert, [17]),
+            ],
+        ),
+        case(
+            "the first refusal of a process pages although its series is new",
+            [*busy, _refused_series("save_task", REFUSE_DISK_FULL, steps((11, None), (10, 3)))],
+            [*silent(alert, [10]), at(12, alert, _refused("save_task", REFUSE_DISK_FULL, "3"))],
+        ),
+        case(
+            "refusals from before a failed scrape do not page again",
+            [
+                *breaker(["closed"] * 10 + [STALE] + ["closed"] * 10),
+                _refused_series("save_event", REFUSE_MEMORY_FULL, steps((10, 4), (1, STALE), (10, 4))),
+            ],
+            silent(alert, [11, 13, 15, 16, 20]),
+        ),
+        case(
+            "a busy buffer that refuses nothing is silent",
+            [*busy, _refused_series("save_event", REFUSE_DISK_CAP, counter((20, 0)))],
             silent(alert, [2, 10, 17]),
         ),
     )
@@ -1279,6 +1347,7 @@ _BUILDERS = {
     "pause-load-failed.yml": (names.ALERT_PAUSE_LOAD_FAILED, pause_load),
     "circuit-open.yml": (names.ALERT_CIRCUIT_OPEN, circuit_open),
     "deadletter-drops.yml": (names.ALERT_DEADLETTER_DROPS, deadletter_drops),
+    "deadletter-refused.yml": (names.ALERT_DEADLETTER_REFUSED, deadletter_refused),
     "deadletter-oldest-entry-age.yml": (names.ALERT_DEADLETTER_OLD, deadletter_age),
     "deadletter-parked.yml": (names.ALERT_DEADLETTER_PARKED, deadletter_parked),
     "deadletter-quarantined.yml": (names.ALERT_DEADLETTER_QUARANTINED, deadletter_quarantined),

@@ -166,6 +166,18 @@ MUTATIONS = [
         "deadletter-drops.yml",
     ),
     Mutation(
+        "refusals-miss-new-series",
+        names.ALERT_DEADLETTER_REFUSED,
+        _without_new_series,
+        "deadletter-refused.yml",
+    ),
+    Mutation(
+        "refusals-old-refusals-look-new-after-a-failed-scrape",
+        names.ALERT_DEADLETTER_REFUSED,
+        _born_without_alive_check,
+        "deadletter-refused.yml",
+    ),
+    Mutation(
         "age-threshold-too-low",
         names.ALERT_DEADLETTER_OLD,
         _replace(f"> {alerts.DEADLETTER_AGE_WARNING_SECONDS}", "> 800"),

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.deadletter import DeadLetterBuffer, SpillFile
-from guarded.errors import InvalidPayloadError
+from guarded.errors import InvalidPayloadError, WriteNotKeptError
 from tests.deadletter.support import STORE, buffer, config, event, put_events, sample
 
 pytestmark = pytest.mark.asyncio
@@ -261,25 +261,33 @@ async def test_memory_stays_bounded_while_the_file_grows(tmp_path: Path) -> None
         await target.aclose()
 
 
-async def test_without_a_file_the_oldest_are_dropped_counted_and_logged(
+async def test_without_a_file_writes_past_the_caps_are_refused_counted_and_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     registry = CollectorRegistry()
     target = buffer(None, registry, max_memory_entries=5)
+    refusals: list[WriteNotKeptError] = []
     with caplog.at_level(logging.ERROR, logger="guarded.deadletter"):
         for index in range(8):
-            await target.put(
-                "save_event", (event("t", index, secret="s3cr3t"),), {}, scope="t", stamp=index, error="x"
-            )
+            try:
+                await target.put(
+                    "save_event", (event("t", index, secret="s3cr3t"),), {}, scope="t", stamp=index, error="x"
+                )
+            except WriteNotKeptError as exc:
+                refusals.append(exc)
+    assert len(refusals) == 3
+    assert {refusal.method for refusal in refusals} == {"save_event"}
+    assert all("s3cr3t" not in str(refusal) for refusal in refusals)
     assert target.depth == 5
-    assert [entry.seq for entry in await target.entries()] == [4, 5, 6, 7, 8]
+    assert [entry.seq for entry in await target.entries()] == [1, 2, 3, 4, 5]  # the oldest stay
     assert (
-        sample(registry, "guarded_deadletter_dropped_total", method="save_event", reason="memory_full") == 3
+        sample(registry, "guarded_deadletter_refused_total", method="save_event", reason="memory_full") == 3
     )
     stats = await target.stats()
-    assert stats.dropped_total == 3
-    assert stats.enqueued_total == 8
-    records = [record for record in caplog.records if getattr(record, "event", None) == "deadletter_dropped"]
+    assert stats.dropped_total == 0
+    assert stats.refused_total == 3
+    assert stats.enqueued_total == 5
+    records = [record for record in caplog.records if getattr(record, "event", None) == "deadletter_refused"]
     assert records
     assert records[0].store == STORE
     assert records[0].reason == "memory_full"
@@ -287,25 +295,27 @@ async def test_without_a_file_the_oldest_are_dropped_counted_and_logged(
     await target.aclose()
 
 
-async def test_a_full_file_drops_its_oldest_entries(tmp_path: Path) -> None:
+async def test_a_full_file_refuses_new_writes_and_keeps_its_oldest(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     target = buffer(tmp_path / "dlq.db", registry, max_disk_bytes=5_000)
+    kept: list[int] = []
     try:
         for index in range(100):
-            await target.put(
-                "save_event", (event("t", index, blob="y" * 100),), {}, scope="t", stamp=index, error="x"
-            )
+            try:
+                entry = await target.put(
+                    "save_event", (event("t", index, blob="y" * 100),), {}, scope="t", stamp=index, error="x"
+                )
+            except WriteNotKeptError:
+                continue
+            kept.append(entry.seq)
         stats = await target.stats()
         assert stats.disk_bytes <= 5_000
-        dropped = sample(
-            registry, "guarded_deadletter_dropped_total", method="save_event", reason="disk_full"
-        )
-        assert dropped > 0
-        assert stats.depth + dropped == 100
+        refused = sample(registry, "guarded_deadletter_refused_total", method="save_event", reason="disk_cap")
+        assert refused > 0
+        assert stats.depth + refused == 100
+        assert stats.dropped_total == 0
         entries = await target.entries()
-        assert len(entries) == stats.depth
-        assert entries[-1].seq == 100
-        assert [entry.seq for entry in entries] == list(range(101 - stats.depth, 101))
+        assert [entry.seq for entry in entries] == kept == list(range(1, stats.depth + 1))
         calls = await target.pending_for_scope("save_event", "t")
         assert len(calls) == stats.depth
     finally:
@@ -442,14 +452,15 @@ async def test_purge(tmp_path: Path) -> None:
         await target.aclose()
 
 
-async def test_an_unusable_spill_path_keeps_the_put_in_memory(tmp_path: Path) -> None:
+async def test_an_unusable_spill_path_refuses_the_put(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     target = buffer(blocker / "dlq.db")
-    await put_events(target, "t", 1)
-    assert target.depth == 1
+    with pytest.raises(WriteNotKeptError, match="unavailable"):
+        await put_events(target, "t", 1)
+    assert target.depth == 0
     assert not target.spill_available
-    assert target.memory_only == 1
+    assert target.memory_only == 0
     assert target.spill_error is not None
     assert "NotADirectoryError" in target.spill_error or "FileExistsError" in target.spill_error
     await target.aclose()

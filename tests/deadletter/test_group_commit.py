@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from guarded.deadletter import DeadLetter, DeadLetterBuffer, SpillFile
-from tests.deadletter.support import buffer, event
+from guarded.errors import WriteNotKeptError
+from tests.deadletter.support import buffer, event, sample
 
 pytestmark = pytest.mark.asyncio
 
@@ -116,7 +118,7 @@ async def test_last_write_wins_across_groups_and_direct_writes(tmp_path: Path) -
         await target.aclose()
 
 
-async def test_a_failed_group_commit_keeps_every_caller_acknowledged(
+async def test_a_failed_group_commit_refuses_every_caller_of_the_group(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "dlq.db"
@@ -130,14 +132,46 @@ async def test_a_failed_group_commit_keeps_every_caller_acknowledged(
             raise OSError(5, "Input/output error")
 
         monkeypatch.setattr(spill, "write", failing)
-        entries = await asyncio.gather(
+        answers = await asyncio.gather(
             *(
                 target.put("save_event", (event("t", index),), {}, scope="t", stamp=index, error="x")
                 for index in range(20)
-            )
+            ),
+            return_exceptions=True,
         )
-        assert len(entries) == 20
-        assert (target.depth, target.memory_only) == (21, 20)
-        assert len(await target.pending_for_scope("save_event", "t")) == 20
+        assert all(isinstance(answer, WriteNotKeptError) for answer in answers)
+        assert len({id(answer) for answer in answers}) == 20  # each caller its own
+        assert (target.depth, target.memory_only) == (1, 0)  # the acknowledged write stays
+        assert await target.pending_for_scope("save_event", "t") == []
+    finally:
+        await target.aclose()
+
+
+async def test_at_the_cap_each_caller_of_a_group_is_answered_for_its_own_write(tmp_path: Path) -> None:
+    """Concurrent puts share a transaction; past the byte cap the writes that fit are committed and
+    acknowledged, the others refused, caller by caller; nothing already kept is evicted."""
+    registry = CollectorRegistry()
+    target = buffer(tmp_path / "dlq.db", registry, max_disk_bytes=4_000)
+    try:
+        first = await target.put("save_event", (event("warm", 0),), {}, scope="warm", stamp=0, error="x")
+        answers = await asyncio.gather(
+            *(
+                target.put(
+                    "save_event", (event("t", index, blob="y" * 100),), {}, scope="t", stamp=index, error="x"
+                )
+                for index in range(1, 41)
+            ),
+            return_exceptions=True,
+        )
+        kept = [answer for answer in answers if not isinstance(answer, BaseException)]
+        refused = [answer for answer in answers if isinstance(answer, WriteNotKeptError)]
+        assert kept
+        assert refused
+        assert len(kept) + len(refused) == 40
+        on_file = [entry.seq for entry in await target.entries()]
+        assert on_file == [first.seq, *sorted(entry.seq for entry in kept)]
+        assert sample(
+            registry, "guarded_deadletter_refused_total", method="save_event", reason="disk_cap"
+        ) == len(refused)
     finally:
         await target.aclose()

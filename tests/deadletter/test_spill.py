@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from guarded.deadletter import DeadLetter, ParkedWrite, SpillFile, SpillFileError, SpillFileLockedError
-from guarded.deadletter.spill import dumps
+from guarded.deadletter.spill import SpillCapError, dumps
 
 
 def entry(seq: int, *, method: str = "save_event", key: str | None = None, size: int = 10) -> DeadLetter:
@@ -95,14 +95,21 @@ def test_foreign_and_newer_files_are_refused(tmp_path: Path) -> None:
         SpillFile.open_read_only(str(tmp_path / "missing.db"))
 
 
-def test_the_size_cap_drops_the_oldest_entries_and_reports_them(tmp_path: Path) -> None:
+def test_the_size_cap_refuses_a_write_and_keeps_what_the_file_holds(tmp_path: Path) -> None:
     spill = SpillFile.open(str(tmp_path / "dlq.db"))
     try:
-        result = spill.write([entry(seq, size=100) for seq in range(1, 11)], generation=1, max_bytes=550)
-        assert [row.seq for row in result.dropped] == [1, 2, 3, 4, 5]
-        assert result.totals.pending == 5
+        result = spill.write([entry(seq, size=100) for seq in range(1, 6)], generation=1, max_bytes=550)
         assert result.totals.pending_bytes == 500
-        assert result.totals.oldest == (6, 1006.0)
+        with pytest.raises(SpillCapError):
+            spill.write([entry(seq, size=100) for seq in range(6, 8)], generation=1, max_bytes=550)
+        totals = spill.totals()
+        assert totals.pending == 5
+        assert totals.pending_bytes == 500
+        assert totals.oldest == (1, 1001.0)
+        assert [item.seq for item in spill.page(0, None)] == [1, 2, 3, 4, 5]
+        # A write that replaces as much as it adds fits, even at the cap.
+        result = spill.write([entry(6, size=100)], generation=1, delete=[1], max_bytes=550)
+        assert result.totals.pending_bytes == 500
     finally:
         spill.close()
 
@@ -137,7 +144,11 @@ def test_running_totals_match_a_fresh_count(tmp_path: Path) -> None:
         spill.delete([3, 4, 99])
         spill.park_pending(5, reason="bad", parked_at=1.0)
         spill.park([ParkedWrite(30, "save_x", None, "bad", 1.0, 7)])
-        spill.write([entry(seq, size=50) for seq in range(31, 35)], generation=1, delete=[6], max_bytes=300)
+        with pytest.raises(SpillCapError):
+            spill.write(
+                [entry(seq, size=50) for seq in range(31, 35)], generation=1, delete=[6], max_bytes=300
+            )
+        spill.write([entry(seq, size=50) for seq in range(31, 35)], generation=1, delete=[6], max_bytes=1000)
         spill.unpark(limit=1)
         with pytest.raises(sqlite3.IntegrityError):
             spill.write([entry(31)], generation=1, delete=[7])
@@ -149,6 +160,6 @@ def test_running_totals_match_a_fresh_count(tmp_path: Path) -> None:
             reader.close()
         assert written.pending == len(spill.page(0, None))
         assert written.pending_bytes == sum(item.size for item in spill.page(0, None))
-        assert written.pending_bytes + written.parked_bytes <= 300
+        assert written.pending_bytes + written.parked_bytes <= 1000
     finally:
         spill.close()

@@ -1,6 +1,7 @@
-"""A spill file that fails costs nothing the backend can take: held writes stay in memory (within
-the caps), nothing raises, one ERROR says so, ``guarded_deadletter_spill_available`` is 0, and the
-file is tried again now and then; what memory holds moves into it when it is back."""
+"""A spill file that fails: a write that needs holding is refused (``WriteNotKeptError``, counted in
+``guarded_deadletter_refused_total``), never held in memory only; nothing else raises, one ERROR
+says so, ``guarded_deadletter_spill_available`` is 0, and the file is tried again now and then;
+what memory still holds (a damaged file's copies, parked writes) moves into it when it is back."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
 from guarded.deadletter import DeadLetterBuffer, SpillFile, store_sender
+from guarded.errors import WriteNotKeptError
 from tests.deadletter.support import STORE, config, event, put_events, sample
 
 pytestmark = pytest.mark.asyncio
@@ -55,6 +57,10 @@ def make(
         monotonic=clock or Clock(),
         **extra,
     )
+
+
+def refused(registry: CollectorRegistry, method: str, reason: str) -> float | None:
+    return sample(registry, "guarded_deadletter_refused_total", method=method, reason=reason)
 
 
 def gauge(registry: CollectorRegistry) -> float | None:
@@ -128,7 +134,7 @@ def read_only_fs(tmp_path: Path) -> Iterator[Path]:
 # --- no usable slot -----------------------------------------------------------------------------
 
 
-async def test_locked_on_every_slot_keeps_writes_in_memory_until_a_slot_frees(
+async def test_locked_on_every_slot_refuses_writes_until_a_slot_frees(
     tmp_path: Path, caplog_errors: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "dlq.sqlite"
@@ -140,34 +146,37 @@ async def test_locked_on_every_slot_keeps_writes_in_memory_until_a_slot_frees(
     store = InMemoryStateStore()
     try:
         assert await target.open() == 0
-        await put_memory(target, "k", "held", 1)
-        await put_events(target, "t", 3)
+        with pytest.raises(WriteNotKeptError, match="unavailable"):
+            await put_memory(target, "k", "held", 1)
+        with pytest.raises(WriteNotKeptError):
+            await put_events(target, "t", 1)
         await target.park("save_task", (), {"state": {}}, reason="bad data")
-        assert (target.depth, target.memory_only, target.spill_path) == (4, 4, None)
+        assert (target.depth, target.memory_only, target.spill_path) == (0, 0, None)
         assert not target.spill_available
         assert gauge(registry) == 0
         assert "no usable dead-letter spill slot" in (target.spill_error or "")
+        assert refused(registry, MEMORY, "spill_unavailable") == 1
         await holders[1].aclose()  # slot 1 is free now (its write stays in it)
         clock.advance(1)  # not due yet
-        await put_events(target, "t", 1, start=3)
-        assert target.memory_only == 5
+        with pytest.raises(WriteNotKeptError):
+            await put_events(target, "t", 1, start=3)
         clock.advance()
         await put_events(target, "t", 1, start=4)
         assert target.spill_path == f"{path}.1"
-        assert (target.depth, target.memory_only) == (1 + 6, 0)
+        assert (target.depth, target.memory_only) == (1 + 1, 0)
         assert gauge(registry) == 1
-        assert on_disk(f"{path}.1") == (7, 1)
+        assert on_disk(f"{path}.1") == (2, 1)
         assert len(events(caplog_errors, UNAVAILABLE)) == 1
         assert len(events(caplog_errors, "deadletter_spill_available")) == 1
         send, send_bulk = store_sender(store)
         summary = await target.replay(send, send_bulk=send_bulk, rate=float("inf"))
-        assert (summary.replayed, summary.remaining) == (7, 0)
+        assert (summary.replayed, summary.remaining) == (2, 0)
     finally:
         await target.aclose()
         await holders[0].aclose()
-    assert [item.payload["i"] for item in await store.load_history("t")] == [0, 1, 2, 3, 4]
+    assert [item.payload["i"] for item in await store.load_history("t")] == [4]
     assert len(await store.load_history("holder1")) == 1
-    assert await store.load_memory_state("k") == {"v": "held"}
+    assert await store.load_memory_state("k") is None
 
 
 # --- damaged files ------------------------------------------------------------------------------
@@ -269,17 +278,25 @@ async def check_full_disk(
     assert spill_path is not None
     make_full()
     written = 0
-    while target.spill_available:
+    refusal: WriteNotKeptError | None = None
+    while refusal is None:  # until a write meets the full disk
         assert written < 500, "the spill file never filled up"
-        await put_memory(target, f"k{written}", "x" * 1000, written + 1)
-        written += 1
-    assert target.depth == 1 + written
-    assert target.memory_only >= 1
+        try:
+            await put_memory(target, f"k{written}", "x" * 1000, written + 1)
+        except WriteNotKeptError as exc:
+            refusal = exc
+        else:
+            written += 1
+    assert "is full" in str(refusal)
+    assert not target.spill_available
+    assert (target.depth, target.memory_only) == (1 + written, 0)  # refused, never held in memory
     assert gauge(registry) == 0
     for extra in range(5):
-        await put_memory(target, f"late{extra}", extra, 1000 + extra)
+        with pytest.raises(WriteNotKeptError):
+            await put_memory(target, f"late{extra}", extra, 1000 + extra)
     await target.park("save_task", (), {"state": {}}, reason="bad data")
-    assert target.depth == 1 + written + 5
+    assert target.depth == 1 + written
+    assert refused(registry, MEMORY, "disk_full") == 6
     assert len(events(caplog, UNAVAILABLE)) == 1
     make_room()
     clock.advance()
@@ -291,9 +308,11 @@ async def check_full_disk(
     store = InMemoryStateStore()
     send, send_bulk = store_sender(store)
     summary = await target.replay(send, send_bulk=send_bulk, rate=float("inf"))
-    assert (summary.replayed, summary.remaining) == (1 + written + 5 + 1, 0)
+    assert (summary.replayed, summary.remaining) == (1 + written + 1, 0)
     for index in range(written):
         assert await store.load_memory_state(f"k{index}") == {"v": "x" * 1000}
+    assert await store.load_memory_state(f"k{written}") is None
+    assert await store.load_memory_state("late0") is None
     assert await store.load_memory_state("after") == {"v": 1}
 
 
@@ -336,7 +355,7 @@ async def test_a_database_at_its_page_limit(tmp_path: Path, caplog_errors: pytes
 # --- paths that cannot be written ---------------------------------------------------------------
 
 
-async def test_a_path_under_a_regular_file_costs_nothing(
+async def test_a_path_under_a_regular_file_refuses_writes_and_raises_nothing_else(
     tmp_path: Path, caplog_errors: pytest.LogCaptureFixture
 ) -> None:
     blocker = tmp_path / "file"
@@ -345,33 +364,41 @@ async def test_a_path_under_a_regular_file_costs_nothing(
     target = make(blocker / "dlq.sqlite", registry)
     try:
         assert await target.open() == 0
-        await put_memory(target, "k", 1, 1)
-        await target.put_many([("save_event", (event("t", 0),), {}, None, "t", 2, "x")])
+        with pytest.raises(WriteNotKeptError):
+            await put_memory(target, "k", 1, 1)
+        answers = await target.put_many([("save_event", (event("t", 0),), {}, None, "t", 2, "x")])
+        assert [type(answer) for answer in answers] == [WriteNotKeptError]
         await target.park(MEMORY, ("p", {"v": 1}), {}, reason="bad data")
         assert await target.adopt_orphans() == 0
-        assert await target.latest_for_key(MEMORY, "k") == (("k", {"v": 1}), {})
-        assert len(await target.pending_for_scope("save_event", "t")) == 1
-        assert len(await target.entries()) == 2
+        assert await target.latest_for_key(MEMORY, "k") is None
+        assert await target.pending_for_scope("save_event", "t") == []
+        assert await target.entries() == []
         assert len(await target.parked()) == 1
-        assert (target.depth, target.memory_only, target.spill_path) == (2, 2, None)
+        assert (target.depth, target.memory_only, target.spill_path) == (0, 0, None)
         assert gauge(registry) == 0
-        assert await target.take(MEMORY, "k") == (("k", {"v": 1}), {})
+        assert await target.take(MEMORY, "k") is None
         assert await target.supersede(MEMORY, "k", 5) == 0
         assert await target.unpark() == 1
         assert (await target.stats()).spill_available is False
+        assert refused(registry, MEMORY, "spill_unavailable") == 1
+        assert refused(registry, "save_event", "spill_unavailable") == 1
     finally:
         await target.aclose()
     (record,) = events(caplog_errors, UNAVAILABLE)
     assert record.levelno == logging.ERROR
     assert record.error in ("NotADirectoryError", "FileExistsError")
+    refusals = events(caplog_errors, "deadletter_refused")
+    assert refusals
+    assert all(record.levelno == logging.ERROR for record in refusals)
 
 
 async def test_a_read_only_filesystem(read_only_fs: Path, caplog_errors: pytest.LogCaptureFixture) -> None:
     registry = CollectorRegistry()
     target = make(read_only_fs / "dlq.sqlite", registry)
     try:
-        await put_events(target, "t", 3)
-        assert (target.depth, target.memory_only) == (3, 3)
+        with pytest.raises(WriteNotKeptError):
+            await put_events(target, "t", 3)
+        assert (target.depth, target.memory_only) == (0, 0)
         assert gauge(registry) == 0
     finally:
         await target.aclose()
@@ -393,7 +420,7 @@ async def test_a_slot_whose_lock_cannot_be_created_is_passed_over(tmp_path: Path
 # --- memory while the file is unavailable -------------------------------------------------------
 
 
-async def test_memory_caps_hold_while_the_file_is_unavailable(
+async def test_nothing_is_held_in_memory_only_while_the_file_is_unavailable(
     tmp_path: Path, caplog_errors: pytest.LogCaptureFixture
 ) -> None:
     blocker = tmp_path / "file"
@@ -401,16 +428,23 @@ async def test_memory_caps_hold_while_the_file_is_unavailable(
     registry = CollectorRegistry()
     target = make(blocker / "dlq.sqlite", registry, max_memory_entries=3)
     try:
-        await put_events(target, "t", 5)
-        assert target.depth == 3
-        assert [entry.seq for entry in await target.entries()] == [3, 4, 5]
+        for index in range(5):
+            with pytest.raises(WriteNotKeptError):
+                await put_events(target, "t", 1, start=index)
+        assert target.depth == 0
+        assert (
+            sample(
+                registry, "guarded_deadletter_refused_total", method="save_event", reason="spill_unavailable"
+            )
+            == 5
+        )
         assert (
             sample(registry, "guarded_deadletter_dropped_total", method="save_event", reason="memory_full")
-            == 2
+            == 0
         )
     finally:
         await target.aclose()
-    assert events(caplog_errors, "deadletter_dropped")
+    assert not events(caplog_errors, "deadletter_dropped")
 
 
 async def test_deletions_the_file_cannot_take_are_applied_when_it_is_back(
@@ -564,7 +598,8 @@ async def test_the_gauge_of_a_store_is_0_when_any_of_its_buffers_cannot_spill(tm
     try:
         await put_events(healthy, "t", 1)
         assert gauge(registry) == 1
-        await put_events(broken, "t", 1)
+        with pytest.raises(WriteNotKeptError):
+            await put_events(broken, "t", 1)
         assert gauge(registry) == 0
     finally:
         await broken.aclose()

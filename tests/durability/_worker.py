@@ -13,7 +13,8 @@ Run as a script (``python -m tests.durability._worker MODE ...``):
     and ``asyncio.run`` returns without closing the guard. Prints ``done``.
 
 ``ack --dsn DSN --schema SCHEMA [--first N] [--writers N] [--per-writer N] [--pause S] [--fast]
-[--spill PATH] [--lazy] [--hold]``
+[--spill PATH] [--max-disk-bytes N] [--strict]
+[--lazy] [--hold]``
     ``--writers`` concurrent writers (numbered from ``--first``) make the mixed writes in order,
     ``--per-writer`` each (0: until SIGTERM). Each acknowledged write is printed as one line
     ``A <writer> <index>`` (flushed at once, so a killed process has told what it acknowledged);
@@ -23,8 +24,9 @@ Run as a script (``python -m tests.durability._worker MODE ...``):
     ``--fast``: short timeouts and a quickly reopening breaker (:func:`fast_config`), so writes
     are dead-lettered within a second of a stall; otherwise the default configuration.
     ``--spill PATH``: ``DeadLetterConfig(path=PATH)``; otherwise the default spill path
-    (``$XDG_STATE_HOME/guarded/<name>...``). ``--lazy``: ``PostgresStateStore.lazy`` (for a
-    database that is down when the process starts).
+    (``$XDG_STATE_HOME/guarded/<name>...``). ``--max-disk-bytes``: the spill file's byte cap.
+    ``--strict``: strict mode, so a write the guard refuses raises (an ``E`` line).
+    ``--lazy``: ``PostgresStateStore.lazy`` (for a database that is down when the process starts).
 """
 
 from __future__ import annotations
@@ -184,13 +186,16 @@ def describe(problems: dict[str, str]) -> str:
     )
 
 
-def fast_config(spill: str | None) -> GuardConfig:
+def fast_config(spill: str | None, *, max_disk_bytes: int | None = None, strict: bool = False) -> GuardConfig:
     """tests/postgres/_outages.py's short timeouts and quick breaker; spill file at ``spill``, or at
-    the default path when ``None``."""
+    the default path when ``None``, capped at ``max_disk_bytes`` when given."""
     options: dict[str, Any] = {"replay_rate": 1_000_000, "replay_batch": 500, "drain_timeout": 30}
     if spill is not None:
         options["path"] = spill
-    return outage_config(dead_letter=DeadLetterConfig(**options))
+    if max_disk_bytes is not None:
+        options["max_disk_bytes"] = max_disk_bytes
+    config = outage_config(dead_letter=DeadLetterConfig(**options))
+    return config.model_copy(update={"strict": True}) if strict else config
 
 
 # --- the processes -------------------------------------------------------------------------------
@@ -213,9 +218,13 @@ async def readme(dsn: str, schema: str, count: int, tasks: int) -> None:
 
 
 async def acknowledge(options: argparse.Namespace) -> None:
-    config = fast_config(options.spill) if options.fast else None
+    config = (
+        fast_config(options.spill, max_disk_bytes=options.max_disk_bytes, strict=options.strict)
+        if options.fast
+        else None
+    )
     if config is None and options.spill is not None:
-        config = GuardConfig(dead_letter=DeadLetterConfig(path=options.spill))
+        config = GuardConfig(dead_letter=DeadLetterConfig(path=options.spill), strict=options.strict)
     if options.lazy:
         backend = PostgresStateStore.lazy(
             options.dsn,
@@ -290,6 +299,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--pause", type=float, default=0.0)
     parser.add_argument("--fast", action="store_true")
     parser.add_argument("--spill")
+    parser.add_argument("--max-disk-bytes", type=int)
+    parser.add_argument("--strict", action="store_true")
     parser.add_argument("--lazy", action="store_true")
     parser.add_argument("--hold", action="store_true")
     asyncio.run(acknowledge(parser.parse_args(argv[1:])))

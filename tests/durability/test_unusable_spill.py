@@ -1,7 +1,9 @@
-"""A spill file that cannot be used never costs a write: locked by another process, corrupt, on a
-full disk, or under a regular file. A healthy database still receives every write; during an
-outage the writes are held (in memory, or in a slot file of the guard's own when the configured
-one is locked) and delivered once the database is back; ``aclose()`` does not raise. Own server."""
+"""A spill file that cannot be used never costs a write the database can take: locked by another
+process, corrupt, on a full disk, or under a regular file. A healthy database still receives every
+write; during an outage a write is held where a file can take it (a slot file of the guard's own
+when the configured one is locked, a fresh file beside a corrupt one) and delivered once the
+database is back, and refused (``WriteNotKeptError``) where none can (a full disk, a path under a
+regular file), never held in memory only; ``aclose()`` does not raise. Own server."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.config import DeadLetterConfig, GuardConfig
+from guarded.errors import WriteNotKeptError
 from guarded.guard import controller, guard
 from guarded.testing.postgres import EmbeddedPostgres
 from tests.postgres._outages import differences, drain_all, open_store
@@ -107,6 +110,9 @@ def under_a_regular_file(tmp_path: Path) -> Iterator[Path]:
     yield parent / "dlq.sqlite"
 
 
+REFUSING = frozenset({"full_disk", "under_a_file"})
+"""The cases where no spill file can take a write: every write of the outage is refused."""
+
 CASES = {
     "locked": locked_by_another_process,
     "corrupt": corrupt,
@@ -133,10 +139,19 @@ async def test_an_unusable_spill_file_never_costs_a_write(
             problems = differences(ledger, await read_back_mixed(server.dsn, schema_name))
             assert not problems, "healthy database: " + describe(problems)
 
-            # An outage: every write is acknowledged and held while the process lives.
+            # An outage: a write is acknowledged once a spill file holds it, else refused.
             await asyncio.to_thread(server.stop)
             await run_mixed(store, ledger, writers=WRITERS, per_writer=PER_PHASE, start=PER_PHASE)
             await controller(store).flush()
+            refused = [error for error in ledger.errors if isinstance(error, WriteNotKeptError)]
+            assert refused == ledger.errors
+            held = controller(store).dead_letters
+            assert held is not None
+            assert held.memory_only == 0
+            if case in REFUSING:
+                assert len(refused) == WRITERS * PER_PHASE
+            else:
+                assert refused == []
             if case == "locked":
                 # Another process holds the configured file: the guard claims a slot file of its own
                 # beside it, and what it holds is on disk there.
@@ -156,7 +171,6 @@ async def test_an_unusable_spill_file_never_costs_a_write(
                 with contextlib.suppress(Exception):
                     await controller(store).aclose()
 
-    assert ledger.errors == []
     assert left == 0
     problems = differences(ledger, await read_back_mixed(server.dsn, schema_name))
     assert not problems, describe(problems)

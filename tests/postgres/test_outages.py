@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from guarded.config import BatchConfig, BreakerConfig, DeadLetterConfig
 from guarded.deadletter import DeadLetterBuffer
+from guarded.errors import WriteNotKeptError
 from guarded.guard import controller, guard
 from guarded.models import StoredEvent, TaskContextSnapshot, TaskState, TaskStatus, TaskType
 from guarded.observability import telemetry_names as names
@@ -403,7 +404,7 @@ async def test_a_long_outage_keeps_memory_bounded_and_spills_to_disk(
 
 
 @pytest.mark.asyncio
-async def test_a_full_spill_file_drops_the_oldest_writes_and_counts_them(
+async def test_a_full_spill_file_refuses_new_writes_and_keeps_the_oldest(
     server: EmbeddedPostgres, tmp_path: Path
 ) -> None:
     writes = 3_000
@@ -429,26 +430,31 @@ async def test_a_full_spill_file_drops_the_oldest_writes_and_counts_them(
     # delivered them once the server is back would make a write both dropped and stored (counted
     # as lost although it is not), and the count below would no longer be exact.
     controller(store).breaker.force_open()
+    refused = 0
     for index in range(writes):
-        await store.save_event(padded_event("full", index))
+        try:
+            await store.save_event(padded_event("full", index))
+        except WriteNotKeptError:  # strict mode; in production the call returns, answered refused
+            refused += 1
         await asyncio.sleep(0)
     await controller(store).flush()
 
-    dropped = total(registry, names.DLQ_DROPPED, "full")
     stats = await dead_letters(store).stats()
-    assert 0 < dropped < writes
-    assert stats.dropped_total == dropped
-    assert stats.depth + dropped == writes
+    assert 0 < refused < writes
+    assert stats.refused_total == refused == total(registry, names.DLQ_REFUSED, "full")
+    assert total(registry, names.DLQ_DROPPED, "full") == 0
+    assert stats.depth + refused == writes
     assert stats.disk_bytes <= 1024 * 1024
-    assert outcomes(registry, "full") == {"dead_lettered": writes}  # committed to the spill file
+    # Committed to the spill file, or refused at once: never acknowledged and dropped later.
+    assert outcomes(registry, "full") == {"dead_lettered": writes - refused, "refused": refused}
 
     await asyncio.to_thread(server.start)
     controller(store).breaker.reset()
     assert await drain_all(store) == 0
     await controller(store).aclose()
-    # Never silent: every acknowledged write is stored or counted as dropped, the oldest first.
+    # Every acknowledged write is stored: the oldest, kept; the latest were refused.
     assert (await read_back(server.dsn, "full")).events == {
-        ("full", f"n{index}"): 1 for index in range(dropped, writes)
+        ("full", f"n{index}"): 1 for index in range(writes - refused)
     }
 
 
