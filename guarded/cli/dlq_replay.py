@@ -21,6 +21,8 @@ from ..deadletter import (
 )
 from ..deadletter.replay import Send, SendBulk
 from ..durability.bulk_forms import bulk_methods_of
+from ..pipeline.cores import core_of
+from ..store_identity import store_identity
 from .check import build_store, close_store, load_factory
 from .dlq_files import Failures, SlotFile, pinned_buffer, quiet_recovery, writable_files
 from .progress import Progress
@@ -110,13 +112,48 @@ class _Replay:
         return self.failure is not None and is_unreachable(self.failure)
 
 
+def identity_of(store: object) -> str:
+    """The identity a guard records for the held writes of ``store``: a guarded store's as its
+    guard records it (its name and application setting), else as a guard named ``default``."""
+    core = core_of(store)
+    if core is None:
+        return store_identity(store, "default")
+    return store_identity(core.target, core.name, application=core.config.dead_letter.application)
+
+
+def check_identities(files: Sequence[SlotFile], identity: str, retarget: str | None) -> None:
+    """Refuse (a :class:`UsageError`, nothing replayed) when a file recorded another identity
+    than the store's ``identity``, unless ``retarget`` names exactly the identity it recorded
+    (files that recorded none, written before files recorded one, are taken as before)."""
+    recorded = sorted({file.target for file in files if file.target is not None})
+    foreign = [target for target in recorded if target != identity]
+    if retarget is not None and retarget not in recorded:
+        raise UsageError(
+            f"--retarget {retarget!r} is not the identity the spill files recorded "
+            f"({', '.join(recorded) or 'none recorded'})",
+            "give --retarget exactly the identity 'guarded dlq list' shows as the files' target",
+        )
+    refused = [target for target in foreign if target != retarget]
+    if refused:
+        raise UsageError(
+            f"the spill files hold writes recorded for {', '.join(refused)}, not for the store "
+            f"the factory built ({identity}); nothing was replayed",
+            f"replay them with a factory of that store, or move them deliberately with "
+            f"--retarget {refused[0]!r}",
+        )
+
+
 async def _replay(
     args: argparse.Namespace, files: Sequence[SlotFile], failures: Failures, state: _Replay
 ) -> None:
     factory = load_factory(args.store)
     store = await build_store(factory, args.store)
-    target = getattr(store, "target_identity", None)
-    state.target = target if isinstance(target, str) else None
+    state.target = identity_of(store)
+    try:
+        check_identities(files, state.target, args.retarget)
+    except UsageError:
+        await close_store(store)
+        raise
     state.progress.start()
     try:
         for file in files:

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 from ..deadletter.replay import ReplayRejected
 from ..deadletter.slots import named_spill_path, sibling_spill_path, split_extension
-from ..durability.owner import spill_target
+from ..store_identity import store_identity
 from ..durability.ports import DurabilityPorts
 from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
@@ -88,11 +88,12 @@ def staging_root(spill_path: str | None, store_name: str, target: object, base: 
     """The staging directory of held saves: ``<base>/<digest of the backend's identity>/``, where
     ``base`` is by default ``<spill file without extension>.staged`` (``{name}`` replaced), so
     guards of the same store on the same paths share it, and another backend never sees it."""
+    identity = store_identity(target, store_name)
     if base is None:
         assert spill_path is not None
-        root, _ = split_extension(named_spill_path(spill_path, store_name))
+        root, _ = split_extension(named_spill_path(spill_path, store_name, identity))
         base = Path(f"{root}.staged")
-    digest = hashlib.sha256(spill_target(target, store_name).encode("utf-8")).hexdigest()[:16]
+    digest = hashlib.sha256(identity.encode("utf-8")).hexdigest()[:16]
     return base / digest
 
 
