@@ -22,7 +22,7 @@ from ..deadletter import (
 from ..deadletter.replay import Send, SendBulk
 from ..durability.bulk_forms import bulk_methods_of
 from ..pipeline.cores import core_of
-from ..store_identity import store_identity
+from ..store_identity import declared_identity, store_identity
 from .check import build_store, close_store, load_factory
 from .dlq_files import Failures, SlotFile, pinned_buffer, quiet_recovery, writable_files
 from .progress import Progress
@@ -124,15 +124,10 @@ def identity_of(store: object) -> str:
 def check_identities(files: Sequence[SlotFile], identity: str, retarget: str | None) -> None:
     """Refuse (a :class:`UsageError`, nothing replayed) when a file recorded another identity
     than the store's ``identity``, unless ``retarget`` names exactly the identity it recorded
-    (files that recorded none, written before files recorded one, are taken as before)."""
+    (files that recorded none, written before files recorded one, are taken as before; the files
+    were chosen by ``retarget`` already, see :func:`replay_command`)."""
     recorded = sorted({file.target for file in files if file.target is not None})
     foreign = [target for target in recorded if target != identity]
-    if retarget is not None and retarget not in recorded:
-        raise UsageError(
-            f"--retarget {retarget!r} is not the identity the spill files recorded "
-            f"({', '.join(recorded) or 'none recorded'})",
-            "give --retarget exactly the identity 'guarded dlq list' shows as the files' target",
-        )
     refused = [target for target in foreign if target != retarget]
     if refused:
         raise UsageError(
@@ -148,9 +143,9 @@ async def _replay(
 ) -> None:
     factory = load_factory(args.store)
     store = await build_store(factory, args.store)
-    state.target = identity_of(store)
+    state.target = declared_identity(core.target if (core := core_of(store)) is not None else store)
     try:
-        check_identities(files, state.target, args.retarget)
+        check_identities(files, identity_of(store), args.retarget)
     except UsageError:
         await close_store(store)
         raise
@@ -184,7 +179,13 @@ def _still_waiting(files: Sequence[SlotFile]) -> int:
 
 def replay_command(args: argparse.Namespace) -> int:
     failures = Failures()
-    files, busy = writable_files(args, failures, target=args.target, check_targets=True)
+    files, busy = writable_files(args, failures, target=args.target or args.retarget, check_targets=True)
+    if args.retarget is not None and not any(file.target == args.retarget for file in files):
+        raise UsageError(
+            f"--retarget {args.retarget!r} is not the identity the spill files recorded "
+            f"({', '.join(sorted({str(file.target) for file in files})) or 'no file to replay'})",
+            "give --retarget exactly the identity 'guarded dlq list' shows as the files' target",
+        )
     sys.path.insert(0, os.path.abspath(args.app_dir))
     total = sum(file.waiting for file in files)
     state = _Replay(Progress("replay", total=total, unit="writes"))
