@@ -265,7 +265,9 @@ FORMER_DEFAULT_SPILL_FILE = "{name}.sqlite"
 def default_spill_path() -> str:
     """Where a guard spills held writes when not told: ``GUARDED_DLQ_PATH``, else
     ``<state directory>/guarded/{name}-{identity}.sqlite`` (read when the configuration is built)."""
-    return os.environ.get("GUARDED_DLQ_PATH") or os.path.join(state_directory(), "guarded", DEFAULT_SPILL_FILE)
+    return os.environ.get("GUARDED_DLQ_PATH") or os.path.join(
+        state_directory(), "guarded", DEFAULT_SPILL_FILE
+    )
 
 
 def former_default_spill_path(path: str | None) -> str | None:

@@ -44,7 +44,9 @@ def durable_across_processes(store: object) -> bool:
     declared = getattr(store, DURABLE_ATTRIBUTE, None)
     if isinstance(declared, bool):
         return declared
-    return not any(f"{cls.__module__}.{cls.__qualname__}" in _NOT_DURABLE_CLASSES for cls in type(store).__mro__)
+    return not any(
+        f"{cls.__module__}.{cls.__qualname__}" in _NOT_DURABLE_CLASSES for cls in type(store).__mro__
+    )
 
 
 def application_identity(configured: str | None = None) -> str:
@@ -67,7 +69,8 @@ def store_identity(store: object, store_name: str, *, application: str | None = 
     if declared is not None:
         return declared
     cls = type(store)
-    return f"app={application_identity(application)} store={cls.__module__}.{cls.__qualname__} guard={store_name}"
+    store_class = f"{cls.__module__}.{cls.__qualname__}"
+    return f"app={application_identity(application)} store={store_class} guard={store_name}"
 
 
 def identity_digest(identity: str) -> str:

@@ -83,10 +83,10 @@ class DeadLetterBuffer(BufferStatus):
     ``target``) is the base path of the slot files; ``None`` keeps the buffer in memory only.
     ``target`` identifies the store the writes belong to (see :mod:`guarded.store_identity`):
     recorded in the spill file, and files of another target are left alone. With the default
-    path, the files of the former default path that recorded ``target`` are adopted too. ``slots=False`` uses exactly ``config.path`` (no other
-    slot, no adoption; with ``target=None`` whatever target the file records), for tools that
-    work on one file. A spill file is claimed on the first :meth:`put` or by :meth:`open` (at
-    startup, to replay what earlier processes left).
+    path, the files of the former default path that recorded ``target`` are adopted too.
+    ``slots=False`` uses exactly ``config.path`` (no other slot, no adoption; with ``target=None``
+    whatever target the file records), for tools that work on one file. A spill file is claimed
+    on the first :meth:`put` or by :meth:`open` (at startup, to replay what earlier processes left).
     """
 
     def __init__(

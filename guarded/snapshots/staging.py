@@ -39,12 +39,12 @@ from typing import Any, TypeVar
 
 from ..deadletter.replay import ReplayRejected
 from ..deadletter.slots import named_spill_path, sibling_spill_path, split_extension
-from ..store_identity import store_identity
 from ..durability.ports import DurabilityPorts
 from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import ErrorClass, error_type, no_wait_fixes, safe_message
+from ..store_identity import store_identity
 from .content import SnapshotContent
 from .errors import (
     SnapshotError,

@@ -196,7 +196,7 @@ class FaultyStore:
             injector.plan = plan
         faulty = injector.wrap(store)
         if durable_across_processes is not None:
-            type(faulty).durable_across_processes = durable_across_processes  # type: ignore[attr-defined]
+            type(faulty).durable_across_processes = durable_across_processes
         return faulty
 
 

@@ -119,16 +119,26 @@ async def test_two_applications_sharing_a_state_directory_never_get_each_others_
     a_data, b_data = tmp_path / "a-data.json", tmp_path / "b-data.json"
 
     held = _run(
-        app_a, str(a_data), "down", "tenantA:secret", "A's secret", log=tmp_path / "a.log", kill_after_report=True
+        app_a,
+        str(a_data),
+        "down",
+        "tenantA:secret",
+        "A's secret",
+        log=tmp_path / "a.log",
+        kill_after_report=True,
     )
     assert held == {"held": 1}
 
-    b_ran = _run(app_b, str(b_data), "up", "tenantB:key", "B's value", log=tmp_path / "b.log", kill_after_report=False)
+    b_ran = _run(
+        app_b, str(b_data), "up", "tenantB:key", "B's value", log=tmp_path / "b.log", kill_after_report=False
+    )
     assert "tenantA:secret" not in b_ran["data"], "application B received application A's held write"
     assert b_ran["data"] == {"tenantB:key": {"value": "B's value"}}
     assert _waiting_in(_state_home()) == 1, "A's held write must stay kept for A"
 
-    a_again = _run(app_a, str(a_data), "up", "tenantA:other", "later", log=tmp_path / "a2.log", kill_after_report=False)
+    a_again = _run(
+        app_a, str(a_data), "up", "tenantA:other", "later", log=tmp_path / "a2.log", kill_after_report=False
+    )
     assert a_again["held"] == 0
     assert a_again["data"] == {
         "tenantA:secret": {"value": "A's secret"},

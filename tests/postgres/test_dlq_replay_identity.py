@@ -22,12 +22,15 @@ FACTORY = "guarded.backends.postgres.factory:create_store"
 async def _held_for(make_store: StoreFactory, schema: str, spill: Path) -> str:
     """A spill file holding one write for ``schema`` (its store refused it); the identity it records."""
     store = await make_store(schema=schema)
-    down = FaultyStore(store, FaultPlan.always(Fault.error_before(ConnectionRefusedError), methods={"save_memory_state"}))
+    down = FaultyStore(
+        store, FaultPlan.always(Fault.error_before(ConnectionRefusedError), methods={"save_memory_state"})
+    )
     guarded_store = guard(down, registry=CollectorRegistry(), spill_path=str(spill), timeout=0.3)
     async with guarded_store:
         await guarded_store.save_memory_state("tenant_x:key", {"owner": "tenant_x"})
         buffer = controller(guarded_store).dead_letters
-        assert buffer is not None and buffer.depth == 1
+        assert buffer is not None
+        assert buffer.depth == 1
     identity = store.target_identity
     assert isinstance(identity, str)
     return identity
@@ -44,17 +47,28 @@ async def test_replay_refuses_a_file_recorded_for_another_schema(
 
     refused = guarded("dlq", "replay", "--path", str(spill), "--store", FACTORY, env=env)
     assert refused.code == 2, refused
-    assert recorded in refused.err and store_a.target_identity in refused.err, refused.err
+    assert recorded in refused.err, refused.err
+    assert store_a.target_identity in refused.err, refused.err
     assert "--retarget" in refused.err
     assert await store_a.load_memory_state("tenant_x:key") is None, "tenant_x's write reached tenant_a"
 
     wrong = guarded(
-        "dlq", "replay", "--path", str(spill), "--store", FACTORY, "--retarget", "postgresql://elsewhere", env=env
+        "dlq",
+        "replay",
+        "--path",
+        str(spill),
+        "--store",
+        FACTORY,
+        "--retarget",
+        "postgresql://elsewhere",
+        env=env,
     )
     assert wrong.code == 2, wrong
     assert await store_a.load_memory_state("tenant_x:key") is None
 
-    moved = guarded("dlq", "replay", "--path", str(spill), "--store", FACTORY, "--retarget", recorded, env=env)
+    moved = guarded(
+        "dlq", "replay", "--path", str(spill), "--store", FACTORY, "--retarget", recorded, env=env
+    )
     assert moved.code == 0, moved
     assert "replayed 1 of 1" in moved.out
     assert await store_a.load_memory_state("tenant_x:key") == {"owner": "tenant_x"}
