@@ -40,6 +40,7 @@ from .spill import (
     SpillFileVersionError,
     acquire_lock,
     holder_pid,
+    is_locked,
     lock_path,
     set_aside,
 )
@@ -193,7 +194,9 @@ class SlotFiles:
                 continue
             return spill
         if not create:
-            return None
+            # Writes the former default path holds for this target are adopted into a file of
+            # this buffer's own: make one for them.
+            return self.claim(create=True, min_generation=min_generation) if self._former_waiting() else None
         if first_error is not None and not busy:
             raise first_error
         if self.pinned:
@@ -354,6 +357,14 @@ class SlotFiles:
                 continue
             found.append(spill)
         return found
+
+    def _former_waiting(self) -> bool:
+        """Whether a file of the former default path that no live process holds recorded this target."""
+        if self.former_base is None or self.former_base == self.base:
+            return False
+        return any(
+            self._recorded_here(path) and not is_locked(path) for _, path in slot_files(self.former_base)
+        )
 
     def _recorded_here(self, path: str) -> bool:
         """Whether the file ``path`` of the former default path recorded this buffer's target (read

@@ -21,7 +21,9 @@ from prometheus_client import CollectorRegistry
 
 from guarded import controller, guard
 from guarded.backends.memory import InMemoryStateStore
-from guarded.deadletter import SpillFile
+from guarded.config import DeadLetterConfig
+from guarded.deadletter import DeadLetterBuffer, SpillFile
+from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.durability._identity_app import application
 
 pytestmark = pytest.mark.asyncio
@@ -145,3 +147,110 @@ async def test_two_applications_sharing_a_state_directory_never_get_each_others_
         "tenantA:other": {"value": "later"},
     }, "application A's next run must deliver its own held write"
     assert json.loads(b_data.read_text()) == {"tenantB:key": {"value": "B's value"}}
+
+
+class _DeclaredStore(InMemoryStateStore):
+    """A store that keeps its data elsewhere (as a database does) and declares its identity."""
+
+    durable_across_processes = True
+
+    def __init__(self, identity: str) -> None:
+        super().__init__()
+        self.target_identity = identity
+
+
+class _CustomStore(InMemoryStateStore):
+    """A store that keeps its data across processes but declares no identity."""
+
+    durable_across_processes = True
+
+
+async def _hold(path: Path, target: str, key: str) -> None:
+    """A spill file at ``path`` holding one write of ``key`` for ``target``, as an earlier process left it."""
+    earlier = DeadLetterBuffer(
+        DeadLetterConfig(path=str(path)), store_name="default", registry=CollectorRegistry(), target=target
+    )
+    await earlier.put(
+        "save_memory_state", (key, {"held": key}), {}, key=key, stamp=1, error="ConnectionRefusedError"
+    )
+    await earlier.aclose()
+
+
+async def test_a_store_that_keeps_nothing_across_processes_has_no_spill_file(tmp_path: Path) -> None:
+    from penguiflow.state import InMemoryStateStore as PenguiFlowMemoryStore
+
+    for store in (InMemoryStateStore(), PenguiFlowMemoryStore()):
+        guarded_store = guard(
+            store, registry=CollectorRegistry(), spill_path=str(tmp_path / "dlq-{name}.sqlite")
+        )
+        buffer = controller(guarded_store).dead_letters
+        assert buffer is not None
+        assert buffer.path is None, f"{type(store).__module__} got a spill file"
+        await controller(guarded_store).aclose()
+    assert [name for name in os.listdir(tmp_path) if name.startswith("dlq-")] == []
+
+
+async def test_the_default_spill_file_is_one_per_store_identity(tmp_path: Path) -> None:
+    paths = set()
+    for store, name in (
+        (_DeclaredStore("custom://db/a"), "default"),
+        (_DeclaredStore("custom://db/b"), "default"),
+        (_CustomStore(), "default"),
+        (_CustomStore(), "jobs"),
+    ):
+        guarded_store = guard(store, name=name, registry=CollectorRegistry())
+        buffer = controller(guarded_store).dead_letters
+        assert buffer is not None
+        assert buffer.path is not None
+        paths.add(buffer.path)
+        await controller(guarded_store).aclose()
+    assert len(paths) == 4
+    assert all(Path(path).parent == _state_home() / "guarded" for path in paths)
+
+
+async def test_held_writes_at_the_former_default_path_reach_only_their_own_store(tmp_path: Path) -> None:
+    former = _state_home() / "guarded" / "default.sqlite"
+    await _hold(former, "custom://db/a", "a-key")
+    await _hold(Path(f"{former}.1"), "guard:default", "unattributable-key")
+    await _hold(Path(f"{former}.2"), "custom://db/b", "b-key")
+
+    store = _DeclaredStore("custom://db/a")
+    guarded_store = guard(store, registry=CollectorRegistry())
+    async with guarded_store:
+        assert await controller(guarded_store).drain(5) == 0
+    assert await store.load_memory_state("a-key") == {"held": "a-key"}, (
+        "the former default file was not delivered"
+    )
+    assert await store.load_memory_state("b-key") is None
+    assert await store.load_memory_state("unattributable-key") is None
+    assert not former.exists(), "the adopted file is removed"
+    assert _waiting_in(former.parent) == 2, "the other stores' writes stay kept"
+
+    custom = _CustomStore()
+    guarded_custom = guard(custom, registry=CollectorRegistry())
+    async with guarded_custom:
+        assert await controller(guarded_custom).drain(5) == 0
+    assert await custom.load_memory_state("unattributable-key") is None, (
+        "a guard:<name> file is never adopted"
+    )
+
+
+async def test_an_explicit_shared_path_keeps_applications_apart(tmp_path: Path) -> None:
+    spill = str(tmp_path / "shared.sqlite")
+    a_backend = _CustomStore()
+    down = FaultyStore(a_backend, FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
+    a = guard(down, registry=CollectorRegistry(), spill_path=spill, dead_letter={"application": "app-a"})
+    async with a:
+        await a.save_memory_state("a-key", {"owner": "app-a"})
+    b_backend = _CustomStore()
+    b = guard(b_backend, registry=CollectorRegistry(), spill_path=spill, dead_letter={"application": "app-b"})
+    async with b:
+        assert await controller(b).drain(2) == 0
+    assert await b_backend.load_memory_state("a-key") is None, "application A's write reached application B"
+    fault_injector(down).plan = FaultPlan()
+    a_again = guard(
+        down, registry=CollectorRegistry(), spill_path=spill, dead_letter={"application": "app-a"}
+    )
+    async with a_again:
+        assert await controller(a_again).drain(5) == 0
+    assert await a_backend.load_memory_state("a-key") == {"owner": "app-a"}
