@@ -1,9 +1,10 @@
-"""Randomized: processes of several store identities (PostgreSQL schemas) share one state
-directory through crashes. Each writes through a backend failing at random, so writes are held in
-spill files (the default ones, and one explicit path every identity shares), and is SIGKILLed at a
-random moment while later processes adopt what the killed ones left. Then a healthy process per
-store drains. No held write ever reaches a store of another identity, and every acknowledged
-write is in its own store.
+"""Randomized: processes of several applications, each over a PostgreSQL schema of its own, share
+one state directory through crashes. Their stores are the PostgreSQL store (its identity declared:
+server, database, schema) or a store of the application's own that declares none. Each process
+writes through a backend failing at random, so writes are held in spill files (the default ones,
+and one explicit path every application shares), and is SIGKILLed at a random moment while later
+processes adopt what the killed ones left. Then a healthy process per application drains. No held
+write ever reaches a store of another identity, and every acknowledged write is in its own store.
 
 ``GUARDED_IDENTITY_SEED`` replays a failing run (the seed is in every failure message).
 """
@@ -27,6 +28,7 @@ import pytest
 
 from guarded.deadletter import SpillFile
 from tests.cli.support import clean_environment
+from tests.postgres._identity_worker import application
 from tests.postgres.conftest import StoreFactory, new_schema_name
 
 pytestmark = pytest.mark.asyncio
@@ -37,8 +39,8 @@ WORKERS = 10
 LIVE = 3
 """Workers alive at once: each is killed at a random moment and the next one started."""
 NAMES = ("default", "jobs")
+KINDS = ("declared", "custom")
 ERROR_RATES = (0.5, 0.9, 1.0)
-_WORKER = "tests.postgres._identity_worker"
 _STARTUP_TIMEOUT = 60.0
 
 
@@ -62,9 +64,9 @@ class _Worker:
         self.ready.set()
 
 
-def _start(arguments: list[str], env: dict[str, str], log: Path, schema: str) -> _Worker:
+def _start(program: Path, arguments: list[str], env: dict[str, str], log: Path, schema: str) -> _Worker:
     process = subprocess.Popen(
-        [sys.executable, "-m", _WORKER, *arguments],
+        [sys.executable, str(program), *arguments],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -99,11 +101,19 @@ class _Run:
     schemas: list[str]
     directory: Path
     acknowledged: dict[str, set[str]] = field(default_factory=dict)
-    used: set[tuple[str, str, str]] = field(default_factory=set)
+    used: set[tuple[str, str, str, str]] = field(default_factory=set)
 
     @property
     def state(self) -> Path:
         return self.directory / "state"
+
+    def program(self, schema: str) -> Path:
+        """The launcher of the application over ``schema`` (written on first use)."""
+        program = self.directory / "apps" / schema / "app.py"
+        if not program.exists():
+            program.parent.mkdir(parents=True)
+            program.write_text(application())
+        return program
 
     def crash_workers(self) -> None:
         """Start :data:`WORKERS` writers, :data:`LIVE` at a time, each SIGKILLed at a random moment."""
@@ -113,11 +123,14 @@ class _Run:
         self.acknowledged = {schema: set() for schema in self.schemas}
         alive: list[tuple[_Worker, float]] = []
         for number in range(WORKERS):
-            schema, name, place = rng.choice(self.schemas), rng.choice(NAMES), rng.choice(places)
+            schema, kind, name = rng.choice(self.schemas), rng.choice(KINDS), rng.choice(NAMES)
+            place = rng.choice(places)
             rate = 1.0 if number % LIVE == 0 else rng.choice(ERROR_RATES)
-            self.used.add((schema, name, place))
-            arguments = ["write", self.dsn, schema, name, place, str(rng.randrange(2**31)), str(rate)]
-            worker = _start(arguments, env, self.directory / f"worker{number}.log", schema)
+            self.used.add((schema, kind, name, place))
+            arguments = ["write", self.dsn, schema, kind, name, place, str(rng.randrange(2**31)), str(rate)]
+            worker = _start(
+                self.program(schema), arguments, env, self.directory / f"worker{number}.log", schema
+            )
             assert worker.ready.wait(_STARTUP_TIMEOUT), f"seed {self.seed}: a worker never started"
             alive.append((worker, time.monotonic() + rng.uniform(0.3, 1.5)))
             while len(alive) >= LIVE or (number == WORKERS - 1 and alive):
@@ -134,18 +147,28 @@ class _Run:
                 self.acknowledged[victim.schema].update(victim.lines)
 
     def drain(self) -> None:
-        """A healthy guard of every store, name and place the workers used drains what waits."""
-        stores = sorted(self.used)
+        """A healthy guard of every store, name and place the workers used drains what waits, in a
+        process of the store's application (one per schema, at once)."""
         env = clean_environment(XDG_STATE_HOME=str(self.state))
-        log = self.directory / "drain.log"
-        drain = _start(["drain", self.dsn, json.dumps(stores)], env, log, "")
-        drain.process.wait(timeout=240)
-        assert drain.reader is not None
-        drain.reader.join(timeout=30)
-        assert drain.process.returncode == 0, f"seed {self.seed}: {log.read_text()[-3000:]}"
-        assert drain.lines == ["0"] * len(stores), (
-            f"seed {self.seed}: writes left after the drains: {drain.lines}"
-        )
+        drains = []
+        for schema in self.schemas:
+            stores = sorted(entry for entry in self.used if entry[0] == schema)
+            log = self.directory / f"drain-{schema}.log"
+            drains.append(
+                (
+                    _start(self.program(schema), ["drain", self.dsn, json.dumps(stores)], env, log, schema),
+                    stores,
+                    log,
+                )
+            )
+        for drain, stores, log in drains:
+            drain.process.wait(timeout=240)
+            assert drain.reader is not None
+            drain.reader.join(timeout=30)
+            assert drain.process.returncode == 0, f"seed {self.seed}: {log.read_text()[-3000:]}"
+            assert drain.lines == ["0"] * len(stores), (
+                f"seed {self.seed}: writes left after the drains: {drain.lines}"
+            )
 
 
 async def test_held_writes_stay_with_their_store_through_crashes(
