@@ -100,9 +100,10 @@ class _ArtifactSide:
             return self._proxy
         config = core.config
         if self.durability is None and self._durable:
+            target = _artifact_target(core, inner)
             self.durability = Durability(
-                _artifact_target(core, inner),
-                _artifact_durability_config(config),
+                target,
+                _artifact_durability_config(config, target),
                 store_name=core.name,
                 registry=core.registry,
                 breaker=core.breaker,
@@ -154,12 +155,13 @@ def _artifact_target(core: GuardCore, inner: object) -> _ArtifactTarget:
     )
 
 
-def _artifact_durability_config(config: GuardConfig) -> GuardConfig:
-    """The configuration of the artifact durability: its own spill file, the artifact caps, no
-    batching and no stale cache (the in-process copies answer reads)."""
+def _artifact_durability_config(config: GuardConfig, target: _ArtifactTarget) -> GuardConfig:
+    """The configuration of the artifact durability: its own spill file (none for a store that
+    keeps nothing across processes), the artifact caps, no batching and no stale cache (the
+    in-process copies answer reads)."""
     cap = config.artifacts.spill_max_bytes + _ARTIFACT_SPILL_SLACK
     dead_letter = config.dead_letter
-    path = artifact_spill_path(dead_letter.path)
+    path = artifact_spill_path(dead_letter.path) if target.durable_across_processes else None
     return config.model_copy(
         update={
             "dead_letter": dead_letter.model_copy(

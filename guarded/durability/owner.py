@@ -147,7 +147,7 @@ class Durability:
         self._close_begun = False
         """``aclose()`` has begun: a write held from now on in memory only would be lost."""
         self._reported = False
-        if self.buffer is not None and self.buffer.path is None and config.dead_letter.path is None:
+        if self.buffer is not None and config.dead_letter.path is None and durable_across_processes(target):
             logger.warning(
                 "dead-letter buffer of store %r is in memory only (dead_letter.path=None): writes held "
                 "during an outage die with the process",

@@ -186,6 +186,11 @@ async def test_a_store_that_keeps_nothing_across_processes_has_no_spill_file(tmp
         buffer = controller(guarded_store).dead_letters
         assert buffer is not None
         assert buffer.path is None, f"{type(store).__module__} got a spill file"
+        if getattr(store, "artifact_store", None) is not None:
+            assert guarded_store.artifact_store is not None
+            artifacts = controller(guarded_store).artifact_dead_letters
+            assert artifacts is not None
+            assert artifacts.path is None, "its artifacts got a spill file"
         await controller(guarded_store).aclose()
     assert [name for name in os.listdir(tmp_path) if name.startswith("dlq-")] == []
 
