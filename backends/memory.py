@@ -108,6 +108,10 @@ class InMemoryStateStore:
             PenguiFlow's own.
     """
 
+    durable_across_processes = False
+    """It keeps nothing across processes: a guard gives it no spill file and adopts nothing for it
+    (see :mod:`guarded.store_identity`)."""
+
     def __init__(
         self,
         *,

@@ -201,13 +201,22 @@ class DeadLetterConfig(_Frozen):
 
     enabled: bool = True
     path: str | None = Field(default_factory=lambda: default_spill_path())
-    """SQLite spill file (``{name}`` is replaced by the guard's name). Every dead-lettered write is
+    """SQLite spill file (``{name}`` is replaced by the guard's name, ``{identity}`` by a short
+    digest of the store's identity, see :mod:`guarded.store_identity`). Every dead-lettered write is
     committed to it before the caller is acknowledged, so it survives a crash of the process.
     Processes configured with the same path each claim a slot file of their own beside it, and
-    adopt the files of processes that are gone. Default: ``GUARDED_DLQ_PATH`` when set, else
-    ``$XDG_STATE_HOME/guarded/{name}.sqlite`` (``~/.local/state`` when ``XDG_STATE_HOME`` is unset).
-    ``None`` keeps the buffer in memory only, by explicit choice: held writes die with the process
-    (one WARNING says so when the guard starts). A :class:`pathlib.Path` is taken as its text."""
+    adopt the files of processes that are gone, only those recorded for the same store identity.
+    Default: ``GUARDED_DLQ_PATH`` when set, else ``$XDG_STATE_HOME/guarded/{name}-{identity}.sqlite``
+    (``~/.local/state`` when ``XDG_STATE_HOME`` is unset), so two applications or stores never
+    share a file by accident. ``None`` keeps the buffer in memory only, by explicit choice: held
+    writes die with the process (one WARNING says so when the guard starts). A store that keeps
+    nothing across processes (``durable_across_processes = False``) has no spill file whatever
+    the path. A :class:`pathlib.Path` is taken as its text."""
+    application: str | None = None
+    """Names this application in the identity of a store that declares none (``target_identity``):
+    held writes of such a store are adopted only by a guard of the same name, over a store of the
+    same class, in an application of the same name. Default: the resolved path of the main
+    program (see :func:`guarded.store_identity.application_identity`)."""
     max_memory_entries: int = Field(10_000, ge=1)
     max_memory_bytes: int = Field(64 * 1024 * 1024, ge=1)
     """In-memory caps: with a spill file they bound the copies of what it holds (beyond them
@@ -248,10 +257,33 @@ def state_directory() -> str:
     return os.path.join(os.path.expanduser("~"), ".local", "state")
 
 
+DEFAULT_SPILL_FILE = "{name}-{identity}.sqlite"
+"""The file name of the default spill path: one file (and its slots) per guard name and store identity."""
+
+FORMER_DEFAULT_SPILL_FILE = "{name}.sqlite"
+"""The file name of the default spill path before store identities separated them."""
+
+
 def default_spill_path() -> str:
     """Where a guard spills held writes when not told: ``GUARDED_DLQ_PATH``, else
-    ``<state directory>/guarded/{name}.sqlite`` (read when the configuration is built)."""
-    return os.environ.get("GUARDED_DLQ_PATH") or os.path.join(state_directory(), "guarded", "{name}.sqlite")
+    ``<state directory>/guarded/{name}-{identity}.sqlite`` (read when the configuration is built)."""
+    return os.environ.get("GUARDED_DLQ_PATH") or os.path.join(
+        state_directory(), "guarded", DEFAULT_SPILL_FILE
+    )
+
+
+def former_default_spill_path(path: str | None) -> str | None:
+    """The spill path earlier versions used by default in place of ``path`` when ``path`` is a
+    default one (its file name is :data:`DEFAULT_SPILL_FILE`, or a sibling of it such as the
+    artifacts' ``{name}-{identity}-artifacts.sqlite``), else ``None``: held writes left there and
+    recorded for the same store are still adopted."""
+    if path is None:
+        return None
+    directory, name = os.path.split(path)
+    stem, ext = os.path.splitext(DEFAULT_SPILL_FILE)
+    if not (name.startswith(stem) and name.endswith(ext)):
+        return None
+    return os.path.join(directory, os.path.splitext(FORMER_DEFAULT_SPILL_FILE)[0] + name[len(stem) :])
 
 
 class StaleConfig(_Frozen):

@@ -100,7 +100,8 @@ def register(subparsers: Subparsers) -> None:
         "and stream, paced to --rate. Shows progress (writes replayed of those waiting, and the rate) on "
         "stderr; Ctrl-C stops and says how many were replayed and how many still wait (nothing is lost). "
         "Exit 0 when every write was replayed, 1 when some are left (parked, failing, or in files held "
-        "by live processes), 3 when the store's backend cannot be reached.",
+        "by live processes), 2 when a file was recorded for another store identity (nothing is replayed; "
+        "--retarget moves it deliberately), 3 when the store's backend cannot be reached.",
     )
     replay.add_argument(
         "--store",
@@ -124,6 +125,13 @@ def register(subparsers: Subparsers) -> None:
         metavar="TARGET",
         help="only files recorded for this backend target (and files with none); needed when the "
         "files record more than one",
+    )
+    replay.add_argument(
+        "--retarget",
+        default=None,
+        metavar="FROM_IDENTITY",
+        help="replay files recorded for another store identity into this store, a deliberate move: "
+        "FROM_IDENTITY must equal the identity the files recorded (their target in 'dlq list')",
     )
     replay.add_argument(
         "--app-dir",

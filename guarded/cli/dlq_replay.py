@@ -21,6 +21,8 @@ from ..deadletter import (
 )
 from ..deadletter.replay import Send, SendBulk
 from ..durability.bulk_forms import bulk_methods_of
+from ..pipeline.cores import core_of
+from ..store_identity import declared_identity, store_identity
 from .check import build_store, close_store, load_factory
 from .dlq_files import Failures, SlotFile, pinned_buffer, quiet_recovery, writable_files
 from .progress import Progress
@@ -110,13 +112,43 @@ class _Replay:
         return self.failure is not None and is_unreachable(self.failure)
 
 
+def identity_of(store: object) -> str:
+    """The identity a guard records for the held writes of ``store``: a guarded store's as its
+    guard records it (its name and application setting), else as a guard named ``default``."""
+    core = core_of(store)
+    if core is None:
+        return store_identity(store, "default")
+    return store_identity(core.target, core.name, application=core.config.dead_letter.application)
+
+
+def check_identities(files: Sequence[SlotFile], identity: str, retarget: str | None) -> None:
+    """Refuse (a :class:`UsageError`, nothing replayed) when a file recorded another identity
+    than the store's ``identity``, unless ``retarget`` names exactly the identity it recorded
+    (files that recorded none, written before files recorded one, are taken as before; the files
+    were chosen by ``retarget`` already, see :func:`replay_command`)."""
+    recorded = sorted({file.target for file in files if file.target is not None})
+    foreign = [target for target in recorded if target != identity]
+    refused = [target for target in foreign if target != retarget]
+    if refused:
+        raise UsageError(
+            f"the spill files hold writes recorded for {', '.join(refused)}, not for the store "
+            f"the factory built ({identity}); nothing was replayed",
+            f"replay them with a factory of that store, or move them deliberately with "
+            f"--retarget {refused[0]!r}",
+        )
+
+
 async def _replay(
     args: argparse.Namespace, files: Sequence[SlotFile], failures: Failures, state: _Replay
 ) -> None:
     factory = load_factory(args.store)
     store = await build_store(factory, args.store)
-    target = getattr(store, "target_identity", None)
-    state.target = target if isinstance(target, str) else None
+    state.target = declared_identity(core.target if (core := core_of(store)) is not None else store)
+    try:
+        check_identities(files, identity_of(store), args.retarget)
+    except UsageError:
+        await close_store(store)
+        raise
     state.progress.start()
     try:
         for file in files:
@@ -147,7 +179,13 @@ def _still_waiting(files: Sequence[SlotFile]) -> int:
 
 def replay_command(args: argparse.Namespace) -> int:
     failures = Failures()
-    files, busy = writable_files(args, failures, target=args.target, check_targets=True)
+    files, busy = writable_files(args, failures, target=args.target or args.retarget, check_targets=True)
+    if args.retarget is not None and not any(file.target == args.retarget for file in files):
+        raise UsageError(
+            f"--retarget {args.retarget!r} is not the identity the spill files recorded "
+            f"({', '.join(sorted({str(file.target) for file in files})) or 'no file to replay'})",
+            "give --retarget exactly the identity 'guarded dlq list' shows as the files' target",
+        )
     sys.path.insert(0, os.path.abspath(args.app_dir))
     total = sum(file.waiting for file in files)
     state = _Replay(Progress("replay", total=total, unit="writes"))

@@ -53,7 +53,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from ..codec import DEFAULT_TYPES, RecordTypes
-from ..config import DeadLetterConfig
+from ..config import DeadLetterConfig, former_default_spill_path
 from ..durability.bulk_forms import BATCHED_BULK_FORMS
 from ..errors import GuardClosedError, InvalidPayloadError, WriteNotKeptError
 from .adoption import adopt_if_usable, adopt_orphans
@@ -87,13 +87,14 @@ SPILL_RETRY_INTERVAL = 5.0
 class DeadLetterBuffer(BufferStatus):
     """Keeps writes that finally failed and replays them in order (see the module docs).
 
-    ``config.path`` (``{name}`` replaced by ``store_name``) is the base path of the slot files;
-    ``None`` keeps the buffer in memory only. ``target`` identifies the backend the writes belong
-    to (host, port, database, schema; never credentials): recorded in the spill file, and files
-    of another target are left alone. ``slots=False`` uses exactly ``config.path`` (no other
-    slot, no adoption; with ``target=None`` whatever target the file records), for tools that
-    work on one file. A spill file is claimed on the first :meth:`put` or by :meth:`open` (at
-    startup, to replay what earlier processes left).
+    ``config.path`` (``{name}`` replaced by ``store_name``, ``{identity}`` by a digest of
+    ``target``) is the base path of the slot files; ``None`` keeps the buffer in memory only.
+    ``target`` identifies the store the writes belong to (see :mod:`guarded.store_identity`):
+    recorded in the spill file, and files of another target are left alone. With the default
+    path, the files of the former default path that recorded ``target`` are adopted too.
+    ``slots=False`` uses exactly ``config.path`` (no other slot, no adoption; with ``target=None``
+    whatever target the file records), for tools that work on one file. A spill file is claimed
+    on the first :meth:`put` or by :meth:`open` (at startup, to replay what earlier processes left).
     """
 
     def __init__(
@@ -112,8 +113,9 @@ class DeadLetterBuffer(BufferStatus):
     ) -> None:
         self.config = config
         self.store_name = store_name
-        self.path = None if config.path is None else named_spill_path(config.path, store_name)
+        self.path = None if config.path is None else named_spill_path(config.path, store_name, target)
         """The base path of the slot files (``None``: memory only)."""
+        former = former_default_spill_path(config.path) if slots and target is not None else None
         self.target = target
         self._types = types
         self._clock = clock
@@ -134,6 +136,7 @@ class DeadLetterBuffer(BufferStatus):
                 pinned=not slots,
                 max_slots=max_slots,
                 now=clock,
+                former_base=None if former is None else named_spill_path(former, store_name),
             )
         )
         self._link = SpillLink(

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..store_identity import identity_digest
 from .spill import (
     SpillFile,
     SpillFileCorruptError,
@@ -39,6 +40,7 @@ from .spill import (
     SpillFileVersionError,
     acquire_lock,
     holder_pid,
+    is_locked,
     lock_path,
     set_aside,
 )
@@ -58,10 +60,14 @@ def slot_path(base: str, slot: int) -> str:
     return base if slot == 0 else f"{base}.{slot}"
 
 
-def named_spill_path(path: str, store_name: str) -> str:
+def named_spill_path(path: str, store_name: str, identity: str | None = None) -> str:
     """The configured spill ``path`` with ``{name}`` replaced by ``store_name``, made safe for a
-    file name (any character but letters, digits, ``.``, ``_`` and ``-`` becomes ``_``)."""
-    return path.replace("{name}", re.sub(r"[^A-Za-z0-9._-]", "_", store_name) or "_")
+    file name (any character but letters, digits, ``.``, ``_`` and ``-`` becomes ``_``), and
+    ``{identity}`` by a short digest of the store ``identity`` (of ``guard:<name>`` when unknown)."""
+    named = path.replace("{name}", re.sub(r"[^A-Za-z0-9._-]", "_", store_name) or "_")
+    if "{identity}" in named:
+        named = named.replace("{identity}", identity_digest(identity or f"guard:{store_name}"))
+    return named
 
 
 def split_extension(path: str) -> tuple[str, str]:
@@ -130,6 +136,8 @@ class SlotFiles:
 
     ``check_target``: refuse files of another target (``False``: any file is taken as it is,
     for tools that work on an explicit file). ``pinned``: only the base path itself, no slots.
+    ``former_base``: the default path of earlier versions, shared by every store of the user: its
+    slot files are adopted too, but only those that recorded exactly this ``target``.
     """
 
     base: str
@@ -139,6 +147,7 @@ class SlotFiles:
     check_target: bool = True
     pinned: bool = False
     max_slots: int = MAX_SLOTS
+    former_base: str | None = None
     now: Callable[[], float] = time.time
     _skip: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
 
@@ -187,7 +196,9 @@ class SlotFiles:
                 continue
             return spill
         if not create:
-            return None
+            # Writes the former default path holds for this target are adopted into a file of
+            # this buffer's own: make one for them.
+            return self.claim(create=True, min_generation=min_generation) if self._former_waiting() else None
         if first_error is not None and not busy:
             raise first_error
         if self.pinned:
@@ -319,7 +330,10 @@ class SlotFiles:
         if self.pinned:
             return []
         found: list[SpillFile] = []
-        for _, path in slot_files(self.base):
+        candidates = slot_files(self.base)
+        if self.former_base is not None and self.former_base != self.base:
+            candidates += [entry for entry in slot_files(self.former_base) if self._recorded_here(entry[1])]
+        for _, path in candidates:
             if path == own or self._skipped(path):
                 continue
             pid = holder_pid(path)
@@ -345,6 +359,38 @@ class SlotFiles:
                 continue
             found.append(spill)
         return found
+
+    def _former_waiting(self) -> bool:
+        """Whether a file of the former default path that no live process holds recorded this target."""
+        if self.former_base is None or self.former_base == self.base:
+            return False
+        return any(
+            self._recorded_here(path) and not is_locked(path) for _, path in slot_files(self.former_base)
+        )
+
+    def _recorded_here(self, path: str) -> bool:
+        """Whether the file ``path`` of the former default path recorded this buffer's target (read
+        only; any other file, one with no recorded target included, is left alone and remembered)."""
+        if self.target is None or self._skipped(path):
+            return False
+        try:
+            reader = SpillFile.open_read_only(path)
+        except (SpillFileError, OSError) as exc:
+            logger.debug("cannot read spill file %r of the former default path: %s", path, exc)
+            return False
+        try:
+            recorded = reader.target
+        finally:
+            reader.close()
+        if recorded == self.target:
+            return True
+        self._remember_skip(
+            path,
+            SpillFileTargetError(
+                f"a file of the former default path recorded for {recorded or 'no store'}, not {self.target}"
+            ),
+        )
+        return False
 
     def set_aside_orphan(self, spill: SpillFile, exc: BaseException) -> None:
         """An orphan turned out damaged while being read: rename it aside and drop its lock file."""

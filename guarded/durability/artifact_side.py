@@ -15,6 +15,7 @@ from ..deadletter.slots import sibling_spill_path
 from ..layers.artifact_fallback import LocalArtifactFallbackLayer
 from ..models import ArtifactRetentionConfig
 from ..policy_table import PolicyTable
+from ..store_identity import durable_across_processes, store_identity
 from .local_artifacts import InMemoryArtifactStore
 from .owner import Durability
 
@@ -52,13 +53,14 @@ the admission check uses can never make the buffer drop an artifact it admitted.
 
 class _ArtifactTarget:
     """The backend's artifact store as the artifact durability sees it: the same methods, the
-    record types of the store, and a target identity of its own (its spill file is adopted only by
-    a guard over the same artifact store, never mixed with the store's other writes; ``None`` when
-    the store has no identity, as for its other writes)."""
+    record types of the store, a target identity of its own (its spill file is adopted only by
+    a guard over the same artifact store, never mixed with the store's other writes) and the
+    store's durability across processes."""
 
-    def __init__(self, inner: object, identity: str | None, types: RecordTypes) -> None:
+    def __init__(self, inner: object, identity: str, durable: bool, types: RecordTypes) -> None:
         self._inner = inner
         self.target_identity = identity
+        self.durable_across_processes = durable
         self.types = types
 
     def __getattr__(self, name: str) -> Any:
@@ -98,9 +100,10 @@ class _ArtifactSide:
             return self._proxy
         config = core.config
         if self.durability is None and self._durable:
+            target = _artifact_target(core, inner)
             self.durability = Durability(
-                _ArtifactTarget(inner, _artifact_identity(core.target), record_types_of(core.target)),
-                _artifact_durability_config(config),
+                target,
+                _artifact_durability_config(config, target),
                 store_name=core.name,
                 registry=core.registry,
                 breaker=core.breaker,
@@ -142,19 +145,23 @@ def _replay_into(side: weakref.ref[_ArtifactSide]) -> Callable[..., Any]:
 _artifact_sides: weakref.WeakKeyDictionary[GuardCore, _ArtifactSide] = weakref.WeakKeyDictionary()
 
 
-def _artifact_identity(target: object) -> str | None:
-    """The target identity of the artifact spill file: the store's own with `` artifact_store``
-    added, or ``None`` for a store that has none (as its other spill files record none)."""
-    found = getattr(target, "target_identity", None)
-    return f"{found} artifact_store" if isinstance(found, str) and found else None
+def _artifact_target(core: GuardCore, inner: object) -> _ArtifactTarget:
+    """The artifact store ``inner`` of ``core``'s backend with the identity of its spill file: the
+    store's own with `` artifact_store`` added."""
+    target = core.target
+    identity = store_identity(target, core.name, application=core.config.dead_letter.application)
+    return _ArtifactTarget(
+        inner, f"{identity} artifact_store", durable_across_processes(target), record_types_of(target)
+    )
 
 
-def _artifact_durability_config(config: GuardConfig) -> GuardConfig:
-    """The configuration of the artifact durability: its own spill file, the artifact caps, no
-    batching and no stale cache (the in-process copies answer reads)."""
+def _artifact_durability_config(config: GuardConfig, target: _ArtifactTarget) -> GuardConfig:
+    """The configuration of the artifact durability: its own spill file (none for a store that
+    keeps nothing across processes), the artifact caps, no batching and no stale cache (the
+    in-process copies answer reads)."""
     cap = config.artifacts.spill_max_bytes + _ARTIFACT_SPILL_SLACK
     dead_letter = config.dead_letter
-    path = artifact_spill_path(dead_letter.path)
+    path = artifact_spill_path(dead_letter.path) if target.durable_across_processes else None
     return config.model_copy(
         update={
             "dead_letter": dead_letter.model_copy(

@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from ..codec import record_types_of
-from ..config import GuardConfig
+from ..config import DeadLetterConfig, GuardConfig
 from ..deadletter import DeadLetterBuffer, ReplayResult
 from ..errors import GuardClosedError, InvalidPayloadError, WriteSupersededError
 from ..observability.failure_log import FailureLog, operational_errors
@@ -28,6 +28,7 @@ from ..pipeline.breaker import BreakerState, CircuitBreaker
 from ..pipeline.classify import error_type, is_programming_error, safe_message
 from ..pipeline.idempotency import replayed_call
 from ..policy_table import PolicyTable
+from ..store_identity import durable_across_processes, store_identity
 from .batch_writer import BatchWriter, InternalCall
 from .batching import Batcher
 from .bulk_forms import bulk_call, bulk_method_for, bulk_methods_of
@@ -51,19 +52,19 @@ _ADOPT_EVERY = 30.0
 """Seconds between looks for spill files whose owner is gone (also done at start)."""
 
 
-def target_identity(target: object) -> str | None:
-    """The store's own ``target_identity`` (host, database, schema; never credentials), or
-    ``None`` for a store that does not say."""
-    found = getattr(target, "target_identity", None)
-    return found if isinstance(found, str) and found else None
-
-
-def spill_target(target: object, store_name: str) -> str:
-    """What a spill file records as the backend its writes belong to: the store's own
-    :func:`target_identity`, else the guard's name. Two guards of different names over stores
-    that do not say where they write (two tenants' in-memory or custom stores) never replay each
-    other's held writes, even when given one spill path."""
-    return target_identity(target) or f"guard:{store_name}"
+def spill_config(target: object, options: DeadLetterConfig, store_name: str) -> DeadLetterConfig:
+    """The dead-letter settings of a guard over ``target``: as configured, but with no spill file
+    for a store that keeps nothing across processes (a held write would be worth nothing to
+    another process, and adopting one would hand it another application's writes)."""
+    if options.path is None or durable_across_processes(target):
+        return options
+    logger.info(
+        "store %r keeps nothing across processes: its held writes are kept in memory only, in no "
+        "spill file, and it adopts none",
+        store_name,
+        extra={"event": "deadletter_not_durable_store", "store": store_name},
+    )
+    return options.model_copy(update={"path": None})
 
 
 class Durability:
@@ -91,11 +92,11 @@ class Durability:
         self._failures = failure_log or FailureLog(config.logging.interval)
         self.buffer: DeadLetterBuffer | None = (
             DeadLetterBuffer(
-                config.dead_letter,
+                spill_config(target, config.dead_letter, store_name),
                 store_name=store_name,
                 registry=registry,
                 types=record_types_of(target),
-                target=spill_target(target, store_name),
+                target=store_identity(target, store_name, application=config.dead_letter.application),
             )
             if config.dead_letter.enabled
             else None
@@ -146,7 +147,7 @@ class Durability:
         self._close_begun = False
         """``aclose()`` has begun: a write held from now on in memory only would be lost."""
         self._reported = False
-        if self.buffer is not None and self.buffer.path is None:
+        if self.buffer is not None and config.dead_letter.path is None and durable_across_processes(target):
             logger.warning(
                 "dead-letter buffer of store %r is in memory only (dead_letter.path=None): writes held "
                 "during an outage die with the process",

@@ -37,14 +37,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..config import former_default_spill_path
 from ..deadletter.replay import ReplayRejected
 from ..deadletter.slots import named_spill_path, sibling_spill_path, split_extension
-from ..durability.owner import spill_target
 from ..durability.ports import DurabilityPorts
 from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import ErrorClass, error_type, no_wait_fixes, safe_message
+from ..store_identity import store_identity
 from .content import SnapshotContent
 from .errors import (
     SnapshotError,
@@ -86,13 +87,17 @@ def snapshot_spill_path(path: str | None) -> str | None:
 
 def staging_root(spill_path: str | None, store_name: str, target: object, base: Path | None = None) -> Path:
     """The staging directory of held saves: ``<base>/<digest of the backend's identity>/``, where
-    ``base`` is by default ``<spill file without extension>.staged`` (``{name}`` replaced), so
-    guards of the same store on the same paths share it, and another backend never sees it."""
+    ``base`` is by default ``<spill file without extension>.staged`` (``{name}`` replaced; for the
+    default spill file, the name it had before it named the store identity, so saves staged by
+    earlier versions are found), so guards of the same store on the same paths share it, and
+    another backend never sees it."""
+    identity = store_identity(target, store_name)
     if base is None:
         assert spill_path is not None
-        root, _ = split_extension(named_spill_path(spill_path, store_name))
+        path = former_default_spill_path(spill_path) or spill_path
+        root, _ = split_extension(named_spill_path(path, store_name, identity))
         base = Path(f"{root}.staged")
-    digest = hashlib.sha256(spill_target(target, store_name).encode("utf-8")).hexdigest()[:16]
+    digest = hashlib.sha256(identity.encode("utf-8")).hexdigest()[:16]
     return base / digest
 
 

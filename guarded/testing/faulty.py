@@ -21,7 +21,10 @@ Schedules: :meth:`FaultPlan.script` (per method and call index), :meth:`FaultPla
 
 The wrapper has exactly the capabilities of the store it wraps (same ``hasattr`` answers, same
 ``dir``, same ``isinstance`` against the protocols), so ``guard(FaultyStore(store))`` sees the
-store it would have seen. Its controls therefore live elsewhere, in the :class:`FaultInjector`
+store it would have seen, with one exception: it stands for a backend that can fail, so it declares
+``durable_across_processes = True`` (a guard gives it a spill file, as it would a database) unless
+told otherwise (``FaultyStore(store, durable_across_processes=False)``, or ``None`` to mirror the
+store's own declaration). Its controls therefore live elsewhere, in the :class:`FaultInjector`
 returned by :func:`fault_injector`, which also keeps a log of every call and the fault applied::
 
     from guarded.guard import guard
@@ -174,18 +177,27 @@ class FaultyStore:
     """A store that fails on a plan: ``FaultyStore(store, plan)`` (see the module docs).
 
     The instance is of a class generated for ``store`` (a subclass of this one) that mirrors the
-    store's attributes exactly; reach its controls with :func:`fault_injector`. Several stores
-    can share one injector (``FaultyStore(store, injector=shared)``).
+    store's attributes, but for ``durable_across_processes`` (see the module docs); reach its
+    controls with :func:`fault_injector`. Several stores can share one injector
+    (``FaultyStore(store, injector=shared)``).
     """
 
     def __new__(
-        cls, store: Any, plan: FaultPlan | None = None, *, injector: FaultInjector | None = None
+        cls,
+        store: Any,
+        plan: FaultPlan | None = None,
+        *,
+        injector: FaultInjector | None = None,
+        durable_across_processes: bool | None = True,
     ) -> Any:
         if injector is None:
             injector = FaultInjector(plan)
         elif plan is not None:
             injector.plan = plan
-        return injector.wrap(store)
+        faulty = injector.wrap(store)
+        if durable_across_processes is not None:
+            type(faulty).durable_across_processes = durable_across_processes
+        return faulty
 
 
 _injectors: weakref.WeakKeyDictionary[FaultyStore, FaultInjector] = weakref.WeakKeyDictionary()

@@ -388,7 +388,10 @@ def test_replay_chooses_a_target_when_the_files_record_several(
     assert code == 2
     assert "db-a, db-b" in err
     assert "--target" in err
-    code, out, _ = run(capsys, *argv, "--target", "db-b", "--json")
+    code, _, err = run(capsys, *argv, "--target", "db-b")
+    assert code == 2, "db-b is not the identity of the store the factory builds"
+    assert "--retarget 'db-b'" in err
+    code, out, _ = run(capsys, *argv, "--retarget", "db-b", "--json")
     document = json.loads(out)
     assert (code, document["replayed"]) == (0, 2)
     assert [file["path"] for file in document["files"]] == [f"{path}.1"]

@@ -24,6 +24,7 @@ from guarded.cli import main
 from guarded.config import DeadLetterConfig
 from guarded.deadletter import DeadLetterBuffer, ReplayResult, SpillFile, store_sender
 from guarded.deadletter.spill import SCHEMA_VERSION, SpillTotals
+from guarded.testing import FaultyStore
 from tests.deadletter import factories
 from tests.deadletter.support import buffer, config, event, sample
 
@@ -433,7 +434,8 @@ async def test_async_with_guard_over_a_damaged_file_neither_raises_nor_loses_the
     inner = InMemoryStateStore()
     registry = CollectorRegistry()
     guard_config = GuardConfig(dead_letter=DeadLetterConfig(path=str(path)))
-    async with guard(inner, name="primary", registry=registry, config=guard_config) as store:
+    # A faulty store with no faults stands for a database: it keeps its data across processes.
+    async with guard(FaultyStore(inner), name="primary", registry=registry, config=guard_config) as store:
         assert await store.load_memory_state("j") == {"v": 1}  # held, read back
         buffer_ = controller(store).dead_letters
         assert buffer_ is not None

@@ -172,7 +172,10 @@ async def test_what_a_closed_guard_could_not_deliver_a_new_guard_on_the_same_pat
 
 
 class NamedStore(InMemoryStateStore):
-    """An in-memory store that says which database it is, as PostgresStateStore does."""
+    """An in-memory store that says which database it is, as PostgresStateStore does (and, as a
+    database, that it keeps its data across processes)."""
+
+    durable_across_processes = True
 
     def __init__(self, identity: str) -> None:
         super().__init__()

@@ -144,7 +144,10 @@ async def test_good_calls_pass_with_our_records_penguiflows_and_lookalikes() -> 
 
 
 class RaisingStore(InMemoryStateStore):
-    """A backend with a bug: its memory-state methods raise a programming error."""
+    """A backend with a bug: its memory-state methods raise a programming error. It stands for a
+    database (it keeps its data across processes), so its parked writes go to the spill file."""
+
+    durable_across_processes = True
 
     def __init__(self, error: BaseException) -> None:
         super().__init__()

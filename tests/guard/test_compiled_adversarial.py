@@ -176,7 +176,11 @@ async def test_a_list_read_in_flight_while_a_write_of_its_scope_gets_held_merges
 class CancelledOnReturn(InMemoryStateStore):
     """Saves fail while ``saves_fail``; a save made while ``cancel_on_return`` succeeds and the
     caller's task is cancelled as it returns (it sees the cancellation at its next wait: the
-    dead-letter layer's supersede of the key's older held write)."""
+    dead-letter layer's supersede of the key's older held write). It stands for a database (it
+    keeps its data across processes), so held writes go to the spill file and a supersede waits
+    for it."""
+
+    durable_across_processes = True
 
     def __init__(self) -> None:
         super().__init__()

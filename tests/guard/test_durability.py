@@ -255,8 +255,9 @@ async def test_close_keeps_what_it_could_not_drain_and_the_next_process_replays_
     await controller(store).aclose()
     assert (tmp_path / "dlq-default.sqlite").exists()
 
+    injector.plan = FaultPlan()  # the next process, over the same store, its backend back
     registry = CollectorRegistry()
-    again = guard(backend, registry=registry, config=durable(spill))
+    again = guard(controller(store).store, registry=registry, config=durable(spill))
     async with again:
         assert await controller(again).drain(timeout=5) == 0
     assert await backend.load_memory_state("k") == {"v": 1}

@@ -64,7 +64,7 @@ async def test_the_spill_path_default_is_read_when_the_configuration_is_built(
     assert GuardConfig().dead_letter.path == str(tmp_path / "set-late-{name}.sqlite")
     monkeypatch.delenv("GUARDED_DLQ_PATH")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
-    assert GuardConfig().dead_letter.path == str(tmp_path / "xdg" / "guarded" / "{name}.sqlite")
+    assert GuardConfig().dead_letter.path == str(tmp_path / "xdg" / "guarded" / "{name}-{identity}.sqlite")
 
 
 @pytest.mark.asyncio
