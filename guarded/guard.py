@@ -49,6 +49,7 @@ from .pipeline.classify import register_classifier
 from .pipeline.compiled import compile_method, preloadable
 from .pipeline.cores import core_of, register
 from .pipeline.entry import entry_point
+from .pipeline.loops import LoopHome
 from .pipeline.proxy import CallShape, build_proxy_class, call_shape, public_names
 from .pipeline.unanswered import DEFAULT_GRACE, UnansweredConsumes
 from .policy import MethodPolicy
@@ -143,8 +144,11 @@ class GuardCore:
         degraded_layers: Sequence[Layer] = (),
         durable: bool = False,
         protocol_methods: frozenset[str] = frozenset(),
+        home: LoopHome | None = None,
     ) -> None:
         self.target = target
+        self.home = home or LoopHome(name)
+        """The event loop that runs the guard's work (shared with its artifact store's guard)."""
         self.protocol_methods = protocol_methods
         """Method names guarded whenever the store offers them as a callable, unless it is
         declared not async (see :data:`STATE_STORE_METHODS`)."""
@@ -165,6 +169,8 @@ class GuardCore:
         )
         """The concurrency limit in front of the backend, shared by the public methods, the guard's
         own calls and the guarded artifact store (``None``: no limit)."""
+        if self.bulkhead is not None and bulkhead == "own":
+            self.home.on_move(self.bulkhead.moved)
         self.failure_log = failure_log or FailureLog(config.logging.interval)
         self.honours_idempotency_key = bool(getattr(target, HONOURS_IDEMPOTENCY_KEY, False))
         classifier = getattr(target, ERROR_CLASSIFIER, None)
@@ -186,6 +192,7 @@ class GuardCore:
                 policies=policies,
                 failure_log=self.failure_log,
             )
+            self.home.on_move(self.durability.moved)
             ports = self.durability.ports()
             degraded_layers = [
                 StaleReadLayer(ports, policies),
@@ -280,7 +287,8 @@ class GuardCore:
         setup = self._setup(method)
         self.setups[method] = setup
         service = self._compose(method, setup, self.layers)
-        return entry_point(service, setup, self._key_prefix, self._key_counter, self.unanswered)
+        entry = entry_point(service, setup, self._key_prefix, self._key_counter, self.unanswered)
+        return self.home.bind(entry, setup)
 
     def guards(self, name: str, shape: CallShape) -> bool:
         """Whether the store's attribute ``name``, callable as ``shape``, is guarded."""
@@ -472,6 +480,7 @@ def _guard_artifact_store(core: GuardCore, inner: object, layers: list[Layer]) -
         bulkhead=core.bulkhead,
         failure_log=core.failure_log,
         degraded_layers=layers,
+        home=core.home,
     )
     return artifact_core, make_proxy(artifact_core, GuardedArtifactStore)
 

@@ -50,7 +50,19 @@ class GroupCommit:
         self.link = link
         self.clock = clock
         self._incoming: list[_Waiter] = []
+        self._group: list[_Waiter] = []
+        """The puts the committer took and has not numbered yet."""
         self.committer: asyncio.Task[None] | None = None
+
+    def moved(self) -> None:
+        """The guard moved to a new event loop: the committer of the old one never resumes. The
+        puts it took and had not numbered go back to the queue, committed by the next put's
+        committer (a group it had numbered is held in memory and replayed from there)."""
+        if self.committer is None:
+            return
+        self.committer = None
+        self._incoming[:0] = self._group
+        self._group = []
 
     async def put(self, prepared: list[Prepared]) -> list[DeadLetter]:
         """Keep ``prepared`` (not empty): committed before this returns when the file is usable."""
@@ -70,23 +82,28 @@ class GroupCommit:
         return await waiter
 
     async def _commit_loop(self) -> None:
-        """Commit queued puts, one transaction per group, until none is queued."""
+        """Commit queued puts, one transaction per group, until none is queued (or the guard moved
+        to another event loop meanwhile)."""
+        me = asyncio.current_task()
         group: list[_Waiter] = []
         try:
-            while self._incoming:
+            while self._incoming and self.committer is me:
                 async with self.link.lock():
-                    group, self._incoming = self._incoming, []
-                    results = await self._commit_group([item for prepared, _ in group for item in prepared])
+                    group = self._group = self._incoming
+                    self._incoming = []
+                    results = await self._commit_group([item for items, _ in group for item in items])
                 offset = 0
-                for prepared, waiter in group:
-                    if not waiter.done():
-                        waiter.set_result(results[offset : offset + len(prepared)])
-                    offset += len(prepared)
+                for items, waiter in group:
+                    if not waiter.done() and not waiter.get_loop().is_closed():
+                        waiter.set_result(results[offset : offset + len(items)])
+                    offset += len(items)
                 group = []
         except BaseException as exc:
+            if self.committer is not me:
+                raise  # abandoned (its loop closed): the queue is the new committer's
             waiting, self._incoming = [*group, *self._incoming], []
             for _, waiter in waiting:
-                if waiter.done():
+                if waiter.done() or waiter.get_loop().is_closed():
                     continue
                 if isinstance(exc, asyncio.CancelledError):
                     waiter.cancel()
@@ -96,7 +113,8 @@ class GroupCommit:
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
-            self.committer = None
+            if self.committer is me:
+                self.committer = None
 
     async def _commit_group(self, prepared: Sequence[Prepared]) -> list[DeadLetter]:
         """(Under the lock.) Coalesce ``prepared`` against what waits and commit it in one
@@ -104,6 +122,7 @@ class GroupCommit:
         link = self.link
         await link.prepare(create=True)
         results, kept, victims, texts = self._add(prepared)
+        self._group = []  # numbered: held from now on
         if link.usable():
             if kept or victims:
                 await self._write_group(kept, victims, texts)

@@ -108,6 +108,7 @@ class _ArtifactSide:
                 policies=PolicyTable.for_artifact_store(),
                 failure_log=core.failure_log,
             )
+            core.home.on_move(self.durability.moved)
         fallback = LocalArtifactFallbackLayer(
             self.local,
             core.failure_log,

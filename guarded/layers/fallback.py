@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import WriteNotKeptError
 from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
@@ -41,6 +42,8 @@ def failure_outcome(exc: BaseException) -> Outcome:
         return Outcome.CIRCUIT_OPEN
     if isinstance(exc, TimeoutError):
         return Outcome.TIMEOUT
+    if isinstance(exc, WriteNotKeptError):
+        return Outcome.REFUSED
     if no_wait_fixes(exc):
         return Outcome.REJECTED
     return Outcome.FALLBACK
