@@ -10,13 +10,21 @@ request in a new event loop of a new thread, which the ``postgres`` scenario doe
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
+
+from guarded.backends.memory import InMemoryStateStore
+from guarded.guard import controller, guard
+from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+from tests.support.metrics import outcome_counts
 
 from ._loops_worker import TIMEOUT
 from ._support import REPO, worker_env
@@ -84,3 +92,30 @@ def test_postgres_guard_used_from_successive_loops_in_new_threads(
     assert len(acknowledged) >= 15  # the awaited writes at least
     drained = _scenario(state_home, "postgres-drain", spill, pg_dsn, schema_name, stdin=json.dumps(acknowledged))
     assert sorted(drained["stored"]) == sorted(acknowledged)
+
+
+@pytest.mark.asyncio
+async def test_a_commit_that_cannot_finish_in_time_is_a_write_refused_within_its_deadline(tmp_path: Path) -> None:
+    """The spill file's worker thread is stuck (a disk that does not answer): the dead-letter step
+    is bounded by the call's deadline too, so the write is refused (not acknowledged) in time
+    instead of a call that waits for the disk (before: it returned only once the disk did)."""
+    registry = CollectorRegistry()
+    faulty = FaultyStore(InMemoryStateStore(), FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
+    store = guard(faulty, timeout=TIMEOUT, retries=0, spill_path=str(tmp_path / "spill.sqlite"), registry=registry)
+    await store.save_memory_state("first", {"v": 1})  # held: the spill file and its worker exist
+    assert outcome_counts(registry)["dead_lettered"] == 1
+    buffer = controller(store).dead_letters
+    assert buffer is not None and buffer._link.executor is not None
+    disk = threading.Event()
+    buffer._link.executor.submit(disk.wait)
+    loop = asyncio.get_running_loop()
+    try:
+        began = loop.time()
+        await asyncio.wait_for(store.save_memory_state("second", {"v": 2}), timeout=TIMEOUT + 1.0 + SLACK + 5.0)
+        took = loop.time() - began
+    finally:
+        disk.set()
+    assert took < TIMEOUT + 1.0 + SLACK
+    assert outcome_counts(registry)["refused"] == 1
+    fault_injector(faulty).plan = FaultPlan()
+    await controller(store).aclose()
