@@ -223,7 +223,9 @@ class Durability:
             self._opening = None  # an open the old loop never finished: the next call opens
         self._replay_task = None
         if self._watch_task is not None:
-            self._watch_task = loop.create_task(self._watch_loop_end(), name=f"guarded-watch-{self.store_name}")
+            self._watch_task = loop.create_task(
+                self._watch_loop_end(), name=f"guarded-watch-{self.store_name}"
+            )
         unwritten = self.batcher.moved() if self.batcher is not None else []
         if unwritten:
             self._handing_back = loop.create_task(

@@ -78,7 +78,9 @@ class LoopHome:
         async def on_home_loop(*args: Any, **kwargs: Any) -> Any:
             if get_loop() is self.loop:
                 return await method(*args, **kwargs)
-            return await self.run(lambda: method(*args, **kwargs), setup.settings.deadline + FORWARD_GRACE, setup)
+            return await self.run(
+                lambda: method(*args, **kwargs), setup.settings.deadline + FORWARD_GRACE, setup
+            )
 
         on_home_loop.__name__ = on_home_loop.__qualname__ = getattr(method, "__name__", setup.label)
         return on_home_loop

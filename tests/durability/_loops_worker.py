@@ -5,18 +5,19 @@ slowest call in seconds, the keys of the acknowledged writes, and (memory scenar
 store holds after a drain on a later event loop.
 
 ``runs``
-    ``asyncio.run()`` per request, the backend down: every other run leaves writes in flight as it
+    A new loop per request, the backend down: every other run leaves writes in flight as it
     returns (fire-and-forget tasks, as a framework's background writes), so they fail and are
-    dead-lettered while its loop shuts down; the runs between await their writes.
+    being kept as its loop ends (``asyncio.run()``, or a sync framework's loop closed without
+    cancelling them); the runs between await their writes.
 ``threads``
     Two threads, each with its own loop, write through the guard at once, the backend down.
 ``postgres``
     A guard over real PostgreSQL opened on one loop; later runs (each a new loop, in a new
     thread as a test client without ``with`` makes them) write through it: the store's pool
     belongs to the closed first loop. Every other later run leaves writes in flight and its loop
-    is closed without cancelling them (a sync framework's loop per request). The process then ends without closing the guard (a later
-    guard on the spill path delivers what it held). ``postgres-drain`` is that later guard:
-    drains, then prints the keys PostgreSQL holds.
+    is closed without cancelling them (a sync framework's loop per request). The process then
+    ends without closing the guard (a later guard on the spill path delivers what it held).
+    ``postgres-drain`` is that later guard: drains, then prints the keys PostgreSQL holds.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class _Results:
             task = loop.create_task(store.save_memory_state(key, {"key": key}))
             task.add_done_callback(lambda task, key=key: self._finished(task, key))
         give_up = loop.time() + 1.0
-        while failed() <= before and loop.time() < give_up:
+        while failed() <= before and loop.time() < give_up:  # noqa: ASYNC110 - polls a count, no event
             await asyncio.sleep(0)
 
     def _finished(self, task: asyncio.Task[Any], key: str) -> None:
@@ -99,7 +100,12 @@ def runs(spill: str) -> dict[str, Any]:
     backend, faulty = _faulty()
     # No breaker: every write reaches the (failing) backend, so a run ends right after one failed.
     store = guard(
-        faulty, timeout=TIMEOUT, retries=0, breaker={"enabled": False}, spill_path=spill, registry=CollectorRegistry()
+        faulty,
+        timeout=TIMEOUT,
+        retries=0,
+        breaker={"enabled": False},
+        spill_path=spill,
+        registry=CollectorRegistry(),
     )
     log = fault_injector(faulty).log
     results = _Results()
@@ -155,7 +161,9 @@ def postgres(spill: str, dsn: str, schema: str) -> dict[str, Any]:
     holder: dict[str, Any] = {}
 
     async def first() -> None:
-        backend = await PostgresStateStore.connect(dsn, schema=schema, registry=CollectorRegistry(), stats_interval=None)
+        backend = await PostgresStateStore.connect(
+            dsn, schema=schema, registry=CollectorRegistry(), stats_interval=None
+        )
         # No faults: the wrapper only records how each call to PostgreSQL ended.
         recorded = FaultyStore(backend, FaultPlan())
         holder["log"] = fault_injector(recorded).log
@@ -205,7 +213,9 @@ def postgres_drain(spill: str, dsn: str, schema: str, keys: list[str]) -> dict[s
     from guarded.backends.postgres import PostgresStateStore
 
     async def drain() -> list[str]:
-        backend = await PostgresStateStore.connect(dsn, schema=schema, registry=CollectorRegistry(), stats_interval=None)
+        backend = await PostgresStateStore.connect(
+            dsn, schema=schema, registry=CollectorRegistry(), stats_interval=None
+        )
         store = guard(backend, name="loops", timeout=TIMEOUT, spill_path=spill, registry=CollectorRegistry())
         async with store:  # closes the backend too
             left = await controller(store).drain(20.0)

@@ -47,7 +47,9 @@ def _scenario(state_home: Path, *arguments: str, stdin: str | None = None) -> di
             input=stdin,
         )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"scenario {arguments[0]} did not finish within {PROCESS_LIMIT}s (a call never returned): {exc}")
+        pytest.fail(
+            f"scenario {arguments[0]} did not finish within {PROCESS_LIMIT}s (a call never returned): {exc}"
+        )
     assert process.returncode == 0, process.stderr[-3000:]
     result: dict[str, Any] = json.loads(process.stdout.strip().splitlines()[-1])
     return result
@@ -57,7 +59,9 @@ def _check_answered_in_time(result: dict[str, Any]) -> None:
     assert result["slowest"] < TIMEOUT + 1.0 + SLACK, result["slowest"]
 
 
-def test_a_loop_per_request_with_writes_left_in_flight_as_each_loop_ends(tmp_path: Path, state_home: Path) -> None:
+def test_a_loop_per_request_with_writes_left_in_flight_as_each_loop_ends(
+    tmp_path: Path, state_home: Path
+) -> None:
     """``asyncio.run()`` per request, and a sync framework's loop per request closed without
     cancelling what it left (before: the second such request never returned, its writes
     waiting for the spill file's committer of a closed loop)."""
@@ -90,28 +94,37 @@ def test_postgres_guard_used_from_successive_loops_in_new_threads(
     _check_answered_in_time(result)
     acknowledged = result["acknowledged"]
     assert len(acknowledged) >= 15  # the awaited writes at least
-    drained = _scenario(state_home, "postgres-drain", spill, pg_dsn, schema_name, stdin=json.dumps(acknowledged))
+    drained = _scenario(
+        state_home, "postgres-drain", spill, pg_dsn, schema_name, stdin=json.dumps(acknowledged)
+    )
     assert sorted(drained["stored"]) == sorted(acknowledged)
 
 
 @pytest.mark.asyncio
-async def test_a_commit_that_cannot_finish_in_time_is_a_write_refused_within_its_deadline(tmp_path: Path) -> None:
+async def test_a_commit_that_cannot_finish_in_time_is_a_write_refused_within_its_deadline(
+    tmp_path: Path,
+) -> None:
     """The spill file's worker thread is stuck (a disk that does not answer): the dead-letter step
     is bounded by the call's deadline too, so the write is refused (not acknowledged) in time
     instead of a call that waits for the disk (before: it returned only once the disk did)."""
     registry = CollectorRegistry()
     faulty = FaultyStore(InMemoryStateStore(), FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
-    store = guard(faulty, timeout=TIMEOUT, retries=0, spill_path=str(tmp_path / "spill.sqlite"), registry=registry)
+    store = guard(
+        faulty, timeout=TIMEOUT, retries=0, spill_path=str(tmp_path / "spill.sqlite"), registry=registry
+    )
     await store.save_memory_state("first", {"v": 1})  # held: the spill file and its worker exist
     assert outcome_counts(registry)["dead_lettered"] == 1
     buffer = controller(store).dead_letters
-    assert buffer is not None and buffer._link.executor is not None
+    assert buffer is not None
+    assert buffer._link.executor is not None
     disk = threading.Event()
     buffer._link.executor.submit(disk.wait)
     loop = asyncio.get_running_loop()
     try:
         began = loop.time()
-        await asyncio.wait_for(store.save_memory_state("second", {"v": 2}), timeout=TIMEOUT + 1.0 + SLACK + 5.0)
+        await asyncio.wait_for(
+            store.save_memory_state("second", {"v": 2}), timeout=TIMEOUT + 1.0 + SLACK + 5.0
+        )
         took = loop.time() - began
     finally:
         disk.set()
