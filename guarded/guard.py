@@ -280,15 +280,14 @@ class GuardCore:
         service = preloadable(backend)
         for layer in reversed(layers):
             service = layer.wrap(service, setup)
-        return compile_method(layers, setup, backend, service) or service
+        return compile_method(layers, setup, backend, service, self.home) or service
 
     def build_method(self, method: str) -> Callable[..., Any]:
         """The guarded coroutine function for ``target.method``."""
         setup = self._setup(method)
         self.setups[method] = setup
         service = self._compose(method, setup, self.layers)
-        entry = entry_point(service, setup, self._key_prefix, self._key_counter, self.unanswered)
-        return self.home.bind(entry, setup)
+        return entry_point(service, setup, self._key_prefix, self._key_counter, self.unanswered, self.home)
 
     def guards(self, name: str, shape: CallShape) -> bool:
         """Whether the store's attribute ``name``, callable as ``shape``, is guarded."""

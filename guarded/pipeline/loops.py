@@ -71,19 +71,16 @@ class LoopHome:
             )
         return None
 
-    def bind(self, method: Callable[..., Awaitable[Any]], setup: MethodSetup) -> Callable[..., Any]:
-        """``method`` run on the home loop (see the module docs)."""
-        get_loop = asyncio.get_running_loop
-
-        async def on_home_loop(*args: Any, **kwargs: Any) -> Any:
-            if get_loop() is self.loop:
-                return await method(*args, **kwargs)
-            return await self.run(
-                lambda: method(*args, **kwargs), setup.settings.deadline + FORWARD_GRACE, setup
-            )
-
-        on_home_loop.__name__ = on_home_loop.__qualname__ = getattr(method, "__name__", setup.label)
-        return on_home_loop
+    async def elsewhere(
+        self,
+        method: Callable[..., Awaitable[Any]],
+        setup: MethodSetup,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """``method(*args, **kwargs)`` (a guarded method's entry, which found itself on a loop that
+        is not the home) run on the home loop (see the module docs)."""
+        return await self.run(lambda: method(*args, **kwargs), setup.settings.deadline + FORWARD_GRACE, setup)
 
     async def run(
         self,
