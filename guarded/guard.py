@@ -98,12 +98,8 @@ class GuardedStore:
     """Base class of every guard proxy (see :func:`guard`). Holds nothing of its own."""
 
     async def __aenter__(self) -> Any:
-        durability = _core(self).durability
-        if durability is not None:
-            await durability.open()
-        artifacts = artifact_durability(_core(self), create=True)
-        if artifacts is not None:
-            await artifacts.open()  # artifacts a previous process held start replaying
+        core = _core(self)
+        await core.home.run(core.open_durability, core.config.dead_letter.drain_timeout)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -221,6 +217,14 @@ class GuardCore:
         self.unanswered: UnansweredConsumes | None = None
         if self.honours_idempotency_key and bool(getattr(target, RECOVERS_UNANSWERED_CONSUMES, False)):
             self.unanswered = UnansweredConsumes(grace if isinstance(grace, int | float) else DEFAULT_GRACE)
+
+    async def open_durability(self) -> None:
+        """Open the spill files (what earlier processes held starts replaying), artifacts' too."""
+        if self.durability is not None:
+            await self.durability.open()
+        artifacts = artifact_durability(self, create=True)
+        if artifacts is not None:
+            await artifacts.open()  # artifacts a previous process held start replaying
 
     def _backend_layers(self) -> list[Layer]:
         """Circuit breaker, retry, bulkhead and timeout: what stands between every call (the

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -42,13 +43,14 @@ class LoopHome:
         self.store_name = store_name
         self.loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
-        self._movers: list[Callable[[], None]] = []
+        self._movers: list[weakref.WeakMethod[Callable[[], None]]] = []
 
     def on_move(self, mover: Callable[[], None]) -> None:
-        """Call ``mover`` on the new home loop (running, in its thread) each time the guard moves
-        there from a loop that is closed or stopped: it abandons the old loop's tasks and
-        futures and hands what they held back to be done on the new home."""
-        self._movers.append(mover)
+        """Call ``mover`` (a bound method, referenced weakly: the home keeps no part of the guard
+        alive) on the new home loop (running, in its thread) each time the guard moves there from
+        a loop that is closed or stopped: it abandons the old loop's tasks and futures and hands
+        what they held back to be done on the new home."""
+        self._movers.append(weakref.WeakMethod(mover))
 
     def claim(self, loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop | None:
         """Make ``loop`` (the running one) the home unless the home runs elsewhere: ``None`` when
@@ -61,8 +63,10 @@ class LoopHome:
                 return home
             self.loop = loop
         if home is not None:
-            for mover in self._movers:
-                mover()
+            for reference in self._movers:
+                mover = reference()
+                if mover is not None:
+                    mover()
             logger.info(
                 "guard of store %r moved to a new event loop; the tasks of the previous one were "
                 "abandoned and what they held handed back",
