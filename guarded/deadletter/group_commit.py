@@ -14,8 +14,8 @@ from ..codec import JSONObject, check_text
 from .calls import encode_call
 from .entries import DeadLetter, canonical_key, index_key, readable_text
 from .gate import Slot
-from .spill import dumps
-from .spill_link import SPILL_ERRORS, SpillLink
+from .spill import WriteResult, dumps
+from .spill_link import SPILL_ERRORS, SpillLink, retrieve
 
 PutItem = tuple[str, Sequence[Any], Mapping[str, Any], Any, str | None, int, str]
 """``(method, args, kwargs, key, scope, stamp, error)`` of :meth:`DeadLetterBuffer.put_many`."""
@@ -43,6 +43,22 @@ def prepare(item: PutItem) -> Prepared:
     return method, call, canonical, scope, int(stamp), size, readable_text(str(error))[:1000], slot, text
 
 
+class _Writing:
+    """One group's transaction, its outcome recorded by the worker thread itself."""
+
+    __slots__ = ("error", "kept", "result", "victims")
+
+    def __init__(self, kept: list[DeadLetter], victims: dict[int, Slot]) -> None:
+        self.kept = kept
+        self.victims = victims
+        self.result: WriteResult | None = None
+        self.error: BaseException | None = None
+
+
+def _nothing() -> None:
+    """An empty job for the worker thread."""
+
+
 class GroupCommit:
     """The puts of one buffer (see the module docs)."""
 
@@ -53,11 +69,20 @@ class GroupCommit:
         self._group: list[_Waiter] = []
         """The puts the committer took and has not numbered yet."""
         self.committer: asyncio.Task[None] | None = None
+        self._writing: _Writing | None = None
+        """The transaction the committer runs on the worker thread, while it runs."""
+        self._finishing: asyncio.Task[None] | None = None
 
     def moved(self) -> None:
         """The guard moved to a new event loop: the committer of the old one never resumes. The
         puts it took and had not numbered go back to the queue, committed by the next put's
-        committer (a group it had numbered is held in memory and replayed from there)."""
+        committer; what the transaction it was running did is applied here once it ended."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            self._finishing = asyncio.get_running_loop().create_task(
+                self.link.mutate(lambda: self._finish_abandoned(writing))
+            )
+            self._finishing.add_done_callback(retrieve)
         if self.committer is None:
             return
         self.committer = None
@@ -141,24 +166,52 @@ class GroupCommit:
         spill = link.spill
         assert spill is not None
         current = link.held.generation
-        try:
-            result = await link.job(
-                lambda: spill.write(
+        writing = self._writing = _Writing(kept, victims)
+
+        def write() -> WriteResult:
+            try:
+                writing.result = spill.write(
                     kept,
                     generation=current,
                     delete=list(victims),
                     max_bytes=link.config.max_disk_bytes,
                     texts=texts,
                 )
-            )
+            except BaseException as exc:
+                writing.error = exc
+                raise
+            return writing.result
+
+        try:
+            result = await link.job(write)
         except SPILL_ERRORS as exc:
-            for seq, slot in victims.items():
-                link.held.defer_delete(seq, slot)
-            link.counters.superseded(len(victims))
-            await link.spill_failed(exc)
+            self._writing = None
+            await self._not_written(victims, exc)
             return
+        self._writing = None
+        self._written(result, kept, victims)
+
+    def _written(self, result: WriteResult, kept: list[DeadLetter], victims: dict[int, Slot]) -> None:
+        link = self.link
         link.counters.superseded(link.apply_write(result, victims))
         link.held.settle(kept)
+
+    async def _not_written(self, victims: dict[int, Slot], exc: BaseException) -> None:
+        link = self.link
+        for seq, slot in victims.items():
+            link.held.defer_delete(seq, slot)
+        link.counters.superseded(len(victims))
+        await link.spill_failed(exc)
+
+    async def _finish_abandoned(self, writing: _Writing) -> None:
+        """(Under the lock.) Apply what the transaction of a closed loop's committer did: the
+        worker thread runs jobs in order, so once an empty one ran, that one had ended. Left
+        unapplied, its entries would be written again (and refused by the file) or replayed twice."""
+        await self.link.job(_nothing)
+        if writing.result is not None:
+            self._written(writing.result, writing.kept, writing.victims)
+        elif isinstance(writing.error, SPILL_ERRORS):
+            await self._not_written(writing.victims, writing.error)
 
     def _add(
         self, prepared: Sequence[Prepared]
