@@ -142,7 +142,8 @@ def test_a_loop_closed_while_its_commit_is_on_the_disk_leaves_it_to_the_next_loo
     registry = CollectorRegistry()
     backend = InMemoryStateStore()
     faulty = FaultyStore(backend, FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
-    store = guard(faulty, timeout=TIMEOUT, retries=0, spill_path=str(tmp_path / "spill.sqlite"), registry=registry)
+    spill = str(tmp_path / "spill.sqlite")
+    store = guard(faulty, timeout=TIMEOUT, retries=0, spill_path=spill, registry=registry)
     bound = TIMEOUT + 1.0 + SLACK
 
     async def write(key: str) -> float:
@@ -176,6 +177,7 @@ def test_a_loop_closed_while_its_commit_is_on_the_disk_leaves_it_to_the_next_loo
     assert buffer.spill_path is not None, "the spill file is in use (nothing failed writing it)"
 
     async def stored() -> list[str]:
-        return [key for key in ("first", "abandoned", "later") if await backend.load_memory_state(key) is not None]
+        keys = ("first", "abandoned", "later")
+        return [key for key in keys if await backend.load_memory_state(key) is not None]
 
     assert asyncio.run(stored()) == ["first", "abandoned", "later"]
