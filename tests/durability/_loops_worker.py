@@ -11,6 +11,9 @@ store holds after a drain on a later event loop.
     cancelling them); the runs between await their writes.
 ``threads``
     Two threads, each with its own loop, write through the guard at once, the backend down.
+``stuck-disk``
+    The spill file's worker thread is stuck while a loop's commit waits on it, and that loop is
+    closed without cancelling its tasks; the disk comes back, a later loop writes and drains.
 ``postgres``
     A guard over real PostgreSQL opened on one loop; later runs (each a new loop, in a new
     thread as a test client without ``with`` makes them) write through it: the store's pool
@@ -154,6 +157,42 @@ def threads(spill: str) -> dict[str, Any]:
     return {"slowest": results.slowest, "acknowledged": sorted(results.acknowledged), "stored": drained}
 
 
+def stuck_disk(spill: str) -> dict[str, Any]:
+    backend, faulty = _faulty()
+    store = guard(faulty, timeout=TIMEOUT, retries=0, spill_path=spill, registry=CollectorRegistry())
+    results = _Results()
+    asyncio.run(results.write(store, "first"))
+    buffer = controller(store).dead_letters
+    assert buffer is not None
+    assert buffer._link.executor is not None
+    disk = threading.Event()
+    buffer._link.executor.submit(disk.wait)
+
+    async def leave_one_committing() -> None:
+        asyncio.get_running_loop().create_task(store.save_memory_state("abandoned", {"key": "abandoned"}))
+        await asyncio.sleep(0.2)  # failed, numbered, and its transaction queued behind the stuck disk
+
+    closed = asyncio.new_event_loop()
+    closed.run_until_complete(leave_one_committing())
+    closed.close()
+    disk.set()
+    asyncio.run(results.write(store, "later"))
+
+    async def drain() -> tuple[int, list[str]]:
+        fault_injector(faulty).plan = FaultPlan()
+        left = await controller(store).drain(20.0)
+        keys = ("first", "abandoned", "later")
+        return left, [key for key in keys if await backend.load_memory_state(key) is not None]
+
+    left, stored = asyncio.run(drain())
+    return {
+        "slowest": results.slowest,
+        "left": left,
+        "stored": stored,
+        "spill_in_use": buffer.spill_path is not None,
+    }
+
+
 def postgres(spill: str, dsn: str, schema: str) -> dict[str, Any]:
     from guarded.backends.postgres import PostgresStateStore
 
@@ -231,6 +270,8 @@ def main() -> None:
         result = runs(spill)
     elif scenario == "threads":
         result = threads(spill)
+    elif scenario == "stuck-disk":
+        result = stuck_disk(spill)
     elif scenario == "postgres":
         result = postgres(spill, rest[0], rest[1])
     else:

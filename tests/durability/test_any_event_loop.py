@@ -134,50 +134,16 @@ async def test_a_commit_that_cannot_finish_in_time_is_a_write_refused_within_its
     await controller(store).aclose()
 
 
-def test_a_loop_closed_while_its_commit_is_on_the_disk_leaves_it_to_the_next_loop(tmp_path: Path) -> None:
+def test_a_loop_closed_while_its_commit_is_on_the_disk_leaves_it_to_the_next_loop(
+    tmp_path: Path, state_home: Path
+) -> None:
     """A loop closes (without cancelling its tasks) while its group commit's transaction waits on
-    the spill file's worker thread: the next loop's writes return in time, what that transaction
-    wrote is accounted for, and every acknowledged write reaches the backend (before: the next
-    loop's write waited for the closed loop's committer for ever)."""
-    registry = CollectorRegistry()
-    backend = InMemoryStateStore()
-    faulty = FaultyStore(backend, FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
-    spill = str(tmp_path / "spill.sqlite")
-    store = guard(faulty, timeout=TIMEOUT, retries=0, spill_path=spill, registry=registry)
-    bound = TIMEOUT + 1.0 + SLACK
-
-    async def write(key: str) -> float:
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        await asyncio.wait_for(store.save_memory_state(key, {"key": key}), timeout=bound + 5.0)
-        return loop.time() - began
-
-    assert asyncio.run(write("first")) < bound
-    buffer = controller(store).dead_letters
-    assert buffer is not None
-    assert buffer._link.executor is not None
-    disk = threading.Event()
-    buffer._link.executor.submit(disk.wait)
-
-    async def leave_one_committing() -> None:
-        asyncio.get_running_loop().create_task(store.save_memory_state("abandoned", {"key": "abandoned"}))
-        await asyncio.sleep(0.2)  # failed, numbered, and its transaction queued behind the stuck disk
-
-    closed = asyncio.new_event_loop()
-    closed.run_until_complete(leave_one_committing())
-    closed.close()
-    disk.set()
-    assert asyncio.run(write("later")) < bound
-
-    async def drain() -> int:
-        fault_injector(faulty).plan = FaultPlan()
-        return await controller(store).drain(20.0)
-
-    assert asyncio.run(drain()) == 0
-    assert buffer.spill_path is not None, "the spill file is in use (nothing failed writing it)"
-
-    async def stored() -> list[str]:
-        keys = ("first", "abandoned", "later")
-        return [key for key in keys if await backend.load_memory_state(key) is not None]
-
-    assert asyncio.run(stored()) == ["first", "abandoned", "later"]
+    the spill file's worker thread (a stuck disk): the next loop's write returns in time, what
+    that transaction wrote is accounted for (the spill file stays in use), and every write
+    reaches the backend (before: the next loop's write waited for the closed loop's committer
+    for ever)."""
+    result = _scenario(state_home, "stuck-disk", str(tmp_path / "spill.sqlite"))
+    _check_answered_in_time(result)
+    assert result["spill_in_use"]
+    assert result["left"] == 0
+    assert result["stored"] == ["first", "abandoned", "later"]
