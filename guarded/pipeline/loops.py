@@ -21,7 +21,7 @@ import asyncio
 import logging
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..outcome import Outcome
@@ -67,7 +67,7 @@ class LoopHome:
                 mover = reference()
                 if mover is not None:
                     mover()
-            logger.info(
+            logger.debug(
                 "guard of store %r moved to a new event loop; the tasks of the previous one were "
                 "abandoned and what they held handed back",
                 self.store_name,
@@ -88,7 +88,7 @@ class LoopHome:
 
     async def run(
         self,
-        start: Callable[[], Coroutine[Any, Any, Any]] | Callable[[], Awaitable[Any]],
+        start: Callable[[], Awaitable[Any]],
         budget: float,
         setup: MethodSetup | None = None,
     ) -> Any:
@@ -102,7 +102,7 @@ class LoopHome:
             if home is None:
                 return await start()
             try:
-                outcome = await self._forwarded(start, home, deadline)
+                result = await self._forwarded(start, home, deadline)
             except _HomeGone:
                 continue  # the home loop closed with the call: this loop takes over, or the next home
             except TimeoutError:
@@ -123,7 +123,7 @@ class LoopHome:
                     },
                 )
                 return setup.policy.fallback.value_factory()()
-            return outcome
+            return result
 
     async def _forwarded(
         self,
