@@ -29,9 +29,10 @@ from .call import MethodSetup
 
 logger = logging.getLogger("guarded")
 
-FORWARD_GRACE = 2.0
-"""Seconds a call forwarded to the home loop may take beyond its own deadline (the home loop
-schedules it and may still commit a held write to the spill file) before its caller gives up."""
+FORWARD_GRACE = 4.0
+"""Seconds a call forwarded to the home loop may take beyond its own deadline before its caller
+gives up: more than the dead-letter layer's ``DEAD_LETTER_GRACE`` (3 s) to commit a held write to
+the spill file, and the home loop's scheduling."""
 _POLL = 0.05
 """How often a caller waiting on the home loop looks whether that loop closed meanwhile."""
 

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
 from guarded.guard import controller, guard
+from guarded.layers.dead_letter import DEAD_LETTER_GRACE
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.support.metrics import outcome_counts
 
@@ -56,7 +57,7 @@ def _scenario(state_home: Path, *arguments: str, stdin: str | None = None) -> di
 
 
 def _check_answered_in_time(result: dict[str, Any]) -> None:
-    assert result["slowest"] < TIMEOUT + 1.0 + SLACK, result["slowest"]
+    assert result["slowest"] < TIMEOUT + DEAD_LETTER_GRACE + SLACK, result["slowest"]
 
 
 def test_a_loop_per_request_with_writes_left_in_flight_as_each_loop_ends(
@@ -123,12 +124,12 @@ async def test_a_commit_that_cannot_finish_in_time_is_a_write_refused_within_its
     try:
         began = loop.time()
         await asyncio.wait_for(
-            store.save_memory_state("second", {"v": 2}), timeout=TIMEOUT + 1.0 + SLACK + 5.0
+            store.save_memory_state("second", {"v": 2}), timeout=TIMEOUT + DEAD_LETTER_GRACE + SLACK + 5.0
         )
         took = loop.time() - began
     finally:
         disk.set()
-    assert took < TIMEOUT + 1.0 + SLACK
+    assert took < TIMEOUT + DEAD_LETTER_GRACE + SLACK
     assert outcome_counts(registry)["refused"] == 1
     fault_injector(faulty).plan = FaultPlan()
     await controller(store).aclose()
