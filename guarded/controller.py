@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from .config import GuardConfig
 from .deadletter import DeadLetterBuffer
@@ -14,6 +15,7 @@ from .durability.artifact_side import artifact_durability
 from .pipeline.breaker import CircuitBreaker
 from .pipeline.bulkhead import Bulkhead
 from .pipeline.cores import core_of
+from .pipeline.loops import FORWARD_GRACE
 from .policy import MethodPolicy
 
 if TYPE_CHECKING:
@@ -23,6 +25,8 @@ logger = logging.getLogger("guarded")
 
 _CLOSE_AT_LEAST = 0.5
 """Seconds ``aclose()`` gives the wrapped store's own close when the drain used the budget."""
+
+R = TypeVar("R")
 
 
 def controller(proxy: object) -> GuardController:
@@ -84,8 +88,15 @@ class GuardController:
 
     async def flush(self) -> None:
         """Hand every batched write to the backend now (what fails is dead-lettered)."""
-        if self._core.durability is not None:
-            await self._core.durability.flush()
+        durability = self._core.durability
+        if durability is not None:
+            await self._on_home_loop(durability.flush, self._core.config.dead_letter.drain_timeout)
+
+    async def _on_home_loop(self, start: Callable[[], Awaitable[R]], budget: float) -> R:
+        """``start()`` on the event loop that runs the guard (:mod:`guarded.pipeline.loops`),
+        waited for at most ``budget`` seconds plus the forwarding grace."""
+        result: R = await self._core.home.run(start, budget + FORWARD_GRACE)
+        return result
 
     @property
     def artifact_dead_letters(self) -> DeadLetterBuffer | None:
@@ -98,6 +109,9 @@ class GuardController:
         """Flush, then replay dead-lettered writes (artifact puts too) until none is left or
         ``timeout`` seconds (default ``dead_letter.drain_timeout``) pass; returns how many remain."""
         budget = self._core.config.dead_letter.drain_timeout if timeout is None else timeout
+        return await self._on_home_loop(lambda: self._drain(budget), budget)
+
+    async def _drain(self, budget: float) -> int:
         durabilities = [
             durability
             for durability in (self._core.durability, artifact_durability(self._core))
@@ -111,6 +125,10 @@ class GuardController:
         (what is left stays in the spill file for the next process), then close the wrapped store
         when it has ``aclose()`` or ``close()``, within what is left of that budget (at least
         half a second; a close still running then is cancelled and logged)."""
+        budget = self._core.config.dead_letter.drain_timeout
+        await self._on_home_loop(self._aclose, budget + budget + _CLOSE_AT_LEAST)
+
+    async def _aclose(self) -> None:
         budget = self._core.config.dead_letter.drain_timeout
         loop = asyncio.get_running_loop()
         started = loop.time()

@@ -49,6 +49,7 @@ from .pipeline.classify import register_classifier
 from .pipeline.compiled import compile_method, preloadable
 from .pipeline.cores import core_of, register
 from .pipeline.entry import entry_point
+from .pipeline.loops import LoopHome
 from .pipeline.proxy import CallShape, build_proxy_class, call_shape, public_names
 from .pipeline.unanswered import DEFAULT_GRACE, UnansweredConsumes
 from .policy import MethodPolicy
@@ -97,12 +98,8 @@ class GuardedStore:
     """Base class of every guard proxy (see :func:`guard`). Holds nothing of its own."""
 
     async def __aenter__(self) -> Any:
-        durability = _core(self).durability
-        if durability is not None:
-            await durability.open()
-        artifacts = artifact_durability(_core(self), create=True)
-        if artifacts is not None:
-            await artifacts.open()  # artifacts a previous process held start replaying
+        core = _core(self)
+        await core.home.run(core.open_durability, core.config.dead_letter.drain_timeout)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -143,8 +140,11 @@ class GuardCore:
         degraded_layers: Sequence[Layer] = (),
         durable: bool = False,
         protocol_methods: frozenset[str] = frozenset(),
+        home: LoopHome | None = None,
     ) -> None:
         self.target = target
+        self.home = home or LoopHome(name)
+        """The event loop that runs the guard's work (shared with its artifact store's guard)."""
         self.protocol_methods = protocol_methods
         """Method names guarded whenever the store offers them as a callable, unless it is
         declared not async (see :data:`STATE_STORE_METHODS`)."""
@@ -165,6 +165,8 @@ class GuardCore:
         )
         """The concurrency limit in front of the backend, shared by the public methods, the guard's
         own calls and the guarded artifact store (``None``: no limit)."""
+        if self.bulkhead is not None and bulkhead == "own":
+            self.home.on_move(self.bulkhead.moved)
         self.failure_log = failure_log or FailureLog(config.logging.interval)
         self.honours_idempotency_key = bool(getattr(target, HONOURS_IDEMPOTENCY_KEY, False))
         classifier = getattr(target, ERROR_CLASSIFIER, None)
@@ -186,6 +188,7 @@ class GuardCore:
                 policies=policies,
                 failure_log=self.failure_log,
             )
+            self.home.on_move(self.durability.moved)
             ports = self.durability.ports()
             degraded_layers = [
                 StaleReadLayer(ports, policies, answer_held_pauses=config.stale.answer_held_pauses),
@@ -214,6 +217,14 @@ class GuardCore:
         self.unanswered: UnansweredConsumes | None = None
         if self.honours_idempotency_key and bool(getattr(target, RECOVERS_UNANSWERED_CONSUMES, False)):
             self.unanswered = UnansweredConsumes(grace if isinstance(grace, int | float) else DEFAULT_GRACE)
+
+    async def open_durability(self) -> None:
+        """Open the spill files (what earlier processes held starts replaying), artifacts' too."""
+        if self.durability is not None:
+            await self.durability.open()
+        artifacts = artifact_durability(self, create=True)
+        if artifacts is not None:
+            await artifacts.open()  # artifacts a previous process held start replaying
 
     def _backend_layers(self) -> list[Layer]:
         """Circuit breaker, retry, bulkhead and timeout: what stands between every call (the
@@ -273,14 +284,14 @@ class GuardCore:
         service = preloadable(backend)
         for layer in reversed(layers):
             service = layer.wrap(service, setup)
-        return compile_method(layers, setup, backend, service) or service
+        return compile_method(layers, setup, backend, service, self.home) or service
 
     def build_method(self, method: str) -> Callable[..., Any]:
         """The guarded coroutine function for ``target.method``."""
         setup = self._setup(method)
         self.setups[method] = setup
         service = self._compose(method, setup, self.layers)
-        return entry_point(service, setup, self._key_prefix, self._key_counter, self.unanswered)
+        return entry_point(service, setup, self._key_prefix, self._key_counter, self.unanswered, self.home)
 
     def guards(self, name: str, shape: CallShape) -> bool:
         """Whether the store's attribute ``name``, callable as ``shape``, is guarded."""
@@ -473,6 +484,7 @@ def _guard_artifact_store(core: GuardCore, inner: object, layers: list[Layer]) -
         bulkhead=core.bulkhead,
         failure_log=core.failure_log,
         degraded_layers=layers,
+        home=core.home,
     )
     return artifact_core, make_proxy(artifact_core, GuardedArtifactStore)
 

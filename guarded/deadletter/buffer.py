@@ -158,6 +158,16 @@ class DeadLetterBuffer(BufferStatus):
 
     # --- state (its reports: depth, spill file, gauges, stats are in BufferStatus, .status) -------
 
+    def moved(self) -> None:
+        """The guard moved to a new event loop (the old one closed or stopped): forget the old
+        loop's tasks, lock and waiters; the puts its committer had not taken or numbered are
+        committed by the new loop."""
+        self._commits.moved()
+        self._link.moved()
+        self.gate.moved()
+        self._replaying = None
+        self._removals.clear()
+
     def check_open(self) -> None:
         """Raise :class:`~guarded.errors.GuardClosedError` when the buffer is closing or closed."""
         self._check_open("a held write cannot be taken out")

@@ -45,6 +45,11 @@ class KeyGate:
         """Keys with a direct write or a replay in flight (or someone waiting on one)."""
         return len(self._keys)
 
+    def moved(self) -> None:
+        """The guard moved to a new event loop: the writes and replays in flight on the old one
+        never resume, so no key is in flight any more."""
+        self._keys.clear()
+
     def _state(self, slot: Slot) -> _KeyState:
         state = self._keys.get(slot)
         if state is None:

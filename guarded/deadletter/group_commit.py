@@ -18,8 +18,8 @@ from ..errors import WriteNotKeptError
 from .calls import encode_call
 from .entries import DeadLetter, canonical_key, index_key, readable_text
 from .gate import Slot
-from .spill import SpillCapError, dumps
-from .spill_link import SPILL_ERRORS, SpillLink
+from .spill import SpillCapError, WriteResult, dumps
+from .spill_link import SPILL_ERRORS, SpillLink, retrieve
 from .telemetry import REFUSE_DISK_CAP, REFUSE_MEMORY_FULL
 
 PutItem = tuple[str, Sequence[Any], Mapping[str, Any], Any, str | None, int, str]
@@ -63,6 +63,22 @@ def _admitted(prepared: Sequence[Prepared], room: int, entries: float = math.inf
     return admitted
 
 
+class _Writing:
+    """One group's transaction, its outcome recorded by the worker thread itself."""
+
+    __slots__ = ("error", "kept", "result", "victims")
+
+    def __init__(self, kept: list[DeadLetter], victims: dict[int, Slot]) -> None:
+        self.kept = kept
+        self.victims = victims
+        self.result: WriteResult | None = None
+        self.error: BaseException | None = None
+
+
+def _nothing() -> None:
+    """An empty job for the worker thread."""
+
+
 class GroupCommit:
     """The puts of one buffer (see the module docs)."""
 
@@ -70,7 +86,28 @@ class GroupCommit:
         self.link = link
         self.clock = clock
         self._incoming: list[_Waiter] = []
+        self._group: list[_Waiter] = []
+        """The puts the committer took and has not numbered yet."""
         self.committer: asyncio.Task[None] | None = None
+        self._writing: _Writing | None = None
+        """The transaction the committer runs on the worker thread, while it runs."""
+        self._finishing: asyncio.Task[None] | None = None
+
+    def moved(self) -> None:
+        """The guard moved to a new event loop: the committer of the old one never resumes. The
+        puts it took and had not numbered go back to the queue, committed by the next put's
+        committer; what the transaction it was running did is applied here once it ended."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            self._finishing = asyncio.get_running_loop().create_task(
+                self.link.mutate(lambda: self._finish_abandoned(writing))
+            )
+            self._finishing.add_done_callback(retrieve)
+        if self.committer is None:
+            return
+        self.committer = None
+        self._incoming[:0] = self._group
+        self._group = []
 
     async def put(self, prepared: list[Prepared]) -> list[Kept]:
         """Keep ``prepared`` (not empty), each committed before this returns, or refused."""
@@ -131,23 +168,28 @@ class GroupCommit:
         counters.enqueued_total += len(entries)
 
     async def _commit_loop(self) -> None:
-        """Commit queued puts, one transaction per group, until none is queued."""
+        """Commit queued puts, one transaction per group, until none is queued (or the guard moved
+        to another event loop meanwhile)."""
+        me = asyncio.current_task()
         group: list[_Waiter] = []
         try:
-            while self._incoming:
+            while self._incoming and self.committer is me:
                 async with self.link.lock():
-                    group, self._incoming = self._incoming, []
-                    results = await self._commit_group([item for prepared, _ in group for item in prepared])
+                    group = self._group = self._incoming
+                    self._incoming = []
+                    results = await self._commit_group([item for items, _ in group for item in items])
                 offset = 0
-                for prepared, waiter in group:
-                    if not waiter.done():
-                        waiter.set_result(results[offset : offset + len(prepared)])
-                    offset += len(prepared)
+                for items, waiter in group:
+                    if not waiter.done() and not waiter.get_loop().is_closed():
+                        waiter.set_result(results[offset : offset + len(items)])
+                    offset += len(items)
                 group = []
         except BaseException as exc:
+            if self.committer is not me:
+                raise  # abandoned (its loop closed): the queue is the new committer's
             waiting, self._incoming = [*group, *self._incoming], []
             for _, waiter in waiting:
-                if waiter.done():
+                if waiter.done() or waiter.get_loop().is_closed():
                     continue
                 if isinstance(exc, asyncio.CancelledError):
                     waiter.cancel()
@@ -157,13 +199,15 @@ class GroupCommit:
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
-            self.committer = None
+            if self.committer is me:
+                self.committer = None
 
     async def _commit_group(self, prepared: Sequence[Prepared]) -> list[Kept]:
         """(Under the lock.) Coalesce what fits of ``prepared`` against what waits and commit it in
         one transaction; the rest, or all of it when the file cannot take it, is refused."""
         link = self.link
         await link.prepare(create=True)
+        self._group = []  # numbered (or answered) from here on: no await before _add
         if not link.usable():
             return self._answers(prepared, [False] * len(prepared), [], link.unusable_reason())
         admitted = self._room_in_file(prepared)
@@ -173,10 +217,7 @@ class GroupCommit:
         results, kept, victims, texts = self._add(chosen)
         reason = await self._write_group(kept, victims, texts)
         if reason is not None:
-            held = link.held
-            for entry in kept:  # never acknowledged: forgotten; what they would replace still waits
-                if entry.seq in held.volatile:
-                    held.forget_entry(entry)
+            self._forget(kept)
             return self._answers(prepared, [False] * len(prepared), [], reason)
         self._count_enqueued(results)
         return self._answers(prepared, admitted, results, REFUSE_DISK_CAP)
@@ -192,26 +233,67 @@ class GroupCommit:
         spill = link.spill
         assert spill is not None
         current = link.held.generation
-        try:
-            result = await link.job(
-                lambda: spill.write(
+        writing = self._writing = _Writing(kept, victims)
+
+        def write() -> WriteResult:
+            try:
+                writing.result = spill.write(
                     kept,
                     generation=current,
                     delete=list(victims),
                     max_bytes=link.config.max_disk_bytes,
                     texts=texts,
                 )
-            )
+            except BaseException as exc:
+                writing.error = exc
+                raise
+            return writing.result
+
+        try:
+            result = await link.job(write)
         except SpillCapError:
+            self._writing = None
             return REFUSE_DISK_CAP
         except SPILL_ERRORS as exc:
-            await link.spill_failed(exc)
-            if link.usable() and not any(entry.seq in link.held.volatile for entry in kept):
-                return None  # a damaged file was set aside and the fresh one took them
-            return link.unusable_reason()
+            self._writing = None
+            return await self._not_written(kept, exc)
+        self._writing = None
+        self._written(result, kept, victims)
+        return None
+
+    def _written(self, result: WriteResult, kept: list[DeadLetter], victims: dict[int, Slot]) -> None:
+        link = self.link
         link.counters.superseded(link.apply_write(result, victims))
         link.held.settle(kept)
-        return None
+
+    async def _not_written(self, kept: list[DeadLetter], exc: BaseException) -> str | None:
+        """The spill file failed to commit ``kept``: ``None`` when a damaged file was set aside and
+        the fresh one took them, else the reason they were not kept."""
+        link = self.link
+        await link.spill_failed(exc)
+        if link.usable() and not any(entry.seq in link.held.volatile for entry in kept):
+            return None
+        return link.unusable_reason()
+
+    def _forget(self, kept: Sequence[DeadLetter]) -> None:
+        """Entries never acknowledged: forgotten; what they would replace still waits."""
+        held = self.link.held
+        for entry in kept:
+            if entry.seq in held.volatile:
+                held.forget_entry(entry)
+
+    async def _finish_abandoned(self, writing: _Writing) -> None:
+        """(Under the lock.) Apply what the transaction of a closed loop's committer did: the
+        worker thread runs jobs in order, so once an empty one ran, that one had ended. Left
+        unapplied, its entries would be written again (and refused by the file) or replayed twice."""
+        await self.link.job(_nothing)
+        if writing.result is not None:
+            self._written(writing.result, writing.kept, writing.victims)
+            self._count_enqueued(writing.kept)
+        elif isinstance(writing.error, SpillCapError) or (
+            isinstance(writing.error, SPILL_ERRORS) and await self._not_written(writing.kept, writing.error)
+        ):
+            self._forget(writing.kept)
 
     def _add(
         self, prepared: Sequence[Prepared]

@@ -138,6 +138,13 @@ class SpillLink:
 
     # --- worker thread, tasks and locking ---------------------------------------------------------
 
+    def moved(self) -> None:
+        """The guard moved to a new event loop: a task of the old one may hold the lock for good
+        (its loop closed), and its background tasks never resume; a new lock serves the new loop.
+        A job the old loop left on the worker thread finishes there before the next one starts."""
+        self._mutex = None
+        self._background.clear()
+
     def lock(self) -> asyncio.Lock:
         if self._mutex is None:
             self._mutex = asyncio.Lock()

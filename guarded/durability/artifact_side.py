@@ -82,6 +82,8 @@ class _ArtifactSide:
                 max_trace_bytes=config.artifacts.local_max_bytes,
             )
         )
+        self._fallback: LocalArtifactFallbackLayer | None = None
+        core.home.on_move(self._moved)
         self.durability: Durability | None = None
         self._durable = config.dead_letter.enabled and config.artifacts.spill_max_bytes > 0
         self._inner: object | None = None
@@ -111,15 +113,23 @@ class _ArtifactSide:
                 policies=PolicyTable.for_artifact_store(),
                 failure_log=core.failure_log,
             )
+            core.home.on_move(self.durability.moved)
         fallback = LocalArtifactFallbackLayer(
             self.local,
             core.failure_log,
             self.durability.ports() if self.durability is not None else None,
             spill_max_bytes=config.artifacts.spill_max_bytes,
         )
+        self._fallback = fallback
         artifact_core, proxy = self._build(core, inner, [fallback])
         self._inner, self._proxy, self._artifact_core = inner, proxy, artifact_core
         return proxy
+
+    def _moved(self) -> None:
+        """The guard moved to a new event loop: the in-process copies' locks serve the new one."""
+        self.local.moved()
+        if self._fallback is not None:
+            self._fallback.moved()
 
     async def run(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """Replays of held puts go to the current artifact store through breaker, retry, timeout."""

@@ -477,15 +477,7 @@ class Batcher:
         """A batch left the batcher: free its slots, settle its scopes, wake flush waiters, go on."""
         del mq.in_flight[start]
         mq.active -= 1
-        scopes = mq.scopes
-        if scopes:
-            for write in batch:
-                scope = write.scope
-                if scope is not None and write.done is None:
-                    entry = scopes[scope]
-                    entry.count -= 1
-                    if not entry.count:
-                        del scopes[scope]
+        _leave_scopes(mq, batch)
         self._wake_flushers(mq)
         self._space.release(len(batch))
         if not pump:
@@ -593,11 +585,57 @@ class Batcher:
             await asyncio.wait(tasks, timeout=_CANCEL_GRACE)
         return unwritten
 
+    def moved(self) -> list[PendingWrite]:
+        """The guard moved to a new event loop (the old one closed or stopped; this runs on the
+        new one): the old loop's flush tasks, timers and waiters never resume. Queued writes are
+        flushed from this loop; the writes of the flushes that were in flight, which may or may
+        not have reached the backend, are returned for the owner to keep (delivered at least
+        once). The futures of callers of the old loop, who never resume, are replaced by ones of
+        this loop, so settling them cannot fail."""
+        loop = asyncio.get_running_loop()
+        self._tasks.clear()
+        self._space.waiters.clear()
+        unwritten: list[PendingWrite] = []
+        for mq in self._queues.values():
+            if mq.timer is not None:
+                mq.timer.cancel()
+                mq.timer = None
+            mq.flush_waiters.clear()
+            for start in sorted(mq.in_flight):
+                batch = mq.in_flight[start]
+                self._abandoned.add(id(batch))
+                _leave_scopes(mq, batch)
+                unwritten.extend(batch)
+            mq.in_flight.clear()
+            mq.active = 0
+            mq.due = True
+        for write in [*unwritten, *(write for mq in self._queues.values() for write in mq.queue)]:
+            if write.done is not None and write.done.get_loop() is not loop:
+                write.done = loop.create_future()
+        self._space.pending = sum(len(mq.queue) for mq in self._queues.values())
+        for mq in self._queues.values():
+            if mq.queue:
+                self._pump(mq)
+        return unwritten
+
     def drain_unwritten(self) -> list[PendingWrite]:
         """Writes that were acknowledged but never written (``aclose`` timed out, or a flush was
         cancelled), in submission order per method; each is returned once."""
         unwritten, self._unwritten = self._unwritten, []
         return unwritten
+
+
+def _leave_scopes(mq: MethodQueue, batch: list[PendingWrite]) -> None:
+    """The write-behind writes of ``batch`` no longer count as pending for their scopes."""
+    scopes = mq.scopes
+    if scopes:
+        for write in batch:
+            scope = write.scope
+            if scope is not None and write.done is None:
+                entry = scopes[scope]
+                entry.count -= 1
+                if not entry.count:
+                    del scopes[scope]
 
 
 __all__ = ["ALONE", "NO_ROOM", "QUEUED", "Batcher", "PendingWrite", "Writer"]

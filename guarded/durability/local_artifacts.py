@@ -117,6 +117,11 @@ class InMemoryArtifactStore:
         self._evicted = 0
         self._expired = 0
 
+    def moved(self) -> None:
+        """Used from a new event loop from now on (the old one closed): a call of the old one may
+        hold the lock for good, and a lock that once waited belongs to its loop; a new one serves."""
+        self._lock = asyncio.Lock()
+
     @property
     def retention(self) -> ArtifactRetentionConfig:
         """The retention limits in force."""

@@ -29,6 +29,7 @@ from ..pipeline.classify import error_type, is_programming_error, safe_message
 from ..pipeline.idempotency import replayed_call
 from ..policy_table import PolicyTable
 from ..store_identity import durable_across_processes, store_identity
+from .batch_queue import PendingWrite
 from .batch_writer import BatchWriter, InternalCall
 from .batching import Batcher
 from .bulk_forms import bulk_call, bulk_method_for, bulk_methods_of
@@ -143,6 +144,8 @@ class Durability:
         self._opening: asyncio.Future[None] | None = None
         self._replay_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._handing_back: asyncio.Task[None] | None = None
+        """Keeps the writes of flushes a closed event loop left in flight (:meth:`moved`)."""
         self._closing = False
         self._close_begun = False
         """``aclose()`` has begun: a write held from now on in memory only would be lost."""
@@ -207,6 +210,36 @@ class Durability:
                 extra={"store": self.store_name, "depth": waiting},
             )
             self.kick_replay()
+
+    def moved(self) -> None:
+        """The guard moved to a new event loop (:mod:`guarded.pipeline.loops`; this runs on it):
+        the old loop's tasks (replay, watch, batch flushes, the spill file's commit) never resume.
+        What they held is done here: the writes of flushes that were in flight are kept (held for
+        replay), queued writes are flushed, and the watch and the replay start on this loop."""
+        loop = asyncio.get_running_loop()
+        self._handing_back = None
+        if self.buffer is not None:
+            self.buffer.moved()
+        if self._opening is not None and not self._opening.done():
+            self._opening = None  # an open the old loop never finished: the next call opens
+        self._replay_task = None
+        if self._watch_task is not None:
+            self._watch_task = loop.create_task(
+                self._watch_loop_end(), name=f"guarded-watch-{self.store_name}"
+            )
+        unwritten = self.batcher.moved() if self.batcher is not None else []
+        if unwritten:
+            self._handing_back = loop.create_task(
+                self._keep_unwritten(unwritten, "its event loop closed"),
+                name=f"guarded-hand-back-{self.store_name}",
+            )
+        self.kick_replay()
+
+    async def _keep_unwritten(self, unwritten: list[PendingWrite], why: str) -> None:
+        """Hold writes the batcher handed back (``why``: what stopped their flush) for replay."""
+        outcomes = await self.writes.dead_letter_writes([(write, TimeoutError(why)) for write in unwritten])
+        for write, outcome in zip(unwritten, outcomes, strict=True):
+            write.settle(outcome)
 
     # --- keeping writes -------------------------------------------------------------------------
 
@@ -442,11 +475,9 @@ class Durability:
             await self.batcher.aclose(timeout)
             unwritten = self.batcher.drain_unwritten()
             if unwritten and self.buffer is not None:
-                outcomes = await self.writes.dead_letter_writes(
-                    [(write, TimeoutError("shutdown")) for write in unwritten]
-                )
-                for write, outcome in zip(unwritten, outcomes, strict=True):
-                    write.settle(outcome)
+                await self._keep_unwritten(unwritten, "shutdown")
+        if self._handing_back is not None:
+            await asyncio.wait({self._handing_back}, timeout=max(0.0, deadline - loop.time()))
         remaining = await self.drain(max(0.0, deadline - loop.time()))
         self._closing = True
         await cancelled(self._replay_task)

@@ -93,6 +93,11 @@ class LocalArtifactFallbackLayer:
         """Call-order stamps of the artifact writes (the artifact buffer's only writer)."""
         self._admission = asyncio.Lock()
 
+    def moved(self) -> None:
+        """The guard moved to a new event loop: a put of the old one may hold the admission for
+        good (its loop closed); a new lock serves the new loop."""
+        self._admission = asyncio.Lock()
+
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         name = method.policy.name
         local = self.local

@@ -46,6 +46,8 @@ def failure_outcome(exc: BaseException) -> Outcome:
         return Outcome.CIRCUIT_OPEN
     if isinstance(exc, TimeoutError):
         return Outcome.TIMEOUT
+    if isinstance(exc, WriteNotKeptError):
+        return Outcome.REFUSED
     if no_wait_fixes(exc):
         return Outcome.REJECTED
     return Outcome.FALLBACK

@@ -144,6 +144,12 @@ class Bulkhead:
         finally:
             timer.cancel()
 
+    def moved(self) -> None:
+        """The guard moved to a new event loop (:mod:`.loops`): the calls of the old one that held
+        permits or waited in line never resume, so every permit is free again."""
+        self._line.clear()
+        self.in_use = self.waiting = 0
+
     def _expire(self, place: asyncio.Future[bool]) -> None:
         if not place.done():
             place.set_result(False)

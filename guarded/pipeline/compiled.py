@@ -31,6 +31,7 @@ from types import CodeType
 from typing import Any
 
 from .call import Call, Layer, MethodSetup, Service
+from .loops import LoopHome
 from .watchdog import attempt_timed_out, watchdog_for
 
 
@@ -106,8 +107,10 @@ def compile_method(
     setup: MethodSetup,
     backend: Service,
     chain: Service,
+    home: LoopHome | None = None,
 ) -> Service | None:
     """The compiled service of ``setup``'s method, or ``None`` when a layer keeps it on ``chain``.
+    Its ``entry`` runs a call made on another event loop than ``home``'s on that loop.
 
     ``layers`` are in declared order (outermost first); those inside the retry layer must declare
     their attempt bounds (``attempt_hooks``), the others their :class:`Hooks`.
@@ -164,6 +167,7 @@ def compile_method(
         succeeded,
         stats,
         terminal=terminal is not None,
+        home=home,
     )
 
 
@@ -179,6 +183,7 @@ def _build(
     stats: Any,
     *,
     terminal: bool = False,
+    home: LoopHome | None = None,
 ) -> Service:
     befores = [hooks for hooks in outer if hooks.before is not None]
     undos = [hooks.undo for hooks in reversed(befores) if hooks.undo is not None]
@@ -279,13 +284,16 @@ def _build(
         "release": release,
         "succeeded": succeeded,
         "stats": stats,
+        "home": home,
+        "elsewhere": home.elsewhere if home is not None else None,
     }
     for index, hooks in enumerate(befores):
         namespace[f"before_{index}"] = hooks.before
     for index, hooks in enumerate(afters):
         namespace[f"after_{index}"] = hooks.after
         namespace[f"after_unless_{index}"] = hooks.after_unless
-    source = _source(befores, afters, with_permit=acquire is not None and not terminal, terminal=terminal)
+    with_permit = acquire is not None and not terminal
+    source = _source(befores, afters, with_permit=with_permit, terminal=terminal, homed=home is not None)
     exec(_code(source, label), namespace)
     compiled: Service = namespace["compiled"]
     compiled.entry = namespace["entry"]  # type: ignore[attr-defined]
@@ -293,7 +301,12 @@ def _build(
 
 
 def _source(
-    befores: Sequence[Hooks], afters: Sequence[Hooks], *, with_permit: bool, terminal: bool = False
+    befores: Sequence[Hooks],
+    afters: Sequence[Hooks],
+    *,
+    with_permit: bool,
+    terminal: bool = False,
+    homed: bool = False,
 ) -> str:
     """The success path's source: every hook called inline, in order (as ``dataclasses`` writes an
     ``__init__``). ``compiled(call)`` is the service; ``entry(*args, **kwargs)`` starts the call too."""
@@ -346,10 +359,18 @@ def _source(
     lines += [
         "async def entry(*args, **kwargs):",
         "    loop = get_loop()",
+        *(_ON_OTHER_LOOP if homed else ()),
         "    call = Call(setup, args, kwargs, loop, loop.time())",
         *("    " + line for line in body),
     ]
     return "\n".join(lines) + "\n"
+
+
+_ON_OTHER_LOOP = (
+    "    if loop is not home.loop:",
+    "        return await elsewhere(entry, setup, args, kwargs)",
+)
+"""A call made on another event loop than the guard's runs on the guard's (:mod:`.loops`)."""
 
 
 @functools.lru_cache(maxsize=1024)

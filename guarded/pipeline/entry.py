@@ -18,6 +18,7 @@ from ..outcome import Outcome
 from ..policy import Kind
 from .call import Call, MethodSetup, Service
 from .idempotency import IDEMPOTENCY_KEY, UNANSWERED_KEYS
+from .loops import LoopHome
 from .unanswered import UnansweredConsumes
 
 _ANSWERED = frozenset({Outcome.OK, Outcome.RETRIED, Outcome.NOT_FOUND, Outcome.STALE})
@@ -33,8 +34,12 @@ def entry_point(
     key_prefix: str,
     counter: itertools.count[int],
     unanswered: UnansweredConsumes | None,
+    home: LoopHome,
 ) -> Callable[..., Any]:
+    """What the caller calls for ``setup``'s method: a call made on another event loop than
+    ``home``'s runs on that loop (:mod:`.loops`)."""
     get_loop = asyncio.get_running_loop
+    elsewhere = home.elsewhere
     get_key, set_key, reset_key = IDEMPOTENCY_KEY.get, IDEMPOTENCY_KEY.set, IDEMPOTENCY_KEY.reset
     get_unanswered, set_unanswered, reset_unanswered = (
         UNANSWERED_KEYS.get,
@@ -46,11 +51,15 @@ def entry_point(
 
     async def guarded_method(*args: Any, **kwargs: Any) -> Any:
         loop = get_loop()
+        if loop is not home.loop:
+            return await elsewhere(guarded_method, setup, args, kwargs)
         return await service(Call(setup, args, kwargs, loop, loop.time()))
 
     async def keyed_method(*args: Any, **kwargs: Any) -> Any:
         # Not safe to repeat blindly: one drawn key for every attempt of this call.
         loop = get_loop()
+        if loop is not home.loop:
+            return await elsewhere(keyed_method, setup, args, kwargs)
         token = set_key(key_prefix + str(next(counter)))
         try:
             return await service(Call(setup, args, kwargs, loop, loop.time()))
@@ -62,6 +71,8 @@ def entry_point(
         # else a drawn one that nobody else ever gets. Keys of earlier consumes of the token that
         # got no answer are claimed (one consume at a time) for the backend to recover from.
         loop = get_loop()
+        if loop is not home.loop:
+            return await elsewhere(consume_method, setup, args, kwargs)
         own = get_key()
         key = own if own is not None else key_prefix + str(next(counter))
         item = item_of(args, kwargs) if item_of is not None else None
@@ -93,10 +104,10 @@ def entry_point(
                 if own is None and outcome in _MAYBE_COMMITTED:
                     unanswered.remember(item, key)
 
+    chosen = consume_method if consume else guarded_method if setup.policy.repeat_safe else keyed_method
     if setup.policy.repeat_safe and not consume:
         # A compiled service (guarded.pipeline.compiled) starts the call itself: the call runs in one frame.
-        guarded_method = getattr(service, "entry", guarded_method)
-    chosen = consume_method if consume else guarded_method if setup.policy.repeat_safe else keyed_method
+        chosen = getattr(service, "entry", guarded_method)
     chosen.__name__ = chosen.__qualname__ = setup.label
     return chosen
 

@@ -1,0 +1,150 @@
+"""One guard, any event loop, any time: used from a new loop per request (``asyncio.run()`` per
+request, a sync framework's loop per request, a test client without ``with``) or from two loops at
+once (one per thread), every call returns within its deadline and every acknowledged write ends
+up in the backend. Each scenario runs in a process of its own (:mod:`._loops_worker`) with a
+bounded wait, so a call that never returns fails the test instead of hanging the suite.
+
+Starlette is not installed in this environment: a ``TestClient`` used without ``with`` runs each
+request in a new event loop of a new thread, which the ``postgres`` scenario does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from guarded.backends.memory import InMemoryStateStore
+from guarded.guard import controller, guard
+from guarded.layers.dead_letter import DEAD_LETTER_GRACE
+from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+from tests.support.metrics import outcome_counts
+
+from ._loops_worker import TIMEOUT
+from ._support import REPO, worker_env
+
+SLACK = 3.0
+"""A loaded 2-core machine: seconds a call may take beyond its deadline and the commit's grace."""
+PROCESS_LIMIT = 120.0
+"""Seconds a scenario's process may take before it counts as hung (it takes a few)."""
+
+
+def _scenario(state_home: Path, *arguments: str, stdin: str | None = None) -> dict[str, Any]:
+    try:
+        process = subprocess.run(
+            [sys.executable, "-m", "tests.durability._loops_worker", *arguments],
+            cwd=REPO,
+            env=worker_env(state_home),
+            capture_output=True,
+            text=True,
+            timeout=PROCESS_LIMIT,
+            input=stdin,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(
+            f"scenario {arguments[0]} did not finish within {PROCESS_LIMIT}s (a call never returned): {exc}"
+        )
+    assert process.returncode == 0, process.stderr[-3000:]
+    result: dict[str, Any] = json.loads(process.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _check_answered_in_time(result: dict[str, Any]) -> None:
+    assert result["slowest"] < TIMEOUT + DEAD_LETTER_GRACE + SLACK, result["slowest"]
+
+
+def test_a_loop_per_request_with_writes_left_in_flight_as_each_loop_ends(
+    tmp_path: Path, state_home: Path
+) -> None:
+    """``asyncio.run()`` per request, and a sync framework's loop per request closed without
+    cancelling what it left (before: the second such request never returned, its writes
+    waiting for the spill file's committer of a closed loop)."""
+    result = _scenario(state_home, "runs", str(tmp_path / "spill.sqlite"))
+    _check_answered_in_time(result)
+    assert len(result["acknowledged"]) >= 20  # the awaited writes at least
+    assert sorted(result["stored"]) == sorted(result["acknowledged"])
+
+
+def test_two_threads_each_with_its_own_loop_at_once(tmp_path: Path, state_home: Path) -> None:
+    """Two loops in two threads write through one guard at once, the backend down (before: one
+    thread's 30 acknowledged writes were never delivered)."""
+    result = _scenario(state_home, "threads", str(tmp_path / "spill.sqlite"))
+    _check_answered_in_time(result)
+    assert len(result["acknowledged"]) == 60
+    assert sorted(result["stored"]) == sorted(result["acknowledged"])
+
+
+def test_postgres_guard_used_from_successive_loops_in_new_threads(
+    tmp_path: Path, state_home: Path, pg_dsn: str, schema_name: str
+) -> None:
+    """A guard over real PostgreSQL opened on one loop, then used from four later loops, each in
+    a thread of its own (a test client without ``with``): the pool belongs to the closed first
+    loop, so the store fails there, and every write is held, within its deadline; every other
+    loop is closed with writes left in flight. A later guard on the spill path delivers every
+    acknowledged write (before: the request after the first such loop never returned, as
+    PenguiFlow's playground test did)."""
+    spill = str(tmp_path / "spill.sqlite")
+    result = _scenario(state_home, "postgres", spill, pg_dsn, schema_name)
+    _check_answered_in_time(result)
+    acknowledged = result["acknowledged"]
+    assert len(acknowledged) >= 15  # the awaited writes at least
+    drained = _scenario(
+        state_home, "postgres-drain", spill, pg_dsn, schema_name, stdin=json.dumps(acknowledged)
+    )
+    assert sorted(drained["stored"]) == sorted(acknowledged)
+
+
+@pytest.mark.asyncio
+async def test_a_commit_that_cannot_finish_in_time_is_a_write_refused_within_its_deadline(
+    tmp_path: Path,
+) -> None:
+    """The spill file's worker thread is stuck (a disk that does not answer): the dead-letter step
+    is bounded by the call's deadline too, so the write is refused (not acknowledged) in time
+    instead of a call that waits for the disk (before: it returned only once the disk did)."""
+    registry = CollectorRegistry()
+    faulty = FaultyStore(InMemoryStateStore(), FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
+    store = guard(
+        faulty, timeout=TIMEOUT, retries=0, spill_path=str(tmp_path / "spill.sqlite"), registry=registry
+    )
+    await store.save_memory_state("first", {"v": 1})  # held: the spill file and its worker exist
+    assert outcome_counts(registry)["dead_lettered"] == 1
+    buffer = controller(store).dead_letters
+    assert buffer is not None
+    assert buffer._link.executor is not None
+    disk = threading.Event()
+    buffer._link.executor.submit(disk.wait)
+    loop = asyncio.get_running_loop()
+    try:
+        began = loop.time()
+        await asyncio.wait_for(
+            store.save_memory_state("second", {"v": 2}), timeout=TIMEOUT + DEAD_LETTER_GRACE + SLACK + 5.0
+        )
+        took = loop.time() - began
+    finally:
+        disk.set()
+    assert took < TIMEOUT + DEAD_LETTER_GRACE + SLACK
+    assert outcome_counts(registry)["refused"] == 1
+    fault_injector(faulty).plan = FaultPlan()
+    await controller(store).aclose()
+
+
+def test_a_loop_closed_while_its_commit_is_on_the_disk_leaves_it_to_the_next_loop(
+    tmp_path: Path, state_home: Path
+) -> None:
+    """A loop closes (without cancelling its tasks) while its group commit's transaction waits on
+    the spill file's worker thread (a stuck disk): the next loop's write returns in time, what
+    that transaction wrote is accounted for (the spill file stays in use), and every write
+    reaches the backend (before: the next loop's write waited for the closed loop's committer
+    for ever)."""
+    result = _scenario(state_home, "stuck-disk", str(tmp_path / "spill.sqlite"))
+    _check_answered_in_time(result)
+    assert result["spill_in_use"]
+    assert result["left"] == 0
+    assert result["stored"] == ["first", "abandoned", "later"]
