@@ -15,7 +15,10 @@ from tests.support import records
 
 class SlowStore(InMemoryStateStore):
     """An in-memory store whose calls take ``delay`` seconds in the backend and which declares
-    ``max_concurrency``; it counts how many calls are in it at once."""
+    ``max_concurrency``; it counts how many calls are in it at once. It stands for a database, so
+    it declares itself durable across processes (its guard spills to a file)."""
+
+    durable_across_processes = True
 
     def __init__(self, *, delay: float = 0.0, max_concurrency: int | None = None) -> None:
         super().__init__()

@@ -22,6 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
+from guarded.errors import WriteNotKeptError
 from guarded.guard import controller, guard
 from guarded.layers.dead_letter import DEAD_LETTER_GRACE
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
@@ -123,9 +124,10 @@ async def test_a_commit_that_cannot_finish_in_time_is_a_write_refused_within_its
     loop = asyncio.get_running_loop()
     try:
         began = loop.time()
-        await asyncio.wait_for(
-            store.save_memory_state("second", {"v": 2}), timeout=TIMEOUT + DEAD_LETTER_GRACE + SLACK + 5.0
-        )
+        with pytest.raises(WriteNotKeptError):  # strict mode raises a refusal
+            await asyncio.wait_for(
+                store.save_memory_state("second", {"v": 2}), timeout=TIMEOUT + DEAD_LETTER_GRACE + SLACK + 5.0
+            )
         took = loop.time() - began
     finally:
         disk.set()
