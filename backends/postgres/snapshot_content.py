@@ -104,7 +104,7 @@ class PostgresContent(ClosingContent):
 
     def blob_chunks(self, digest: str, size: int | None = None) -> AsyncIterator[bytes]:
         """The blob in chunks (a PostgreSQL-to-PostgreSQL copy never holds a whole blob), its hash
-        checked as it streams (its ``size`` is checked by the reader, as ``verify`` does)."""
+        checked as it streams (its ``size`` is checked by the reader, as ``verify_content`` does)."""
         return self.blobs.chunks(digest)
 
 

@@ -51,20 +51,26 @@ Pieces, one job each:
 """
 
 from .capture import capture
-from .content import DirectoryContent, SnapshotContent, SpooledSnapshot, records
+from .content import DirectoryContent, SnapshotContent, SpooledSnapshot, records, verify_content
 from .diff import diff_contents
 from .errors import (
+    BlobMismatchError,
     FormatTooNewError,
     FormatVersionError,
+    InvalidBlobNameError,
     InvalidCursorError,
+    InvalidSnapshotIdError,
     MigrationFailedError,
     MissingMigrationError,
+    SectionMismatchError,
     SnapshotConflictError,
     SnapshotCorruptError,
     SnapshotError,
     SnapshotNotFoundError,
     SnapshotStagingError,
     SnapshotStoreUnavailableError,
+    SnapshotTooLargeError,
+    UnsafeSnapshotFileError,
 )
 from .file_store import FileSnapshotStore
 from .migrations import DEFAULT_MIGRATIONS, Migration, MigrationRegistry, migrate
@@ -83,6 +89,13 @@ from .record import (
 from .restore import RestoreReport, restore
 
 __all__ = [
+    "verify_content",
+    "UnsafeSnapshotFileError",
+    "SnapshotTooLargeError",
+    "SectionMismatchError",
+    "InvalidSnapshotIdError",
+    "InvalidBlobNameError",
+    "BlobMismatchError",
     "DEFAULT_MIGRATIONS",
     "FORMAT_VERSION",
     "SECTIONS",

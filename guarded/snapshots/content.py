@@ -218,7 +218,7 @@ def write_file(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
 
 
-async def verify(content: SnapshotContent) -> None:
+async def verify_content(content: SnapshotContent) -> None:
     """Read ``content`` once, writing nothing, and check it against its record: every section's
     records, bytes and SHA-256, the content hash, every artifact record's blob name (a content
     address) and size, and every blob's size and SHA-256. Raises the first difference (a
@@ -307,7 +307,7 @@ class DirectoryContent(ClosingContent):
     """
 
     verifies_as_it_reads = True
-    """:func:`verify` need not hash the lines again."""
+    """:func:`verify_content` need not hash the lines again."""
 
     def __init__(
         self,
@@ -354,8 +354,9 @@ class DirectoryContent(ClosingContent):
     async def blob_chunks(self, digest: str, size: int | None = None) -> AsyncIterator[bytes]:
         """The blob ``digest`` in chunks, verified as it is read (see :meth:`file_chunks`).
 
-        A content offering ``blob_chunks(digest, size)`` streams blobs (``save`` and :func:`verify`
-        use it) and must check the hash (and may check ``size``, the record's) as it streams."""
+        A content offering ``blob_chunks(digest, size)`` streams blobs (``save`` and
+        :func:`verify_content` use it) and must check the hash (and may check ``size``, the
+        record's) as it streams."""
         async for chunk in iterate_in_thread(self.file_chunks(digest, size)):
             yield chunk
 
@@ -474,6 +475,6 @@ __all__ = [
     "parse",
     "read_section",
     "records",
-    "verify",
+    "verify_content",
     "write_file",
 ]

@@ -20,7 +20,7 @@ restoring it once:
   restoring it into production resumes an old conversation).
 
 Nothing is written before the whole content has been read once and checked against its record
-(:func:`~guarded.snapshots.content.verify`: every section's hash, records and bytes, every blob's
+(:func:`~guarded.snapshots.verify_content`: every section's hash, records and bytes, every blob's
 name, size and hash): a damaged or tampered snapshot restores nothing.
 
 A section with records that the store cannot take (it lacks the capability) raises
@@ -51,7 +51,7 @@ from ..codec import (
 )
 from ..errors import CapabilityError
 from ..logical_time import logical_times, next_logical_time
-from .content import SnapshotContent, canonical, parse, verify
+from .content import SnapshotContent, canonical, parse, verify_content
 from .record import SECTIONS
 
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -107,7 +107,7 @@ async def restore(
             f"({', '.join(name for s in unsupported for name in NEEDS[s])}); "
             "pass skip_unsupported=True to leave them out"
         )
-    await verify(content)  # all or nothing: no write before the whole content checked out
+    await verify_content(content)  # all or nothing: no write before the whole content checked out
     report = RestoreReport(unsupported=unsupported)
     writer = _Writer(content, store, record_types or record_types_of(store), report, next_logical_time())
     for section in sections:
