@@ -42,7 +42,9 @@ from .record import Snapshot
 MAX_LINE = 16 << 20
 """Bytes a section line may hold: a longer one is refused when read, and when written."""
 MAX_EXPANSION = 256
-"""Times its compressed size a section may decompress to (above :data:`EXPANSION_ALLOWANCE`)."""
+"""Times its compressed size a section may decompress to (above :data:`EXPANSION_ALLOWANCE`).
+Sections are written at gzip level 3, which compresses the most compressible input (one repeated
+byte) 229 times: a section this code wrote never reaches it; a bomb (up to 1,032 times) does."""
 EXPANSION_ALLOWANCE = 1 << 20
 """Decompressed bytes any section may hold whatever its compressed size (small sections)."""
 MAX_MANIFEST = 4 << 20

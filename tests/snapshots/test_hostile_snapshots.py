@@ -353,6 +353,17 @@ async def test_a_save_never_writes_through_a_blob_directory_linked_outside(
     assert (await clean.list()).items == ()
 
 
+@pytest.mark.parametrize("name", ["snapshots", "blobs", "staging", "trash", "locks"])
+@pytest.mark.asyncio
+async def test_a_store_whose_directories_link_outside_does_not_open(world: World, name: str) -> None:
+    (world.store / name).rename(world.outside / name)
+    (world.store / name).symlink_to(world.outside / name)
+    before = tree(world.outside)
+    with pytest.raises(UnsafeSnapshotFileError, match=f"{name} is a symbolic link"):
+        FileSnapshotStore(world.store)
+    assert tree(world.outside) == before
+
+
 @pytest.mark.asyncio
 async def test_every_refusal_is_a_snapshot_error(world: World) -> None:
     """The store's own answers to hostile input never surface as OSError."""
