@@ -74,11 +74,12 @@ class BlobMismatchError(SnapshotCorruptError):
     def __init__(self, digest: str, what: str, declared: object = None, found: object = None) -> None:
         self.digest = digest
         self.what = what
-        detail = (
-            "is missing"
-            if what == "missing"
-            else f"does not match: {what} {found} found, {declared} declared"
-        )
+        if what == "missing":
+            detail = "is missing"
+        elif what == "hash":
+            detail = f"does not match its hash: {found} read"
+        else:
+            detail = f"does not match its size: {found} bytes found, {declared} declared"
         super().__init__(f"artifact blob {digest} {detail}")
 
 

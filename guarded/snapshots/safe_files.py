@@ -339,7 +339,7 @@ def blob_chunks_of_file(
         if size is not None and found != size:
             raise BlobMismatchError(digest, "bytes", size, found)
         if found > limit:
-            raise BlobMismatchError(digest, "bytes", f"at most {limit}", found)
+            raise BlobMismatchError(digest, "bytes", f"at most {limit} (all its blobs)", found)
         hasher = hashlib.sha256()
         read = 0
         while read < found and (chunk := handle.read(min(CHUNK, found - read))):
