@@ -36,7 +36,9 @@ Pieces, one job each:
   :func:`~.content.content_hash`: refuse a mismatch with :class:`SnapshotCorruptError`. The same id
   saved again with the same ``content_hash`` returns the stored record; with another,
   :class:`SnapshotConflictError`.
-* ``load(id)`` returns a :class:`SnapshotContent` whose ``lines`` give back the stored lines.
+* ``load(id)`` returns a :class:`SnapshotContent` whose ``lines`` give back the stored lines,
+  checked against the record as they are read (:class:`~.safe_files.SectionCheck`), every read
+  bounded: what you store may have been written by anyone (:mod:`.safe_files`).
   Read ``format_version`` first: for an older one call :func:`~.migrations.migrate` with your
   section reader (it spools the migrated content locally and raises the format errors); never
   hand out a partly migrated content.
