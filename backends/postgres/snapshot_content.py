@@ -10,23 +10,25 @@ connection or transaction is held between batches. A snapshot deleted while it i
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
 
 from guarded.snapshots.content import (
     CHUNK,
     ClosingContent,
-    DirectoryContent,
     SnapshotContent,
     SpooledSnapshot,
 )
-from guarded.snapshots.errors import SnapshotCorruptError
+from guarded.snapshots.errors import BlobMismatchError, SnapshotCorruptError, SnapshotTooLargeError
 from guarded.snapshots.record import SECTIONS, Snapshot
+from guarded.snapshots.safe_files import MAX_LINE, SectionCheck, declared_of
 
 from .connection import Database
 from .schema_names import qualified
+
+ROW_LIMIT = MAX_LINE + CHUNK
+"""Bytes a stored batch may hold (a save writes at most 1 MiB, or one line): a larger row is
+refused without being fetched."""
 
 
 def split_batch(data: bytes) -> list[bytes]:
@@ -46,18 +48,27 @@ class BlobReader:
         """The blob's bytes in stored chunks, verified at the end (``SnapshotCorruptError``)."""
         count = await self._db.fetchval(f"SELECT chunks FROM {self._blobs} WHERE digest = $1", digest)
         if count is None:
-            raise SnapshotCorruptError(f"artifact blob {digest} is missing")
+            raise BlobMismatchError(digest, "missing")
         hasher = hashlib.sha256()
         for index in range(count):
-            data = await self._db.fetchval(
-                f"SELECT data FROM {self._chunks} WHERE digest = $1 AND chunk = $2", digest, index
+            row = await self._db.fetchrow(
+                f"SELECT CASE WHEN octet_length(data) <= $3 THEN data END AS data, "
+                f"octet_length(data) AS size FROM {self._chunks} WHERE digest = $1 AND chunk = $2",
+                digest,
+                index,
+                CHUNK,
             )
-            if data is None:
+            if row is None:
                 raise SnapshotCorruptError(f"artifact blob {digest} is missing (chunk {index} of {count})")
-            hasher.update(data)
-            yield bytes(data)
+            if row["data"] is None:
+                raise SnapshotTooLargeError(
+                    f"artifact blob {digest}: chunk {index} holds {row['size']} bytes, more than the "
+                    f"{CHUNK} a chunk may: refused unread"
+                )
+            hasher.update(row["data"])
+            yield bytes(row["data"])
         if hasher.hexdigest() != digest:
-            raise SnapshotCorruptError(f"artifact blob {digest} does not match its hash")
+            raise BlobMismatchError(digest, "hash", f"sha256 {digest}", f"sha256 {hasher.hexdigest()}")
 
     async def read(self, digest: str) -> bytes:
         return b"".join([chunk async for chunk in self.chunks(digest)])
@@ -82,34 +93,59 @@ class PostgresContent(ClosingContent):
     async def lines(self, section: str) -> AsyncIterator[list[bytes]]:
         if section not in SECTIONS and section not in self._batches:
             raise ValueError(f"unknown section {section!r}")
-        async for batch in read_section(self._db, self._lines, self._snapshot.id, section, self._batches):
+        check = SectionCheck(self._snapshot.id, section, declared_of(self._snapshot, section))
+        async for batch in read_section(
+            self._db, self._lines, self._snapshot.id, section, self._batches, check
+        ):
             yield batch
 
     async def read_blob(self, digest: str) -> bytes:
         return await self.blobs.read(digest)
 
-    def blob_chunks(self, digest: str) -> AsyncIterator[bytes]:
-        """The blob in chunks (a PostgreSQL-to-PostgreSQL copy never holds a whole blob)."""
+    def blob_chunks(self, digest: str, size: int | None = None) -> AsyncIterator[bytes]:
+        """The blob in chunks (a PostgreSQL-to-PostgreSQL copy never holds a whole blob), its hash
+        checked as it streams (its ``size`` is checked by the reader, as ``verify_content`` does)."""
         return self.blobs.chunks(digest)
 
 
 async def read_section(
-    db: Database, table: str, snapshot_id: str, section: str, batches: Mapping[str, int]
+    db: Database,
+    table: str,
+    snapshot_id: str,
+    section: str,
+    batches: Mapping[str, int],
+    check: SectionCheck | None = None,
 ) -> AsyncIterator[list[bytes]]:
-    """Batches of a stored section (of any format: the migration reads old sections this way)."""
+    """Batches of a stored section (of any format: the migration reads old sections this way),
+    each row at most :data:`ROW_LIMIT` bytes, checked by ``check`` as they are read (by default
+    only counted: an old format declares no hashes)."""
+    check = check or SectionCheck(snapshot_id, section, None)
     for index in range(batches.get(section, 0)):
-        data = await db.fetchval(
-            f"SELECT lines FROM {table} WHERE snapshot_id = $1 AND section = $2 AND batch = $3",
+        row = await db.fetchrow(
+            f"SELECT CASE WHEN octet_length(lines) <= $4 THEN lines END AS lines, "
+            f"octet_length(lines) AS size FROM {table} "
+            "WHERE snapshot_id = $1 AND section = $2 AND batch = $3",
             snapshot_id,
             section,
             index,
+            ROW_LIMIT,
         )
-        if data is None:
+        if row is None:
             raise SnapshotCorruptError(
                 f"snapshot {snapshot_id!r}: batch {index} of section {section} is missing "
                 "(deleted while it was read?)"
             )
-        yield split_batch(bytes(data))
+        if row["lines"] is None:
+            raise SnapshotTooLargeError(
+                f"snapshot {snapshot_id!r}: batch {index} of section {section} holds {row['size']} "
+                f"bytes, more than the {ROW_LIMIT} a batch may: refused unread"
+            )
+        data = bytes(row["lines"])
+        lines = split_batch(data)
+        if lines:
+            check.update(data + b"\n", len(lines))
+        yield lines
+    check.finish()
 
 
 class MigratedContent(SpooledSnapshot):
@@ -123,30 +159,18 @@ class MigratedContent(SpooledSnapshot):
     async def read_blob(self, digest: str) -> bytes:
         return await self.blobs.read(digest)
 
-    def blob_chunks(self, digest: str) -> AsyncIterator[bytes]:
+    def blob_chunks(self, digest: str, size: int | None = None) -> AsyncIterator[bytes]:
         return self.blobs.chunks(digest)
 
 
 async def blob_chunks(content: SnapshotContent, digest: str) -> AsyncIterator[bytes]:
     """A content's blob in chunks of at most :data:`CHUNK` bytes, without reading it whole when the
-    content can stream it (a local file, a PostgreSQL content); not verified here."""
+    content can stream it (a local file, a PostgreSQL content: their streams check the hash)."""
     streaming = getattr(content, "blob_chunks", None)
     if callable(streaming):
         async for chunk in streaming(digest):
             for start in range(0, len(chunk), CHUNK):
                 yield chunk[start : start + CHUNK]
-        return
-    if isinstance(content, DirectoryContent):
-        path: Path = content.blob_path(digest)
-        try:
-            handle = await asyncio.to_thread(path.open, "rb")
-        except FileNotFoundError:
-            raise SnapshotCorruptError(f"artifact blob {digest} is missing") from None
-        try:
-            while chunk := await asyncio.to_thread(handle.read, CHUNK):
-                yield chunk
-        finally:
-            await asyncio.to_thread(handle.close)
         return
     data = await content.read_blob(digest)
     for start in range(0, max(len(data), 1), CHUNK):

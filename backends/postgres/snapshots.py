@@ -61,6 +61,7 @@ from guarded.snapshots.record import (
     SnapshotDiff,
     SnapshotPage,
     SubjectKind,
+    checked_id,
     normalize_tags,
 )
 
@@ -244,7 +245,8 @@ class PostgresSnapshotStore:
 
     async def _row(self, snapshot_id: str) -> asyncpg.Record:
         row = await self._db.fetchrow(
-            f"SELECT manifest, tags, batches FROM {self._t['snapshots']} WHERE id = $1", snapshot_id
+            f"SELECT manifest, tags, batches FROM {self._t['snapshots']} WHERE id = $1",
+            checked_id(snapshot_id),
         )
         if row is None:
             raise SnapshotNotFoundError(snapshot_id)
@@ -322,7 +324,7 @@ class PostgresSnapshotStore:
 
     async def delete(self, snapshot_id: str) -> bool:
         deleted = await self._db.fetchval(
-            f"DELETE FROM {self._t['snapshots']} WHERE id = $1 RETURNING true", snapshot_id
+            f"DELETE FROM {self._t['snapshots']} WHERE id = $1 RETURNING true", checked_id(snapshot_id)
         )
         return bool(deleted)
 
@@ -335,6 +337,7 @@ class PostgresSnapshotStore:
         return await self._retag(snapshot_id, lambda old: [t for t in old if t not in removed])
 
     async def _retag(self, snapshot_id: str, change: Any) -> Snapshot:
+        checked_id(snapshot_id)
         async with self._db.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
                 f"SELECT manifest, tags FROM {self._t['snapshots']} WHERE id = $1 FOR UPDATE", snapshot_id
@@ -349,10 +352,10 @@ class PostgresSnapshotStore:
         return listed_record(manifest, snapshot_id, self.migrations)
 
     async def lineage(self, snapshot_id: str) -> builtins.list[Snapshot]:
-        return await lineage_of(self, snapshot_id)
+        return await lineage_of(self, checked_id(snapshot_id))
 
     async def diff(self, a: str, b: str) -> SnapshotDiff:
-        return await diff_of(self, a, b)
+        return await diff_of(self, checked_id(a), checked_id(b))
 
     # --- gc -----------------------------------------------------------------------------------------
 

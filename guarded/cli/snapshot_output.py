@@ -49,7 +49,13 @@ def counted(content: SnapshotContent, progress: Progress) -> SnapshotContent:
 
 class _CountedDirectory(DirectoryContent):
     def __init__(self, content: DirectoryContent, progress: Progress) -> None:
-        super().__init__(content.snapshot, content.sections_dir, content.blob_path)
+        super().__init__(
+            content.snapshot,
+            content.sections_dir,
+            content.blob_path,
+            root=content.root,
+            blob_root=content.blob_root,
+        )
         self._progress = progress
 
     async def lines(self, section: str) -> AsyncIterator[list[bytes]]:

@@ -37,7 +37,9 @@ Pieces, one job each:
   :func:`~.content.content_hash`: refuse a mismatch with :class:`SnapshotCorruptError`. The same id
   saved again with the same ``content_hash`` returns the stored record; with another,
   :class:`SnapshotConflictError`.
-* ``load(id)`` returns a :class:`SnapshotContent` whose ``lines`` give back the stored lines.
+* ``load(id)`` returns a :class:`SnapshotContent` whose ``lines`` give back the stored lines,
+  checked against the record as they are read (:class:`~.safe_files.SectionCheck`), every read
+  bounded: what you store may have been written by anyone (:mod:`.safe_files`).
   Read ``format_version`` first: for an older one call :func:`~.migrations.migrate` with your
   section reader (it spools the migrated content locally and raises the format errors); never
   hand out a partly migrated content.
@@ -52,14 +54,18 @@ Pieces, one job each:
 """
 
 from .capture import capture
-from .content import DirectoryContent, SnapshotContent, SpooledSnapshot, records
+from .content import DirectoryContent, SnapshotContent, SpooledSnapshot, records, verify_content
 from .diff import diff_contents
 from .errors import (
+    BlobMismatchError,
     FormatTooNewError,
     FormatVersionError,
+    InvalidBlobNameError,
     InvalidCursorError,
+    InvalidSnapshotIdError,
     MigrationFailedError,
     MissingMigrationError,
+    SectionMismatchError,
     SnapshotConflictError,
     SnapshotCorruptError,
     SnapshotError,
@@ -68,6 +74,8 @@ from .errors import (
     SnapshotStoreNotFoundError,
     SnapshotStoreReadOnlyError,
     SnapshotStoreUnavailableError,
+    SnapshotTooLargeError,
+    UnsafeSnapshotFileError,
 )
 from .file_store import FileSnapshotStore
 from .migrations import DEFAULT_MIGRATIONS, Migration, MigrationRegistry, migrate
@@ -86,6 +94,13 @@ from .record import (
 from .restore import RestoreReport, restore
 
 __all__ = [
+    "verify_content",
+    "UnsafeSnapshotFileError",
+    "SnapshotTooLargeError",
+    "SectionMismatchError",
+    "InvalidSnapshotIdError",
+    "InvalidBlobNameError",
+    "BlobMismatchError",
     "DEFAULT_MIGRATIONS",
     "FORMAT_VERSION",
     "SECTIONS",

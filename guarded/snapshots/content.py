@@ -21,19 +21,26 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Protocol, Self, runtime_checkable
+from typing import IO, Any, Protocol, Self, TypeVar, runtime_checkable
 
 import orjson
 
 from ..codec import JSONObject
-from .errors import SnapshotCorruptError
+from .errors import BlobMismatchError, SectionMismatchError, SnapshotCorruptError, SnapshotTooLargeError
 from .record import SECTIONS, Snapshot
+from .safe_files import (
+    BATCH,
+    CHUNK,
+    MAX_LINE,
+    SectionCheck,
+    blob_chunks_of_file,
+    checked_digest,
+    declared_of,
+    read_section_file,
+)
 
-BATCH = 2_000
-"""Lines per batch read from or written to a section file."""
-CHUNK = 1 << 20
-"""Bytes per read when a blob is copied."""
 GZIP_LEVEL = 3
+T = TypeVar("T")
 
 
 def canonical(record: JSONObject) -> bytes:
@@ -129,6 +136,12 @@ class SectionWriter:
         """Append lines (canonical JSON, no newline)."""
         if not lines:
             return
+        longest = max(map(len, lines))
+        if longest > MAX_LINE:
+            raise SnapshotTooLargeError(
+                f"a record of {longest} bytes in {self.path.name}: a section line may hold {MAX_LINE} "
+                "at most (a longer one could not be loaded back)"
+            )
         data = b"\n".join(lines) + b"\n"
         self._gzip.write(data)
         self._hash.update(data)
@@ -154,26 +167,16 @@ class SectionWriter:
             self._raw.close()
 
 
-def read_section(path: Path) -> Iterator[list[bytes]]:
-    """Batches of the lines of a section file (``SnapshotCorruptError`` when missing or unreadable)."""
-    try:
-        with gzip.open(path, "rb") as handle:
-            batch: list[bytes] = []
-            for line in handle:
-                batch.append(line.rstrip(b"\n"))
-                if len(batch) >= BATCH:
-                    yield batch
-                    batch = []
-            if batch:
-                yield batch
-    except FileNotFoundError:
-        raise SnapshotCorruptError(f"section file {path.name} is missing") from None
-    except (OSError, EOFError) as exc:
-        raise SnapshotCorruptError(f"section file {path.name} is unreadable: {exc}") from exc
+def read_section(path: Path, *, root: Path | None = None) -> Iterator[list[bytes]]:
+    """Batches of the lines of a section file, read confined to ``root`` (by default the file's
+    directory) and bounded (:func:`~.safe_files.read_section_file`), with nothing declared to check
+    against (an old format's section, a store's own artifact references)."""
+    check = SectionCheck("", path.name.removesuffix(".jsonl.gz"), None)
+    return read_section_file(root or path.parent, path, check, describe=f"section file {path.name}")
 
 
-async def iterate_in_thread(batches: Iterator[list[bytes]]) -> AsyncIterator[list[bytes]]:
-    """Drive a blocking iterator of batches from a worker thread, one batch at a time."""
+async def iterate_in_thread(batches: Iterator[T]) -> AsyncIterator[T]:
+    """Drive a blocking iterator (of batches, of chunks) from a worker thread, one item at a time."""
     done = object()
     try:
         while True:
@@ -187,23 +190,24 @@ async def iterate_in_thread(batches: Iterator[list[bytes]]) -> AsyncIterator[lis
             close()
 
 
-def copy_blob(source: Path, target: Path, digest: str) -> int:
-    """Copy a blob file in chunks to ``target`` (fsynced), checking its SHA-256; returns its size."""
-    hasher = hashlib.sha256()
+async def write_chunks(chunks: AsyncIterator[bytes], target: Path) -> int:
+    """Write a blob's ``chunks`` (verified as they are read) to a new file ``target`` (fsynced);
+    returns its size."""
     size = 0
+    handle = await asyncio.to_thread(target.open, "wb")
     try:
-        with source.open("rb") as src, target.open("wb") as dst:
-            while chunk := src.read(CHUNK):
-                hasher.update(chunk)
-                dst.write(chunk)
-                size += len(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
-    except FileNotFoundError:
-        raise SnapshotCorruptError(f"artifact blob {digest} is missing") from None
-    if hasher.hexdigest() != digest:
-        raise SnapshotCorruptError(f"artifact blob {digest} does not match its hash")
+        async for chunk in chunks:
+            await asyncio.to_thread(handle.write, chunk)
+            size += len(chunk)
+        await asyncio.to_thread(_flush, handle)
+    finally:
+        await asyncio.to_thread(handle.close)
     return size
+
+
+def _flush(handle: IO[bytes]) -> None:
+    handle.flush()
+    os.fsync(handle.fileno())
 
 
 def write_file(path: Path, data: bytes) -> None:
@@ -212,6 +216,68 @@ def write_file(path: Path, data: bytes) -> None:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+async def verify_content(content: SnapshotContent) -> None:
+    """Read ``content`` once, writing nothing, and check it against its record: every section's
+    records, bytes and SHA-256, the content hash, every artifact record's blob name (a content
+    address) and size, and every blob's size and SHA-256. Raises the first difference (a
+    :class:`SnapshotCorruptError` naming the section or blob and what differed); memory stays
+    bounded (a batch of lines, a chunk of a blob).
+
+    ``restore`` runs it before it writes anything, so a damaged or tampered content restores
+    nothing."""
+    snapshot = content.snapshot
+    rehash = not getattr(content, "verifies_as_it_reads", False)
+    blobs: dict[str, int] = {}
+    artifact_bytes = 0
+    for section in SECTIONS:
+        check = SectionCheck(snapshot.id, section, declared_of(snapshot, section))
+        async for batch in content.lines(section):
+            if rehash:
+                check.update_lines(batch)
+            if section == "artifacts":
+                for line in batch:
+                    digest, size = _blob_of(parse(line))
+                    if blobs.setdefault(digest, size) != size:
+                        raise BlobMismatchError(digest, "bytes", blobs[digest], size)
+                    artifact_bytes += size
+        if rehash:
+            check.finish()
+    if content_hash(snapshot.section_hashes) != snapshot.content_hash:
+        raise SnapshotCorruptError(
+            f"snapshot {snapshot.id!r}: its content hash does not match its sections' hashes"
+        )
+    declared = snapshot.sizes.get("artifacts", 0)
+    if artifact_bytes != declared:
+        raise SectionMismatchError(snapshot.id, "artifacts", "blob bytes", declared, artifact_bytes)
+    for digest, size in blobs.items():
+        await _verify_blob(content, digest, size)
+
+
+def _blob_of(record: JSONObject) -> tuple[str, int]:
+    digest = checked_digest(record.get("blob"))
+    size = record.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise SnapshotCorruptError(f"artifact blob {digest}: its size {size!r} is not a byte count")
+    return digest, size
+
+
+async def _verify_blob(content: SnapshotContent, digest: str, size: int) -> None:
+    streaming = getattr(content, "blob_chunks", None)
+    found = 0
+    if callable(streaming):  # a local file or a database's chunks: the hash is checked as it streams
+        async for chunk in streaming(digest, size):
+            found += len(chunk)
+            if found > size:
+                raise BlobMismatchError(digest, "bytes", size, f"more than {size}")
+    else:
+        data = await content.read_blob(digest)
+        found = len(data)
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise BlobMismatchError(digest, "hash", f"sha256 {digest}", "another")
+    if found != size:
+        raise BlobMismatchError(digest, "bytes", size, found)
 
 
 class ClosingContent:
@@ -232,13 +298,31 @@ class ClosingContent:
 class DirectoryContent(ClosingContent):
     """Content stored as section files in ``sections_dir`` and blobs found by ``blob_path``.
 
-    What the file backend's ``load`` returns, and the base of :class:`SpooledSnapshot`.
+    What the file backend's ``load`` returns, and the base of :class:`SpooledSnapshot`. Every file
+    is read as untrusted input (:mod:`.safe_files`): confined to ``root`` (sections; by default the
+    parent of ``sections_dir``) and ``blob_root`` (blobs; by default ``root``), regular files only,
+    bounded, and checked against the record as it is read: a section's records, bytes and hash
+    (:class:`~.errors.SectionMismatchError` at the first difference or at its end), a blob's hash
+    and size (:class:`~.errors.BlobMismatchError`).
     """
 
-    def __init__(self, snapshot: Snapshot, sections_dir: Path, blob_path: Callable[[str], Path]) -> None:
+    verifies_as_it_reads = True
+    """:func:`verify_content` need not hash the lines again."""
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        sections_dir: Path,
+        blob_path: Callable[[str], Path],
+        *,
+        root: Path | None = None,
+        blob_root: Path | None = None,
+    ) -> None:
         self._snapshot = snapshot
         self.sections_dir = sections_dir
         self.blob_path = blob_path
+        self.root = root or sections_dir.parent
+        self.blob_root = blob_root or self.root
 
     @property
     def snapshot(self) -> Snapshot:
@@ -251,17 +335,33 @@ class DirectoryContent(ClosingContent):
         return self.sections_dir / f"{section}.jsonl.gz"
 
     async def lines(self, section: str) -> AsyncIterator[list[bytes]]:
-        async for batch in iterate_in_thread(read_section(self.section_path(section))):
+        check = SectionCheck(self._snapshot.id, section, declared_of(self._snapshot, section))
+        batches = read_section_file(self.root, self.section_path(section), check)
+        async for batch in iterate_in_thread(batches):
             yield batch
 
+    def file_chunks(self, digest: str, size: int | None = None) -> Iterator[bytes]:
+        """The blob ``digest`` in chunks (blocking), verified as it is read: its size against
+        ``size`` (or at most the record's artifact bytes) before it is read, its hash at the end."""
+        return blob_chunks_of_file(
+            self.blob_root,
+            self.blob_path(checked_digest(digest)),
+            digest,
+            size=size,
+            limit=self._snapshot.sizes.get("artifacts", 0),
+        )
+
+    async def blob_chunks(self, digest: str, size: int | None = None) -> AsyncIterator[bytes]:
+        """The blob ``digest`` in chunks, verified as it is read (see :meth:`file_chunks`).
+
+        A content offering ``blob_chunks(digest, size)`` streams blobs (``save`` and
+        :func:`verify_content` use it) and must check the hash (and may check ``size``, the
+        record's) as it streams."""
+        async for chunk in iterate_in_thread(self.file_chunks(digest, size)):
+            yield chunk
+
     async def read_blob(self, digest: str) -> bytes:
-        try:
-            data = await asyncio.to_thread(self.blob_path(digest).read_bytes)
-        except FileNotFoundError:
-            raise SnapshotCorruptError(f"artifact blob {digest} is missing") from None
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise SnapshotCorruptError(f"artifact blob {digest} does not match its hash")
-        return data
+        return await asyncio.to_thread(lambda: b"".join(self.file_chunks(digest)))
 
 
 class SpooledSnapshot(DirectoryContent):
@@ -269,7 +369,9 @@ class SpooledSnapshot(DirectoryContent):
     or when garbage-collected."""
 
     def __init__(self, snapshot: Snapshot, directory: Path) -> None:
-        super().__init__(snapshot, directory / "sections", lambda digest: directory / "blobs" / digest)
+        super().__init__(
+            snapshot, directory / "sections", lambda digest: directory / "blobs" / checked_digest(digest)
+        )
         self.directory = directory
         self.not_enumerated: tuple[str, ...] = ()
         """For a capture: the sections it read only for the keys it was given or could derive,
@@ -362,6 +464,7 @@ class SpoolWriter:
 
 __all__ = [
     "BATCH",
+    "CHUNK",
     "DirectoryContent",
     "SectionWriter",
     "SnapshotContent",
@@ -369,11 +472,12 @@ __all__ = [
     "SpooledSnapshot",
     "canonical",
     "content_hash",
-    "copy_blob",
+    "write_chunks",
     "fsync_dir",
     "iterate_in_thread",
     "parse",
     "read_section",
     "records",
+    "verify_content",
     "write_file",
 ]

@@ -14,6 +14,12 @@ class SnapshotError(GuardedError):
     """Base class of every snapshot error."""
 
 
+def shortened(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (with the full length): hostile input can be long."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 class SnapshotNotFoundError(SnapshotError, LookupError):
     """No snapshot has this id (never saved, or deleted)."""
 
@@ -35,6 +41,17 @@ class SnapshotStoreReadOnlyError(SnapshotError):
     """A writing method (save, delete, tag, untag, gc) of a snapshot store opened read-only."""
 
 
+class InvalidSnapshotIdError(SnapshotNotFoundError):
+    """A snapshot id that no snapshot can have (see ``SNAPSHOT_ID_PATTERN``): refused before any
+    file or row is looked up."""
+
+    def __init__(self, snapshot_id: object) -> None:
+        super().__init__(str(snapshot_id))
+        self.args = (
+            f"{shortened(snapshot_id)} is not a snapshot id (letters, digits, '.', '_', '-'; 128 at most)",
+        )
+
+
 class SnapshotConflictError(SnapshotError):
     """A snapshot with this id is already saved with other content (a save is idempotent only for
     the same content)."""
@@ -46,6 +63,63 @@ class SnapshotConflictError(SnapshotError):
 
 class SnapshotCorruptError(SnapshotError):
     """Stored content does not match its record (hash, counts, a missing blob or section)."""
+
+
+class SectionMismatchError(SnapshotCorruptError):
+    """A section read back differs from what its manifest declares: ``what`` is ``"hash"``,
+    ``"records"`` or ``"bytes"``, ``declared`` and ``found`` the two values (a truncated or
+    unreadable section is reported with what was read before it ended)."""
+
+    def __init__(self, snapshot_id: str, section: str, what: str, declared: object, found: object) -> None:
+        self.snapshot_id = snapshot_id
+        self.section = section
+        self.what = what
+        super().__init__(
+            f"snapshot {snapshot_id!r}: section {section} does not match its manifest: "
+            f"{what} {found} read, {declared} declared"
+        )
+
+
+class BlobMismatchError(SnapshotCorruptError):
+    """An artifact blob differs from what the snapshot declares: ``what`` is ``"hash"`` or
+    ``"bytes"`` (its size), or ``"missing"``."""
+
+    def __init__(self, digest: str, what: str, declared: object = None, found: object = None) -> None:
+        self.digest = digest
+        self.what = what
+        if what == "missing":
+            detail = "is missing"
+        elif what == "hash":
+            detail = f"does not match its hash: {found} read"
+        else:
+            detail = f"does not match its size: {found} bytes found, {declared} declared"
+        super().__init__(f"artifact blob {digest} {detail}")
+
+
+class InvalidBlobNameError(SnapshotCorruptError):
+    """An ``artifacts`` record names its blob with something other than a content address (64
+    lowercase hexadecimal digits): a path, a device, anything that could lead out of the store."""
+
+    def __init__(self, name: object) -> None:
+        self.name = name
+        super().__init__(
+            f"artifact blob name {shortened(name)} is not a content address (64 lowercase hex digits)"
+        )
+
+
+class UnsafeSnapshotFileError(SnapshotCorruptError):
+    """A file or directory of the store is not what it must be (a symbolic link, a FIFO, a device,
+    a socket...): it is neither followed nor opened. ``path`` is relative to the store."""
+
+    def __init__(self, path: str, kind: str) -> None:
+        self.path = path
+        self.kind = kind
+        super().__init__(f"{path} is {kind}, not a regular file or directory of the store: refused")
+
+
+class SnapshotTooLargeError(SnapshotCorruptError):
+    """A read would go past a limit (a line's length, a manifest's size, a section's expansion
+    from its compressed size): refused before it is held in memory."""
 
 
 class InvalidCursorError(SnapshotError, ValueError):
@@ -131,6 +205,12 @@ class SnapshotStagingError(SnapshotStoreUnavailableError):
 
 
 __all__ = [
+    "BlobMismatchError",
+    "InvalidBlobNameError",
+    "InvalidSnapshotIdError",
+    "SectionMismatchError",
+    "SnapshotTooLargeError",
+    "UnsafeSnapshotFileError",
     "FormatTooNewError",
     "FormatVersionError",
     "InvalidCursorError",

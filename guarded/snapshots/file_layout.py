@@ -11,6 +11,11 @@
       locks/meta.lock                       exclusive: publish, delete, tag, untag
       locks/gc.lock                         shared by every save for its whole duration; exclusive by gc
 
+The directory may come from an untrusted source, so nothing below ``<root>`` is followed when it
+is a symbolic link: the directories above are checked when the store opens, and every path below
+is walked one component at a time with ``O_NOFOLLOW`` (:mod:`.safe_files`); blob names are
+content addresses only.
+
 A snapshot is published by one ``rename`` of its complete staging directory into ``snapshots/``
 (every file fsynced before, the directory after), so a reader sees all of it or nothing, whatever
 kills the writer. Locks are ``flock``s on files under ``locks/`` (POSIX; a local filesystem), taken
@@ -23,13 +28,15 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .content import fsync_dir, write_file
-from .errors import SnapshotStoreNotFoundError
+from .errors import SnapshotStoreNotFoundError, UnsafeSnapshotFileError
+from .safe_files import checked_digest, open_directory, read_small_file
 
 
 class Layout:
@@ -46,9 +53,17 @@ class Layout:
         self.locks = root / "locks"
         if (read_only or not create) and not self.snapshots.is_dir():
             raise SnapshotStoreNotFoundError(str(root))
-        if not read_only:
-            for directory in (self.snapshots, self.blobs, self.staging, self.trash, self.locks):
+        for directory in (self.snapshots, self.blobs, self.staging, self.trash, self.locks):
+            if not read_only:
                 directory.mkdir(parents=True, exist_ok=True)
+            try:
+                mode = os.lstat(directory).st_mode
+            except FileNotFoundError:
+                continue  # read-only: a directory the store never needed yet
+            if not stat.S_ISDIR(mode):
+                raise UnsafeSnapshotFileError(
+                    directory.name, "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
+                )
 
     def snapshot_dir(self, snapshot_id: str) -> Path:
         return self.snapshots / snapshot_id
@@ -57,7 +72,51 @@ class Layout:
         return self.snapshots / snapshot_id / "manifest.json"
 
     def blob(self, digest: str) -> Path:
-        return self.blobs / digest[:2] / digest
+        """The file of blob ``digest`` (:class:`~.errors.InvalidBlobNameError` unless a content address)."""
+        return self.blobs / checked_digest(digest)[:2] / digest
+
+    def read_manifest(self, snapshot_id: str) -> dict[str, Any]:
+        """The manifest of ``snapshot_id`` (an id already checked), read confined and bounded
+        (``FileNotFoundError`` when missing, ``ValueError`` when not a JSON object)."""
+        return _json_object(read_small_file(self.root, self.manifest(snapshot_id)), "manifest.json")
+
+    def has_blob(self, digest: str) -> bool:
+        """Whether blob ``digest`` is stored; refreshes its time (``gc``'s grace counts from it).
+        A non-regular entry under its name (a link, a FIFO) is removed: a save replaces it."""
+        try:
+            prefix = open_directory(self.root, ("blobs", digest[:2]))
+        except FileNotFoundError:
+            return False
+        try:
+            mode = os.lstat(digest, dir_fd=prefix).st_mode
+            if stat.S_ISREG(mode):
+                os.utime(digest, dir_fd=prefix, follow_symlinks=False)
+                return True
+            if stat.S_ISDIR(mode):
+                raise UnsafeSnapshotFileError(f"blobs/{digest[:2]}/{digest}", "a directory")
+            os.unlink(digest, dir_fd=prefix)
+            return False
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(prefix)
+
+    def install_blob(self, temporary: Path, digest: str) -> None:
+        """Move ``temporary`` (a verified, fsynced blob file) into place as blob ``digest``."""
+        blobs = open_directory(self.root, ("blobs",))
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(digest[:2], dir_fd=blobs)
+        finally:
+            os.close(blobs)
+        prefix = open_directory(self.root, ("blobs", digest[:2]))
+        try:
+            os.replace(
+                temporary, digest, dst_dir_fd=prefix
+            )  # same content, same name: a racing writer is harmless
+            os.fsync(prefix)
+        finally:
+            os.close(prefix)
 
     def new_staging(self, snapshot_id: str) -> Path:
         path = self.staging / f"{snapshot_id}.{uuid.uuid4().hex}"
@@ -78,11 +137,10 @@ class Layout:
             os.close(fd)  # releases the flock
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object file (``FileNotFoundError`` when missing, ``ValueError`` when not an object)."""
-    value = json.loads(path.read_bytes())
+def _json_object(data: bytes, name: str) -> dict[str, Any]:
+    value = json.loads(data)
     if not isinstance(value, dict):
-        raise ValueError(f"{path.name} is not a JSON object")
+        raise ValueError(f"{name} is not a JSON object")
     return value
 
 
@@ -98,4 +156,4 @@ def write_json_atomically(path: Path, value: dict[str, Any]) -> None:
     fsync_dir(path.parent)
 
 
-__all__ = ["Layout", "read_json", "write_json_atomically"]
+__all__ = ["Layout", "write_json_atomically"]

@@ -12,6 +12,9 @@ See :mod:`guarded.snapshots.file_layout` for the files. Guarantees:
 * **concurrent processes**: saves run in parallel; publishing, deleting and tagging take an
   exclusive lock, ``gc`` waits for the saves in progress (they hold a shared lock).
 * **bounded memory**: sections are copied batch by batch and blobs in 1 MiB chunks.
+* **untrusted directories**: every file is read confined to the directory, regular files only,
+  bounded and checked against its manifest as it is read (:mod:`.safe_files`); ids are checked
+  once, when a method is called; ``gc`` never follows a link out of the directory.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterable
 from datetime import datetime
@@ -34,11 +38,11 @@ from .content import (
     SectionWriter,
     SnapshotContent,
     content_hash,
-    copy_blob,
     fsync_dir,
     iterate_in_thread,
     parse,
     read_section,
+    write_chunks,
     write_file,
 )
 from .derived import diff_of, lineage_of
@@ -49,7 +53,7 @@ from .errors import (
     SnapshotNotFoundError,
     SnapshotStoreReadOnlyError,
 )
-from .file_layout import Layout, read_json, write_json_atomically
+from .file_layout import Layout, write_json_atomically
 from .listing import ListFilter, paginate, retention_victims
 from .manifests import listed_record, stored_record
 from .migrations import DEFAULT_MIGRATIONS, MigrationRegistry, format_version_of, migrate
@@ -61,8 +65,10 @@ from .record import (
     SnapshotDiff,
     SnapshotPage,
     SubjectKind,
+    checked_id,
     normalize_tags,
 )
+from .safe_files import checked_digest, open_directory
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +120,7 @@ class FileSnapshotStore:
     async def save(self, content: SnapshotContent) -> Snapshot:
         self._check_writable("save")
         snapshot = content.snapshot
+        checked_id(snapshot.id)
         existing = await asyncio.to_thread(self._stored_hash, snapshot.id)
         if existing is not None:
             return await self._same_or_conflict(snapshot, existing)
@@ -141,7 +148,7 @@ class FileSnapshotStore:
 
     def _stored_hash(self, snapshot_id: str) -> str | None:
         try:
-            return str(read_json(self.layout.manifest(snapshot_id)).get("content_hash", ""))
+            return str(self.layout.read_manifest(snapshot_id).get("content_hash", ""))
         except FileNotFoundError:
             return None
 
@@ -160,7 +167,7 @@ class FileSnapshotStore:
                 async for batch in content.lines(section):
                     await asyncio.to_thread(writer.write, batch)
                     if section == "artifacts":
-                        digests.update((str(parse(line)["blob"]), None) for line in batch)
+                        digests.update((checked_digest(parse(line).get("blob")), None) for line in batch)
             finally:
                 await asyncio.to_thread(writer.close)
             hashes[section] = writer.digest
@@ -178,18 +185,16 @@ class FileSnapshotStore:
         await asyncio.to_thread(self._finish_staging, snapshot, staging)
 
     async def _put_blob(self, content: SnapshotContent, digest: str, staging: Path) -> None:
-        target = self.layout.blob(digest)
-        if await asyncio.to_thread(_touch, target):
+        if await asyncio.to_thread(self.layout.has_blob, digest):
             return
         temporary = staging / f"blob-{digest}"
-        source = content.blob_path(digest) if isinstance(content, DirectoryContent) else None
-        if source is not None:
-            await asyncio.to_thread(copy_blob, source, temporary, digest)
+        if isinstance(content, DirectoryContent):
+            await write_chunks(content.blob_chunks(digest), temporary)
         else:
             data = await content.read_blob(digest)
             await asyncio.to_thread(write_file, temporary, data)
             del data
-        await asyncio.to_thread(_install, temporary, target)
+        await asyncio.to_thread(self.layout.install_blob, temporary, digest)
 
     def _finish_staging(self, snapshot: Snapshot, staging: Path) -> None:
         write_file(
@@ -202,7 +207,7 @@ class FileSnapshotStore:
         """Rename the staging directory into place; ``False`` when the id was taken meanwhile."""
         with self.layout.lock("meta"):
             target = self.layout.snapshot_dir(snapshot.id)
-            if target.exists():
+            if os.path.lexists(target):
                 return False
             os.rename(staging, target)
             fsync_dir(self.layout.snapshots)
@@ -215,19 +220,21 @@ class FileSnapshotStore:
         sections = self.layout.snapshot_dir(snapshot_id) / "sections"
         version = format_version_of(manifest)
         if version == self.migrations.current:
-            return DirectoryContent(_record(manifest, snapshot_id), sections, self.layout.blob)
+            record = _record(manifest, snapshot_id)
+            return DirectoryContent(record, sections, self.layout.blob, root=self.layout.root)
         self.migrations.plan(version)  # the format errors, before any work
 
         def lines(section: str) -> Any:
-            return iterate_in_thread(read_section(sections / f"{section}.jsonl.gz"))
+            return iterate_in_thread(read_section(sections / f"{section}.jsonl.gz", root=self.layout.root))
 
         spooled = await migrate(manifest, lines, self.migrations, spool_dir=self.spool_dir)
         spooled.blob_path = self.layout.blob
+        spooled.blob_root = self.layout.root
         return spooled
 
     def _manifest(self, snapshot_id: str) -> dict[str, Any]:
         try:
-            return read_json(self.layout.manifest(_checked_id(snapshot_id)))
+            return self.layout.read_manifest(checked_id(snapshot_id))
         except FileNotFoundError:
             raise SnapshotNotFoundError(snapshot_id) from None
         except ValueError as exc:
@@ -261,7 +268,7 @@ class FileSnapshotStore:
         snapshots = []
         for entry in os.scandir(self.layout.snapshots):
             try:
-                snapshots.append(self._listed(read_json(Path(entry.path) / "manifest.json"), entry.name))
+                snapshots.append(self._listed(self.layout.read_manifest(checked_id(entry.name)), entry.name))
             except FileNotFoundError:
                 continue  # deleted while listing
             except (ValueError, SnapshotError) as exc:
@@ -272,16 +279,16 @@ class FileSnapshotStore:
 
     async def delete(self, snapshot_id: str) -> bool:
         self._check_writable("delete")
-        trash = await asyncio.to_thread(self._unpublish, _checked_id(snapshot_id))
+        trash = await asyncio.to_thread(self._unpublish, checked_id(snapshot_id))
         if trash is None:
             return False
-        await asyncio.to_thread(shutil.rmtree, trash, True)
+        await asyncio.to_thread(_remove, trash)
         return True
 
     def _unpublish(self, snapshot_id: str) -> Path | None:
         with self.layout.lock("meta"):
             source = self.layout.snapshot_dir(snapshot_id)
-            if not source.exists():
+            if not os.path.lexists(source):
                 return None
             trash = self.layout.new_trash(snapshot_id)
             os.rename(source, trash)
@@ -308,10 +315,10 @@ class FileSnapshotStore:
         return self._listed(manifest, snapshot_id)
 
     async def lineage(self, snapshot_id: str) -> builtins.list[Snapshot]:
-        return await lineage_of(self, snapshot_id)
+        return await lineage_of(self, checked_id(snapshot_id))
 
     async def diff(self, a: str, b: str) -> SnapshotDiff:
-        return await diff_of(self, a, b)
+        return await diff_of(self, checked_id(a), checked_id(b))
 
     # --- gc ----------------------------------------------------------------------------------------
 
@@ -325,65 +332,72 @@ class FileSnapshotStore:
             for snapshot_id in doomed:
                 trash = self._unpublish(snapshot_id)
                 if trash is not None:
-                    shutil.rmtree(trash, True)
+                    _remove(trash)
             staging = 0
             for directory in (self.layout.staging, self.layout.trash):
                 for entry in os.scandir(directory):  # abandoned by killed processes
-                    shutil.rmtree(entry.path, True)
+                    _remove(Path(entry.path))
                     staging += directory is self.layout.staging
             referenced = self._referenced()
-            deleted = freed = kept = 0
             oldest = time.time() - policy.grace.total_seconds()
+            deleted = freed = kept = 0
             for prefix in os.scandir(self.layout.blobs):
-                for blob in os.scandir(prefix.path):
-                    stat = blob.stat()
-                    if blob.name in referenced or stat.st_mtime > oldest:
-                        kept += 1
-                        continue
-                    os.unlink(blob.path)
-                    deleted += 1
-                    freed += stat.st_size
-                fsync_dir(Path(prefix.path))
+                if not prefix.is_dir(follow_symlinks=False):
+                    logger.warning("blobs/%s is not a directory of the store: left alone", prefix.name)
+                    continue
+                removed, size, left = _collect_blobs(self.layout.root, prefix.name, referenced, oldest)
+                deleted, freed, kept = deleted + removed, freed + size, kept + left
         return GcReport(tuple(doomed), deleted, freed, kept, staging)
 
     def _referenced(self) -> set[str]:
+        """The blobs the stored snapshots reference (a snapshot whose references cannot be read
+        fails the gc: deleting its blobs could lose them)."""
         referenced: set[str] = set()
         for entry in os.scandir(self.layout.snapshots):
-            for batch in read_section(Path(entry.path) / "sections" / "artifacts.jsonl.gz"):
-                referenced.update(str(parse(line)["blob"]) for line in batch)
+            if not entry.is_dir(follow_symlinks=False):
+                continue  # not a snapshot of this store: never listed or loaded
+            path = Path(entry.path) / "sections" / "artifacts.jsonl.gz"
+            for batch in read_section(path, root=self.layout.root):
+                referenced.update(str(parse(line).get("blob")) for line in batch)
         return referenced
 
 
-def _touch(path: Path) -> bool:
-    """Refresh a blob's time (``gc``'s grace counts from it); whether it exists."""
+def _collect_blobs(root: Path, prefix: str, referenced: set[str], oldest: float) -> tuple[int, int, int]:
+    """Delete the unreferenced blobs older than ``oldest`` in ``blobs/<prefix>``, a directory
+    opened without following links; (deleted, bytes freed, kept)."""
+    fd = open_directory(root, ("blobs", prefix))
+    deleted = freed = kept = 0
     try:
-        os.utime(path)
-        return True
-    except FileNotFoundError:
-        return False
+        for blob in os.scandir(fd):
+            status = blob.stat(follow_symlinks=False)
+            if blob.name in referenced or status.st_mtime > oldest or stat.S_ISDIR(status.st_mode):
+                kept += 1
+                continue
+            os.unlink(blob.name, dir_fd=fd)  # a link is removed, never what it points to
+            deleted += 1
+            freed += status.st_size
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return deleted, freed, kept
 
 
-def _install(temporary: Path, target: Path) -> None:
-    target.parent.mkdir(exist_ok=True)
-    os.replace(temporary, target)  # same content under the same name: a racing writer is harmless
-    fsync_dir(target.parent)
+def _remove(path: Path) -> None:
+    """Remove a directory tree of the store, or a link or file in its place, never following a link."""
+    if path.is_symlink() or not path.is_dir():
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return
+    shutil.rmtree(path, True)  # never follows links inside (it walks by descriptors)
 
 
 def names_a_directory(snapshot_id: object) -> bool:
-    """Whether ``snapshot_id`` can name a snapshot's directory: a non-empty string, without
-    ``/``, not starting with ``.``."""
-    return (
-        isinstance(snapshot_id, str)
-        and bool(snapshot_id)
-        and "/" not in snapshot_id
-        and not snapshot_id.startswith(".")
-    )
-
-
-def _checked_id(snapshot_id: str) -> str:
-    if not names_a_directory(snapshot_id):
-        raise SnapshotNotFoundError(str(snapshot_id))
-    return snapshot_id
+    """Whether ``snapshot_id`` is a valid snapshot id, safe to name a directory."""
+    try:
+        checked_id(snapshot_id)
+    except SnapshotNotFoundError:
+        return False
+    return True
 
 
 def _record(manifest: dict[str, Any], snapshot_id: str) -> Snapshot:

@@ -8,6 +8,7 @@ how big, and the hash that identifies the content.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -16,12 +17,24 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..codec import JSONObject
+from .errors import InvalidSnapshotIdError
 
 FORMAT_VERSION = 2
 """The format version this code writes (see :mod:`guarded.snapshots.migrations`)."""
 
 SNAPSHOT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 """What a snapshot id may be: letters, digits, ``.``, ``_`` and ``-``, 128 at most, safe as a file name."""
+
+_SNAPSHOT_ID = re.compile(SNAPSHOT_ID_PATTERN)
+
+
+def checked_id(snapshot_id: object) -> str:
+    """``snapshot_id`` when a snapshot can have it (:data:`SNAPSHOT_ID_PATTERN`); else
+    :class:`~guarded.snapshots.errors.InvalidSnapshotIdError`, before any file or row is looked up."""
+    if not isinstance(snapshot_id, str) or _SNAPSHOT_ID.fullmatch(snapshot_id) is None:
+        raise InvalidSnapshotIdError(snapshot_id)
+    return snapshot_id
+
 
 SubjectKind = Literal["session", "trace"]
 """What a snapshot is of: everything a store holds for one session, or for one trace."""
@@ -229,5 +242,6 @@ __all__ = [
     "SnapshotDiff",
     "SnapshotPage",
     "SubjectKind",
+    "checked_id",
     "normalize_tags",
 ]

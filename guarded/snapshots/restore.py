@@ -30,6 +30,10 @@ What it replaced is named in :attr:`RestoreReport.overwritten` (the keys whose v
 differed); a pause cannot be read without consuming it, so every pause a roll-back writes is
 named there.
 
+Nothing is written before the whole content has been read once and checked against its record
+(:func:`~guarded.snapshots.verify_content`: every section's hash, records and bytes, every blob's
+name, size and hash): a damaged or tampered snapshot restores nothing.
+
 A section with records that the store cannot take (it lacks the capability) raises
 :class:`~guarded.errors.CapabilityError` before anything is written, unless
 ``skip_unsupported=True``. Memory stays bounded: records are read and written batch by batch,
@@ -60,7 +64,7 @@ from ..codec import (
 )
 from ..errors import CapabilityError, WriteNotKeptError
 from ..logical_time import logical_times, next_logical_time, replaying
-from .content import SnapshotContent, canonical, parse
+from .content import SnapshotContent, canonical, parse, verify_content
 from .record import SECTIONS
 
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -124,6 +128,7 @@ async def restore(
             f"({', '.join(name for s in unsupported for name in NEEDS[s])}); "
             "pass skip_unsupported=True to leave them out"
         )
+    await verify_content(content)  # all or nothing: no write before the whole content checked out
     report = RestoreReport(unsupported=unsupported, rollback=rollback)
     now = next_logical_time()
     time = now if rollback else min(_logical_time_of(content.snapshot.created_at), now)
