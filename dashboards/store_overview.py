@@ -280,6 +280,28 @@ def _dead_letter_panels() -> tuple[Panel, ...]:
     def flow(metric: str) -> str:
         return q.or_zero(q.sum_by(STORE, q.rate(SCOPE.selector(q.counter(metric)))), depth)
 
+    def losses(title: str, description: str, metric: str) -> Panel:
+        """Writes lost or refused by method and reason: every one is a red mark."""
+        return Panel(
+            title=title,
+            description=description,
+            queries=(
+                Query(
+                    q.or_zero(
+                        q.sum_by(
+                            (names.LABEL_STORE, names.LABEL_METHOD, LABEL_REASON),
+                            q.increase(SCOPE.selector(q.counter(metric))),
+                        ),
+                        depth,
+                    ),
+                    "{{store}} {{method}} {{reason}}",
+                ),
+            ),
+            width=8,
+            decimals=0,
+            thresholds=(Threshold("red", 1),),
+        )
+
     return (
         Panel(
             title="Dead-letter depth",
@@ -313,54 +335,22 @@ def _dead_letter_panels() -> tuple[Panel, ...]:
                 Threshold("red", DEADLETTER_AGE_CRITICAL_SECONDS),
             ),
         ),
-        Panel(
-            title="Dropped writes (data loss)",
-            description=(
-                "Held writes lost: spill_corrupt (only a damaged spill file held them; it is set aside "
-                "for inspection), memory_full (parked writes held in memory past the caps). Each one is "
-                "lost data. At its limits the buffer refuses new writes instead of dropping: see Refused "
-                "writes."
-            ),
-            queries=(
-                Query(
-                    q.or_zero(
-                        q.sum_by(
-                            (names.LABEL_STORE, names.LABEL_METHOD, LABEL_REASON),
-                            q.increase(SCOPE.selector(q.counter(names.DLQ_DROPPED))),
-                        ),
-                        depth,
-                    ),
-                    "{{store}} {{method}} {{reason}}",
-                ),
-            ),
-            width=8,
-            decimals=0,
-            thresholds=(Threshold("red", 1),),
+        losses(
+            "Dropped writes (data loss)",
+            "Held writes lost: spill_corrupt (only a damaged spill file held them; it is set aside "
+            "for inspection), memory_full (parked writes held in memory past the caps). Each one is "
+            "lost data. At its limits the buffer refuses new writes instead of dropping: see Refused "
+            "writes.",
+            names.DLQ_DROPPED,
         ),
-        Panel(
-            title="Refused writes (not kept)",
-            description=(
-                "Writes the backend did not take and the dead-letter buffer could not keep, by method and "
-                "reason: disk_cap (the spill file at max_disk_bytes), disk_full, spill_unavailable (the "
-                "file cannot be used), memory_full (no spill file, at the memory caps). Their callers "
-                "were answered refused (raised in strict mode); nothing kept was evicted. Fix the "
-                "backend outage, and give the buffer room."
-            ),
-            queries=(
-                Query(
-                    q.or_zero(
-                        q.sum_by(
-                            (names.LABEL_STORE, names.LABEL_METHOD, LABEL_REASON),
-                            q.increase(SCOPE.selector(q.counter(names.DLQ_REFUSED))),
-                        ),
-                        depth,
-                    ),
-                    "{{store}} {{method}} {{reason}}",
-                ),
-            ),
-            width=8,
-            decimals=0,
-            thresholds=(Threshold("red", 1),),
+        losses(
+            "Refused writes (not kept)",
+            "Writes the backend did not take and the dead-letter buffer could not keep, by method and "
+            "reason: disk_cap (the spill file at max_disk_bytes), disk_full, spill_unavailable (the "
+            "file cannot be used), memory_full (no spill file, at the memory caps). Their callers "
+            "were answered refused (raised in strict mode); nothing kept was evicted. Fix the "
+            "backend outage, and give the buffer room.",
+            names.DLQ_REFUSED,
         ),
         Panel(
             title="Dead-letter flow",
