@@ -20,12 +20,22 @@ PostgreSQL store), the PostgreSQL demo, the test support, and the backends' own 
 BACKEND_MODULES = ("asyncpg", "guarded.backends", "backends")
 
 
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+_TREES = {path: _parse(path) for root in (CORE, BACKENDS) for path in root.rglob("*.py")}
+"""Parsed when the module is collected, before any test runs: CPython 3.11's AST conversion keeps
+its recursion depth in state shared by all threads, so parsing while a thread left by an earlier
+test compiles code can fail with ``SystemError: AST constructor recursion depth mismatch``."""
+
+
 def _modules(root: Path, *, skip: tuple[str, ...] = ()) -> Iterator[tuple[Path, ast.Module]]:
     for path in sorted(root.rglob("*.py")):
         relative = path.relative_to(root)
         if relative.parts[0] in skip or "__pycache__" in relative.parts:
             continue
-        yield path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        yield path, _TREES.get(path) or _parse(path)
 
 
 def _imported(path: Path, root: Path, tree: ast.Module) -> Iterator[tuple[int, str]]:
@@ -69,7 +79,7 @@ def test_a_backend_imports_no_other_backend(backend: str, foreign: tuple[str, ..
     assert paths, f"no module of the {backend} backend under {BACKENDS}"
     found = []
     for start in paths:
-        trees = _modules(start) if start.is_dir() else [(start, ast.parse(start.read_text(encoding="utf-8")))]
+        trees = _modules(start) if start.is_dir() else [(start, _TREES.get(start) or _parse(start))]
         for path, tree in trees:
             for line, module in _imported(path, BACKENDS, tree):
                 if _is_under(module, foreign):
