@@ -74,10 +74,14 @@ class Failures:
     """Files a command could not serve: one error line each, exit status 2 at the end."""
 
     def __init__(self) -> None:
-        self.count = 0
+        self.files: list[SlotFile] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.files)
 
     def report(self, file: SlotFile, message: str) -> None:
-        self.count += 1
+        self.files.append(file)
         file.error = message
         error(message)
 
@@ -128,6 +132,11 @@ def file_dict(file: SlotFile) -> dict[str, Any]:
         "pid": file.pid,
         "error": file.error,
     }
+
+
+def unknown_totals(failures: Failures) -> str:
+    """What ``replay`` and ``purge`` print in place of their totals when files could not be read."""
+    return f"totals unknown, {failures.count} file(s) could not be read"
 
 
 def set_aside_files(base: str) -> list[str]:

@@ -24,7 +24,15 @@ from ..durability.bulk_forms import bulk_methods_of
 from ..pipeline.cores import core_of
 from ..store_identity import declared_identity, store_identity
 from .check import build_store, close_store, load_factory
-from .dlq_files import Failures, SlotFile, pinned_buffer, quiet_recovery, writable_files
+from .dlq_files import (
+    Failures,
+    SlotFile,
+    file_dict,
+    pinned_buffer,
+    quiet_recovery,
+    unknown_totals,
+    writable_files,
+)
 from .progress import Progress
 from .support import (
     EXIT_OK,
@@ -211,18 +219,22 @@ def replay_command(args: argparse.Namespace) -> int:
     unparked = sum(count for _, _, _, count in done)
     stopped = any(summary.stopped_early for _, summary, _, _ in done)
     errors = [summary.last_error for _, summary, _, _ in done if summary.last_error]
-    document = {
-        "path": args.path,
+    known = not failures.count  # a total that left an unreadable file out would read as "nothing waits"
+    totals = {
         "waiting": waiting,
         "unparked": unparked,
         "replayed": replayed,
         "parked": parked,
         "remaining": remaining,
+        "quarantined": sum(quarantined),
+    }
+    document = {
+        "path": args.path,
+        **{name: value if known else None for name, value in totals.items()},
         "stopped_early": stopped,
         "backend_down": down,
         "target": state.target,
         "last_error": errors[-1] if errors else None,
-        "quarantined": sum(quarantined),
         "skipped_in_use": busy,
         "files": [
             {
@@ -230,23 +242,30 @@ def replay_command(args: argparse.Namespace) -> int:
                 "path": file.path,
                 "target": file.target,
                 "waiting": count,
+                "error": None,
                 **summary.to_dict(),
             }
             for file, summary, count, _ in done
-        ],
+        ]
+        + [file_dict(file) for file in failures.files],
     }
     if args.json:
         print(json.dumps(document, ensure_ascii=False))
     else:
-        print(f"replayed {replayed} of {waiting + unparked} write(s) from {len(done)} file(s) of {args.path}")
+        if known:
+            source = f"{len(done)} file(s) of {args.path}"
+            print(f"replayed {replayed} of {waiting + unparked} write(s) from {source}")
+        elif done:
+            print(f"replayed from {len(done)} file(s) of {args.path}; {unknown_totals(failures)}")
         for file, summary, count, _ in done:
             print(f"  slot {file.slot} ({file.path}): {summary.replayed} of {count} replayed")
-        if unparked:
-            print(f"  {unparked} parked write(s) were moved back for this replay")
-        print(f"  parked now:  {parked}")
-        print(f"  remaining:   {remaining}")
-        if quarantined and sum(quarantined):
-            print(f"  quarantined: {sum(quarantined)} unreadable row(s) set aside (list --quarantined)")
+        if known:
+            if unparked:
+                print(f"  {unparked} parked write(s) were moved back for this replay")
+            print(f"  parked now:  {parked}")
+            print(f"  remaining:   {remaining}")
+            if sum(quarantined):
+                print(f"  quarantined: {sum(quarantined)} unreadable row(s) set aside (list --quarantined)")
         if busy:
             print(f"  skipped:     {busy} file(s) in use by live processes")
         if stopped:
@@ -256,10 +275,11 @@ def replay_command(args: argparse.Namespace) -> int:
     if down:
         where = f" ({state.target})" if state.target else ""
         why = f": {errors[-1]}" if errors else ""
+        waiting_text = f"{remaining:,} write(s)" if known else "writes"
         return report(
             UnreachableError(
-                f"the store's backend{where} is not answering; the replay stopped{why}; {remaining:,} "
-                f"write(s) still wait in {args.path} (nothing was lost)",
+                f"the store's backend{where} is not answering; the replay stopped{why}; {waiting_text} "
+                f"still wait in {args.path} (nothing was lost)",
                 "bring the backend back, then run 'guarded dlq replay' again",
                 target=state.target,
             )
@@ -271,8 +291,9 @@ def replay_command(args: argparse.Namespace) -> int:
 
 async def _purge(
     files: Sequence[SlotFile], failures: Failures, *, pending: bool, parked: bool, quarantined: bool
-) -> int:
-    removed = 0
+) -> list[tuple[SlotFile, int]]:
+    """Each file purged, with the count of rows it deleted (a file it could not open reported)."""
+    purged: list[tuple[SlotFile, int]] = []
     for file in files:
         buffer = pinned_buffer(file.path)
         try:
@@ -280,10 +301,10 @@ async def _purge(
             if buffer.spill_path is None:
                 failures.report(file, buffer.spill_error or f"cannot open {file.path!r}")
                 continue
-            removed += await buffer.purge(pending=pending, parked=parked, quarantined=quarantined)
+            purged.append((file, await buffer.purge(pending=pending, parked=parked, quarantined=quarantined)))
         finally:
             await buffer.aclose()
-    return removed
+    return purged
 
 
 def purge_command(args: argparse.Namespace) -> int:
@@ -294,25 +315,32 @@ def purge_command(args: argparse.Namespace) -> int:
     failures = Failures()
     files, busy = writable_files(args, failures, target=None, check_targets=False)
     with quiet_recovery():
-        removed = (
+        done = (
             asyncio.run(
                 _purge(
                     files, failures, pending=args.pending, parked=args.parked, quarantined=args.quarantined
                 )
             )
             if files
-            else 0
+            else []
         )
+    removed = sum(count for _, count in done)
+    known = not failures.count
     if args.json:
         print(
             json.dumps(
                 {
                     "path": args.path,
-                    "purged": removed,
+                    "purged": removed if known else None,
                     "pending": args.pending,
                     "parked": args.parked,
                     "quarantined": args.quarantined,
                     "skipped_in_use": busy,
+                    "files": [
+                        {"slot": file.slot, "path": file.path, "purged": count, "error": None}
+                        for file, count in done
+                    ]
+                    + [{**file_dict(file), "purged": None} for file in failures.files],
                 }
             )
         )
@@ -326,7 +354,12 @@ def purge_command(args: argparse.Namespace) -> int:
             )
             if chosen
         )
-        print(f"purged {removed} {what} write(s) from {len(files)} file(s) of {args.path}")
+        if known:
+            print(f"purged {removed} {what} write(s) from {len(files)} file(s) of {args.path}")
+        elif done:
+            print(f"purged {what} writes from {len(done)} file(s) of {args.path}; {unknown_totals(failures)}")
+            for file, count in done:
+                print(f"  slot {file.slot} ({file.path}): {count} purged")
     if failures.count:
         return EXIT_USAGE
     return EXIT_PROBLEM if busy else EXIT_OK

@@ -117,6 +117,69 @@ def test_an_unreadable_slot_file_is_reported_and_no_total_is_printed(
     assert [file["slot"] for file in document["files"]] == [0, 1]
 
 
+def stamped(directory: Path) -> dict[str, tuple[str, int]]:
+    """:func:`files_of` ``directory`` with each entry's modification time in nanoseconds (``.``: the
+    directory's own, which moves when an entry is created or removed)."""
+    found = {".": ("dir", directory.stat().st_mtime_ns)}
+    for name, digest in files_of(directory).items():
+        found[name] = (digest, (directory / name).stat().st_mtime_ns)
+    return found
+
+
+OPERATIONS = {
+    "replay": ("replay", "--store", "tests.deadletter.factories:memory_store"),
+    "purge": ("purge", "--parked", "--yes"),
+}
+
+
+@pytest.mark.parametrize("operation", sorted(OPERATIONS))
+@pytest.mark.parametrize("damage", sorted(DAMAGED))
+def test_replay_and_purge_of_a_file_that_cannot_be_read_is_an_error_with_no_counts_and_change_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, operation: str
+) -> None:
+    path = tmp_path / "dlq.sqlite"
+    DAMAGED[damage](path)
+    before = stamped(tmp_path)
+    ran = in_process(capsys, "dlq", *OPERATIONS[operation], "--path", str(path))
+    assert ran.code == EXIT_USAGE, (ran.out, ran.err)
+    assert ran.out == "", f"stdout must carry no counts for an unreadable file: {ran.out!r}"
+    assert ran.error.startswith("error: "), ran.err
+    assert str(path) in ran.error
+    ran = in_process(capsys, "dlq", *OPERATIONS[operation], "--path", str(path), "--json")
+    assert ran.code == EXIT_USAGE
+    document = json.loads(ran.out)
+    counts = ("waiting", "replayed", "parked", "remaining") if operation == "replay" else ("purged",)
+    assert all(document[name] is None for name in counts), document
+    assert [(file["path"], bool(file["error"])) for file in document["files"]] == [(str(path), True)]
+    assert stamped(tmp_path) == before, f"{operation} created or changed a file"
+
+
+@pytest.mark.parametrize("operation", sorted(OPERATIONS))
+def test_replay_and_purge_report_a_directory_in_a_slot_files_place_and_print_no_total(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], operation: str
+) -> None:
+    path = tmp_path / "dlq.sqlite"
+    spill(path, 20)
+    slot = tmp_path / "dlq.sqlite.1"
+    slot.mkdir()
+    before = stamped(slot)
+    ran = in_process(capsys, "dlq", *OPERATIONS[operation], "--path", str(path))
+    assert ran.code == EXIT_USAGE, (ran.out, ran.err)
+    assert [line for line in ran.err_lines if line.startswith("error: ")] == [
+        f"error: cannot read dead-letter spill file '{slot}': it is not a regular file"
+    ]
+    assert "remaining" not in ran.out, "a total that left the slot file out reads as nothing waiting"
+    assert "parked now" not in ran.out
+    assert str(slot) not in ran.out
+    assert "could not be read" in ran.out
+    ran = in_process(capsys, "dlq", *OPERATIONS[operation], "--path", str(path), "--json")
+    document = json.loads(ran.out)
+    assert document["remaining" if operation == "replay" else "purged"] is None
+    assert [(file["slot"], bool(file["error"])) for file in document["files"]] == [(0, False), (1, True)]
+    assert stamped(slot) == before
+    assert not list(tmp_path.glob("dlq.sqlite.1?*")), "an unreadable slot file got files beside it"
+
+
 def test_reading_a_healthy_file_creates_and_changes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -373,7 +373,9 @@ def test_a_damaged_slot_file_gets_one_error_line(tmp_path: Path, capsys: pytest.
     )
     assert code == 2
     assert len(err.strip().splitlines()) == 1
-    assert "replayed 2 of 2" in out
+    assert f"slot 0 ({path}): 2 of 2 replayed" in out
+    assert "totals unknown, 1 file(s) could not be read" in out
+    assert "remaining" not in out
     assert pending(path) == 0
     assert damaged.read_bytes() == before  # left for inspection, untouched
 
