@@ -2,8 +2,9 @@
 cannot finish in time ends the call with :class:`~guarded.errors.WriteNotKeptError` (outcome
 ``refused``), never a call that waits for the disk. The commit itself goes on (a cancelled put
 leaves its write queued), so the refused write may still be committed and replayed, as the
-refusal says. Used for a single write (:mod:`guarded.layers.dead_letter`) and for the writes of a
-failed group commit (:mod:`guarded.durability.batch_writer`).
+refusal says. Used for a single write (:mod:`guarded.layers.dead_letter`), for the writes of a
+failed group commit (:mod:`guarded.durability.batch_writer`) and for a write the batcher's full
+queue could not take (:mod:`guarded.layers.batching`).
 """
 
 from __future__ import annotations
