@@ -6,6 +6,7 @@ registry shares."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,9 @@ class PendingWrite:
     """Group commit: settled with the write's outcome once its batch is written (``OK``: in the
     backend; ``DEAD_LETTERED``: held for replay; ``REJECTED``: parked as bad data). ``None`` for a
     write-behind write, acknowledged when queued."""
+    deadline: float = math.inf
+    """Loop time of the caller's deadline (group commit), which bounds keeping the write when its
+    batch fails (:mod:`guarded.durability.commit_deadline`)."""
 
     def settle(self, outcome: Outcome) -> None:
         """Tell the caller waiting for this write (if any, and if it still waits) its outcome."""

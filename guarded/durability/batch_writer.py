@@ -12,6 +12,7 @@ and when held (:data:`guarded.pipeline.idempotency.ITEM_KEYS`).
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -29,6 +30,7 @@ from ..policy_table import PolicyTable
 from ..protocol import LEGACY_NAMES
 from .batching import PendingWrite
 from .bulk_forms import bulk_args, bulk_method_for
+from .commit_deadline import kept_in_time, not_kept_in_time
 
 InternalCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]]
 """Runs ``method(*args, **kwargs)`` on the backend through breaker, retry and timeout; raises."""
@@ -128,7 +130,8 @@ class BatchWriter:
     async def dead_letter_writes(self, failed: Sequence[tuple[PendingWrite, BaseException]]) -> list[Outcome]:
         """Keep batched writes that failed; each one's outcome (``DEAD_LETTERED``, ``REFUSED`` when
         the buffer had no room for it, or ``REJECTED`` when its call cannot be encoded and was
-        parked)."""
+        parked), however long the spill file takes (:meth:`_dead_letter_in_time` bounds it for
+        callers who wait)."""
         assert self._buffer is not None
         for write, exc in failed:
             self._operational.count(self._store_name, write.method, exc)
@@ -169,6 +172,31 @@ class BatchWriter:
         self._kick_replay()
         return outcomes
 
+    async def _dead_letter_in_time(
+        self, failed: Sequence[tuple[PendingWrite, BaseException]]
+    ) -> list[Outcome]:
+        """:meth:`dead_letter_writes` for the writes of a flush that failed, bounded by the
+        deadlines of their callers (the earliest: one transaction keeps them all). When the spill
+        file does not commit them in time, each caller still waiting is refused with
+        :func:`~guarded.durability.commit_deadline.not_kept_in_time` and every write is answered
+        ``REFUSED``; the commit goes on, so they may still be committed and replayed."""
+        deadline = min((write.deadline for write, _ in failed if write.done is not None), default=math.inf)
+        if deadline == math.inf:  # write-behind writes only: acknowledged, nobody waits for them
+            return await self.dead_letter_writes(failed)
+        try:
+            return await kept_in_time(
+                self.dead_letter_writes(failed), deadline, method=failed[0][0].method, failure=failed[0][1]
+            )
+        except WriteNotKeptError:
+            for write, exc in failed:
+                done = write.done
+                if done is not None and not done.done():
+                    refusal = not_kept_in_time(write.method)
+                    refusal.__cause__ = exc
+                    done.set_exception(refusal)
+                    done.exception()  # retrieved: raised to the caller, who may have gone
+            return [_REFUSED] * len(failed)
+
     async def __call__(self, method: str, writes: Sequence[PendingWrite]) -> list[Outcome] | None:
         """The batcher's writer: one bulk call when the backend has one, else bounded singles;
         what fails is dead-lettered, what is bad data is parked. Returns each write's outcome
@@ -190,7 +218,7 @@ class BatchWriter:
                 return None
             if isinstance(written, Outcome):
                 return [written]
-            return await self.dead_letter_writes([(write, written)])
+            return await self._dead_letter_in_time([(write, written)])
         bulk = bulk_method_for(self._target, method)
         if bulk is not None:
             try:
@@ -204,7 +232,7 @@ class BatchWriter:
                 if not isinstance(exc, Exception) and not _raised_by_store(exc):
                     raise  # the flush was cancelled (the batcher keeps its writes), or worse
                 if not no_wait_fixes(exc):
-                    return await self.dead_letter_writes([(write, exc) for write in writes])
+                    return await self._dead_letter_in_time([(write, exc) for write in writes])
                 # One bad write rejects the whole bulk call: write one by one to find it.
         return await self._write_singles(writes)
 
@@ -228,7 +256,7 @@ class BatchWriter:
         written = await self._write_failed(write, exc)
         if isinstance(written, Outcome):
             return [written]
-        return await self.dead_letter_writes([(write, written)])
+        return await self._dead_letter_in_time([(write, written)])
 
     async def _write_singles(self, writes: Sequence[PendingWrite]) -> list[Outcome]:
         limit = asyncio.Semaphore(self._single_write_concurrency)
@@ -245,7 +273,7 @@ class BatchWriter:
             if not isinstance(written, Outcome)
         ]
         if failed:
-            kept = await self.dead_letter_writes([(write, exc) for _, write, exc in failed])
+            kept = await self._dead_letter_in_time([(write, exc) for _, write, exc in failed])
             for (index, _, _), outcome in zip(failed, kept, strict=True):
                 outcomes[index] = outcome
         return outcomes

@@ -6,8 +6,9 @@ Group commit (``ack="commit"``, the default): the caller returns once the batch 
 is committed, to the backend (outcome ``ok``) or to the dead-letter buffer when the backend cannot
 take it (``dead_lettered``); bad data is parked (``rejected``); a write neither could take is
 ``refused`` (:class:`~guarded.errors.WriteNotKeptError`), each caller of a batch answered for its
-own write. Write-behind (``ack="enqueue"``, an explicit opt-in): the caller returns once the write
-is queued.
+own write, within its deadline: a spill-file commit that cannot finish in time refuses the write
+(:mod:`guarded.durability.commit_deadline`). Write-behind (``ack="enqueue"``, an explicit
+opt-in): the caller returns once the write is queued.
 
 Legacy aliases share their target's queue (``save_task_update`` is written as ``save_update``), so
 reads of the target and of its alias see them (read-your-writes). A full queue makes the caller
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
 from ..durability.batching import ALONE, QUEUED, PendingWrite
+from ..durability.commit_deadline import kept_in_time
 from ..durability.ports import DurabilityPorts
 from ..errors import WriteNotKeptError, WriteRefusedError
 from ..outcome import Outcome
@@ -89,14 +91,18 @@ class BatchingLayer:
             if queued:
                 done = write.done
                 return None if done is None else await done
-            kept = await hold(
-                name,
-                call.args,
-                kept_kwargs(write),
-                key=None,
-                scope=write.scope,
-                stamp=write.stamp,
-                error="queue_full",
+            kept = await kept_in_time(
+                hold(
+                    name,
+                    call.args,
+                    kept_kwargs(write),
+                    key=None,
+                    scope=write.scope,
+                    stamp=write.stamp,
+                    error="queue_full",
+                ),
+                call.deadline,
+                method=name,
             )
             call.settle(dead_lettered if kept else rejected)
             return None
@@ -136,6 +142,7 @@ class BatchingLayer:
                 next_stamp(),
                 call.started,
                 done,
+                call.deadline,
             )
             offered = offer(write)
             if done is not None:

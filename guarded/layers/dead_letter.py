@@ -18,8 +18,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from ..durability.commit_deadline import kept_in_time
 from ..durability.ports import DurabilityPorts
-from ..errors import WriteNotKeptError, WriteSupersededError
+from ..errors import WriteSupersededError
 from ..logical_time import LOGICAL_TIMES as logical_times
 from ..logical_time import WRITE_TIME_ARGUMENT, current_logical_time
 from ..observability.failure_log import FailureLog
@@ -27,11 +28,6 @@ from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import error_type, no_wait_fixes
 from ..pipeline.compiled import PASS, Deferred, Hooks
-
-DEAD_LETTER_GRACE = 3.0
-"""Seconds a write whose backend attempts used its whole deadline still has to be committed to
-the spill file (the demo under overload on a loaded 2-core machine refused 271 writes with 1 s,
-none with 3 s)."""
 
 
 class DeadLetterLayer:
@@ -105,26 +101,22 @@ class DeadLetterLayer:
                     raise
                 scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
                 times = logical_times.get()
-                # The call's deadline bounds keeping it too (a backend attempt that used all of it
-                # leaves the commit DEAD_LETTER_GRACE): a commit that cannot finish in time is a
-                # write not kept, said so, never a call that does not return.
-                try:
-                    async with asyncio.timeout_at(max(call.deadline, call.loop.time() + DEAD_LETTER_GRACE)):
-                        kept = await hold(
-                            name,
-                            call.args,
-                            call.kwargs if times is None else {**call.kwargs, WRITE_TIME_ARGUMENT: times[0]},
-                            key=key,
-                            scope=scope if isinstance(scope, str) else None,
-                            stamp=stamp,
-                            error=error_type(exc),
-                        )
-                except TimeoutError:
-                    raise WriteNotKeptError(
-                        "the spill file did not commit it within the call's deadline (it may still "
-                        "be committed and replayed)",
-                        method=method.label,
-                    ) from exc
+                # Bounded by the call's deadline: a commit that cannot finish in time is a write
+                # refused, never a call that waits for the disk.
+                kept = await kept_in_time(
+                    hold(
+                        name,
+                        call.args,
+                        call.kwargs if times is None else {**call.kwargs, WRITE_TIME_ARGUMENT: times[0]},
+                        key=key,
+                        scope=scope if isinstance(scope, str) else None,
+                        stamp=stamp,
+                        error=error_type(exc),
+                    ),
+                    call.deadline,
+                    method=method.label,
+                    failure=exc,
+                )
                 if not kept:
                     raise
                 call.settle(Outcome.DEAD_LETTERED, exc)

@@ -31,7 +31,7 @@ logger = logging.getLogger("guarded")
 
 FORWARD_GRACE = 4.0
 """Seconds a call forwarded to the home loop may take beyond its own deadline before its caller
-gives up: more than the dead-letter layer's ``DEAD_LETTER_GRACE`` (3 s) to commit a held write to
+gives up: more than the dead-letter step's ``DEAD_LETTER_GRACE`` (3 s) to commit a held write to
 the spill file, and the home loop's scheduling."""
 _POLL = 0.05
 """How often a caller waiting on the home loop looks whether that loop closed meanwhile."""

@@ -22,9 +22,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
+from guarded.durability.commit_deadline import DEAD_LETTER_GRACE
 from guarded.errors import WriteNotKeptError
 from guarded.guard import controller, guard
-from guarded.layers.dead_letter import DEAD_LETTER_GRACE
+from guarded.models import StoredEvent
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.support.metrics import outcome_counts
 
@@ -135,6 +136,83 @@ async def test_a_commit_that_cannot_finish_in_time_is_a_write_refused_within_its
     assert outcome_counts(registry)["refused"] == 1
     fault_injector(faulty).plan = FaultPlan()
     await controller(store).aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_batched_commit_that_cannot_finish_in_time_refuses_each_caller_within_its_deadline(
+    tmp_path: Path,
+) -> None:
+    """A failed group commit's writes go to a spill file whose worker thread is stuck: each
+    batched caller (the lone writer and those queued behind its flush alike) is refused within
+    its deadline and the commit's grace, instead of waiting for the disk (before: every caller
+    waited for the disk). The commit goes on: once the disk and the backend answer, every refused
+    write is delivered after all, as the refusal says it may be."""
+    await _batched_writes_refused_in_time(tmp_path, 6)
+
+
+@pytest.mark.asyncio
+async def test_a_write_the_full_queue_sends_to_a_stuck_disk_is_refused_within_its_deadline(
+    tmp_path: Path,
+) -> None:
+    """The batcher's queue is full (one write, in a flush whose commit waits for the stuck disk):
+    the next write, dead-lettered once its deadline passed without room, is refused within that
+    deadline and the commit's grace (before: it waited for the disk)."""
+    await _batched_writes_refused_in_time(tmp_path, 2, batching={"queue_size": 1})
+
+
+async def _batched_writes_refused_in_time(tmp_path: Path, writers: int, **options: Any) -> None:
+    """``writers`` concurrent ``save_event`` calls, whose backend write fails, while the spill
+    file's worker thread is stuck: each is refused within its deadline and the commit's grace,
+    and each is delivered once the disk and the backend answer."""
+    registry = CollectorRegistry()
+    backend = InMemoryStateStore()
+    faulty = FaultyStore(backend, FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
+    store = guard(
+        faulty,
+        timeout=TIMEOUT,
+        retries=0,
+        spill_path=str(tmp_path / "spill.sqlite"),
+        registry=registry,
+        **options,
+    )
+    await store.save_event(_event("first"))  # held: the spill file and its worker exist
+    assert outcome_counts(registry)["dead_lettered"] == 1
+    buffer = controller(store).dead_letters
+    assert buffer is not None
+    assert buffer._link.executor is not None
+    disk = threading.Event()
+    buffer._link.executor.submit(disk.wait)
+    loop = asyncio.get_running_loop()
+
+    async def timed(name: str) -> tuple[BaseException | None, float]:
+        began = loop.time()
+        try:
+            await store.save_event(_event(name))
+        except Exception as exc:
+            return exc, loop.time() - began
+        return None, loop.time() - began
+
+    names = [f"later-{index}" for index in range(writers)]
+    try:
+        answers = await asyncio.wait_for(
+            asyncio.gather(*(timed(name) for name in names)),
+            timeout=TIMEOUT + DEAD_LETTER_GRACE + SLACK + 10.0,
+        )
+    finally:
+        disk.set()
+    for error, took in answers:
+        assert isinstance(error, WriteNotKeptError), error  # strict mode raises a refusal
+        assert "may still be committed" in str(error)
+        assert took < TIMEOUT + DEAD_LETTER_GRACE + SLACK, took
+    assert outcome_counts(registry)["refused"] == writers
+    fault_injector(faulty).plan = FaultPlan()
+    await controller(store).aclose()
+    stored = {event.payload["name"] for event in await backend.load_history("batched")}
+    assert stored == {"first", *names}
+
+
+def _event(name: str) -> StoredEvent:
+    return StoredEvent("batched", 0.0, "node_end", "node", name, {"name": name})
 
 
 def test_a_loop_closed_while_its_commit_is_on_the_disk_leaves_it_to_the_next_loop(
