@@ -147,6 +147,7 @@ def calls() -> dict[str, MethodCall]:
         MethodCall("load_planner_state", ("pause-token",)),
         MethodCall("save_memory_state", ("memory-key", MEMORY)),
         MethodCall("load_memory_state", ("memory-key",)),
+        MethodCall("list_memory_keys", (SESSION,)),
         MethodCall("save_task", (task(),)),
         MethodCall("list_tasks", (SESSION,)),
         MethodCall("save_update", (update(),)),
@@ -223,6 +224,9 @@ class NullStore:
 
     async def load_memory_state(self, key: str) -> dict[str, Any] | None:
         return MEMORY
+
+    async def list_memory_keys(self, session_id: str) -> list[str]:
+        return [f"tenant:user:{session_id}"]
 
     async def save_task(self, state: TaskState) -> None:
         return None

@@ -160,8 +160,18 @@ async def _child(store_dir: Path, snapshot_id: str, traces: list[str]) -> dict[s
         "snapshot_error": error is not None and _is_snapshot_error(error),
         "message": "" if error is None else str(error)[:2000],
         "unchanged": before == after,
-        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss": _peak_rss(),
     }
+
+
+def _peak_rss() -> int:
+    """This process's peak resident set in bytes: ``VmHWM``, the high-water mark of its own
+    address space. ``ru_maxrss`` is no measure here: Linux carries it over from the parent through
+    fork and exec, so a child of a large test process would report the parent's size."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _is_snapshot_error(error: BaseException) -> bool:
