@@ -21,6 +21,11 @@ store holds after a drain on a later event loop.
     is closed without cancelling them (a sync framework's loop per request). The process then
     ends without closing the guard (a later guard on the spill path delivers what it held).
     ``postgres-drain`` is that later guard: drains, then prints the keys PostgreSQL holds.
+``testclient``
+    A Starlette application whose first request opens a guard over real PostgreSQL (an
+    application without a lifespan), called through Starlette's ``TestClient`` used without
+    ``with``: each request runs in an event loop of its own, and every other request leaves writes
+    in flight. Drained by ``postgres-drain`` as above.
 """
 
 from __future__ import annotations
@@ -248,6 +253,43 @@ def postgres(spill: str, dsn: str, schema: str) -> dict[str, Any]:
     return {"slowest": results.slowest, "acknowledged": sorted(results.acknowledged)}
 
 
+def testclient(spill: str, dsn: str, schema: str) -> dict[str, Any]:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from guarded.backends.postgres import PostgresStateStore
+
+    results = _Results()
+    holder: dict[str, Any] = {}
+
+    async def write(request: Request) -> JSONResponse:
+        if "store" not in holder:
+            backend = await PostgresStateStore.connect(
+                dsn, schema=schema, registry=CollectorRegistry(), stats_interval=None
+            )
+            holder["store"] = guard(
+                backend,
+                name="loops",
+                timeout=TIMEOUT,
+                retries=0,
+                breaker={"enabled": False},
+                spill_path=spill,
+                registry=CollectorRegistry(),
+            )
+        number = int(request.path_params["number"])
+        await results.write(holder["store"], f"request{number}")
+        if number % 2:
+            await results.leave_in_flight(holder["store"], f"left{number}", lambda: len(results.acknowledged))
+        return JSONResponse({"number": number})
+
+    client = TestClient(Starlette(routes=[Route("/write/{number}", write, methods=["POST"])]))
+    statuses = [client.post(f"/write/{number}").status_code for number in range(8)]
+    return {"slowest": results.slowest, "acknowledged": sorted(results.acknowledged), "statuses": statuses}
+
+
 def postgres_drain(spill: str, dsn: str, schema: str, keys: list[str]) -> dict[str, Any]:
     from guarded.backends.postgres import PostgresStateStore
 
@@ -274,6 +316,8 @@ def main() -> None:
         result = stuck_disk(spill)
     elif scenario == "postgres":
         result = postgres(spill, rest[0], rest[1])
+    elif scenario == "testclient":
+        result = testclient(spill, rest[0], rest[1])
     else:
         result = postgres_drain(spill, rest[0], rest[1], json.loads(sys.stdin.read()))
     print(json.dumps(result), flush=True)

@@ -103,6 +103,26 @@ def test_postgres_guard_used_from_successive_loops_in_new_threads(
     assert sorted(drained["stored"]) == sorted(acknowledged)
 
 
+def test_a_starlette_test_client_without_with(
+    tmp_path: Path, state_home: Path, pg_dsn: str, schema_name: str
+) -> None:
+    """Starlette's ``TestClient`` used without ``with``, over an application whose first request
+    opens a guard over real PostgreSQL: every request runs in an event loop of its own, the pool
+    belongs to the first one, and every other request leaves writes in flight as its loop ends.
+    Every request is answered, every call within its deadline, and a later guard on the spill path
+    delivers every acknowledged write."""
+    spill = str(tmp_path / "spill.sqlite")
+    result = _scenario(state_home, "testclient", spill, pg_dsn, schema_name)
+    assert result["statuses"] == [200] * 8
+    _check_answered_in_time(result)
+    acknowledged = result["acknowledged"]
+    assert {f"request{number}" for number in range(8)} <= set(acknowledged)
+    drained = _scenario(
+        state_home, "postgres-drain", spill, pg_dsn, schema_name, stdin=json.dumps(acknowledged)
+    )
+    assert sorted(drained["stored"]) == sorted(acknowledged)
+
+
 @pytest.mark.asyncio
 async def test_a_commit_that_cannot_finish_in_time_is_a_write_refused_within_its_deadline(
     tmp_path: Path,
