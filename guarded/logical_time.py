@@ -109,9 +109,6 @@ def current_logical_times(count: int) -> Sequence[int]:
 
 def current_logical_time() -> int:
     """The logical time of the single upsert in progress (see :func:`current_logical_times`)."""
-    times = LOGICAL_TIMES.get()
-    if times is not None and len(times) == 1:
-        return times[0]
     return current_logical_times(1)[0]
 
 

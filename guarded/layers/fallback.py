@@ -46,8 +46,6 @@ def failure_outcome(exc: BaseException) -> Outcome:
         return Outcome.CIRCUIT_OPEN
     if isinstance(exc, TimeoutError):
         return Outcome.TIMEOUT
-    if isinstance(exc, WriteNotKeptError):
-        return Outcome.REFUSED
     if no_wait_fixes(exc):
         return Outcome.REJECTED
     return Outcome.FALLBACK
@@ -140,7 +138,7 @@ class FallbackLayer:
                 error_type=error_type(exc),
                 outcome=call.outcome.value,
                 message=lambda: safe_message(exc),  # made only for a record that is logged
-                level=logging.ERROR if bug or refused else logging.WARNING,
+                level=logging.ERROR if bug else logging.WARNING,
                 distinct=bug,  # each bug's own message is logged, not only the first of its type
             )
             return make_fallback()
