@@ -70,6 +70,13 @@ class _Results:
             self.slowest = max(self.slowest, time.monotonic() - began)
             self.acknowledged.add(key)
 
+    def drained(self, store: Any, faulty: Any, backend: InMemoryStateStore) -> dict[str, Any]:
+        """What the scenario prints: after a drain on a later event loop, the acknowledged keys
+        the store holds."""
+        acknowledged = sorted(self.acknowledged)
+        stored = asyncio.run(_drained_keys(store, faulty, backend, acknowledged))
+        return {"slowest": self.slowest, "acknowledged": acknowledged, "stored": stored}
+
     async def leave_in_flight(self, store: Any, prefix: str, failed: Any) -> None:
         """Writes a framework started and never awaited (acknowledged only if they finish).
         Returns as soon as the backend refused one more call (``failed()`` counts them), so the
@@ -134,8 +141,7 @@ def runs(spill: str) -> dict[str, Any]:
             loop.close()
         else:
             asyncio.run(request(number))
-    drained = asyncio.run(_drained_keys(store, faulty, backend, sorted(results.acknowledged)))
-    return {"slowest": results.slowest, "acknowledged": sorted(results.acknowledged), "stored": drained}
+    return results.drained(store, faulty, backend)
 
 
 def threads(spill: str) -> dict[str, Any]:
@@ -158,8 +164,7 @@ def threads(spill: str) -> dict[str, Any]:
         thread.start()
     for thread in workers:
         thread.join()
-    drained = asyncio.run(_drained_keys(store, faulty, backend, sorted(results.acknowledged)))
-    return {"slowest": results.slowest, "acknowledged": sorted(results.acknowledged), "stored": drained}
+    return results.drained(store, faulty, backend)
 
 
 def stuck_disk(spill: str) -> dict[str, Any]:

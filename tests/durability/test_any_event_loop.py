@@ -58,6 +58,18 @@ def _scenario(state_home: Path, *arguments: str, stdin: str | None = None) -> di
     return result
 
 
+def _stick_the_spill_worker(store: Any, registry: CollectorRegistry) -> threading.Event:
+    """After the first write was held (the spill file and its worker thread exist): a disk that
+    does not answer, until the returned event is set."""
+    assert outcome_counts(registry)["dead_lettered"] == 1
+    buffer = controller(store).dead_letters
+    assert buffer is not None
+    assert buffer._link.executor is not None
+    disk = threading.Event()
+    buffer._link.executor.submit(disk.wait)
+    return disk
+
+
 def _check_answered_in_time(result: dict[str, Any]) -> None:
     assert result["slowest"] < TIMEOUT + DEAD_LETTER_GRACE + SLACK, result["slowest"]
 
@@ -136,12 +148,7 @@ async def test_a_commit_that_cannot_finish_in_time_is_a_write_refused_within_its
         faulty, timeout=TIMEOUT, retries=0, spill_path=str(tmp_path / "spill.sqlite"), registry=registry
     )
     await store.save_memory_state("first", {"v": 1})  # held: the spill file and its worker exist
-    assert outcome_counts(registry)["dead_lettered"] == 1
-    buffer = controller(store).dead_letters
-    assert buffer is not None
-    assert buffer._link.executor is not None
-    disk = threading.Event()
-    buffer._link.executor.submit(disk.wait)
+    disk = _stick_the_spill_worker(store, registry)
     loop = asyncio.get_running_loop()
     try:
         began = loop.time()
@@ -196,12 +203,7 @@ async def _batched_writes_refused_in_time(tmp_path: Path, writers: int, **option
         **options,
     )
     await store.save_event(_event("first"))  # held: the spill file and its worker exist
-    assert outcome_counts(registry)["dead_lettered"] == 1
-    buffer = controller(store).dead_letters
-    assert buffer is not None
-    assert buffer._link.executor is not None
-    disk = threading.Event()
-    buffer._link.executor.submit(disk.wait)
+    disk = _stick_the_spill_worker(store, registry)
     loop = asyncio.get_running_loop()
 
     async def timed(name: str) -> tuple[BaseException | None, float]:
