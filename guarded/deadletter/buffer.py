@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -239,6 +240,7 @@ class DeadLetterBuffer(BufferStatus):
         scope: str | None = None,
         stamp: int,
         error: str,
+        deadline: float = math.inf,
     ) -> DeadLetter:
         """Keep a write that finally failed; with a usable spill file, committed before this returns.
 
@@ -252,26 +254,29 @@ class DeadLetterBuffer(BufferStatus):
         encoded: the caller should :meth:`park` it. Raises :class:`~guarded.errors.WriteNotKeptError`
         (nothing kept, nothing evicted) when the spill file cannot take the write: at its byte cap,
         on a full disk, unusable; without a spill file, past the memory caps (see the module docs).
-        A caller cancelled while its write is being committed leaves it kept.
+        A caller cancelled while its write is being committed leaves it kept. ``deadline`` is the
+        event-loop time the call must end by: a commit that cannot finish in time is refused
+        (:func:`~guarded.deadletter.group_commit.commit_deadline` gives it a grace past it).
         """
-        kept = (await self.put_many([(method, args, kwargs, key, scope, stamp, error)]))[0]
+        kept = (await self.put_many([(method, args, kwargs, key, scope, stamp, error)], deadline))[0]
         if isinstance(kept, WriteNotKeptError):
             raise kept
         return kept
 
-    async def put_many(self, items: Sequence[PutItem]) -> list[Kept]:
+    async def put_many(self, items: Sequence[PutItem], deadline: float = math.inf) -> list[Kept]:
         """:meth:`put` for many writes in one transaction (a failed batch of events): each write's
         entry, or the :class:`~guarded.errors.WriteNotKeptError` refusing it (write by write: the
         writes that fit are kept).
 
         Every call is encoded first: if one cannot be, :class:`InvalidPayloadError` is raised and
-        nothing is kept. Concurrent calls share transactions (group commit).
+        nothing is kept. Concurrent calls share transactions (group commit); ``deadline`` bounds
+        the wait as for :meth:`put`.
         """
         prepared = [prepare(item) for item in items]
         if not prepared:
             return []
         self._check_open()
-        return await self._commits.put(prepared)
+        return await self._commits.put(prepared, deadline)
 
     # --- last-write-wins keys ---------------------------------------------------------------------
 

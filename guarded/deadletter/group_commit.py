@@ -4,6 +4,11 @@ queue, and the next commit takes all of them; each caller returns once the trans
 entry committed. A write the file cannot take (past its byte cap, a full disk, an unusable file;
 without a file, past the memory caps) is refused, write by write: its caller gets a
 :class:`~guarded.errors.WriteNotKeptError` and nothing kept is evicted to make room.
+
+A put is bounded by its call's deadline (:func:`commit_deadline`): a put whose transaction has not
+committed by then is answered with a refusal (:func:`not_kept_in_time`), never left waiting for the
+disk. Its write stays queued, so it may still be committed and replayed, as the refusal says. One
+timer per buffer watches the earliest deadline of the puts waiting, not one per put.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 from ..codec import JSONObject, check_text
@@ -32,7 +38,31 @@ scope, stamp, size, error``), its key's index and its call's JSON text."""
 Kept = DeadLetter | WriteNotKeptError
 """What became of one put: its entry, or the refusal raised to its caller."""
 
-_Waiter = tuple[list[Prepared], "asyncio.Future[list[Kept]]"]
+_Waiter = tuple[list[Prepared], "asyncio.Future[list[Kept]]", float]
+"""A put waiting for its transaction: its writes, the future answering them and the event-loop
+time by which it must be answered (its :func:`commit_deadline`)."""
+
+DEAD_LETTER_GRACE = 3.0
+"""Seconds a write whose backend attempts used its whole deadline still has to be committed to
+the spill file (the demo under overload on a loaded 2-core machine refused 271 writes with 1 s,
+none with 3 s); no call waits for its commit past its deadline plus this grace."""
+
+
+def commit_deadline(deadline: float, now: float) -> float:
+    """Event-loop time by which the put begun at ``now`` of a call whose deadline is ``deadline``
+    must be answered: at least :data:`DEAD_LETTER_GRACE` after a backend attempt that used the whole
+    deadline, and never later than the deadline plus that grace (a write that waited for another
+    flush gets what is left of it)."""
+    return min(max(deadline, now + DEAD_LETTER_GRACE), deadline + DEAD_LETTER_GRACE)
+
+
+def not_kept_in_time(method: str) -> WriteNotKeptError:
+    """The refusal of a write whose spill-file commit did not finish by its :func:`commit_deadline`."""
+    return WriteNotKeptError(
+        "the spill file did not commit it within the call's deadline (it may still be committed "
+        "and replayed)",
+        method=method,
+    )
 
 
 def prepare(item: PutItem) -> Prepared:
@@ -88,6 +118,11 @@ class GroupCommit:
         self._incoming: list[_Waiter] = []
         self._group: list[_Waiter] = []
         """The puts the committer took and has not numbered yet."""
+        self._answering: list[_Waiter] = []
+        """The puts of the transaction the committer runs, until it answered them."""
+        self._alarm: asyncio.TimerHandle | None = None
+        self._alarm_at = math.inf
+        """When :attr:`_alarm` rings: the earliest commit deadline of the puts waiting."""
         self.committer: asyncio.Task[None] | None = None
         self._writing: _Writing | None = None
         """The transaction the committer runs on the worker thread, while it runs."""
@@ -107,22 +142,54 @@ class GroupCommit:
             return
         self.committer = None
         self._incoming[:0] = self._group
-        self._group = []
+        self._group = self._answering = []
+        self._silence()
 
-    async def put(self, prepared: list[Prepared]) -> list[Kept]:
-        """Keep ``prepared`` (not empty), each committed before this returns, or refused."""
+    async def put(self, prepared: list[Prepared], deadline: float = math.inf) -> list[Kept]:
+        """Keep ``prepared`` (not empty), each committed before this returns, or refused; the
+        writes are refused with :func:`not_kept_in_time` when their transaction has not committed
+        by the :func:`commit_deadline` of a call whose deadline is ``deadline`` (event-loop time)."""
         link = self.link
         if link.files is None:
             return self._keep(prepared, self._room_in_memory(prepared))
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[list[Kept]] = loop.create_future()
-        self._incoming.append((prepared, waiter))
+        answer_by = math.inf if deadline == math.inf else commit_deadline(deadline, loop.time())
+        self._incoming.append((prepared, waiter, answer_by))
+        if answer_by < self._alarm_at:
+            self._set_alarm(loop, answer_by)
         if self.committer is None:
             self.committer = loop.create_task(
                 self._commit_loop(), name=f"guarded-dlq-commit-{link.store_name}"
             )
         # Cancelling the caller cancels only its waiter: the queued write is committed all the same.
         return await waiter
+
+    def _set_alarm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        self._silence()
+        self._alarm_at = when
+        self._alarm = loop.call_at(when, self._ring)
+
+    def _silence(self) -> None:
+        if self._alarm is not None:
+            self._alarm.cancel()
+            self._alarm = None
+        self._alarm_at = math.inf
+
+    def _ring(self) -> None:
+        """Answer the puts whose commit deadline passed with a refusal (their writes stay queued);
+        set the alarm for the earliest deadline of the others."""
+        due, self._alarm, self._alarm_at = self._alarm_at, None, math.inf
+        following = math.inf
+        for prepared, waiter, answer_by in chain(self._answering, self._incoming):
+            if waiter.done():
+                continue
+            if answer_by <= due:
+                waiter.set_result([not_kept_in_time(item[0]) for item in prepared])
+            elif answer_by < following:
+                following = answer_by
+        if following < math.inf:
+            self._set_alarm(asyncio.get_running_loop(), following)
 
     def _room_in_memory(self, prepared: Sequence[Prepared]) -> list[bool]:
         """Without a spill file: which of ``prepared`` the memory caps admit, in order."""
@@ -175,20 +242,21 @@ class GroupCommit:
         try:
             while self._incoming and self.committer is me:
                 async with self.link.lock():
-                    group = self._group = self._incoming
+                    group = self._group = self._answering = self._incoming
                     self._incoming = []
-                    results = await self._commit_group([item for items, _ in group for item in items])
+                    results = await self._commit_group([item for items, _, _ in group for item in items])
                 offset = 0
-                for items, waiter in group:
+                for items, waiter, _ in group:
                     if not waiter.done() and not waiter.get_loop().is_closed():
                         waiter.set_result(results[offset : offset + len(items)])
                     offset += len(items)
-                group = []
+                group = self._answering = []
         except BaseException as exc:
             if self.committer is not me:
                 raise  # abandoned (its loop closed): the queue is the new committer's
             waiting, self._incoming = [*group, *self._incoming], []
-            for _, waiter in waiting:
+            self._answering = []
+            for _, waiter, _ in waiting:
                 if waiter.done() or waiter.get_loop().is_closed():
                     continue
                 if isinstance(exc, asyncio.CancelledError):
@@ -201,6 +269,8 @@ class GroupCommit:
         finally:
             if self.committer is me:
                 self.committer = None
+                if not self._incoming:
+                    self._silence()
 
     async def _commit_group(self, prepared: Sequence[Prepared]) -> list[Kept]:
         """(Under the lock.) Coalesce what fits of ``prepared`` against what waits and commit it in
@@ -338,4 +408,13 @@ class GroupCommit:
         return results, list(kept.values()), victims, texts
 
 
-__all__ = ["GroupCommit", "Kept", "Prepared", "PutItem", "prepare"]
+__all__ = [
+    "DEAD_LETTER_GRACE",
+    "GroupCommit",
+    "Kept",
+    "Prepared",
+    "PutItem",
+    "commit_deadline",
+    "not_kept_in_time",
+    "prepare",
+]

@@ -30,7 +30,6 @@ from ..policy_table import PolicyTable
 from ..protocol import LEGACY_NAMES
 from .batching import PendingWrite
 from .bulk_forms import bulk_args, bulk_method_for
-from .commit_deadline import kept_in_time, not_kept_in_time
 
 InternalCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]]
 """Runs ``method(*args, **kwargs)`` on the backend through breaker, retry and timeout; raises."""
@@ -127,11 +126,13 @@ class BatchWriter:
             return write.kwargs
         return {**write.kwargs, WRITE_KEY_ARGUMENT: self._write_key(write)}
 
-    async def dead_letter_writes(self, failed: Sequence[tuple[PendingWrite, BaseException]]) -> list[Outcome]:
+    async def dead_letter_writes(
+        self, failed: Sequence[tuple[PendingWrite, BaseException]], deadline: float = math.inf
+    ) -> list[Outcome]:
         """Keep batched writes that failed; each one's outcome (``DEAD_LETTERED``, ``REFUSED`` when
-        the buffer had no room for it, or ``REJECTED`` when its call cannot be encoded and was
-        parked), however long the spill file takes (:meth:`_dead_letter_in_time` bounds it for
-        callers who wait)."""
+        the buffer had no room for it or could not commit it by ``deadline``, the event-loop time
+        their callers must be answered by, or ``REJECTED`` when its call cannot be encoded and was
+        parked). A caller still waiting for a refused write is raised its refusal, which says why."""
         assert self._buffer is not None
         for write, exc in failed:
             self._operational.count(self._store_name, write.method, exc)
@@ -148,54 +149,50 @@ class BatchWriter:
             for write, exc in failed
         ]
         try:
-            entries = await self._buffer.put_many(items)
-            outcomes = [
-                _REFUSED if isinstance(entry, WriteNotKeptError) else _DEAD_LETTERED for entry in entries
-            ]
+            entries: Sequence[object] = await self._buffer.put_many(items, deadline)
         except InvalidPayloadError:
-            outcomes = []
-            for write, exc in failed:
-                try:
-                    kept = await self._dead_letter(
-                        write.method,
-                        write.args,
-                        self.kept_kwargs(write),
-                        key=None,
-                        scope=write.scope,
-                        stamp=write.stamp,
-                        error=error_type(exc),
-                    )
-                except WriteNotKeptError:
-                    outcomes.append(_REFUSED)
-                    continue
-                outcomes.append(_DEAD_LETTERED if kept else _REJECTED)
+            entries = [await self._dead_letter_alone(write, exc, deadline) for write, exc in failed]
         self._kick_replay()
+        outcomes = []
+        for (write, exc), entry in zip(failed, entries, strict=True):
+            if isinstance(entry, WriteNotKeptError):
+                done = write.done
+                if done is not None and not done.done():
+                    entry.__cause__ = exc
+                    done.set_exception(entry)
+                    done.exception()  # retrieved: raised to the caller, who may have gone
+                outcomes.append(_REFUSED)
+            else:
+                outcomes.append(_REJECTED if entry is False else _DEAD_LETTERED)
         return outcomes
+
+    async def _dead_letter_alone(
+        self, write: PendingWrite, exc: BaseException, deadline: float
+    ) -> bool | WriteNotKeptError:
+        """Keep one write of a failed flush by itself (another write of it could not be encoded):
+        ``True`` when held, ``False`` when parked as bad data, or the refusal when not kept."""
+        try:
+            return await self._dead_letter(
+                write.method,
+                write.args,
+                self.kept_kwargs(write),
+                key=None,
+                scope=write.scope,
+                stamp=write.stamp,
+                error=error_type(exc),
+                deadline=deadline,
+            )
+        except WriteNotKeptError as refusal:
+            return refusal
 
     async def _dead_letter_in_time(
         self, failed: Sequence[tuple[PendingWrite, BaseException]]
     ) -> list[Outcome]:
         """:meth:`dead_letter_writes` for the writes of a flush that failed, bounded by the
-        deadlines of their callers (the earliest: one transaction keeps them all). When the spill
-        file does not commit them in time, each caller still waiting is refused with
-        :func:`~guarded.durability.commit_deadline.not_kept_in_time` and every write is answered
-        ``REFUSED``; the commit goes on, so they may still be committed and replayed."""
+        deadlines of their callers (the earliest: one transaction keeps them all; write-behind
+        writes have none: acknowledged, nobody waits for them)."""
         deadline = min((write.deadline for write, _ in failed if write.done is not None), default=math.inf)
-        if deadline == math.inf:  # write-behind writes only: acknowledged, nobody waits for them
-            return await self.dead_letter_writes(failed)
-        try:
-            return await kept_in_time(
-                self.dead_letter_writes(failed), deadline, method=failed[0][0].method, failure=failed[0][1]
-            )
-        except WriteNotKeptError:
-            for write, exc in failed:
-                done = write.done
-                if done is not None and not done.done():
-                    refusal = not_kept_in_time(write.method)
-                    refusal.__cause__ = exc
-                    done.set_exception(refusal)
-                    done.exception()  # retrieved: raised to the caller, who may have gone
-            return [_REFUSED] * len(failed)
+        return await self.dead_letter_writes(failed, deadline)
 
     async def __call__(self, method: str, writes: Sequence[PendingWrite]) -> list[Outcome] | None:
         """The batcher's writer: one bulk call when the backend has one, else bounded singles;

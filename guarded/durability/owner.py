@@ -253,8 +253,10 @@ class Durability:
         scope: str | None,
         stamp: int,
         error: str,
+        deadline: float = math.inf,
     ) -> bool:
         """Keep a write that failed; ``False`` when it cannot be kept (it is parked as bad data).
+        ``deadline`` is the event-loop time its call must end by (the buffer's ``put``).
 
         Raises :class:`~guarded.errors.WriteNotKeptError` when the buffer has no room for it (the
         spill file at its cap, a full disk, an unusable file; memory only, past the caps), and
@@ -267,7 +269,9 @@ class Durability:
                 "only: the write was not kept"
             )
         try:
-            await self.buffer.put(method, args, kwargs, key=key, scope=scope, stamp=stamp, error=error)
+            await self.buffer.put(
+                method, args, kwargs, key=key, scope=scope, stamp=stamp, error=error, deadline=deadline
+            )
         except InvalidPayloadError as exc:
             await self.buffer.park(method, args, kwargs, reason=str(exc))
             return False

@@ -102,8 +102,9 @@ class HeldWriteKeeper:
         """``replay(method, args, kwargs)``: send one held write to the backend now, as the
         background replay does (its logical time and item key taken from ``kwargs``); raises when
         it fails. The write stays held: the caller takes it out."""
-        """``hold(method, args, kwargs, key=, scope=, stamp=, error=)``: keep a failed write for
-        replay; ``False`` when it cannot be kept (it is parked as bad data)."""
+        """``hold(method, args, kwargs, key=, scope=, stamp=, error=, deadline=)``: keep a failed
+        write for replay, its commit bounded by its call's ``deadline``; ``False`` when it cannot be
+        kept (it is parked as bad data)."""
         self.park = park
         """Park a write the backend refused as bad data, with its reason."""
         self.kept_kwargs = kept_kwargs

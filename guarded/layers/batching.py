@@ -7,7 +7,7 @@ is committed, to the backend (outcome ``ok``) or to the dead-letter buffer when 
 take it (``dead_lettered``); bad data is parked (``rejected``); a write neither could take is
 ``refused`` (:class:`~guarded.errors.WriteNotKeptError`), each caller of a batch answered for its
 own write, within its deadline: a spill-file commit that cannot finish in time refuses the write
-(:mod:`guarded.durability.commit_deadline`). Write-behind (``ack="enqueue"``, an explicit
+(:func:`guarded.deadletter.group_commit.commit_deadline`). Write-behind (``ack="enqueue"``, an explicit
 opt-in): the caller returns once the write is queued.
 
 Legacy aliases share their target's queue (``save_task_update`` is written as ``save_update``), so
@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
 from ..durability.batching import ALONE, QUEUED, PendingWrite
-from ..durability.commit_deadline import kept_in_time
 from ..durability.ports import DurabilityPorts
 from ..errors import WriteNotKeptError, WriteRefusedError
 from ..outcome import Outcome
@@ -91,18 +90,15 @@ class BatchingLayer:
             if queued:
                 done = write.done
                 return None if done is None else await done
-            kept = await kept_in_time(
-                hold(
-                    name,
-                    call.args,
-                    kept_kwargs(write),
-                    key=None,
-                    scope=write.scope,
-                    stamp=write.stamp,
-                    error="queue_full",
-                ),
-                call.deadline,
-                method=name,
+            kept = await hold(
+                name,
+                call.args,
+                kept_kwargs(write),
+                key=None,
+                scope=write.scope,
+                stamp=write.stamp,
+                error="queue_full",
+                deadline=call.deadline,
             )
             call.settle(dead_lettered if kept else rejected)
             return None

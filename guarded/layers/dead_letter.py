@@ -18,7 +18,6 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from ..durability.commit_deadline import kept_in_time
 from ..durability.ports import DurabilityPorts
 from ..errors import WriteSupersededError
 from ..logical_time import LOGICAL_TIMES as logical_times
@@ -103,19 +102,15 @@ class DeadLetterLayer:
                 times = logical_times.get()
                 # Bounded by the call's deadline: a commit that cannot finish in time is a write
                 # refused, never a call that waits for the disk.
-                kept = await kept_in_time(
-                    hold(
-                        name,
-                        call.args,
-                        call.kwargs if times is None else {**call.kwargs, WRITE_TIME_ARGUMENT: times[0]},
-                        key=key,
-                        scope=scope if isinstance(scope, str) else None,
-                        stamp=stamp,
-                        error=error_type(exc),
-                    ),
-                    call.deadline,
-                    method=method.label,
-                    failure=exc,
+                kept = await hold(
+                    name,
+                    call.args,
+                    call.kwargs if times is None else {**call.kwargs, WRITE_TIME_ARGUMENT: times[0]},
+                    key=key,
+                    scope=scope if isinstance(scope, str) else None,
+                    stamp=stamp,
+                    error=error_type(exc),
+                    deadline=call.deadline,
                 )
                 if not kept:
                     raise

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
-from guarded.durability.commit_deadline import DEAD_LETTER_GRACE
+from guarded.deadletter.group_commit import DEAD_LETTER_GRACE
 from guarded.errors import WriteNotKeptError
 from guarded.guard import controller, guard
 from guarded.models import StoredEvent
@@ -161,6 +161,57 @@ async def test_a_commit_that_cannot_finish_in_time_is_a_write_refused_within_its
         disk.set()
     assert took < TIMEOUT + DEAD_LETTER_GRACE + SLACK
     assert outcome_counts(registry)["refused"] == 1
+    fault_injector(faulty).plan = FaultPlan()
+    await controller(store).aclose()
+
+
+@pytest.mark.asyncio
+async def test_writes_held_against_a_stuck_disk_are_each_refused_at_their_own_deadline(
+    tmp_path: Path,
+) -> None:
+    """One timer watches the puts waiting for the spill file: a write with a long deadline waits
+    first, then two with short ones, the last begun a second later. Each is refused at its own
+    commit deadline: neither earlier (the short one's alarm does not refuse the long one) nor
+    later (a shorter deadline after a longer one moves the alarm earlier; after it rings, the
+    next deadline is watched)."""
+    long_deadline = DEAD_LETTER_GRACE + 4.0
+    registry = CollectorRegistry()
+    faulty = FaultyStore(InMemoryStateStore(), FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
+    store = guard(
+        faulty,
+        timeout=TIMEOUT,
+        retries=0,
+        spill_path=str(tmp_path / "spill.sqlite"),
+        registry=registry,
+        methods={"save_trajectory": {"deadline": long_deadline}},
+    )
+    await store.save_memory_state("first", {"v": 1})  # held: the spill file and its worker exist
+    disk = _stick_the_spill_worker(store, registry)
+    loop = asyncio.get_running_loop()
+
+    async def refused_after(write: Any, delay: float = 0.0) -> float:
+        await asyncio.sleep(delay)
+        began = loop.time()
+        with pytest.raises(WriteNotKeptError):
+            await write
+        return loop.time() - began
+
+    try:
+        took = await asyncio.wait_for(
+            asyncio.gather(
+                refused_after(store.save_trajectory("trace", "session", {"steps": []})),
+                refused_after(store.save_memory_state("second", {"v": 2}), 0.2),
+                refused_after(store.save_memory_state("third", {"v": 3}), 1.2),
+            ),
+            timeout=long_deadline + DEAD_LETTER_GRACE + SLACK + 5.0,
+        )
+    finally:
+        disk.set()
+    short_commit = max(TIMEOUT, DEAD_LETTER_GRACE)  # the backend failed at once
+    assert long_deadline - 0.1 <= took[0] < long_deadline + SLACK, took
+    for short in took[1:]:
+        assert short_commit - 0.1 <= short < short_commit + SLACK, took
+    assert outcome_counts(registry)["refused"] == 3
     fault_injector(faulty).plan = FaultPlan()
     await controller(store).aclose()
 

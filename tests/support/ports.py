@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -74,6 +75,7 @@ class FakeBuffer:
         scope: str | None,
         stamp: int,
         error: str,
+        deadline: float = math.inf,
     ) -> bool:
         if self.hold_error is not None:
             raise self.hold_error
