@@ -142,8 +142,9 @@ def age_of(logical: int) -> float:
 def ttl_left(ttl: float, logical: int) -> float:
     """Seconds a write called at logical time ``logical`` has left of a time to live ``ttl``: all of
     it for a direct write; for a replay (:data:`REPLAYING`) the TTL counts from its call, so the
-    replay of a write that would have expired meanwhile has none left."""
-    return ttl - age_of(logical) if REPLAYING.get() else ttl
+    replay of a write that would have expired meanwhile has none left. A replay kept without a time
+    (:data:`UNTIMED_REPLAY`: its call time is unknown) has all of it, from the replay."""
+    return ttl - age_of(logical) if REPLAYING.get() and logical != UNTIMED_REPLAY else ttl
 
 
 def kept_write_time(value: object) -> int | None:

@@ -477,6 +477,19 @@ class TestPlannerState:
         assert until - time.time() == pytest.approx(10, abs=1)
 
     @pytest.mark.asyncio
+    async def test_an_untimed_replay_lives_its_whole_ttl_from_the_replay(self) -> None:
+        """Held by a version that kept no logical time: its call time is unknown, so it lives the
+        whole TTL from the replay (not a TTL counted from time 0, long expired)."""
+        store = InMemoryStateStore(planner_state_ttl_seconds=60)
+        with replaying():
+            await store.save_planner_state("untimed", {"v": 1})
+        assert "untimed" in store._planner_state
+        until, _ = store._planner_state["untimed"]
+        assert until is not None
+        assert until - time.time() == pytest.approx(60, abs=1)
+        assert await store.load_planner_state("untimed") == {"v": 1}
+
+    @pytest.mark.asyncio
     async def test_a_held_consume_leaves_a_tombstone_and_spares_a_newer_save(self) -> None:
         store = InMemoryStateStore()
         held = (next_logical_time(),)

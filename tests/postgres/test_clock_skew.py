@@ -145,7 +145,8 @@ async def test_a_write_held_by_an_older_version_never_overwrites_a_newer_write(
     """An older version kept held writes without the logical time of their call. After the
     upgrade another worker writes the key directly; then the upgraded process adopts the older
     version's spill file and replays its write: the newer value must stay, and the held write is
-    counted as superseded, not as replayed."""
+    counted as superseded, not as replayed. A pause it held is resumable after the replay (its
+    call time unknown, its TTL counts from the replay)."""
     target = await make_store()
     path = tmp_path / "worker.sqlite"
     older = DeadLetterBuffer(
@@ -174,6 +175,14 @@ async def test_a_write_held_by_an_older_version_never_overwrites_a_newer_write(
                 stamp=2,
                 error="x",
             )
+        await older.put(
+            "save_planner_state",
+            ("paused", {"by": "held before the upgrade"}),
+            {},
+            key="paused",
+            stamp=3,
+            error="x",
+        )
     finally:
         await older.aclose()
 
@@ -185,7 +194,7 @@ async def test_a_write_held_by_an_older_version_never_overwrites_a_newer_write(
     upgraded = guard(backend, name="worker", registry=CollectorRegistry(), dead_letter={"path": str(path)})
     async with upgraded:
         dead_letters = controller(upgraded).dead_letters
-        assert dead_letters.depth == 4, "the older version's held writes were not adopted"
+        assert dead_letters.depth == 5, "the older version's held writes were not adopted"
         assert await controller(upgraded).drain() == 0
         stats = await dead_letters.stats()
     reader = await make_store()
@@ -193,4 +202,5 @@ async def test_a_write_held_by_an_older_version_never_overwrites_a_newer_write(
     assert await reader.get_trajectory("contested", "s") == {"by": "another worker, after the upgrade"}
     assert await reader.load_memory_state("uncontested") == {"by": "held before the upgrade"}
     assert await reader.get_trajectory("uncontested", "s") == {"by": "held before the upgrade"}
-    assert (stats.replayed_total, stats.superseded_total) == (2, 2)
+    assert await reader.load_planner_state("paused") == {"by": "held before the upgrade"}
+    assert (stats.replayed_total, stats.superseded_total) == (3, 2)

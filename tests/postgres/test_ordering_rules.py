@@ -117,6 +117,22 @@ async def test_replays_are_compared_row_by_row_and_untimed_ones_only_fill_empty_
 
 
 @pytest.mark.asyncio
+async def test_an_untimed_replayed_pause_lives_its_whole_ttl_where_the_token_has_none(
+    store: PostgresStateStore,
+) -> None:
+    """A pause held by a version that kept no logical time: its call time is unknown, so its TTL
+    counts from the replay (counted from time 0, it had expired 56 years ago and was dropped as
+    delivered), and it still lands only where the token has no row."""
+    await store.save_planner_state("taken", {"by": "direct"})
+    with replaying():
+        await store.save_planner_state("free", {"by": "untimed"})
+        with pytest.raises(WriteSupersededError):
+            await store.save_planner_state("taken", {"by": "untimed"})
+    assert await store.load_planner_state("free") == {"by": "untimed"}
+    assert await store.load_planner_state("taken") == {"by": "direct"}
+
+
+@pytest.mark.asyncio
 async def test_terminal_marks_and_pause_saves_follow_the_same_rules(
     store: PostgresStateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
