@@ -61,7 +61,7 @@ class Lifecycle:
                 version = await migrations_module.require_current(conn, self._schema)
         self.schema_version = version
         if self._metrics is not None:
-            self._metrics.set_schema_version(version)
+            self._metrics.set_schema_version(version, migrations_module.latest_version())
 
     def start_sampler(self) -> None:
         if self._metrics is None or self._stats_interval is None or self._sampler is not None:

@@ -153,13 +153,12 @@ class StoreMetrics:
     def connection_error(self) -> None:
         self._connection_errors.inc()
 
-    def set_schema_version(self, version: int) -> None:
-        """The schema's migration version as the store found (or left) it on connecting, beside the
-        newest version this code knows: a schema a newer deployment migrated shows the skew."""
-        from .migrations import latest_version  # migrations imports connection, which imports us
-
+    def set_schema_version(self, version: int, expected: int) -> None:
+        """The schema's migration version as the store found (or left) it on connecting, beside
+        ``expected``, the newest version this code knows: a schema a newer deployment migrated
+        shows the skew."""
         self.families.schema_version.labels(*self.labels).set(version)
-        self.families.schema_expected_version.labels(*self.labels).set(latest_version())
+        self.families.schema_expected_version.labels(*self.labels).set(expected)
 
     def set_table_stats(self, stats: Mapping[str, tuple[int, int]]) -> None:
         """Record ``{table: (rows, bytes)}`` from one sample."""
