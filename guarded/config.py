@@ -168,15 +168,17 @@ class LoggingConfig(_Frozen):
 class ArtifactFallbackConfig(_Frozen):
     """Artifacts the backend could not take are kept in this process, within these bounds, and
     dead-lettered: held in a spill file of their own (the dead-letter path with ``-artifacts``
-    added to the file name) and replayed into the backend's artifact store when it recovers."""
+    added to the file name) and replayed into the backend's artifact store when it recovers. A put
+    that file cannot hold is refused, never acknowledged from this process's memory only."""
 
     local_max_bytes: int = Field(64 * 1024 * 1024, ge=0)
     """Per session and per trace; beyond it the oldest local artifacts are evicted (LRU)."""
     spill_max_bytes: int = Field(256 * 1024 * 1024, ge=0)
     """Held artifacts (their encoded size: base64 content plus metadata) in the artifact spill
-    file, at most. An artifact that would go beyond it is kept in this process only (outcome
-    ``fallback``, logged); ``0`` never dead-letters artifacts. Also their in-memory cap when
-    ``dead_letter.path`` is ``None``."""
+    file, at most (its ``max_disk_bytes``). A put that would go beyond it is refused (outcome
+    ``refused``, :class:`~guarded.errors.WriteNotKeptError` in strict mode, counted with
+    ``reason="disk_cap"``); nothing held is evicted. ``0`` holds no artifact: every put the backend
+    cannot take is refused. Also their in-memory cap when there is no spill file."""
 
 
 Ack = Literal["commit", "enqueue"]

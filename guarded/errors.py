@@ -85,6 +85,11 @@ class WriteNotKeptError(GuardedError, RuntimeError):
 
     counts_against_backend = False
 
+    answer: object = None
+    """What a call outside strict mode is answered instead of its method's fallback value, when
+    not ``None``: a refused artifact put answers the reference of the copy this process keeps
+    (PenguiFlow expects an ``ArtifactRef``), its outcome ``refused`` all the same."""
+
     def __init__(self, reason: str, *, method: str | None = None) -> None:
         self.reason = reason
         self.method = method

@@ -2,8 +2,8 @@
 
 Refused (README "The codec"): NaN, lone surrogates, non-JSON objects, and an artifact larger
 than the store's ``max_artifact_bytes``. The guard must park each refused write in its
-dead-letter buffer with the reason (artifacts, which are not dead-lettered, are rejected with
-outcome ``rejected``) and never raise or crash.
+dead-letter buffer with the reason (artifacts, which are never parked, are rejected with outcome
+``rejected``) and never raise or crash.
 
 Accepted: strings containing NUL. JSON carries them and the PostgreSQL backend escapes them in
 text columns, so they must be stored exactly; they are recorded as ordinary acknowledged writes.

@@ -44,7 +44,7 @@ class BadWrite:
     """A write the demo sent knowing it can never be stored.
 
     ``expect`` is ``"parked"`` (kept in the dead-letter buffer with its reason) or ``"rejected"``
-    (refused, outcome ``rejected``; artifacts are not dead-lettered).
+    (refused as bad data, outcome ``rejected``: an artifact put is never parked).
     """
 
     label: str

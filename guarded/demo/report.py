@@ -57,8 +57,8 @@ def render_verdict(verdict: Verdict) -> str:
             notes.append(f"{tally.mismatched} MISMATCHED")
         if kind is WriteKind.EVENT and verdict.info.get("penguiflow_events"):
             notes.append(f"{verdict.info['penguiflow_events']} saved by PenguiFlow itself")
-        if kind is WriteKind.ARTIFACT and verdict.artifacts_kept_in_process:
-            notes.append(f"+{verdict.artifacts_kept_in_process} kept in process only")
+        if kind is WriteKind.ARTIFACT and verdict.artifacts_refused:
+            notes.append(f"+{verdict.artifacts_refused} refused (not acknowledged)")
         counts = f"{tally.acknowledged:>13}{tally.persisted:>11}{tally.lost:>6}"
         lines.append(f"  {LABELS[kind]:<16}{counts}   {'; '.join(notes)}".rstrip())
         lines += [f"      e.g. {example}" for example in tally.examples]

@@ -13,7 +13,8 @@ Computed from the :class:`~guarded.demo.ledger.Ledger` (what callers were acknow
   was lost), and a row still loadable after a resume got it (it could be resumed twice);
 * artifacts: *persisted* when stored; an artifact the database could not take is held in the
   artifact spill file (outcome ``dead_lettered``) and expected in the database after the drain;
-  one kept in process only (outcome ``fallback``: over the spill cap, not durable) is counted apart;
+  a put the spill file could not hold either is refused (outcome ``refused``: never acknowledged,
+  though it answers a reference outside strict mode) and counted apart;
 * bad payloads: each must be parked with its reason (or rejected, for artifacts).
 
 The run passes when nothing is lost or mismatched, no exception escaped the guard and every bad
@@ -102,7 +103,8 @@ class Verdict:
 
     writes: dict[WriteKind, KindTally]
     pauses: PauseTally
-    artifacts_kept_in_process: int
+    artifacts_refused: int
+    """Artifact puts answered ``refused``: not acknowledged, so not expected in the database."""
     bad_payloads: list[BadPayloadResult]
     unexpected_parked: list[BadPayloadResult]
     escaped: dict[str, int]
@@ -126,10 +128,10 @@ class Verdict:
                 f"{pauses.resumed_then_still_loadable} pauses were resumed and are still loadable in the "
                 "database (they could be resumed twice)"
             )
-        if self.artifacts_kept_in_process:
+        if self.artifacts_refused:
             found.append(
-                f"{self.artifacts_kept_in_process} artifacts were kept in this process only while the "
-                "database could not take them (artifacts are not dead-lettered)"
+                f"{self.artifacts_refused} artifact puts were refused: neither the database nor the "
+                "artifact spill file could take them (outcome refused, never acknowledged)"
             )
         duplicated = sum(tally.duplicated for tally in self.writes.values())
         if duplicated:
@@ -176,7 +178,7 @@ class Verdict:
             "mismatched": self.mismatched,
             "writes": {kind.value: tally.to_dict() for kind, tally in self.writes.items()},
             "pauses": self.pauses.to_dict(),
-            "artifacts_kept_in_process": self.artifacts_kept_in_process,
+            "artifacts_refused": self.artifacts_refused,
             "warnings": self.warnings,
             "bad_payloads": [item.to_dict() for item in self.bad_payloads],
             "unexpected_parked": [item.to_dict() for item in self.unexpected_parked],
@@ -256,7 +258,7 @@ def _tally_pauses(ledger: Ledger, snapshot: Snapshot) -> tuple[KindTally, PauseT
     return tally, pauses
 
 
-def _tally_artifacts(ledger: Ledger, snapshot: Snapshot, kept_in_process: int) -> tuple[KindTally, int]:
+def _tally_artifacts(ledger: Ledger, snapshot: Snapshot, refused: int) -> tuple[KindTally, int]:
     tally = KindTally(acknowledged=len(ledger.artifacts))
     absent: list[str] = []
     for artifact_id, sha256 in ledger.artifacts.items():
@@ -268,13 +270,14 @@ def _tally_artifacts(ledger: Ledger, snapshot: Snapshot, kept_in_process: int) -
             tally.note(f"different content for artifact {artifact_id!r}")
         else:
             tally.persisted += 1
-    # Artifacts the guard kept in process (outcome ``fallback``) are not expected in the database.
-    kept = min(len(absent), kept_in_process)
-    tally.acknowledged -= kept
-    tally.lost = len(absent) - kept
-    for artifact_id in absent[kept:][:EXAMPLES]:
+    # A refused put (outcome ``refused``) answered a reference all the same: it was never
+    # acknowledged, so it is not expected in the database.
+    not_acknowledged = min(len(absent), refused)
+    tally.acknowledged -= not_acknowledged
+    tally.lost = len(absent) - not_acknowledged
+    for artifact_id in absent[not_acknowledged:][:EXAMPLES]:
         tally.note(f"missing artifact {artifact_id!r}")
-    return tally, kept
+    return tally, not_acknowledged
 
 
 def _bad_payloads(
@@ -326,12 +329,12 @@ def compute_verdict(
     for kind in UPSERT_KINDS:
         writes[kind] = _tally_upserts(ledger.upserts[kind], snapshot.upserts[kind])
     writes[WriteKind.PAUSE], pauses = _tally_pauses(ledger, snapshot)
-    kept_locally = sum(
+    refused_puts = sum(
         count
         for (method, outcome), count in counts.items()
-        if method.startswith("artifact_store.put_") and outcome == "fallback"
+        if method.startswith("artifact_store.put_") and outcome == "refused"
     )
-    writes[WriteKind.ARTIFACT], kept = _tally_artifacts(ledger, snapshot, kept_locally)
+    writes[WriteKind.ARTIFACT], refused = _tally_artifacts(ledger, snapshot, refused_puts)
     rejections = {method: count for (method, outcome), count in counts.items() if outcome == "rejected"}
     bad, unexpected = _bad_payloads(ledger, parked, rejections, rejection_reasons or {})
     outcomes: Counter[str] = Counter()
@@ -350,7 +353,7 @@ def compute_verdict(
     return Verdict(
         writes=writes,
         pauses=pauses,
-        artifacts_kept_in_process=kept,
+        artifacts_refused=refused,
         bad_payloads=bad,
         unexpected_parked=unexpected,
         escaped=dict(ledger.escaped),

@@ -11,7 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..codec import RecordTypes, record_types_of
 from ..config import GuardConfig
+from ..deadletter.counters import BufferCounters
 from ..deadletter.slots import sibling_spill_path
+from ..deadletter.telemetry import REFUSE_DISK_CAP
+from ..errors import WriteNotKeptError
 from ..layers.artifact_fallback import LocalArtifactFallbackLayer
 from ..models import ArtifactRetentionConfig
 from ..policy_table import PolicyTable
@@ -20,6 +23,8 @@ from .local_artifacts import InMemoryArtifactStore
 from .owner import Durability
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from ..guard import GuardCore
     from ..pipeline.call import Layer
 
@@ -44,11 +49,6 @@ def artifact_spill_path(path: str | None) -> str | None:
     """The spill file of held artifact puts beside the dead-letter file ``path``: ``-artifacts``
     added to its name (``dlq-{name}.sqlite`` → ``dlq-{name}-artifacts.sqlite``)."""
     return sibling_spill_path(path, "-artifacts")
-
-
-_ARTIFACT_SPILL_SLACK = 1024 * 1024
-"""Room above ``artifacts.spill_max_bytes`` in the artifact buffer's own caps, so the estimate
-the admission check uses can never make the buffer drop an artifact it admitted."""
 
 
 class _ArtifactTarget:
@@ -82,7 +82,7 @@ class _ArtifactSide:
                 max_trace_bytes=config.artifacts.local_max_bytes,
             )
         )
-        self._fallback: LocalArtifactFallbackLayer | None = None
+        self._refuse_unheld = _UnheldPutRefusals(core.name, core.registry)
         core.home.on_move(self._moved)
         self.durability: Durability | None = None
         self._durable = config.dead_letter.enabled and config.artifacts.spill_max_bytes > 0
@@ -118,9 +118,8 @@ class _ArtifactSide:
             self.local,
             core.failure_log,
             self.durability.ports() if self.durability is not None else None,
-            spill_max_bytes=config.artifacts.spill_max_bytes,
+            refuse_unheld=self._refuse_unheld,
         )
-        self._fallback = fallback
         artifact_core, proxy = self._build(core, inner, [fallback])
         self._inner, self._proxy, self._artifact_core = inner, proxy, artifact_core
         return proxy
@@ -128,8 +127,6 @@ class _ArtifactSide:
     def _moved(self) -> None:
         """The guard moved to a new event loop: the in-process copies' locks serve the new one."""
         self.local.moved()
-        if self._fallback is not None:
-            self._fallback.moved()
 
     async def run(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """Replays of held puts go to the current artifact store through breaker, retry, timeout."""
@@ -152,6 +149,28 @@ def _replay_into(side: weakref.ref[_ArtifactSide]) -> Callable[..., Any]:
     return run
 
 
+class _UnheldPutRefusals:
+    """Refuses an artifact put the backend could not take and no buffer holds (the guard has no
+    artifact durability, or the method's policy holds nothing): counted and logged as at the
+    artifact buffer's cap (``reason="disk_cap"``: the cap on held artifacts is 0)."""
+
+    def __init__(self, store_name: str, registry: CollectorRegistry) -> None:
+        self._store_name = store_name
+        self._registry = registry
+        self._counters: BufferCounters | None = None
+        """Made at the first refusal: a guard that refuses none exports no dead-letter metrics."""
+
+    def __call__(self, method: str) -> WriteNotKeptError:
+        if self._counters is None:
+            self._counters = BufferCounters(self._store_name, self._registry)
+        self._counters.refused([method], REFUSE_DISK_CAP)
+        return WriteNotKeptError(
+            "this guard holds no artifact put its backend cannot take (artifacts.spill_max_bytes=0, "
+            "or dead letters off): the write was not kept",
+            method=method,
+        )
+
+
 _artifact_sides: weakref.WeakKeyDictionary[GuardCore, _ArtifactSide] = weakref.WeakKeyDictionary()
 
 
@@ -167,9 +186,10 @@ def _artifact_target(core: GuardCore, inner: object) -> _ArtifactTarget:
 
 def _artifact_durability_config(config: GuardConfig, target: _ArtifactTarget) -> GuardConfig:
     """The configuration of the artifact durability: its own spill file (none for a store that
-    keeps nothing across processes), the artifact caps, no batching and no stale cache (the
-    in-process copies answer reads)."""
-    cap = config.artifacts.spill_max_bytes + _ARTIFACT_SPILL_SLACK
+    keeps nothing across processes), capped at ``artifacts.spill_max_bytes`` (a put past it is
+    refused by the buffer, nothing held is evicted; without a file, its memory cap), no batching
+    and no stale cache (the in-process copies answer reads)."""
+    cap = config.artifacts.spill_max_bytes
     dead_letter = config.dead_letter
     path = artifact_spill_path(dead_letter.path) if target.durable_across_processes else None
     return config.model_copy(
@@ -177,7 +197,7 @@ def _artifact_durability_config(config: GuardConfig, target: _ArtifactTarget) ->
             "dead_letter": dead_letter.model_copy(
                 update={
                     "path": path,
-                    "max_disk_bytes": max(dead_letter.max_disk_bytes, cap),
+                    "max_disk_bytes": cap,
                     "max_memory_bytes": cap if path is None else min(dead_letter.max_memory_bytes, cap),
                 }
             ),

@@ -4,8 +4,10 @@ A programming error (the caller's wrong call, a ``TypeError`` or ``AttributeErro
 backend) ends ``rejected`` and is logged at ERROR with its message. A write that could not be kept
 (:class:`~guarded.errors.WriteNotKeptError`: the backend did not take it and the dead-letter buffer
 had no room for it, or a backend refused it as older than what it holds) ends ``refused``, never
-``ok``, and is logged at ERROR. In strict mode (:mod:`guarded.pipeline.strict_mode`) a rejected or
-refused call raises to the caller instead; store failures degrade all the same.
+``ok``, and is logged at ERROR; it returns the fallback value, or the refusal's ``answer`` when it
+carries one (a refused artifact put: the reference of its copy in this process). In strict mode
+(:mod:`guarded.pipeline.strict_mode`) a rejected or refused call raises to the caller instead;
+store failures degrade all the same.
 
 Caller cancellation (``asyncio.CancelledError``), ``KeyboardInterrupt`` and ``SystemExit`` are
 ``BaseException``s and pass through untouched. A backend answering ``{}`` for a missing pause
@@ -141,6 +143,8 @@ class FallbackLayer:
                 level=logging.ERROR if bug else logging.WARNING,
                 distinct=bug,  # each bug's own message is logged, not only the first of its type
             )
+            if isinstance(exc, WriteNotKeptError) and exc.answer is not None:
+                return exc.answer
             return make_fallback()
 
         return failed

@@ -105,14 +105,21 @@ def test_resume_problems_are_warnings_not_losses() -> None:
     assert "warning  1 pauses were consumed in the database" in render_verdict(verdict)
 
 
-def test_artifacts_kept_in_process_are_counted_apart_and_the_rest_are_lost() -> None:
+def test_refused_artifact_puts_are_not_acknowledged_and_the_rest_are_lost() -> None:
+    """A refused put answers a reference outside strict mode, but was never acknowledged: it is
+    counted apart; an absent artifact no refusal accounts for is lost. Outcome ``fallback`` no
+    longer excuses an absent artifact."""
     ledger, snapshot = ledger_and_snapshot()
-    ledger.artifacts.update({"artifact-2": "sha-2", "artifact-3": "sha-3"})
-    counts = {("artifact_store.put_text", "fallback"): 1}
+    ledger.artifacts.update({"artifact-2": "sha-2", "artifact-3": "sha-3", "artifact-4": "sha-4"})
+    counts = {("artifact_store.put_text", "refused"): 1, ("artifact_store.put_bytes", "fallback"): 1}
     verdict = compute_verdict(ledger, snapshot, call_counts=counts)
-    assert verdict.artifacts_kept_in_process == 1
-    assert verdict.writes[WriteKind.ARTIFACT].lost == 1
+    assert verdict.artifacts_refused == 1
+    tally = verdict.writes[WriteKind.ARTIFACT]
+    assert (tally.acknowledged, tally.persisted, tally.lost) == (3, 1, 2)
     assert not verdict.passed
+    assert any("1 artifact puts were refused" in warning for warning in verdict.warnings)
+    assert "+1 refused (not acknowledged)" in render_verdict(verdict)
+    assert verdict.to_dict()["artifacts_refused"] == 1
 
 
 def test_bad_payloads_must_be_parked_or_rejected_with_a_reason() -> None:

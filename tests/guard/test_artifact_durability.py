@@ -8,6 +8,7 @@ The PostgreSQL outage and process-exit scenarios are in tests/postgres/test_arti
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,11 @@ from guarded.backends.memory import InMemoryStateStore
 from guarded.backends.memory_artifacts import artifact_id
 from guarded.config import ArtifactFallbackConfig, DeadLetterConfig
 from guarded.deadletter import DeadLetterBuffer
+from guarded.errors import WriteNotKeptError
 from guarded.guard import artifact_spill_path, controller, guard
 from guarded.models import ArtifactScope
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
-from tests.support.metrics import calls
+from tests.support.metrics import calls, sample
 
 from .support import ATTEMPT, DEADLINE, fast_config
 
@@ -205,24 +207,35 @@ async def test_held_artifacts_are_only_ever_replayed_into_their_own_target(tmp_p
     assert await first_db.artifact_store.get(ref.id) == b"belongs to a"
 
 
+def refused_total(registry: CollectorRegistry, method: str, reason: str) -> float:
+    return sample(registry, "guarded_deadletter_refused_total", store="default", method=method, reason=reason)
+
+
+def refusal_records(records: list[logging.LogRecord]) -> list[logging.LogRecord]:
+    return [record for record in records if getattr(record, "event", None) == "deadletter_refused"]
+
+
 @pytest.mark.asyncio
-async def test_an_artifact_beyond_the_spill_cap_stays_in_process_only(
+async def test_an_artifact_beyond_the_spill_cap_is_refused_and_nothing_held_is_evicted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store, backend, injector, registry = guarded_faulty(tmp_path / "dlq.sqlite", spill_max_bytes=8 * 1024)
     injector.plan = OUTAGE
     small = await store.artifact_store.put_bytes(b"s" * 1000)
-    with caplog.at_level("WARNING", logger="guarded.artifacts"):
-        large = await store.artifact_store.put_bytes(b"L" * 20_000)
+    with caplog.at_level(logging.ERROR), pytest.raises(WriteNotKeptError, match="not kept"):
+        await store.artifact_store.put_bytes(b"L" * 20_000)  # 27 KB encoded: past the 8 KB cap
     assert calls(registry, "artifact_store.put_bytes", "dead_lettered") == 1
-    assert calls(registry, "artifact_store.put_bytes", "fallback") == 1
-    assert any(getattr(record, "event", None) == "artifact_spill_full" for record in caplog.records)
-    assert await store.artifact_store.get(large.id) == b"L" * 20_000  # still readable here
+    assert calls(registry, "artifact_store.put_bytes", "refused") == 1
+    assert calls(registry, "artifact_store.put_bytes", "fallback") == 0
+    assert refused_total(registry, "put_bytes", "disk_cap") == 1
+    [record] = refusal_records(caplog.records)
+    assert record.levelno == logging.ERROR
+    assert held(store).depth == 1  # the small one, acknowledged, is still held
 
     injector.plan = RECOVERED
     assert await controller(store).drain(timeout=10) == 0
     assert await backend.artifact_store.get(small.id) == b"s" * 1000
-    assert await backend.artifact_store.exists(large.id) is False  # never held, never replayed
+    assert await backend.artifact_store.exists(artifact_id(b"L" * 20_000)) is False  # never acknowledged
     # Delivered artifacts free the cap again.
     injector.plan = OUTAGE
     again = await store.artifact_store.put_bytes(b"a" * 5000)
@@ -232,17 +245,89 @@ async def test_an_artifact_beyond_the_spill_cap_stays_in_process_only(
     assert await backend.artifact_store.exists(again.id) is True
 
 
+@pytest.mark.lenient  # as in production: the refused put returns
 @pytest.mark.asyncio
-async def test_a_zero_cap_keeps_artifacts_in_process_only(tmp_path: Path) -> None:
-    store, backend, injector, registry = guarded_faulty(tmp_path / "dlq.sqlite", spill_max_bytes=0)
+async def test_outside_strict_mode_a_refused_put_answers_the_reference_of_its_copy_in_this_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PenguiFlow uses the reference a put answers (never ``None``): a refused put still answers
+    the reference of the copy this process keeps, readable here, but its outcome is ``refused``,
+    counted and logged at ERROR, never ``fallback`` nor ``dead_lettered``."""
+    store, _, injector, registry = guarded_faulty(tmp_path / "dlq.sqlite", spill_max_bytes=8 * 1024)
     injector.plan = OUTAGE
-    ref = await store.artifact_store.put_bytes(b"x")
-    assert calls(registry, "artifact_store.put_bytes", "fallback") == 1
+    with caplog.at_level(logging.ERROR):
+        ref = await store.artifact_store.put_text("L" * 20_000)
+    assert ref is not None
+    assert ref.id == artifact_id(b"L" * 20_000)
+    assert await store.artifact_store.get(ref.id) == b"L" * 20_000  # readable in this process
+    assert calls(registry, "artifact_store.put_text", "refused") == 1
+    assert calls(registry, "artifact_store.put_text", "fallback") == 0
+    assert calls(registry, "artifact_store.put_text", "dead_lettered") == 0
+    assert refused_total(registry, "put_text", "disk_cap") == 1
+    assert held(store).depth == 0
+    levels = {
+        (getattr(record, "event", None), getattr(record, "outcome", None)): record.levelno
+        for record in caplog.records
+    }
+    assert levels[("deadletter_refused", None)] == logging.ERROR
+    assert levels[("statestore_call_failed", "refused")] == logging.ERROR
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("settings", ["spill cap 0", "dead letters off"])
+async def test_without_artifact_durability_a_put_the_backend_cannot_take_is_refused(
+    tmp_path: Path, settings: str
+) -> None:
+    registry = CollectorRegistry()
+    backend = InMemoryStateStore()
+    faulty = FaultyStore(backend, OUTAGE)
+    if settings == "spill cap 0":
+        chosen = config(tmp_path / "dlq.sqlite", spill_max_bytes=0)
+    else:
+        chosen = fast_config(dead_letter=DeadLetterConfig(enabled=False, path=None))
+    store = guard(faulty, registry=registry, config=chosen)
+    with pytest.raises(WriteNotKeptError, match="not kept"):
+        await store.artifact_store.put_bytes(b"x")
+    assert calls(registry, "artifact_store.put_bytes", "refused") == 1
+    assert calls(registry, "artifact_store.put_bytes", "fallback") == 0
+    assert refused_total(registry, "put_bytes", "disk_cap") == 1
     assert controller(store).artifact_dead_letters is None
-    assert await store.artifact_store.get(ref.id) == b"x"
-    injector.plan = RECOVERED
+    fault_injector(faulty).plan = RECOVERED
     assert await controller(store).drain(timeout=1) == 0
-    assert await backend.artifact_store.exists(ref.id) is False
+    assert await backend.artifact_store.exists(artifact_id(b"x")) is False
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("durable", [True, False], ids=["memory_only_by_choice", "store_keeps_nothing"])
+async def test_held_in_memory_artifacts_are_acknowledged_within_the_cap_and_refused_past_it(
+    durable: bool,
+) -> None:
+    """Without a spill file (``dead_letter.path=None``, or a store that keeps nothing across
+    processes, whose held artifacts are worth as much as its own data) artifacts are held in
+    memory, as the store's other writes are: acknowledged (``dead_lettered``) within
+    ``artifacts.spill_max_bytes`` and delivered when the backend recovers; past it refused
+    (``memory_full``), never kept in this process only."""
+    registry = CollectorRegistry()
+    backend = InMemoryStateStore()
+    faulty = FaultyStore(backend, OUTAGE, durable_across_processes=durable)
+    path = None if durable else tmp_spill_that_must_not_be_used()
+    store = guard(faulty, registry=registry, config=config(path, spill_max_bytes=8 * 1024))
+    small = await store.artifact_store.put_bytes(b"s" * 1000)
+    with pytest.raises(WriteNotKeptError, match="not kept"):
+        await store.artifact_store.put_bytes(b"L" * 20_000)
+    assert held(store).path is None
+    assert calls(registry, "artifact_store.put_bytes", "dead_lettered") == 1
+    assert calls(registry, "artifact_store.put_bytes", "refused") == 1
+    assert refused_total(registry, "put_bytes", "memory_full") == 1
+    fault_injector(faulty).plan = RECOVERED
+    assert await controller(store).drain(timeout=10) == 0
+    assert await backend.artifact_store.get(small.id) == b"s" * 1000
+    assert await backend.artifact_store.exists(artifact_id(b"L" * 20_000)) is False
+
+
+def tmp_spill_that_must_not_be_used() -> Path:
+    """A spill path a store that keeps nothing across processes never uses (no file is made)."""
+    return Path("/nonexistent/guarded-test/dlq.sqlite")
 
 
 @pytest.mark.asyncio

@@ -57,8 +57,11 @@ def artifact_failure_plan() -> FaultPlan:
     )
 
 
+@pytest.mark.lenient  # as in production: the refused put returns
 @pytest.mark.asyncio
-async def test_a_put_the_backend_cannot_take_is_kept_in_process_and_readable() -> None:
+async def test_a_put_nothing_can_hold_is_refused_and_its_copy_readable_in_this_process() -> None:
+    """Dead letters off: the put cannot be kept; it is refused (never ``fallback``), and answers
+    the reference of its copy in this process, which reads here see."""
     registry = CollectorRegistry()
     inner = InMemoryStateStore()
     store: Any = guard(FaultyStore(inner, artifact_failure_plan()), registry=registry, config=fast_config())
@@ -70,7 +73,8 @@ async def test_a_put_the_backend_cannot_take_is_kept_in_process_and_readable() -
     assert await store.artifact_store.get(ref.id) == b"chart bytes"  # served from this process
     assert await store.artifact_store.exists(ref.id) is True
     assert [r.id for r in await store.artifact_store.list(scope=ArtifactScope(session_id="s1"))] == [ref.id]
-    assert calls(registry, "artifact_store.put_bytes", "fallback") == 1
+    assert calls(registry, "artifact_store.put_bytes", "refused") == 1
+    assert calls(registry, "artifact_store.put_bytes", "fallback") == 0
     assert await store.artifact_store.delete(ref.id) is True
     assert await store.artifact_store.exists(ref.id) is False
 

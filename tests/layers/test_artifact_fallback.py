@@ -1,24 +1,26 @@
 """The local artifact fallback layer alone, over a scripted inner service (the backend's artifact
 store), a real bounded in-process store and fakes of the keeper, lookups and gate.
 
-The promise: a put the backend cannot take (an outage, not bad data) still answers a valid,
-content-addressed reference: the artifact is kept in process, and held for replay (``dead_lettered``)
-when there is durability and room under ``spill_max_bytes``, else kept in process only
-(``fallback``, counted and logged). Reads in this process see what is kept; ``delete`` removes an
-artifact everywhere, held puts included, ordered against a replay of it in flight.
+The promise: a put the backend cannot take (an outage, not bad data) is kept in process and held
+for replay (``dead_lettered``), answering a valid, content-addressed reference; one that cannot be
+held (the buffer refuses it, or there is no durability) is refused (``refused``, the
+``WriteNotKeptError`` raised, carrying the reference of the copy in this process as the answer
+outside strict mode), never acknowledged as kept. Reads in this process see what is kept;
+``delete`` removes an artifact everywhere, held puts included, ordered against a replay of it in
+flight.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 import pytest
 
 from guarded.durability.local_artifacts import InMemoryArtifactStore, artifact_id
-from guarded.errors import InvalidPayloadError
+from guarded.errors import InvalidPayloadError, WriteNotKeptError
 from guarded.layers.artifact_fallback import LocalArtifactFallbackLayer
+from guarded.models import ArtifactRef
 from guarded.observability.failure_log import FailureLog
 from guarded.outcome import Outcome
 from guarded.pipeline.call import Call
@@ -33,15 +35,25 @@ pytestmark = pytest.mark.asyncio
 DATA = b"a chart, rendered"
 ID = artifact_id(DATA)
 DOWN = ConnectionResetError("artifact backend down")
-CAP = 1_000_000
+
+
+class Refusals:
+    """The refusal of puts no buffer holds, recorded (the guard counts and logs them)."""
+
+    def __init__(self) -> None:
+        self.methods: list[str] = []
+
+    def __call__(self, method: str) -> WriteNotKeptError:
+        self.methods.append(method)
+        return WriteNotKeptError("no artifact durability: not kept", method=method)
 
 
 def layer(
-    buffer: FakeBuffer | None = None, gate: FakeGate | None = None, *, spill_max_bytes: int = CAP
+    buffer: FakeBuffer | None = None, gate: FakeGate | None = None, *, refusals: Refusals | None = None
 ) -> LocalArtifactFallbackLayer:
     ports = fake_ports(buffer=buffer, gate=gate or FakeGate()) if buffer is not None else None
     return LocalArtifactFallbackLayer(
-        InMemoryArtifactStore(), FailureLog(60.0), ports, spill_max_bytes=spill_max_bytes
+        InMemoryArtifactStore(), FailureLog(60.0), ports, refuse_unheld=refusals or Refusals()
     )
 
 
@@ -70,31 +82,38 @@ async def test_a_put_the_backend_cannot_take_is_kept_in_process_and_held_for_rep
     )
 
 
-@pytest.mark.parametrize("durability", ["none", "spill cap 0"])
-async def test_without_durability_a_failed_put_is_kept_in_process_only(durability: str) -> None:
-    fallback = layer() if durability == "none" else layer(FakeBuffer(), spill_max_bytes=0)
-    ref, call = await run(fallback, ScriptedService().fail(DOWN), "put_text", "some text")
-    assert (ref.id, call.outcome) == (artifact_id(b"some text"), Outcome.FALLBACK)
+async def test_without_durability_a_failed_put_is_refused_and_its_copy_answers_reads_here() -> None:
+    refusals = Refusals()
+    fallback = layer(refusals=refusals)
+    setup = method_setup("put_text", policies=PolicyTable.for_artifact_store())
+    call = new_call(setup, "some text")
+    with pytest.raises(WriteNotKeptError) as refused:
+        await fallback.wrap(ScriptedService().fail(DOWN), setup)(call)
+    assert refusals.methods == ["put_text"]  # counted and logged by the guard
+    assert refused.value.__cause__ is DOWN
+    ref = refused.value.answer
+    assert isinstance(ref, ArtifactRef)
+    assert ref.id == artifact_id(b"some text")  # what a caller outside strict mode is answered
     assert await fallback.local.get(ref.id) == b"some text"
 
 
-async def test_a_put_past_the_spill_cap_is_kept_in_process_only_counted_and_logged(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    buffer = FakeBuffer(disk_bytes=CAP - 10)
-    fallback = layer(buffer)
-    caplog.set_level(logging.WARNING, logger="guarded.artifacts")
-    ref, call = await run(fallback, ScriptedService().fail(DOWN), "put_bytes", DATA)
-    assert (ref.id, call.outcome, buffer.held, fallback.kept_in_process_only) == (ID, Outcome.FALLBACK, [], 1)
-    assert "artifact_spill_full" in [getattr(record, "event", None) for record in caplog.records]
-
-
-async def test_a_put_the_buffer_cannot_hold_is_kept_in_process_only() -> None:
+async def test_a_put_the_buffer_refuses_is_refused_not_held() -> None:
     buffer = FakeBuffer()
-    buffer.hold_error = OSError("spill file unwritable")
+    buffer.hold_error = WriteNotKeptError("the spill file is at its cap", method="put_bytes")
     fallback = layer(buffer)
-    ref, call = await run(fallback, ScriptedService().fail(DOWN), "put_bytes", DATA)
-    assert (ref.id, call.outcome, fallback.kept_in_process_only) == (ID, Outcome.FALLBACK, 1)
+    setup = method_setup("put_bytes", policies=PolicyTable.for_artifact_store())
+    with pytest.raises(WriteNotKeptError) as refused:
+        await fallback.wrap(ScriptedService().fail(DOWN), setup)(new_call(setup, DATA))
+    assert refused.value is buffer.hold_error
+    assert refused.value.answer.id == ID
+    assert buffer.held == []
+
+
+async def test_a_put_is_held_with_its_calls_deadline() -> None:
+    buffer = FakeBuffer()
+    fallback = layer(buffer)
+    _, call = await run(fallback, ScriptedService().fail(DOWN), "put_bytes", DATA)
+    assert buffer.deadlines == [call.deadline]
 
 
 async def test_bad_data_is_raised_and_never_kept() -> None:
@@ -129,7 +148,7 @@ async def test_a_cancelled_put_is_not_kept() -> None:
 
 
 async def test_reads_in_this_process_see_what_is_kept_and_the_backend_answers_the_rest() -> None:
-    fallback = layer()
+    fallback = layer(FakeBuffer())
     await run(fallback, ScriptedService().fail(DOWN), "put_bytes", DATA)
     nothing_asked = ScriptedService()  # fails the test if the backend is asked
     assert (await run(fallback, nothing_asked, "get", ID))[0] == DATA

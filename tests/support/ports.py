@@ -51,6 +51,8 @@ class FakeBuffer:
         self.hold_error: BaseException | None = None
         self.disk_bytes = disk_bytes
         self.held: list[HeldWrite] = []
+        self.deadlines: list[float] = []
+        """The deadline of every ``hold``, in order."""
         self.parked: list[tuple[str, tuple[Any, ...], Mapping[str, Any], BaseException]] = []
         self.superseded: list[tuple[str, Any, int]] = []
         self.taken: list[tuple[str, Any]] = []
@@ -77,6 +79,7 @@ class FakeBuffer:
         error: str,
         deadline: float = math.inf,
     ) -> bool:
+        self.deadlines.append(deadline)
         if self.hold_error is not None:
             raise self.hold_error
         if not self.keeps:
