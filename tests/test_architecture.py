@@ -113,9 +113,6 @@ def test_a_call_is_settled_only_by_call_settle() -> None:
 
 CYCLES_LEFT = (
     frozenset(
-        {"guarded.deadletter.spill", "guarded.deadletter.spill_open", "guarded.deadletter.spill_writes"}
-    ),
-    frozenset(
         {
             "guarded.controller",
             "guarded.durability.artifact_side",

@@ -5,7 +5,7 @@ file of it (the path itself, and ``<path>.<k>`` of the other processes configure
 :mod:`guarded.deadletter.slots`) and say which file each write is in. ``list`` and ``stats``
 open the files read-only and work beside the live processes that own them. ``replay`` and
 ``purge`` need a file's lock: a file held by a live process is skipped (exit 1). Reading creates
-and changes no file (:func:`~guarded.deadletter.spill_open.open_read_only`). A file that cannot
+and changes no file (:meth:`~guarded.deadletter.spill.SpillFile.open_read_only`). A file that cannot
 be read (damaged, foreign, of a newer layout, not a file) gets one error line, the others are
 still served, no total is printed (``--json``: ``null``), and the exit status is 2. Rows of a
 file that cannot be read (a column of the wrong type, text that is not UTF-8, a call that is not

@@ -2,11 +2,8 @@
 
 * :mod:`.calls` encodes a store write call to JSON and back, losslessly;
 * :mod:`.entries` defines what the buffer holds (:class:`DeadLetter`, :class:`ParkedWrite`);
-* :mod:`.spill` is the durable SQLite spill file (single writer, ``flock``-ed), with its layout
-  (:mod:`.spill_format`), errors (:mod:`.spill_errors`), reports (:mod:`.spill_records`), lock
-  and files (:mod:`.spill_lock`), opening (:mod:`.spill_open`), reading of damaged rows
-  (:mod:`.spill_rows`, :mod:`.spill_quarantine`) and the row work of its writes
-  (:mod:`.spill_writes`);
+* :mod:`.spill` is the durable SQLite spill file (single writer, ``flock``-ed): its layout, errors,
+  lock, opening and migration, the quarantine of rows that cannot be read, and its writes;
 * :mod:`.slots` gives each process a slot file of its own beside the configured path;
 * :mod:`.buffer` is the :class:`DeadLetterBuffer` the guard uses, composed of: :mod:`.held` (the
   in-memory index of held writes), :mod:`.spill_link` (the worker thread, the lock and the spill
