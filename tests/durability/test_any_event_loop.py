@@ -70,6 +70,20 @@ def _stick_the_spill_worker(store: Any, registry: CollectorRegistry) -> threadin
     return disk
 
 
+def _failing_guard(tmp_path: Path, registry: CollectorRegistry, **options: Any) -> tuple[FaultyStore, Any]:
+    """A guard whose backend (in memory) refuses every call, with a spill file: its writes are held."""
+    faulty = FaultyStore(InMemoryStateStore(), FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
+    store = guard(
+        faulty,
+        timeout=TIMEOUT,
+        retries=0,
+        spill_path=str(tmp_path / "spill.sqlite"),
+        registry=registry,
+        **options,
+    )
+    return faulty, store
+
+
 def _check_answered_in_time(result: dict[str, Any]) -> None:
     assert result["slowest"] < TIMEOUT + DEAD_LETTER_GRACE + SLACK, result["slowest"]
 
@@ -143,10 +157,7 @@ async def test_a_commit_that_cannot_finish_in_time_is_a_write_refused_within_its
     is bounded by the call's deadline too, so the write is refused (not acknowledged) in time
     instead of a call that waits for the disk (before: it returned only once the disk did)."""
     registry = CollectorRegistry()
-    faulty = FaultyStore(InMemoryStateStore(), FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
-    store = guard(
-        faulty, timeout=TIMEOUT, retries=0, spill_path=str(tmp_path / "spill.sqlite"), registry=registry
-    )
+    faulty, store = _failing_guard(tmp_path, registry)
     await store.save_memory_state("first", {"v": 1})  # held: the spill file and its worker exist
     disk = _stick_the_spill_worker(store, registry)
     loop = asyncio.get_running_loop()
@@ -176,14 +187,8 @@ async def test_writes_held_against_a_stuck_disk_are_each_refused_at_their_own_de
     next deadline is watched)."""
     long_deadline = DEAD_LETTER_GRACE + 4.0
     registry = CollectorRegistry()
-    faulty = FaultyStore(InMemoryStateStore(), FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
-    store = guard(
-        faulty,
-        timeout=TIMEOUT,
-        retries=0,
-        spill_path=str(tmp_path / "spill.sqlite"),
-        registry=registry,
-        methods={"save_trajectory": {"deadline": long_deadline}},
+    faulty, store = _failing_guard(
+        tmp_path, registry, methods={"save_trajectory": {"deadline": long_deadline}}
     )
     await store.save_memory_state("first", {"v": 1})  # held: the spill file and its worker exist
     disk = _stick_the_spill_worker(store, registry)
@@ -243,16 +248,7 @@ async def _batched_writes_refused_in_time(tmp_path: Path, writers: int, **option
     file's worker thread is stuck: each is refused within its deadline and the commit's grace,
     and each is delivered once the disk and the backend answer."""
     registry = CollectorRegistry()
-    backend = InMemoryStateStore()
-    faulty = FaultyStore(backend, FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
-    store = guard(
-        faulty,
-        timeout=TIMEOUT,
-        retries=0,
-        spill_path=str(tmp_path / "spill.sqlite"),
-        registry=registry,
-        **options,
-    )
+    faulty, store = _failing_guard(tmp_path, registry, **options)
     await store.save_event(_event("first"))  # held: the spill file and its worker exist
     disk = _stick_the_spill_worker(store, registry)
     loop = asyncio.get_running_loop()
@@ -280,7 +276,7 @@ async def _batched_writes_refused_in_time(tmp_path: Path, writers: int, **option
     assert outcome_counts(registry)["refused"] == writers
     fault_injector(faulty).plan = FaultPlan()
     await controller(store).aclose()
-    stored = {event.payload["name"] for event in await backend.load_history("batched")}
+    stored = {event.payload["name"] for event in await faulty.load_history("batched")}
     assert stored == {"first", *names}
 
 
