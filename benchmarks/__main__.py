@@ -66,7 +66,7 @@ async def run_postgres(
     server: EmbeddedPostgres | None = None,
 ) -> tuple[list[str], bool, list[Verdict]]:
     """The PostgreSQL sections' printed tables, whether every target was met, and the verdicts on
-    issue 15's targets."""
+    the targets."""
     printed: list[str] = []
     met = True
     issue: list[Verdict] = []
@@ -169,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         met &= pg_met
         issue += pg_issue
     if issue:
-        print("\n== issue 15 done-when targets, this run (medians) ==\n")
+        print("\n== targets, this run (medians) ==\n")
         for verdict in issue:
             print(
                 f"{'met' if verdict.passed else 'NOT MET':>7}  {verdict.target}: {'; '.join(verdict.details)}"

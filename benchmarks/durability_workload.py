@@ -55,7 +55,7 @@ DRAIN_TIMEOUT = 120.0
 HEADLINE_WRITERS = 100
 """The number of writers the group-commit targets are judged at."""
 VS_COPY_TARGET = 0.8
-"""Issue 15: batched ``save_event`` reaches at least this share of ``COPY`` (store encoding) ..."""
+"""Target: batched ``save_event`` reaches at least this share of ``COPY`` (store encoding) ..."""
 VS_COPY_FROM_WRITERS = 10
 """... at this many writers and more."""
 VS_UNBATCHED_TARGET = 10.0

@@ -68,11 +68,11 @@ YIELD_EVERY = 100
 """The timing loop yields to the event loop after this many calls."""
 
 ADDED_COST_TARGET_US = 5.0
-"""Issue 15: every protocol method adds at most this much per call, spans not recording."""
+"""Target: every protocol method adds at most this much per call, spans not recording."""
 LEAN_SHARE_TARGET = 1 / 3
-"""Issue 15: the guard's added cost is at most this share of the lean stack's."""
+"""Target: the guard's added cost is at most this share of the lean stack's."""
 OPEN_BREAKER_TARGET_US = 10.0
-"""Issue 15: a fail-fast read with the breaker open costs at most this much per call."""
+"""Target: a fail-fast read with the breaker open costs at most this much per call."""
 
 STORE_NAME = "bench"
 RECORDING_METHODS = ("save_event", "load_memory_state")

@@ -10,7 +10,7 @@ process of its own so that its peak RSS (``ru_maxrss``) is the operation's alone
 * **restore**: ``load`` from that snapshot store and ``restore`` into an empty
   ``PostgresStateStore`` (another schema).
 
-Target (issue 17): peak RSS under 200 MB for 100,000 events and 100 MB of artifacts. The RSS of
+Target: peak RSS under 200 MB for 100,000 events and 100 MB of artifacts. The RSS of
 the process once its imports are done and its stores are open is printed beside it (``baseline``).
 
 Run as a script, this module is that process::

@@ -2,7 +2,7 @@
 
 ``guard(store)`` wraps a backend in composable layers (tracing, metrics, fallback, circuit
 breaker, retry, timeout) so every method is must-not-throw and observable, while the proxy keeps
-exactly the store's capabilities. See DESIGN.md and the README.
+exactly the store's capabilities. See the README and docs/architecture.md.
 """
 
 from .config import (

@@ -1,4 +1,4 @@
-"""The policy table's entries, as data (DESIGN.md "The policy table is data"): every method of the
+"""The policy table's entries, as data (the policy table is data): every method of the
 StateStore, ArtifactStore and SnapshotStore protocols as a :class:`~guarded.policy.MethodPolicy`
 (the only place that names methods), the lifecycle methods passed through unguarded, and the
 legacy aliases. :class:`~guarded.policy_table.PolicyTable` builds its tables from them."""

@@ -345,7 +345,7 @@ def guard(
     **overrides: Any,
 ) -> S:
     """Wrap ``store`` so every async method is must-not-throw, bounded in time, retried when safe,
-    circuit-broken, measured and traced (DESIGN.md "Architecture").
+    circuit-broken, measured and traced.
 
     The result has exactly the capabilities of ``store`` (same ``hasattr`` answers, same
     ``isinstance`` against the protocols), so PenguiFlow sees the same store it saw before.

@@ -4,7 +4,7 @@ from enum import Enum
 
 
 class Outcome(str, Enum):
-    """How a call ended (DESIGN.md "tracing / metrics")."""
+    """How a call ended."""
 
     OK = "ok"
     """First attempt succeeded."""

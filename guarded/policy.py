@@ -3,7 +3,7 @@ written in (:class:`Kind`, :class:`Merge`, :class:`Fallback`, :class:`LocalFallb
 :class:`Argument`, and the argument getters :func:`arg` and :func:`attr_of`).
 
 Layers read a method's :class:`MethodPolicy`; none of them special-cases method names. The policy
-table's entries are data (DESIGN.md "The policy table is data"), in :mod:`guarded.builtin_policies`;
+table's entries are data, in :mod:`guarded.builtin_policies`;
 :class:`~guarded.policy_table.PolicyTable` looks them up, gives unknown async methods of a custom
 backend a policy inferred from their name (:func:`~guarded.policy_table.infer_policy`), and lets
 users override any entry or add methods.
@@ -44,7 +44,7 @@ class Merge(str, Enum):
 
 
 class Fallback(str, Enum):
-    """The safe default a failed call returns (DESIGN.md "fallback")."""
+    """The safe default a failed call returns."""
 
     NONE = "none"
     EMPTY_LIST = "empty_list"
@@ -146,7 +146,7 @@ class Argument:
 
 @dataclass(frozen=True, slots=True)
 class MethodPolicy:
-    """Semantics of one store method (DESIGN.md policy table).
+    """Semantics of one store method.
 
     ``lww_key`` returns the last-write-wins key of an upsert (newer writes for the key supersede
     older ones); ``scope_key`` the trace or session a read or append belongs to (read-your-writes).

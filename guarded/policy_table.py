@@ -47,7 +47,7 @@ class PolicyTable:
 
     @classmethod
     def for_state_store(cls) -> PolicyTable:
-        """The table of every StateStore method (DESIGN.md), plus the ArtifactStore methods for
+        """The table of every StateStore method, plus the ArtifactStore methods for
         stores that implement that protocol directly."""
         return cls(
             {policy.name: policy for policy in [*artifact_store_policies(), *state_store_policies()]}, ALIASES

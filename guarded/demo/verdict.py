@@ -18,7 +18,7 @@ Computed from the :class:`~guarded.demo.ledger.Ledger` (what callers were acknow
 * bad payloads: each must be parked with its reason (or rejected, for artifacts).
 
 The run passes when nothing is lost or mismatched, no exception escaped the guard and every bad
-payload was parked or rejected (DESIGN.md "What nothing lost means").
+payload was parked or rejected.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What keeps acknowledged writes of one guard: the batcher (group commit), the dead-letter buffer,
-the stale-if-error cache, and the background replay (DESIGN.md "What nothing lost means").
+the stale-if-error cache, and the background replay.
 
 The layers in :mod:`guarded.layers.dead_letter`, :mod:`guarded.layers.batching` and
 :mod:`guarded.layers.stale_reads` call into one :class:`Durability` per guard. Its own backend

@@ -1,4 +1,4 @@
-"""The narrow interfaces the guard's layers receive from its durability (issue 15, item 2).
+"""The narrow interfaces the guard's layers receive from its durability.
 
 :class:`~guarded.durability.owner.Durability` owns the batcher, the dead-letter buffer, the stale
 cache, the lifecycle and the replay; a layer gets only the ports it uses, each a few bound methods:

@@ -2,7 +2,7 @@
 
 When the backend fails, a read answers from here (outcome ``stale``) instead of an empty
 default: without it an outage makes a planner load "no memory" and then save an empty memory
-over the real one (DESIGN.md "fallback").
+over the real one.
 
 **Bounded in entries and in bytes.** Values are live Python objects (a ``load_history`` answer is
 a list of event records), so their size is estimated by :func:`estimate_size`, a bounded

@@ -103,7 +103,7 @@ SPAN_ATTR_OUTCOME = "guarded.outcome"
 SPAN_ATTR_ATTEMPTS = "guarded.attempts"
 SPAN_EVENT_RETRY = "retry"
 
-# --- dead-letter buffer (issue 5) ----------------------------------------------------------------
+# --- dead-letter buffer --------------------------------------------------------------------------
 DLQ_DEPTH = "guarded_deadletter_depth"
 """Gauge: writes waiting in the dead-letter buffer (memory and spill file), by store."""
 DLQ_BYTES = "guarded_deadletter_bytes"
@@ -125,7 +125,7 @@ DLQ_PARKED = "guarded_deadletter_parked_total"
 DLQ_SUPERSEDED = "guarded_deadletter_superseded_total"
 """Counter: dead-lettered writes discarded because a newer write for the same key won, by store."""
 
-# --- batching (issue 5) ----------------------------------------------------------------------------
+# --- batching --------------------------------------------------------------------------------------
 BATCH_SIZE = "guarded_batch_size"
 """Histogram: writes per flush, by store and method."""
 BATCH_FLUSH_DURATION = "guarded_batch_flush_duration_seconds"
@@ -134,11 +134,11 @@ BATCH_PENDING = "guarded_batch_pending"
 """Gauge: acknowledged writes queued or being flushed (lost if the process dies now), by store."""
 BATCH_SIZE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
 
-# --- stale-if-error (issue 5) ---------------------------------------------------------------------
+# --- stale-if-error -------------------------------------------------------------------------------
 STALE_ENTRIES = "guarded_stale_cache_entries"
 """Gauge: values held for stale-if-error reads, by store."""
 
-# --- memory health (issue 6) -----------------------------------------------------------------------
+# --- memory health ---------------------------------------------------------------------------------
 MEMORY_HEALTH_KEYS = "guarded_memory_health_keys"
 """Gauge: memory keys this process last saw in each ``health`` state (healthy / retry / degraded /
 recovering, spec 003), by store and ``health``. Never labelled with the key itself."""
@@ -146,7 +146,7 @@ LABEL_HEALTH = "health"
 MEMORY_HEALTH_STATES: tuple[str, ...] = ("healthy", "retry", "degraded", "recovering")
 """The memory health states of spec 003 (``MemoryHealth``); anything else is exported as ``unknown``."""
 
-# --- task telemetry sinks (issue 6) ----------------------------------------------------------------
+# --- task telemetry sinks --------------------------------------------------------------------------
 TASK_EVENTS = "guarded_task_events_total"
 """Counter: task telemetry events, by event_type, outcome, task_type and mode."""
 TASK_DURATION = "guarded_task_duration_seconds"
@@ -181,7 +181,7 @@ OTEL_TASK_DURATION = "guarded.task.duration"
 OTEL_TASKS_IN_FLIGHT = "guarded.tasks.in_flight"
 """OpenTelemetry up-down counter mirroring :data:`TASKS_IN_FLIGHT`."""
 
-# --- alert names (issue 6) -------------------------------------------------------------------------
+# --- alert names -----------------------------------------------------------------------------------
 # The rule file in grafana/ and the dashboards' alert annotations use these names.
 ALERT_PAUSE_SAVE_FAILED = "GuardedPlannerPauseSaveFailed"
 ALERT_PAUSE_LOAD_FAILED = "GuardedPlannerPauseLoadFailed"
@@ -218,7 +218,7 @@ DLQ_SPILL_AVAILABLE = "guarded_deadletter_spill_available"
 every slot, damaged, disk full, unwritable) and writes that need holding are refused, by store.
 No series for a buffer configured without a spill file."""
 
-# --- operational errors (issue 13) -----------------------------------------------------------------
+# --- operational errors ----------------------------------------------------------------------------
 OPERATIONAL_ERRORS = "guarded_store_operational_errors_total"
 """Counter: calls of the guard that failed on an operational condition the database reported — a
 table or column missing, a missing grant, a read-only database, a server shutting down, too many
@@ -241,7 +241,7 @@ OPERATIONAL_CONDITIONS: tuple[str, ...] = (
 a refused login; a read-only transaction; a server shutting down or starting up; too many
 connections; a full disk or out of memory; a statement the schema does not match; an I/O error."""
 
-# --- bulkhead (issue 13) ----------------------------------------------------------------------------
+# --- bulkhead ---------------------------------------------------------------------------------------
 BULKHEAD_LIMIT = "guarded_bulkhead_limit"
 """Gauge: calls the bulkhead lets into the backend at once (``bulkhead.max_concurrent``, else what
 the backend declares, e.g. its pool's maximum size), by store. No series without a limit."""
@@ -260,14 +260,14 @@ method. They end with outcome ``timeout`` (error type ``BulkheadTimeoutError``):
 stale or their fallback, writes are held and replayed. Sustained increase: more load than the
 backend's concurrency serves within the deadlines."""
 
-# --- quarantined spill rows (issue 13) -------------------------------------------------------------
+# --- quarantined spill rows ------------------------------------------------------------------------
 DLQ_QUARANTINED = "guarded_deadletter_quarantined_total"
 """Counter: rows of a dead-letter spill file that could not be read (a column of the wrong type,
 text that is not UTF-8, a key or call that is not JSON) and were moved to the file's quarantine
 table with their raw bytes and a reason, by store. They are not replayed; ``guarded dlq list
 --quarantined`` shows them. Any increase means a damaged file: alert on it."""
 
-# --- alerts an on-call engineer trusts (issue 16) ---------------------------------------------------
+# --- alerts an on-call engineer trusts --------------------------------------------------------------
 ALERT_PAUSE_SAVES_FAILING = "GuardedPlannerPauseSavesFailing"
 """The page: pause saves of a store keep failing (:data:`ALERT_PAUSE_SAVE_FAILED` is the ticket for
 a single failure)."""

@@ -1,4 +1,4 @@
-"""Check a call before it enters the chain: the caller's bugs are the caller's (issue 14).
+"""Check a call before it enters the chain: the caller's bugs are the caller's.
 
 A call whose arguments do not bind to the method's signature, or that passes an argument of the
 wrong type (a string where a ``StoredEvent`` belongs, a list where a mapping does), would fail in

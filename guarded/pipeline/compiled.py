@@ -1,4 +1,4 @@
-"""A guarded method's layers compiled into one coroutine for the success path (issue 15, item 1).
+"""A guarded method's layers compiled into one coroutine for the success path.
 
 Each layer keeps its own module and its ``wrap()``, the layered chain that handles every call the
 success path cannot. A layer also declares :class:`Hooks` for the success path: ``before`` (sync,
