@@ -47,7 +47,7 @@ def test_tiny_run_reports_every_method_and_target(capsys: pytest.CaptureFixture[
         "hand x unbatched",
         "batched save_event >= 0.8x COPY (store encoding) at 10 writers, write-behind (opt-in ack='enqueue')",
         "caller latency, call to commit",
-        "issue 15 done-when targets, this run",
+        "== targets, this run",
     ):
         assert target in report, target
 
