@@ -1,0 +1,129 @@
+"""What event loops leave behind: a home loop in another thread that does not answer, a consume's
+turn held by a closed loop, a stopped loop whose tasks run again after the guard moved on, and
+the calls of a closed loop collected as garbage. Each test bounds its waits, so a call that never
+returns fails it instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from guarded.backends.memory import InMemoryStateStore
+from guarded.errors import WriteNotKeptError
+from guarded.guard import guard
+from guarded.pipeline.loops import FORWARD_GRACE
+from tests.support.metrics import method_outcomes
+
+TIMEOUT = 0.3
+SLACK = 3.0
+"""A loaded 2-core machine: seconds a call may take beyond its budget."""
+
+
+class _BlockedHome:
+    """A thread whose event loop becomes the guard's home (one call), then blocks in a handler
+    doing blocking work until :meth:`release`: the loop runs but answers nothing."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._blocked = threading.Event()
+        self._release = threading.Event()
+        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),))
+
+    async def _main(self) -> None:
+        await self._store.load_memory_state("warm-up")  # this loop is now the guard's home
+        self._blocked.set()
+        self._release.wait(60.0)  # blocking work in a handler: the loop answers nothing meanwhile
+        await asyncio.sleep(0.2)  # runs what the other thread left for it
+
+    def __enter__(self) -> _BlockedHome:
+        self._thread.start()
+        assert self._blocked.wait(10.0), "the home loop never started"
+        return self
+
+    def release(self) -> None:
+        self._release.set()
+        self._thread.join(10.0)
+        assert not self._thread.is_alive()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def _timed(call: Any) -> tuple[Any, float]:
+    """Run ``call()`` on a new event loop in this thread: its answer (or exception) and seconds."""
+    began = time.monotonic()
+    try:
+        answer: Any = asyncio.run(call())
+    except Exception as exc:
+        answer = exc
+    return answer, time.monotonic() - began
+
+
+def _unanswered_guard(registry: CollectorRegistry) -> tuple[InMemoryStateStore, Any]:
+    backend = InMemoryStateStore()
+    return backend, guard(backend, timeout=TIMEOUT, retries=0, registry=registry)
+
+
+def test_a_home_loop_that_does_not_answer_times_a_read_out_and_refuses_a_write(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The guard's home loop runs in another thread and is blocked: a read made from this thread
+    ends as any timed-out call (outcome ``timeout``, a WARNING record, its fallback even in
+    strict mode) and a write as a write not kept (outcome ``refused``, ``WriteNotKeptError`` in
+    strict mode), each within its deadline and the forwarding grace; the
+    write never reaches the backend once the home loop answers again (before: both returned
+    their fallback, uncounted, and the write was not raised in strict mode)."""
+    registry = CollectorRegistry()
+    backend, store = _unanswered_guard(registry)
+    budget = TIMEOUT + FORWARD_GRACE
+    with caplog.at_level(logging.WARNING, logger="guarded"), _BlockedHome(store) as home:
+        read, read_took = _timed(lambda: store.load_memory_state("key"))
+        write, write_took = _timed(lambda: store.save_memory_state("key", {"v": 1}))
+        home.release()
+    assert read is None
+    assert isinstance(write, WriteNotKeptError), write
+    assert "did not answer" in str(write)
+    for took in (read_took, write_took):
+        assert budget - 0.1 <= took < budget + SLACK, took
+    outcomes = method_outcomes(registry)
+    assert outcomes[("load_memory_state", "timeout")] == 1
+    assert outcomes[("save_memory_state", "refused")] == 1
+    assert ("save_memory_state", "ok") not in outcomes  # the home loop never ran it
+    assert asyncio.run(backend.load_memory_state("key")) is None
+    assert _failure_records(caplog) == {"load_memory_state": (logging.WARNING, "timeout")}
+
+
+def _failure_records(caplog: pytest.LogCaptureFixture) -> dict[str, tuple[int, str]]:
+    """The level and outcome of each call failure logged, by method."""
+    return {
+        record.__dict__["method"]: (record.levelno, record.__dict__["outcome"])
+        for record in caplog.records
+        if record.__dict__.get("event") == "statestore_call_failed"
+    }
+
+
+@pytest.mark.lenient
+def test_outside_strict_mode_a_write_the_home_loop_does_not_answer_is_refused_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Outside strict mode the write the blocked home loop did not answer returns its fallback,
+    counted ``refused`` (never ``ok``) with an ERROR record, and never reaches the backend."""
+    registry = CollectorRegistry()
+    backend, store = _unanswered_guard(registry)
+    with caplog.at_level(logging.WARNING, logger="guarded"), _BlockedHome(store) as home:
+        write, took = _timed(lambda: store.save_memory_state("key", {"v": 1}))
+        home.release()
+    assert write is None
+    assert took < TIMEOUT + FORWARD_GRACE + SLACK
+    outcomes = method_outcomes(registry)
+    assert outcomes[("save_memory_state", "refused")] == 1
+    assert ("save_memory_state", "ok") not in outcomes
+    assert asyncio.run(backend.load_memory_state("key")) is None
+    assert _failure_records(caplog) == {"save_memory_state": (logging.ERROR, "refused")}
