@@ -190,8 +190,10 @@ class GuardCore:
             )
             self.home.on_move(self.durability.moved)
             ports = self.durability.ports()
+            stale_reads = StaleReadLayer(ports, policies, answer_held_pauses=config.stale.answer_held_pauses)
+            self.home.on_move(stale_reads.moved)
             degraded_layers = [
-                StaleReadLayer(ports, policies, answer_held_pauses=config.stale.answer_held_pauses),
+                stale_reads,
                 DeadLetterLayer(ports, self.failure_log),
                 BatchingLayer(ports),
                 *degraded_layers,

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from guarded.backends.memory import InMemoryStateStore
 from guarded.errors import WriteNotKeptError
 from guarded.guard import guard
 from guarded.pipeline.loops import FORWARD_GRACE
+from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.support.metrics import method_outcomes
 
 TIMEOUT = 0.3
@@ -127,3 +129,61 @@ def test_outside_strict_mode_a_write_the_home_loop_does_not_answer_is_refused_no
     assert ("save_memory_state", "ok") not in outcomes
     assert asyncio.run(backend.load_memory_state("key")) is None
     assert _failure_records(caplog) == {"save_memory_state": (logging.ERROR, "refused")}
+
+
+def _run_until(loop: asyncio.AbstractEventLoop, ready: Any, within: float = 10.0) -> None:
+    """Run ``loop`` until ``ready()`` holds (at most ``within`` seconds)."""
+
+    async def waiting() -> None:
+        while not ready():  # noqa: ASYNC110 - polls what another part of the guard did, no event
+            await asyncio.sleep(0.005)
+
+    loop.run_until_complete(asyncio.wait_for(waiting(), within))
+
+
+def test_a_resume_on_a_new_loop_takes_the_turn_a_closed_loop_left_held(tmp_path: Path) -> None:
+    """A held pause is being resumed on one loop (its save replayed to a backend that does not
+    answer) while a second resume of it waits for its turn; that loop is closed without
+    cancelling them. On the next loop a resume of the token answers the pause within its
+    deadline, and a further resume finds it consumed (before: the turn's lock still belonged to
+    the closed loop, and the resume failed with a RuntimeError)."""
+    registry = CollectorRegistry()
+    faulty = FaultyStore(
+        InMemoryStateStore(),
+        FaultPlan.script({"save_planner_state": [Fault.error_before(ConnectionRefusedError), Fault.hang()]}),
+    )
+    deadline = 2.0
+    store = guard(
+        faulty,
+        timeout=deadline,
+        retries=0,
+        breaker={"enabled": False},
+        spill_path=str(tmp_path / "spill.sqlite"),
+        registry=registry,
+    )
+    log = fault_injector(faulty).log
+    first = asyncio.new_event_loop()
+    first.run_until_complete(store.save_planner_state("token", {"step": 1}))  # held
+    resumes = [first.create_task(store.load_planner_state("token")) for _ in range(2)]
+    # The first resume replays the held save (which hangs, holding the token's turn); the second waits.
+    _run_until(first, lambda: sum(record.method == "save_planner_state" for record in log) == 2)
+    first.run_until_complete(asyncio.sleep(0.05))
+    assert not any(resume.done() for resume in resumes)
+    first.close()
+
+    fault_injector(faulty).plan = FaultPlan()
+
+    async def resume() -> tuple[Any, float]:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        answer = await asyncio.wait_for(store.load_planner_state("token"), deadline + SLACK + 5.0)
+        return answer, loop.time() - began
+
+    answer, took = asyncio.run(resume())
+    assert answer == {"step": 1}
+    assert took < deadline + SLACK
+    again, _ = asyncio.run(resume())
+    assert again is None
+    outcomes = method_outcomes(registry)
+    assert outcomes[("load_planner_state", "ok")] == 1
+    assert outcomes[("load_planner_state", "not_found")] == 1
