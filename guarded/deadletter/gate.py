@@ -97,13 +97,17 @@ class KeyGate:
             await self._wait(self._state(slot))
 
     def leave_direct(self, slot: Slot, stamp: int) -> None:
-        """The direct write ended (written, dead-lettered or failed)."""
+        """The direct write ended (written, dead-lettered or failed). One the gate forgot (the
+        guard moved to a new event loop since it entered) leaves nothing of the writes since."""
         keys = self._keys
-        state = keys[slot]
-        if isinstance(state, int):
-            del keys[slot]  # the common case: it was the only thing of the key in flight
+        state = keys.get(slot)
+        if state is None or isinstance(state, int):
+            if state == stamp:
+                del keys[slot]  # the common case: it was the only thing of the key in flight
             return
         direct = state.direct
+        if stamp not in direct:
+            return
         if len(direct) == 1 and state.waiters is None and not state.replaying:
             del keys[slot]
             return

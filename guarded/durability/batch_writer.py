@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from ..context_vars import reset_context_var
 from ..deadletter import DeadLetterBuffer
 from ..errors import InvalidPayloadError, WriteNotKeptError
 from ..observability.failure_log import OperationalErrors
@@ -287,7 +288,7 @@ class BatchWriter:
                 try:
                     await self._run(self.offered(write.method), write.args, write.kwargs)
                 finally:
-                    _ITEM_KEYS.reset(token)
+                    reset_context_var(_ITEM_KEYS, token)
             return _OK
         except BaseException as exc:
             return await self._write_failed(write, exc)

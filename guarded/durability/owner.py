@@ -200,6 +200,7 @@ class Durability:
             raise
         self.opened = True
         self._opening.set_result(None)
+        self._opening = None  # its waiters hold it; kept, it would keep its event loop alive
         self._watch_task = asyncio.get_running_loop().create_task(
             self._watch_loop_end(), name=f"guarded-watch-{self.store_name}"
         )

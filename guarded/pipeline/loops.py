@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import WriteNotKeptError
 from .call import Call, MethodSetup
+from .watchdog import forget_closed
 
 logger = logging.getLogger("guarded")
 
@@ -116,6 +117,8 @@ class LoopHome:
                 return home
             self.loop = loop
         if home is not None:
+            if home.is_closed():
+                forget_closed(home)
             for reference in self._movers:
                 mover = reference()
                 if mover is not None:

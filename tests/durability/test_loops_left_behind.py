@@ -7,9 +7,12 @@ returns fails it instead of hanging the suite.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
 from guarded.errors import WriteNotKeptError
-from guarded.guard import guard
+from guarded.guard import controller, guard
+from guarded.models import PlannerEvent, StoredEvent
 from guarded.pipeline.loops import FORWARD_GRACE
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.support.metrics import method_outcomes
@@ -187,3 +191,64 @@ def test_a_resume_on_a_new_loop_takes_the_turn_a_closed_loop_left_held(tmp_path:
     outcomes = method_outcomes(registry)
     assert outcomes[("load_planner_state", "ok")] == 1
     assert outcomes[("load_planner_state", "not_found")] == 1
+
+
+def _left_pending(store: Any) -> list[Any]:
+    """Calls of every kind, each waiting on a backend that does not answer: keyed and unkeyed
+    writes, a batched append, reads, a consume."""
+    return [
+        store.save_memory_state("memory", {"v": 1}),
+        store.save_trajectory("trace", "session", {"steps": []}),
+        store.save_event(StoredEvent("trace", 0.0, "node_end", "node", "event", {"n": 1})),
+        store.save_planner_event("trace", PlannerEvent(event_type="step", ts=0.0, trajectory_step=0)),
+        store.load_memory_state("memory"),
+        store.load_history("trace"),
+        store.load_planner_state("token"),
+    ]
+
+
+def test_the_calls_of_a_closed_loop_collected_as_garbage_end_silently(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A loop is closed with calls of every kind pending (a sync framework's loop per request);
+    the guard goes on on another loop, and the garbage collector closes the calls the closed loop
+    dropped. They end without a record of a failure (before: ``ValueError; returned rejected`` for
+    the context variables they reset in another context, a ``RuntimeError`` for the running loop
+    they looked for) and without an outcome of a failure (counted ``cancelled``). The garbage
+    collector does collect them (before: the watchdog of every loop a guard ever ran on was kept,
+    with that loop and the calls armed on it, until the process ended)."""
+    registry = CollectorRegistry()
+    # A slow backend, not a hanging one: the injector keeps what hangs, and with it the loop.
+    faulty = FaultyStore(InMemoryStateStore(), FaultPlan.always(Fault.delay(3600.0)))
+    store = guard(faulty, timeout=30.0, spill_path=str(tmp_path / "spill.sqlite"), registry=registry)
+    closing = asyncio.new_event_loop()
+    dropped = [weakref.ref(closing.create_task(call)) for call in _left_pending(store)]
+    closing.run_until_complete(asyncio.sleep(0.1))
+    unraisable: list[Any] = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    gc.disable()  # collected below, not whenever an allocation triggers it
+    try:
+        closing.close()
+        del closing
+        fault_injector(faulty).plan = FaultPlan()
+
+        async def later() -> None:
+            await asyncio.gather(*_left_pending(store))
+            assert await controller(store).drain(10.0) == 0
+
+        with caplog.at_level(logging.WARNING, logger="guarded"):
+            asyncio.run(later())
+            before = method_outcomes(registry)
+            gc.collect()
+    finally:
+        gc.enable()
+        sys.unraisablehook = hook
+    assert [
+        record.getMessage()
+        for record in caplog.records
+        if record.name.startswith("guarded") and record.levelno >= logging.WARNING
+    ] == []
+    assert [f"{item.exc_type.__name__}: {item.exc_value}" for item in unraisable] == []
+    collected = method_outcomes(registry) - before
+    assert {outcome for _, outcome in collected} == {"cancelled"}, collected
+    assert [task for task in dropped if task() is not None] == [], "calls of the closed loop are still referenced"
