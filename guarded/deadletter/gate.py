@@ -40,6 +40,9 @@ class KeyGate:
     def __init__(self) -> None:
         self._keys: dict[Slot, int | _KeyState] = {}
         """Per key in flight: the stamp of its one direct write (the usual case), else its state."""
+        self.generation = 0
+        """Counts the event loops the guard moved to: a replay entered under an earlier one is
+        forgotten (see :meth:`leave_replay`)."""
 
     def __len__(self) -> int:
         """Keys with a direct write or a replay in flight (or someone waiting on one)."""
@@ -49,6 +52,7 @@ class KeyGate:
         """The guard moved to a new event loop: the writes and replays in flight on the old one
         never resume, so no key is in flight any more."""
         self._keys.clear()
+        self.generation += 1
 
     def _state(self, slot: Slot) -> _KeyState:
         state = self._keys.get(slot)
@@ -133,8 +137,11 @@ class KeyGate:
         state.replaying = True
         return True
 
-    def leave_replay(self, slot: Slot) -> None:
-        """The replay of the key ended."""
+    def leave_replay(self, slot: Slot, generation: int | None = None) -> None:
+        """The replay of the key ended. ``generation``: the gate's :attr:`generation` when it
+        entered; one entered before the guard moved leaves nothing of the replays since."""
+        if generation is not None and generation != self.generation:
+            return
         state = self._state(slot)
         state.replaying = False
         self._release(slot, state)

@@ -20,6 +20,7 @@ locks. A call on the home loop runs as usual (one identity check). A call on ano
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import threading
@@ -203,6 +204,20 @@ class LoopHome:
         return waiting.result()
 
 
+def abandon(task: asyncio.Task[Any] | None) -> None:
+    """``task``, of an event loop the guard moved away from, never resumes its work (call from
+    the new home loop, while the old one does not run): a closed loop never runs it again, and on
+    a stopped one it is cancelled at once -- even when what it waited for already came, so the
+    step that would resume it raises ``CancelledError`` instead -- should that loop run again."""
+    if task is None or task.done():
+        return
+    loop = task.get_loop()
+    if loop.is_closed() or loop.is_running():
+        return
+    with contextlib.suppress(RuntimeError):  # closed meanwhile: it never runs again
+        task.cancel()
+
+
 async def _awaited(start: Callable[[], Awaitable[Any]], forwarded: _Forwarded) -> Any:
     if not forwarded.begin():
         raise asyncio.CancelledError  # its caller gave up before the home loop came to it
@@ -234,4 +249,4 @@ class _HomeGone(Exception):
     """The home loop closed or stopped before answering a forwarded call."""
 
 
-__all__ = ["FORWARD_GRACE", "LoopHome", "Settle", "abandoned_by_caller"]
+__all__ = ["FORWARD_GRACE", "LoopHome", "Settle", "abandon", "abandoned_by_caller"]

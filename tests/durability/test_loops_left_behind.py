@@ -13,6 +13,8 @@ import sys
 import threading
 import time
 import weakref
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -251,4 +253,214 @@ def test_the_calls_of_a_closed_loop_collected_as_garbage_end_silently(
     assert [f"{item.exc_type.__name__}: {item.exc_value}" for item in unraisable] == []
     collected = method_outcomes(registry) - before
     assert {outcome for _, outcome in collected} == {"cancelled"}, collected
-    assert [task for task in dropped if task() is not None] == [], "calls of the closed loop are still referenced"
+    assert [task for task in dropped if task() is not None] == [], (
+        "calls of the closed loop are still referenced"
+    )
+
+
+class _CountingStore(InMemoryStateStore):
+    """An in-memory store that counts, per memory key and per event, the writes it took."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken: Counter[str] = Counter()
+
+    async def save_memory_state(self, key: str, state: dict[str, Any]) -> None:
+        await super().save_memory_state(key, state)
+        self.taken[key] += 1
+
+    async def save_memory_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        await super().save_memory_states(items)
+        self.taken.update(key for key, _ in items)
+
+    async def save_event(self, event: StoredEvent) -> None:
+        await super().save_event(event)
+        self.taken[event.payload["name"]] += 1
+
+    async def save_events(self, events: Sequence[StoredEvent]) -> None:
+        await super().save_events(events)
+        self.taken.update(event.payload["name"] for event in events)
+
+
+def _named_event(name: str) -> StoredEvent:
+    return StoredEvent("trace", 0.0, "node_end", "node", name, {"name": name})
+
+
+class _SlowEvents(FaultPlan):
+    """A backend slow to take events, slowest in bulk."""
+
+    def choose(self, method: str, call_index: int, index: int) -> Fault:
+        if method == "save_events":
+            return Fault.delay(60.0)
+        return Fault.delay(0.05) if method == "save_event" else Fault.ok()
+
+
+def _waits_in(task: asyncio.Task[Any], function: str) -> bool:
+    """Whether ``task`` is suspended inside a coroutine function named ``function``."""
+    awaited: Any = task.get_coro()
+    while awaited is not None:
+        code = getattr(awaited, "cr_code", None)
+        if code is not None and code.co_name == function:
+            return True
+        awaited = getattr(awaited, "cr_await", None)
+    return False
+
+
+def test_a_stopped_loop_that_runs_again_after_the_guard_moved_on_delivers_nothing_twice(
+    tmp_path: Path,
+) -> None:
+    """A loop is stopped from inside while the guard's background work is pending on it: a replay
+    pass waiting between two sends, a batch flush waiting for a slow backend, writes queued
+    behind it, the watch. The guard then goes on on a new loop, which delivers every held and
+    queued write; then the first loop runs again, once for a while and once for a call of the
+    guard (which moves the guard back to it). Nothing is delivered twice, nothing acknowledged is
+    lost, and the callers the stopped loop left waiting for their batch are answered (before:
+    the stale replay pass sent a held write again, the stale flush wrote its batch again, and
+    the callers waiting for a batch were never answered)."""
+    backend = _CountingStore()
+    faulty = FaultyStore(backend, FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
+    store = guard(
+        faulty,
+        timeout=30.0,  # the slow flush is still waiting for the backend when the loop stops
+        retries=0,
+        breaker={"enabled": False},
+        spill_path=str(tmp_path / "spill.sqlite"),
+        registry=CollectorRegistry(),
+        dead_letter={"replay_rate": 10.0, "replay_batch": 1},  # a pass waits between two sends
+    )
+    log = fault_injector(faulty).log
+    first = asyncio.new_event_loop()
+    held = [f"held-memory-{index}" for index in range(6)] + [f"held-event-{index}" for index in range(6)]
+    flushed = [f"flushed-{index}" for index in range(6)]
+    queued = [f"queued-{index}" for index in range(3)]
+
+    async def during_an_outage() -> None:
+        await asyncio.gather(
+            *(store.save_memory_state(key, {"key": key}) for key in held if "memory" in key),
+            *(store.save_event(_named_event(name)) for name in held if "event" in name),
+        )
+
+    first.run_until_complete(during_an_outage())  # every write held (acknowledged dead_lettered)
+    assert not backend.taken
+
+    # The backend is back, but slow to take events, its bulk form the slowest: a lone write waits
+    # a little, a flush of the writes queued behind it much longer, while the replay pass
+    # delivers a held write every 0.1 s.
+    fault_injector(faulty).plan = _SlowEvents()
+    answered: dict[str, asyncio.Task[Any]] = {}
+
+    def write(loop: asyncio.AbstractEventLoop, name: str) -> None:
+        task = loop.create_task(store.save_event(_named_event(name)))
+        task.add_done_callback(lambda task: answered.__setitem__(name, task))
+
+    def replaying() -> asyncio.Task[Any] | None:
+        return next(
+            (task for task in asyncio.all_tasks(first) if task.get_name().startswith("guarded-replay")), None
+        )
+
+    async def stop_in_the_middle() -> None:
+        loop = asyncio.get_running_loop()
+        for name in flushed:  # the first goes alone, the others in one flush, which waits
+            write(loop, name)
+        while not any(record.method == "save_events" and record.ending is None for record in log):  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+        for name in queued:  # behind the flush
+            write(loop, name)
+        # Two held writes delivered (and taken out of the buffer), the pass waiting for the next.
+        while not (  # noqa: ASYNC110 - polls what the guard's tasks do, no event
+            sum(backend.taken[key] for key in held) >= 2
+            and (task := replaying()) is not None
+            and _waits_in(task, "take")
+        ):
+            await asyncio.sleep(0.005)
+        loop.stop()
+
+    stopping = first.create_task(stop_in_the_middle())
+    bound = first.call_later(20.0, first.stop)  # the predicates above fail the test, not hang it
+    first.run_forever()
+    bound.cancel()
+    assert stopping.done(), "the loop was not stopped with the guard's work in the middle"
+    assert 2 <= sum(backend.taken[key] for key in held) < len(held)
+
+    async def on_a_new_loop() -> None:
+        fault_injector(faulty).plan = FaultPlan()
+        assert await controller(store).drain(10.0) == 0
+
+    asyncio.run(on_a_new_loop())
+    assert set(backend.taken) == {*held, *flushed, *queued}
+
+    first.run_until_complete(asyncio.sleep(1.0))  # its timers are due: what was pending runs
+    first.run_until_complete(store.load_memory_state("held-memory-0"))  # the guard moves back here
+    first.run_until_complete(asyncio.sleep(1.0))
+    assert first.run_until_complete(controller(store).drain(10.0)) == 0
+    first.close()
+    assert {name for name, task in answered.items() if task.done() and task.exception() is None} == {
+        *flushed,
+        *queued,
+    }, "a caller left waiting for its batch was never answered"
+    assert set(backend.taken) == {*held, *flushed, *queued}, "an acknowledged write was lost"
+    twice = {name: count for name, count in backend.taken.items() if count > 1}
+    assert twice == {}, f"delivered more than once: {twice}"
+
+
+class _OneAtATimeStore(InMemoryStateStore):
+    """An in-memory store that declares it runs one call at a time (as a pool of one would) and
+    counts the most reads it ran at once."""
+
+    max_concurrency = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = self.most = 0
+
+    async def load_memory_state(self, key: str) -> dict[str, Any] | None:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await asyncio.sleep(0.05)
+            return await super().load_memory_state(key)
+        finally:
+            self.running -= 1
+
+
+def test_permits_of_a_closed_loops_calls_leave_the_next_loops_line_alone(tmp_path: Path) -> None:
+    """A loop is closed while one call holds the only permit in front of a slow backend and
+    another waits in line for it; the guard goes on on the next loop, then the garbage collector
+    closes the dropped calls. The permit count stays true: nothing in use, nobody waiting, and
+    calls run one at a time (before: the permit given back by the dropped call made the count
+    negative, so two calls ran at once, and the dropped waiter raised InvalidStateError as it was
+    collected)."""
+    registry = CollectorRegistry()
+    backend = _OneAtATimeStore()
+    faulty = FaultyStore(backend, FaultPlan.always(Fault.delay(3600.0), methods=["load_memory_state"]))
+    store = guard(faulty, timeout=30.0, spill_path=str(tmp_path / "spill.sqlite"), registry=registry)
+    bulkhead = controller(store)._core.bulkhead
+    assert bulkhead is not None
+    assert bulkhead.limit == 1
+    closing = asyncio.new_event_loop()
+    dropped = [
+        weakref.ref(closing.create_task(store.load_memory_state(f"key-{index}"))) for index in range(2)
+    ]
+    closing.run_until_complete(asyncio.sleep(0.1))
+    assert (bulkhead.in_use, bulkhead.waiting) == (1, 1)
+    unraisable: list[Any] = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    gc.disable()
+    try:
+        closing.close()
+        del closing
+        fault_injector(faulty).plan = FaultPlan()
+        asyncio.run(store.save_memory_state("key-0", {"v": 0}))  # the guard moves on
+        gc.collect()
+    finally:
+        gc.enable()
+        sys.unraisablehook = hook
+    assert [task for task in dropped if task() is not None] == []
+    assert [f"{item.exc_type.__name__}: {item.exc_value}" for item in unraisable] == []
+    assert (bulkhead.in_use, bulkhead.waiting) == (0, 0)
+
+    async def reads() -> None:
+        await asyncio.gather(*(store.load_memory_state(f"key-{index}") for index in range(4)))
+
+    asyncio.run(reads())
+    assert backend.most == 1
