@@ -17,7 +17,8 @@ T = TypeVar("T")
 
 def reset_context_var(variable: contextvars.ContextVar[T], token: contextvars.Token[T]) -> None:
     """``variable.reset(token)``, or nothing when this runs outside the context ``token`` was made
-    in (see the module docs). Hot paths inline it as a ``try``, which costs nothing until it raises."""
+    in (see the module docs). Hot paths inline it as a ``try``, which costs nothing until it raises
+    (the guarded entry, the dead-letter layer, the batch writer)."""
     with contextlib.suppress(ValueError):
         variable.reset(token)
 
