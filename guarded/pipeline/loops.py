@@ -6,8 +6,9 @@ locks. A call on the home loop runs as usual (one identity check). A call on ano
 
 - when the home loop is closed or no longer running (``asyncio.run()`` per request, a test client
   that runs each request in an event loop of its own), makes its own loop the home: the old
-  loop's tasks are abandoned and what they held is handed back to be done on the new home (each
-  part of the guard registers what to do with :meth:`LoopHome.on_move`);
+  loop's tasks are abandoned (:func:`abandon`: a stopped loop that runs again resumes none of
+  them) and what they held is handed back to be done on the new home (each part of the guard
+  registers what to do with :meth:`LoopHome.on_move`);
 - when the home loop runs in another thread (one loop per thread at once), runs on the home loop
   and is awaited from the caller's, bounded by the call's deadline plus :data:`FORWARD_GRACE`, so
   the guard's state is only ever changed by one thread. A call the home loop does not answer in
