@@ -1,7 +1,7 @@
 """What event loops leave behind: a home loop in another thread that does not answer, a consume's
-turn held by a closed loop, a stopped loop whose tasks run again after the guard moved on, and
-the calls of a closed loop collected as garbage. Each test bounds its waits, so a call that never
-returns fails it instead of hanging the suite.
+turn held by a closed loop, the calls of a closed loop collected as garbage (and the bulkhead
+permits they held), a stopped loop whose tasks run again after the guard moved on. Each test
+bounds its waits, so a call that never returns fails it instead of hanging the suite.
 """
 
 from __future__ import annotations
