@@ -46,7 +46,7 @@ from .pipeline.breaker import BreakerState, CircuitBreaker
 from .pipeline.bulkhead import Bulkhead, bulkhead_for
 from .pipeline.call import Call, Layer, MethodSetup, Service
 from .pipeline.classify import register_classifier
-from .pipeline.compiled import compile_method, preloadable
+from .pipeline.compiled import compile_method, preloadable, raising
 from .pipeline.cores import core_of, register
 from .pipeline.entry import entry_point
 from .pipeline.loops import LoopHome
@@ -190,20 +190,29 @@ class GuardCore:
             )
             self.home.on_move(self.durability.moved)
             ports = self.durability.ports()
+            stale_reads = StaleReadLayer(ports, policies, answer_held_pauses=config.stale.answer_held_pauses)
+            self.home.on_move(stale_reads.moved)
             degraded_layers = [
-                StaleReadLayer(ports, policies, answer_held_pauses=config.stale.answer_held_pauses),
+                stale_reads,
                 DeadLetterLayer(ports, self.failure_log),
                 BatchingLayer(ports),
                 *degraded_layers,
             ]
+        self._answering: tuple[Layer, ...] = (
+            MetricsLayer(self.instruments),
+            FallbackLayer(self.failure_log, strict=config.strict),
+        )
+        """The layers that count, log and answer a call that failed (strict mode included)."""
+        self._unanswered_services: dict[str, Service] = {}
+        if home is None:
+            self.home.on_unanswered(self.settle_unanswered)
         self.layers: list[Layer] = [
             TracingLayer(
                 tracer,
                 db_system_name=db_system if isinstance(db_system, str) else None,
                 tracer_provider=tracer_provider,
             ),
-            MetricsLayer(self.instruments),
-            FallbackLayer(self.failure_log, strict=config.strict),
+            *self._answering,
             CallCheckLayer(target),
             MemoryHealthLayer(registry),
             *degraded_layers,
@@ -225,6 +234,21 @@ class GuardCore:
         artifacts = artifact_durability(self, create=True)
         if artifacts is not None:
             await artifacts.open()  # artifacts a previous process held start replaying
+
+    def settle_unanswered(self, call: Call, failure: BaseException) -> Awaitable[Any]:
+        """End ``call``, which the guard's event loop (another thread's) did not answer in time,
+        as a call that failed with ``failure`` ends: counted and logged by the metrics and fallback
+        layers, its fallback returned, or ``failure`` raised in strict mode when it is a refusal
+        (:meth:`guarded.pipeline.loops.LoopHome.on_unanswered`)."""
+        setup = call.method
+        service = self._unanswered_services.get(setup.label)
+        if service is None:
+            service = _failing
+            for layer in reversed(self._answering):
+                service = layer.wrap(service, setup)
+            self._unanswered_services[setup.label] = service
+        call.preloaded = failure
+        return service(call)
 
     def _backend_layers(self) -> list[Layer]:
         """Circuit breaker, retry, bulkhead and timeout: what stands between every call (the
@@ -331,6 +355,14 @@ class GuardCore:
         setup, service = found
         loop = asyncio.get_running_loop()
         return service(Call(setup, args, kwargs, loop, loop.time()))
+
+
+def _failing(call: Call) -> Awaitable[Any]:
+    """The innermost service of a call that failed before it reached the backend: its failure."""
+    failure = call.preloaded
+    assert failure is not None
+    call.preloaded = None
+    return raising(failure)
 
 
 def guard(

@@ -54,6 +54,8 @@ import contextvars
 import time
 from collections.abc import Iterator, Sequence
 
+from .context_vars import reset_context_var
+
 LOGICAL_TIMES: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar(
     "guarded_logical_times", default=None
 )
@@ -119,7 +121,7 @@ def logical_times(times: tuple[int, ...] | None) -> Iterator[tuple[int, ...] | N
     try:
         yield times
     finally:
-        LOGICAL_TIMES.reset(token)
+        reset_context_var(LOGICAL_TIMES, token)
 
 
 @contextlib.contextmanager
@@ -130,7 +132,7 @@ def replaying(replay: bool = True) -> Iterator[None]:
     try:
         yield
     finally:
-        REPLAYING.reset(token)
+        reset_context_var(REPLAYING, token)
 
 
 def age_of(logical: int) -> float:

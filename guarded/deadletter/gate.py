@@ -40,6 +40,9 @@ class KeyGate:
     def __init__(self) -> None:
         self._keys: dict[Slot, int | _KeyState] = {}
         """Per key in flight: the stamp of its one direct write (the usual case), else its state."""
+        self.generation = 0
+        """Counts the event loops the guard moved to: a replay entered under an earlier one is
+        forgotten (see :meth:`leave_replay`)."""
 
     def __len__(self) -> int:
         """Keys with a direct write or a replay in flight (or someone waiting on one)."""
@@ -49,6 +52,7 @@ class KeyGate:
         """The guard moved to a new event loop: the writes and replays in flight on the old one
         never resume, so no key is in flight any more."""
         self._keys.clear()
+        self.generation += 1
 
     def _state(self, slot: Slot) -> _KeyState:
         state = self._keys.get(slot)
@@ -97,13 +101,17 @@ class KeyGate:
             await self._wait(self._state(slot))
 
     def leave_direct(self, slot: Slot, stamp: int) -> None:
-        """The direct write ended (written, dead-lettered or failed)."""
+        """The direct write ended (written, dead-lettered or failed). One the gate forgot (the
+        guard moved to a new event loop since it entered) leaves nothing of the writes since."""
         keys = self._keys
-        state = keys[slot]
-        if isinstance(state, int):
-            del keys[slot]  # the common case: it was the only thing of the key in flight
+        state = keys.get(slot)
+        if state is None or isinstance(state, int):
+            if state == stamp:
+                del keys[slot]  # the common case: it was the only thing of the key in flight
             return
         direct = state.direct
+        if stamp not in direct:
+            return
         if len(direct) == 1 and state.waiters is None and not state.replaying:
             del keys[slot]
             return
@@ -129,8 +137,11 @@ class KeyGate:
         state.replaying = True
         return True
 
-    def leave_replay(self, slot: Slot) -> None:
-        """The replay of the key ended."""
+    def leave_replay(self, slot: Slot, generation: int | None = None) -> None:
+        """The replay of the key ended. ``generation``: the gate's :attr:`generation` when it
+        entered; one entered before the guard moved leaves nothing of the replays since."""
+        if generation is not None and generation != self.generation:
+            return
         state = self._state(slot)
         state.replaying = False
         self._release(slot, state)

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..codec import JSONObject, check_text
 from ..errors import WriteNotKeptError
+from ..pipeline.loops import abandon
 from .calls import encode_call
 from .entries import DeadLetter, canonical_key, index_key, readable_text
 from .gate import Slot
@@ -130,8 +131,8 @@ class GroupCommit:
 
     def moved(self) -> None:
         """The guard moved to a new event loop: the committer of the old one never resumes. The
-        puts it took and had not numbered go back to the queue, committed by the next put's
-        committer; what the transaction it was running did is applied here once it ended."""
+        puts it took and had not numbered go back to the queue, committed by a committer of this
+        loop; what the transaction it was running did is applied here once it ended."""
         writing, self._writing = self._writing, None
         if writing is not None:
             self._finishing = asyncio.get_running_loop().create_task(
@@ -140,10 +141,19 @@ class GroupCommit:
             self._finishing.add_done_callback(retrieve)
         if self.committer is None:
             return
+        abandon(self.committer)
         self.committer = None
         self._incoming[:0] = self._group
         self._group = self._answering = []
         self._silence()
+        if self._incoming:
+            loop = asyncio.get_running_loop()
+            first_due = min(answer_by for _, _, answer_by in self._incoming)
+            if first_due < math.inf:
+                self._set_alarm(loop, first_due)
+            self.committer = loop.create_task(
+                self._commit_loop(), name=f"guarded-dlq-commit-{self.link.store_name}"
+            )
 
     async def put(self, prepared: list[Prepared], deadline: float = math.inf) -> list[Kept]:
         """Keep ``prepared`` (not empty), each committed before this returns, or refused; the
@@ -182,7 +192,7 @@ class GroupCommit:
         due, self._alarm, self._alarm_at = self._alarm_at, None, math.inf
         following = math.inf
         for prepared, waiter, answer_by in chain(self._answering, self._incoming):
-            if waiter.done():
+            if waiter.done() or waiter.get_loop().is_closed():
                 continue
             if answer_by <= due:
                 waiter.set_result([not_kept_in_time(item[0]) for item in prepared])

@@ -119,6 +119,7 @@ class ReplayPass:
         self.link = link
         self.held = link.held
         self.gate = gate
+        self._gate_generation = gate.generation
         self.sending = sending
         self._decode = decode
         self._park = park
@@ -237,7 +238,7 @@ class ReplayPass:
                 outcome = await attempt_bulk(sending.send_bulk, method, [call for _, call in run])
         finally:
             for slot in entered:
-                self.gate.leave_replay(slot)
+                self.gate.leave_replay(slot, self._gate_generation)
         for entry, reason in bad:
             await self._park_now(entry, reason)
         if outcome is not None and outcome.result is ReplayResult.OK:
@@ -330,7 +331,7 @@ class ReplayPass:
                 return None
             return await attempt(send, entry.method, call)
         finally:
-            self.gate.leave_replay(slot)
+            self.gate.leave_replay(slot, self._gate_generation)
 
     async def _park_now(self, entry: DeadLetter, reason: str) -> None:
         if await self._park(entry, reason, self.tally.epoch):

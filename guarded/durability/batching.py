@@ -54,6 +54,8 @@ construction, so it may be built outside a loop); use it from one loop at a time
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import heapq
 import itertools
 import logging
@@ -63,6 +65,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from ..config import BatchConfig
 from ..outcome import Outcome
+from ..pipeline.loops import abandon
 from .batch_queue import (
     ALONE,
     NO_ROOM,
@@ -112,7 +115,8 @@ class Batcher:
         self._parallel_at = min(config.parallel_flush_at, config.max_batch)
         self._queues: dict[str, MethodQueue] = {}
         self._space = BatchSpace(config.queue_size)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], list[PendingWrite]] = {}
+        """The flush tasks running and the batch each writes."""
         self._unwritten: list[PendingWrite] = []
         self._abandoned: set[int] = set()
         self._tiebreak = itertools.count()
@@ -335,8 +339,8 @@ class Batcher:
             mq.due = False
             started = True
             task = asyncio.get_running_loop().create_task(self._run_flush(mq, start, batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks[task] = batch
+            task.add_done_callback(self._flush_ended)
         if not queue or eager:
             # A group-commit queue left non-empty is pumped when one of its flushes ends.
             mq.due = False
@@ -350,6 +354,9 @@ class Batcher:
             now = loop.time()
             when = min(queue[0].queued_at, now) + self._max_delay
             mq.timer = loop.call_at(when, self._on_timer, mq)
+
+    def _flush_ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task, None)
 
     async def _run_flush(self, mq: MethodQueue, start: int, batch: list[PendingWrite]) -> None:
         """Write ``batch`` (a flush task's) and settle its writes."""
@@ -587,12 +594,18 @@ class Batcher:
 
     def moved(self) -> list[PendingWrite]:
         """The guard moved to a new event loop (the old one closed or stopped; this runs on the
-        new one): the old loop's flush tasks, timers and waiters never resume. Queued writes are
-        flushed from this loop; the writes of the flushes that were in flight, which may or may
-        not have reached the backend, are returned for the owner to keep (delivered at least
-        once). The futures of callers of the old loop, who never resume, are replaced by ones of
-        this loop, so settling them cannot fail."""
+        new one): the old loop's flush tasks, timers and waiters never resume (a stopped loop that
+        runs again cancels its flush tasks). Queued writes are flushed from this loop; the writes
+        of the flushes that were in flight, which may or may not have reached the backend, are
+        returned for the owner to keep (delivered at least once). A lone write a caller of a
+        stopped loop is writing in its own task stays that caller's: it goes on when that loop
+        runs again (handed back as well, it would be written twice). The futures of callers of
+        the old loop are replaced by ones of this loop, so settling them cannot fail; what they
+        are settled with is passed on to those callers should their loop run again."""
         loop = asyncio.get_running_loop()
+        flushing = {id(batch) for batch in self._tasks.values()}
+        for task in self._tasks:
+            abandon(task)
         self._tasks.clear()
         self._space.waiters.clear()
         unwritten: list[PendingWrite] = []
@@ -605,13 +618,16 @@ class Batcher:
                 batch = mq.in_flight[start]
                 self._abandoned.add(id(batch))
                 _leave_scopes(mq, batch)
-                unwritten.extend(batch)
+                if id(batch) in flushing or not _written_by_a_waiting_caller(batch):
+                    unwritten.extend(batch)
             mq.in_flight.clear()
             mq.active = 0
             mq.due = True
         for write in [*unwritten, *(write for mq in self._queues.values() for write in mq.queue)]:
-            if write.done is not None and write.done.get_loop() is not loop:
+            waiting = write.done
+            if waiting is not None and waiting.get_loop() is not loop:
                 write.done = loop.create_future()
+                write.done.add_done_callback(functools.partial(_pass_on, waiting))
         self._space.pending = sum(len(mq.queue) for mq in self._queues.values())
         for mq in self._queues.values():
             if mq.queue:
@@ -623,6 +639,34 @@ class Batcher:
         cancelled), in submission order per method; each is returned once."""
         unwritten, self._unwritten = self._unwritten, []
         return unwritten
+
+
+def _written_by_a_waiting_caller(batch: list[PendingWrite]) -> bool:
+    """Whether ``batch``, in flight but written by no flush task, is a lone write its caller writes
+    in its own task on an event loop that may run again (stopped, not closed)."""
+    done = batch[0].done if len(batch) == 1 else None
+    return done is not None and not done.get_loop().is_closed()
+
+
+def _pass_on(waiting: asyncio.Future[Outcome], settled: asyncio.Future[Outcome]) -> None:
+    """Settle ``waiting``, the future of a caller on an event loop the guard moved away from, as
+    ``settled`` was, should that loop run again."""
+    loop = waiting.get_loop()
+    if settled.cancelled() or loop.is_closed():
+        return
+    with contextlib.suppress(RuntimeError):  # closed meanwhile
+        loop.call_soon_threadsafe(_settle_like, waiting, settled)
+
+
+def _settle_like(waiting: asyncio.Future[Outcome], settled: asyncio.Future[Outcome]) -> None:
+    if waiting.done():
+        return
+    failure = settled.exception()
+    if failure is None:
+        waiting.set_result(settled.result())
+    else:
+        waiting.set_exception(failure)
+        waiting.exception()  # retrieved: raised to the caller, who may have gone
 
 
 def _leave_scopes(mq: MethodQueue, batch: list[PendingWrite]) -> None:

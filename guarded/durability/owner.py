@@ -27,6 +27,7 @@ from ..observability.failure_log import FailureLog, operational_errors
 from ..pipeline.breaker import BreakerState, CircuitBreaker
 from ..pipeline.classify import error_type, is_programming_error, safe_message
 from ..pipeline.idempotency import replayed_call
+from ..pipeline.loops import abandon
 from ..policy_table import PolicyTable
 from ..store_identity import durable_across_processes, store_identity
 from .batch_queue import PendingWrite
@@ -200,6 +201,7 @@ class Durability:
             raise
         self.opened = True
         self._opening.set_result(None)
+        self._opening = None  # its waiters hold it; kept, it would keep its event loop alive
         self._watch_task = asyncio.get_running_loop().create_task(
             self._watch_loop_end(), name=f"guarded-watch-{self.store_name}"
         )
@@ -213,7 +215,8 @@ class Durability:
 
     def moved(self) -> None:
         """The guard moved to a new event loop (:mod:`guarded.pipeline.loops`; this runs on it):
-        the old loop's tasks (replay, watch, batch flushes, the spill file's commit) never resume.
+        the old loop's tasks (replay, watch, batch flushes, the spill file's commit) never resume
+        (:func:`~guarded.pipeline.loops.abandon`: a stopped loop that runs again cancels them).
         What they held is done here: the writes of flushes that were in flight are kept (held for
         replay), queued writes are flushed, and the watch and the replay start on this loop."""
         loop = asyncio.get_running_loop()
@@ -222,6 +225,8 @@ class Durability:
             self.buffer.moved()
         if self._opening is not None and not self._opening.done():
             self._opening = None  # an open the old loop never finished: the next call opens
+        abandon(self._replay_task)
+        abandon(self._watch_task)
         self._replay_task = None
         if self._watch_task is not None:
             self._watch_task = loop.create_task(
@@ -394,13 +399,15 @@ class Durability:
 
     async def _watch_loop_end(self) -> None:
         """Adopt orphaned spill files now and then, and report undelivered writes when the event
-        loop shuts down (``asyncio.run`` cancels this task) without the guard being closed."""
+        loop shuts down (``asyncio.run`` cancels this task) without the guard being closed; not
+        once the guard moved to another loop."""
+        me = asyncio.current_task()
         try:
             while True:
                 await asyncio.sleep(_ADOPT_EVERY)
                 await self.adopt_orphans()
         except asyncio.CancelledError:
-            if not self._closing:
+            if not self._closing and self._watch_task is me:
                 self.report_unclosed("its event loop is shutting down")
             raise
 

@@ -81,7 +81,10 @@ class DeadLetterLayer:
                 finally:
                     leave(slot, stamp)
             finally:
-                logical_times.reset(token)
+                try:  # noqa: SIM105 - inline: suppress() costs a context manager per call
+                    logical_times.reset(token)
+                except ValueError:  # outside the call's context: a closed loop's call collected as garbage
+                    pass
 
         async def write(call: Call, stamp: int, key: Any) -> Any:
             await ensure_open()
@@ -190,7 +193,10 @@ def _release_key(held: tuple[int, Any, Any, Any], leave: Callable[[Any, int], No
     """Give back what a write of a key took on the compiled success path (``Call.held``: its stamp,
     key slot, logical-time token and key): the logical time unset, the slot left."""
     stamp, slot, token, _ = held
-    logical_times.reset(token)
+    try:  # noqa: SIM105 - inline: suppress() costs a context manager per call
+        logical_times.reset(token)
+    except ValueError:  # outside the call's context: a closed loop's call collected as garbage
+        pass
     if slot is not None:
         leave(slot, stamp)
 

@@ -112,8 +112,10 @@ class FallbackLayer:
             # As must_not_throw: the caller's cancellation (and any other BaseException) goes
             # through; a CancelledError of the store's own is just a failure.
             if not isinstance(exc, Exception):
+                if not isinstance(exc, asyncio.CancelledError):
+                    raise exc  # GeneratorExit of a call collected as garbage included: no running loop
                 task = current_task()
-                if not isinstance(exc, asyncio.CancelledError) or task is None or task.cancelling():
+                if task is None or task.cancelling():
                     raise exc
             return failed(call, exc)
 

@@ -22,6 +22,7 @@ from ..outcome import Outcome
 from ..pipeline.breaker import BreakerState, CircuitBreaker
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.compiled import Hooks
+from ..pipeline.loops import abandoned_by_caller
 
 _OK = Outcome.OK
 
@@ -136,6 +137,8 @@ class MetricsLayer:
 
         def raised(call: Call, exc: BaseException) -> None:
             if not isinstance(exc, Exception):
+                if abandoned_by_caller():
+                    return  # its caller, on another thread's loop, gave up and counted it
                 call.settle(Outcome.CANCELLED)
             observe(call, None)
 

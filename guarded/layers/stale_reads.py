@@ -51,6 +51,14 @@ class StaleReadLayer:
         self._ports = ports
         self._policies = policies
         self._answer_held_pauses = answer_held_pauses
+        self._turns: list[dict[Hashable, tuple[asyncio.Lock, list[int]]]] = []
+        """The turns of each consume method's held tokens (:meth:`_wrap_take`)."""
+
+    def moved(self) -> None:
+        """The guard moved to a new event loop: a consume of the old one may hold a token's turn for
+        good, and a turn's lock belongs to the loop it waited on. Every turn starts afresh."""
+        for turns in self._turns:
+            turns.clear()
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
         policy = method.policy
@@ -264,6 +272,7 @@ class StaleReadLayer:
         replay, answer_held = keeper.replay, self._answer_held_pauses
         # One consume of a held token at a time: per slot, a lock and how many consumes use it.
         turns: dict[Hashable, tuple[asyncio.Lock, list[int]]] = {}
+        self._turns.append(turns)
 
         def leave(slot: Any, stamp: int, turn: tuple[asyncio.Lock, list[int]] | None, holding: bool) -> None:
             if turn is not None:

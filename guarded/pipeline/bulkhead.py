@@ -82,7 +82,17 @@ class Bulkhead:
     """``limit`` permits shared by every call of one guarded store (its own flushes and replays
     included), and the line of callers waiting for one."""
 
-    __slots__ = ("__weakref__", "_line", "_methods", "in_use", "limit", "store_name", "successes", "waiting")
+    __slots__ = (
+        "__weakref__",
+        "_line",
+        "_methods",
+        "_moves",
+        "in_use",
+        "limit",
+        "store_name",
+        "successes",
+        "waiting",
+    )
 
     def __init__(self, limit: int, store_name: str) -> None:
         if limit < 1:
@@ -99,6 +109,8 @@ class Bulkhead:
         self._line: deque[asyncio.Future[bool]] = deque()
         """Waiters in arrival order; one that left (timed out, cancelled) is skipped when reached."""
         self._methods: dict[str, MethodStats] = {}
+        self._moves = 0
+        """Counts the event loops the guard moved to: a waiter of an earlier one counts for nothing."""
 
     def stats(self, method: str) -> MethodStats:
         """The admission statistics of ``method`` (created on first use)."""
@@ -132,13 +144,16 @@ class Bulkhead:
         place: asyncio.Future[bool] = loop.create_future()
         self._line.append(place)
         self.waiting += 1
-        timer = loop.call_at(deadline, self._expire, place)
+        moves = self._moves
+        timer = loop.call_at(deadline, self._expire, place, moves)
         try:
             return await place
         except BaseException:
+            if moves != self._moves:
+                raise  # the guard moved to another loop since: its line started afresh
             if place.cancelled():
                 self.waiting -= 1  # left the line; the skipped future is dropped when reached
-            elif place.result():
+            elif place.done() and place.result():
                 self.release()  # handed a permit just as the caller gave up: pass it on
             raise
         finally:
@@ -146,12 +161,16 @@ class Bulkhead:
 
     def moved(self) -> None:
         """The guard moved to a new event loop (:mod:`.loops`): the calls of the old one that held
-        permits or waited in line never resume, so every permit is free again."""
+        permits or waited in line never resume, so every permit is free again. What they do when
+        their loop runs again, or when they are collected, leaves the new line alone; a permit one
+        of them gives back late is never counted below zero (it may let one more call in while the
+        calls since hold theirs)."""
         self._line.clear()
         self.in_use = self.waiting = 0
+        self._moves += 1
 
-    def _expire(self, place: asyncio.Future[bool]) -> None:
-        if not place.done():
+    def _expire(self, place: asyncio.Future[bool], moves: int) -> None:
+        if not place.done() and moves == self._moves:
             place.set_result(False)
             self.waiting -= 1
 
@@ -164,7 +183,8 @@ class Bulkhead:
                 place.set_result(True)  # the permit changes hands: in_use stays
                 self.waiting -= 1
                 return
-        self.in_use -= 1
+        if self.in_use:  # else a permit of an old loop's given back after the guard moved
+            self.in_use -= 1
 
 
 def declared_limit(target: object) -> int | None:

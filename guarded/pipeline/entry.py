@@ -64,7 +64,10 @@ def entry_point(
         try:
             return await service(Call(setup, args, kwargs, loop, loop.time()))
         finally:
-            reset_key(token)
+            try:  # noqa: SIM105 - inline: suppress() costs a context manager per call
+                reset_key(token)
+            except ValueError:  # outside the call's context: a closed loop's call collected as garbage
+                pass
 
     async def consume_method(*args: Any, **kwargs: Any) -> Any:
         # The key of this logical call: the caller's own when it set one (its retry of the call),
@@ -90,9 +93,12 @@ def entry_point(
         try:
             return await service(call)
         finally:
-            if keys_token is not None:
-                reset_unanswered(keys_token)
-            reset_key(token)
+            try:
+                if keys_token is not None:
+                    reset_unanswered(keys_token)
+                reset_key(token)
+            except ValueError:  # outside the call's context: a closed loop's call collected as garbage
+                pass
             outcome = call.outcome
             if (
                 item is not None

@@ -33,6 +33,7 @@ import contextvars
 from collections.abc import Iterator
 from typing import Any
 
+from ..context_vars import reset_context_var
 from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time, logical_times, replaying
 
 IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -81,7 +82,7 @@ def unanswered_keys(keys: tuple[str, ...] | None) -> Iterator[tuple[str, ...] | 
     try:
         yield keys
     finally:
-        UNANSWERED_KEYS.reset(token)
+        reset_context_var(UNANSWERED_KEYS, token)
 
 
 def current_item_keys() -> tuple[str, ...] | None:
@@ -96,7 +97,7 @@ def item_keys(keys: tuple[str, ...] | None) -> Iterator[tuple[str, ...] | None]:
     try:
         yield keys
     finally:
-        ITEM_KEYS.reset(token)
+        reset_context_var(ITEM_KEYS, token)
 
 
 @contextlib.contextmanager
@@ -128,7 +129,7 @@ def idempotency_key(key: str | None) -> Iterator[str | None]:
     try:
         yield key
     finally:
-        IDEMPOTENCY_KEY.reset(token)
+        reset_context_var(IDEMPOTENCY_KEY, token)
 
 
 __all__ = [

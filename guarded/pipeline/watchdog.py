@@ -80,7 +80,13 @@ class Watchdog:
             self._schedule(min(when for _, when in armed.values()))
 
 
-_watchdogs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watchdog] = weakref.WeakKeyDictionary()
+_watchdogs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[Watchdog]] = (
+    weakref.WeakKeyDictionary()
+)
+"""The watchdog of each loop, referenced weakly: it references its loop and the calls armed on it,
+so a strong reference here would keep every loop a guard ever ran on alive, with the calls a
+closed one dropped. While calls are armed its loop's timer references it; otherwise the callers
+that used it last do."""
 
 
 _last: tuple[weakref.ref[asyncio.AbstractEventLoop], Watchdog] | None = None
@@ -93,11 +99,22 @@ def watchdog_for(loop: asyncio.AbstractEventLoop) -> Watchdog:
     last = _last
     if last is not None and last[0]() is loop:
         return last[1]
-    found = _watchdogs.get(loop)
+    known = _watchdogs.get(loop)
+    found = known() if known is not None else None
     if found is None:
-        found = _watchdogs[loop] = Watchdog(loop)
+        found = Watchdog(loop)
+        _watchdogs[loop] = weakref.ref(found)
     _last = (weakref.ref(loop), found)
     return found
+
+
+def forget_closed(loop: asyncio.AbstractEventLoop) -> None:
+    """``loop`` is closed: its watchdog lets go of the calls still armed on it (they never resume;
+    kept, they could never be collected while anything references the watchdog)."""
+    known = _watchdogs.get(loop)
+    found = known() if known is not None else None
+    if found is not None:
+        found.armed.clear()
 
 
 def attempt_timed_out(label: str, failure: BaseException | None) -> BaseException:

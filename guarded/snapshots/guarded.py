@@ -56,6 +56,7 @@ from opentelemetry.trace import TracerProvider
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from ..config import GuardConfig, MethodConfig, build_config
+from ..context_vars import reset_context_var
 from ..pipeline.call import Layer
 from ..pipeline.classify import CircuitOpenError, no_wait_fixes, safe_message
 from ..pipeline.cores import register
@@ -263,7 +264,7 @@ class GuardedSnapshotStore:
         try:
             result = await call
         finally:
-            _failures.reset(token)
+            reset_context_var(_failures, token)
         if isinstance(result, _Answer):
             raise result.error
         if result is None:  # the chain's fallback: the call failed and nothing stale answered
