@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import tempfile
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -38,14 +40,17 @@ from .durability_workload import (
 
 @contextlib.asynccontextmanager
 async def _outage_guard(dsn: str, name: str) -> AsyncIterator[Any]:
-    """A guard (defaults, spill file on) over a store of its own, its breaker forced open; closed
-    (and its store with it) on exit."""
+    """A guard (defaults, spill file on, in a temporary directory rather than the user's state
+    directory) over a store of its own, its breaker forced open; closed (and its store with it)
+    on exit."""
     store = await _connect(dsn, min_size=1, max_size=4)
     try:
-        proxy = guard(store, name=name, registry=CollectorRegistry())
-        async with proxy:
-            controller(proxy).breaker.force_open()
-            yield proxy
+        with tempfile.TemporaryDirectory(prefix="guarded-bench-") as directory:
+            spill_path = str(Path(directory) / f"{name}.sqlite")
+            proxy = guard(store, name=name, registry=CollectorRegistry(), spill_path=spill_path)
+            async with proxy:
+                controller(proxy).breaker.force_open()
+                yield proxy
     finally:
         await store.close()
 
@@ -132,8 +137,10 @@ async def _drain_upserts_once(dsn: str, drain: Drain, rep: int, *, blocked: bool
 async def _drain_events_once(server: EmbeddedPostgres, drain: Drain, rep: int) -> None:
     name = f"drain-events-{rep}"
     store = await _connect(server.dsn, min_size=0, max_size=4, connect_timeout=2.0)
+    directory = tempfile.TemporaryDirectory(prefix="guarded-bench-")
     try:
-        proxy = guard(store, name=name, registry=CollectorRegistry())
+        spill_path = str(Path(directory.name) / f"{name}.sqlite")
+        proxy = guard(store, name=name, registry=CollectorRegistry(), spill_path=spill_path)
         async with proxy:
             ctl = controller(proxy)
             buffer = ctl.dead_letters
@@ -165,6 +172,7 @@ async def _drain_events_once(server: EmbeddedPostgres, drain: Drain, rep: int) -
                 )
     finally:
         await store.close()
+        directory.cleanup()
 
 
 UPSERTS_MIXED = "upserts, kinds interleaved (as written)"
