@@ -119,7 +119,6 @@ CYCLES_LEFT = (
             "guarded.guard",
             "guarded.pipeline.cores",
             "guarded.snapshots.guarded",
-            "guarded.snapshots.staging",
         }
     ),
 )

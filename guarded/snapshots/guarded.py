@@ -130,15 +130,11 @@ class SnapshotCalls:
         except SnapshotError as exc:
             return _Answer(exc)
         except Exception as exc:
-            noted = _failures.get()
-            if noted is not None:
-                noted.append(exc)
+            note_failure(exc)
             raise
         except asyncio.CancelledError:
             # The guard's deadline (a caller's own cancellation never reaches its error).
-            noted = _failures.get()
-            if noted is not None:
-                noted.append(TimeoutError("no answer within the call's deadline"))
+            note_failure(TimeoutError("no answer within the call's deadline"))
             raise
 
     async def save(self, snapshot_id: str, content_hash: str, live: str | None = None) -> Snapshot | _Answer:
@@ -488,7 +484,7 @@ def guard_snapshots(
             root = Path(temporary)
         staging = StagedSnapshots(root)
     calls = SnapshotCalls(store, live, staging)
-    staging_layer = SnapshotStagingLayer(staging, live) if staging is not None else None
+    staging_layer = SnapshotStagingLayer(staging, live, note_failure) if staging is not None else None
     core = GuardCore(
         calls,
         name=name,

@@ -202,9 +202,13 @@ class SnapshotStagingLayer:
     for an operational reason. Runs inside the dead-letter layer, outside the circuit breaker: it
     sees a save's final failure, after retries, and an open circuit's refusal."""
 
-    def __init__(self, staging: StagedSnapshots, live: LiveContents) -> None:
+    def __init__(
+        self, staging: StagedSnapshots, live: LiveContents, note_failure: Callable[[BaseException], None]
+    ) -> None:
         self.staging = staging
         self.live = live
+        self._note_failure = note_failure
+        """Notes a failure for the error the caller of the guarded call in progress gets."""
         self._ports: DurabilityPorts | None = None
         self._log: FailureLog | None = None
 
@@ -250,7 +254,7 @@ class SnapshotStagingLayer:
             call.settle(Outcome.REJECTED, exc)
             return Answer(answer)
         except Exception as staging_failure:
-            raise _not_held(snapshot_id, backend_failure, staging_failure) from staging_failure
+            raise self._not_held(snapshot_id, backend_failure, staging_failure) from staging_failure
         keeper = ports.keeper
         assert keeper is not None
         try:
@@ -270,27 +274,26 @@ class SnapshotStagingLayer:
             if created:
                 with contextlib.suppress(OSError):
                     await self.staging.remove(snapshot_id)
-            raise _not_held(snapshot_id, backend_failure, refused) from refused
+            raise self._not_held(snapshot_id, backend_failure, refused) from refused
         call.settle(Outcome.DEAD_LETTERED, exc)
         if self._log is not None:
             self._log.dead_lettered(method, exc)
         return record
 
-
-def _not_held(snapshot_id: str, backend_failure: str, failure: BaseException) -> SnapshotStagingError:
-    from .guarded import note_failure
-
-    error = SnapshotStagingError(
-        snapshot_id, backend_failure, f"{error_type(failure)}: {safe_message(failure)}"
-    )
-    error.__cause__ = failure
-    note_failure(error)
-    logger.error(
-        "a snapshot save the backend could not take could not be held either: %s",
-        error,
-        extra={"event": "snapshot_not_held", "snapshot_id": snapshot_id},
-    )
-    return error
+    def _not_held(
+        self, snapshot_id: str, backend_failure: str, failure: BaseException
+    ) -> SnapshotStagingError:
+        error = SnapshotStagingError(
+            snapshot_id, backend_failure, f"{error_type(failure)}: {safe_message(failure)}"
+        )
+        error.__cause__ = failure
+        self._note_failure(error)
+        logger.error(
+            "a snapshot save the backend could not take could not be held either: %s",
+            error,
+            extra={"event": "snapshot_not_held", "snapshot_id": snapshot_id},
+        )
+        return error
 
 
 def _save_arguments(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, Any, Any]:
