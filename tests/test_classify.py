@@ -1,4 +1,4 @@
-"""Issue 13, finding 6: the SQLSTATE table — retry now, hold and replay, or park.
+"""The SQLSTATE table — retry now, hold and replay, or park.
 
 Errors are asyncpg's real exception classes, built the way asyncpg builds them from a server's
 error message (``PostgresError.new(fields)``), so the class, its ``sqlstate`` and its message

@@ -1,4 +1,4 @@
-"""Configuration a user guesses right (issue 14, item 4; docs/configuration.md).
+"""Configuration a user guesses right.
 
 Each test names the mistake as it was reproduced against the code before this change (the
 "Before:" line of its docstring), then checks the behaviour now.

@@ -1,4 +1,4 @@
-"""The stale-if-error cache is bounded in bytes (issue 15, item 7): an estimate per value, LRU
+"""The stale-if-error cache is bounded in bytes: an estimate per value, LRU
 eviction by bytes and entries, values too large to hold not kept, a gauge of the bytes held."""
 
 from __future__ import annotations

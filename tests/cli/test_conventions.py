@@ -1,4 +1,4 @@
-"""One convention for every ``guarded`` command (docs/cli.md): the error cases of issue 16, each
+"""One convention for every ``guarded`` command (docs/cli.md): the error cases users met, each
 as the one line and the exit code an operator gets, without a database."""
 
 from __future__ import annotations

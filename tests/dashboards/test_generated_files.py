@@ -1,5 +1,4 @@
-"""The committed grafana/ files are exactly what ``python -m dashboards`` generates (DESIGN.md:
-"a test fails when the committed JSON differs from what dashboards/ generates")."""
+"""The committed grafana/ files are exactly what ``python -m dashboards`` generates."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The committed dashboards type-check against Grafana's own ``@grafana/schema`` (issue 16, item 7).
+"""The committed dashboards type-check against Grafana's own ``@grafana/schema``.
 
 Each grafana/dashboards/*.json is written as a TypeScript object literal typed
 ``GuardedDashboard`` (tools/grafana-schema/guarded-dashboard.ts: the schema's Dashboard, Panel,

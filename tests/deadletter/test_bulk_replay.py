@@ -1,7 +1,6 @@
 """Bulk replay of keyed upserts through the KeyGate: a bulk write never carries a held write of a
 key whose newer direct write is in flight, never overwrites what that write stored, and a direct
-write arriving meanwhile waits for the bulk write (issue 5: a replay must never overwrite newer
-data). And a pass at ``rate=math.inf`` never waits."""
+write arriving meanwhile waits for the bulk write. And a pass at ``rate=math.inf`` never waits."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """KeyGate: a replay of a held last-write-wins write never lands after a newer direct write of its
-key (issue 5, "a replay must never overwrite newer data")."""
+key."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Corrupt spill rows are quarantined (issue 13, finding 8): a row that cannot be read — a column
+"""Corrupt spill rows are quarantined: a row that cannot be read — a column
 of the wrong type, a NULL where a value belongs, text that is not UTF-8, a key or call that is not
 JSON — is moved to the file's quarantine table with its raw bytes and a reason, counted and logged
 without its contents, listed by ``guarded dlq list --quarantined``, and never makes the library or

@@ -85,7 +85,7 @@ async def test_replay_sends_every_entry_in_order_and_empties_the_buffer(
 
 @pytest.mark.asyncio
 async def test_retry_later_stops_the_pass_and_keeps_the_rest(tmp_path: Path) -> None:
-    """Issue 13 changed what RETRY_LATER stops: the entry and the later ones of its stream (here
+    """What RETRY_LATER stops: the entry and the later ones of its stream (here
     one trace) wait, with a backoff of the entry's own, so the third pass first waits it out."""
     clock = Clock()
     target = buffer(tmp_path / "dlq.db", monotonic=clock)

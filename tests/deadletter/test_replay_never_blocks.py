@@ -1,4 +1,4 @@
-"""Replay never blocks (issue 13, finding 3): order is kept per key and per stream, a failing entry
+"""Replay never blocks: order is kept per key and per stream, a failing entry
 backs off on its own and is parked after a bounded number of counted attempts (at once when it can
 never succeed), a failed bulk write falls back to singles, and a backend that is down stops the
 pass early instead of being hammered. Scripted stores and real SQLite files; time is a fake clock."""
@@ -458,7 +458,7 @@ async def test_through_the_guard_bad_calls_are_rejected_and_every_good_held_writ
 ) -> None:
     """The issue's scenario through ``guard()``: during an outage, ``save_event()`` among a batch
     of 100 good events and ``mark_binding_terminal("t", "c", "x")`` are the caller's bugs: rejected
-    at the call (issue 14), never held, so they can neither block nor join a replay. The 200 good
+    at the call, never held, so they can neither block nor join a replay. The 200 good
     writes are held, and after recovery one drain delivers them all."""
     inner = InMemoryStateStore()
     faulty = FaultyStore(inner, FaultPlan.always(Fault.error_before(ConnectionRefusedError)))

@@ -511,7 +511,7 @@ async def test_closing_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 async def test_a_damaged_call_in_the_file_is_quarantined_not_raised(tmp_path: Path) -> None:
-    """Issue 13: a call that is not JSON is moved to the quarantine table with its raw bytes
+    """A call that is not JSON is moved to the quarantine table with its raw bytes
     (it used to be parked without its call)."""
     path = tmp_path / "dlq.sqlite"
     target = make(path)

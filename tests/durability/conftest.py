@@ -1,4 +1,4 @@
-"""The acceptance tests of "nothing acknowledged is lost" with the default configuration (issue 12).
+"""The acceptance tests of "nothing acknowledged is lost" with the default configuration.
 
 The PostgreSQL fixtures are the PostgreSQL suite's own (the session server, a fresh schema per
 test). Tests that stop, restart or stall a server get one of their own module (``server``): the

@@ -1,6 +1,6 @@
-"""Group commit is the default: a guarded write returns once it is committed (DESIGN.md "batching
-(group commit)"). So a process that never closes its guard loses nothing, and another connection
-sees a row as soon as ``save_event`` returned. The session server; nothing is stopped."""
+"""Group commit is the default: a guarded write returns once it is committed. So a process that
+never closes its guard loses nothing, and another connection sees a row as soon as ``save_event``
+returned. The session server; nothing is stopped."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13, finding 9: refused payloads whose keys and values hold a secret, through every write
+"""Refused payloads whose keys and values hold a secret, through every write
 method of a guarded store; the secret must appear in no parked reason, no log record and no
 metric, and every refused write the guard keeps must be parked with its reason.
 

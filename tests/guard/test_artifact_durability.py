@@ -1,4 +1,4 @@
-"""Artifacts are dead-lettered like every other write (issue 12, item 8), against the in-memory
+"""Artifacts are dead-lettered like every other write, against the in-memory
 store with injected faults: an artifact put the backend cannot take is kept in this process (its
 reference valid at once) and held in the artifact spill file, then replayed into the backend's
 artifact store under the same content-addressed id; within ``artifacts.spill_max_bytes``.

@@ -1,4 +1,4 @@
-"""Caller bugs are the caller's (issue 14, item 2): a call that does not bind to the method's
+"""Caller bugs are the caller's: a call that does not bind to the method's
 signature, or passes the wrong type of record, ends at once with outcome ``rejected`` and an ERROR
 log record carrying the message; it never reaches the backend, is never held, parked, replayed or
 counted ``ok``. A ``TypeError`` or ``AttributeError`` the backend raises is treated the same.
@@ -237,7 +237,7 @@ async def test_a_delegating_store_is_checked_against_the_protocol_signature() ->
         assert calls(registry, "load_history", "rejected") == 1
 
 
-# --- strict mode (issue 14, item 3) -------------------------------------------------------------
+# --- strict mode -------------------------------------------------------------
 
 
 def _strict_by_config() -> contextlib.AbstractContextManager[dict[str, Any]]:

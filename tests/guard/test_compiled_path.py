@@ -1,4 +1,4 @@
-"""The compiled success path (issue 15, item 1) behaves exactly as the layered chain.
+"""The compiled success path behaves exactly as the layered chain.
 
 A guarded method's layers run in one frame while the call succeeds; a failure is handed to the
 layered chain with the first attempt's failure preloaded (:mod:`guarded.pipeline.compiled`). The promise:

@@ -1,4 +1,4 @@
-"""Consume once, really (issue 13, findings 1 and 2), against an in-memory store.
+"""Consume once, really, against an in-memory store.
 
 Each pause payload is delivered to exactly one caller and none is lost, through resumes that time
 out, are cancelled by their caller, or lose their answer after the backend consumed the token; a

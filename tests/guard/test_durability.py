@@ -1,4 +1,4 @@
-"""Nothing acknowledged is lost (DESIGN.md "What nothing lost means"), against the in-memory
+"""Nothing acknowledged is lost, against the in-memory
 store with injected faults: dead-lettering, replay, last-write-wins, stale-if-error,
 read-your-writes through the batcher, consume of a held pause, graceful drain and spill files.
 The PostgreSQL outage, crash and flapping scenarios are in tests/postgres/test_outages.py.

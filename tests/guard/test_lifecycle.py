@@ -1,6 +1,6 @@
 """The guard's lifecycle at the edges a user meets first: the default configuration, a guard never
 closed, a close right after an outage while the breaker is still open, a memory-only buffer, and
-legacy aliases sharing their target's pending writes (issue 12)."""
+legacy aliases sharing their target's pending writes."""
 
 from __future__ import annotations
 

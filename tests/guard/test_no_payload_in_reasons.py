@@ -1,4 +1,4 @@
-"""Issue 13, finding 9, on ``guard(InMemoryStateStore)``: no payload in any reason, log or metric.
+"""On ``guard(InMemoryStateStore)``: no payload in any reason, log or metric.
 
 See :mod:`tests.guard._payload_secrets` for the refused calls (every write method, the secret in
 keys, values, ids and numbers).

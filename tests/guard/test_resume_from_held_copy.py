@@ -1,5 +1,4 @@
-"""A pause answered from its held copy is also consumed in the backend, later (issue 13, consume
-once; seen in the demo as "resumed and still loadable").
+"""A pause answered from its held copy is also consumed in the backend, later.
 
 The save's first attempt reaches the backend but its answer is lost, so the save is held. A resume
 during the next outage answers from the held copy (outcome ``stale``) and its consume of the

@@ -59,7 +59,7 @@ CLASSIFICATION: list[tuple[BaseException, ErrorClass, bool]] = [
     (SqlError("53300"), RETRYABLE, False),  # too_many_connections
     (SqlError("23505"), REJECTED, True),  # unique_violation
     (SqlError("22P02"), REJECTED, True),  # invalid_text_representation
-    (SqlError("42P01"), OPERATIONAL, True),  # undefined_table: held and replayed (issue 13)
+    (SqlError("42P01"), OPERATIONAL, True),  # undefined_table: held and replayed
     (SqlError("54000"), REJECTED, True),  # program_limit_exceeded (index row too large)
     (SqlError("XX000"), FATAL, True),  # internal_error
     (pg.SerializationError("could not serialize"), RETRYABLE, True),
@@ -74,7 +74,7 @@ CLASSIFICATION: list[tuple[BaseException, ErrorClass, bool]] = [
     (InvalidPayloadError("not JSON"), REJECTED, True),
     (ValueError("bad"), REJECTED, True),
     (UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogate"), REJECTED, True),
-    (TypeError("wrong argument"), ErrorClass.PROGRAMMING, True),  # a bug: rejected (issue 14)
+    (TypeError("wrong argument"), ErrorClass.PROGRAMMING, True),  # a bug: rejected
     (CallerError("save_event(): missing a required argument: 'event'"), ErrorClass.PROGRAMMING, True),
     (KeyError("k"), FATAL, True),
     (AttributeError("a"), ErrorClass.PROGRAMMING, True),
@@ -185,7 +185,7 @@ async def test_retry_can_be_switched_off_per_method() -> None:
         (InvalidPayloadError, "rejected"),
         (pg.UniqueViolationError, "rejected"),
         (RuntimeError, "fallback"),
-        (TypeError, "rejected"),  # a programming error (issue 14)
+        (TypeError, "rejected"),  # a programming error
         (AttributeError, "rejected"),
     ],
 )

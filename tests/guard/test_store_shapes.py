@@ -1,4 +1,4 @@
-"""Every store shape a user may hand ``guard()`` is guarded, or refused (issue 14, item 1).
+"""Every store shape a user may hand ``guard()`` is guarded, or refused.
 
 A StateStore method is guarded however ``getattr(store, name)`` reaches it: an ``async def`` of
 the class, an instance attribute, a callable object, a ``functools.partial``, a sync function or

@@ -1,4 +1,4 @@
-"""PenguiFlow's reference store is the semantic oracle (issue 14, item 5).
+"""PenguiFlow's reference store is the semantic oracle.
 
 Random sequences of calls go, in the same order and with the same PenguiFlow model instances (as
 PenguiFlow itself would pass them), to three stores:

@@ -8,7 +8,7 @@ is a real subprocess running tests/interop/_planner_worker.py. Contracts:
   once ("SHOULD delete/expire token after successful load"), ``None`` when unknown;
 * spec 000 "ReactPlanner Integration": ``resume(token)`` loads the pause through the store;
 * spec 002: pause save/load failures break HITL and must be observable;
-* DESIGN.md "Failure vs not found": PenguiFlow cannot tell "token expired" from "store down" --
+* Failure vs not found: PenguiFlow cannot tell "token expired" from "store down" --
   ``ReactPlanner.resume`` raises ``KeyError(token)`` for both once the guard answers ``None``
   (penguiflow/planner/pause_management.py ``_load_pause_record``) -- so the guard's outcome,
   metric and log must.

@@ -4,7 +4,7 @@ PenguiFlow's ``PenguiFlow(..., state_store=store)`` calls ``save_event(StoredEve
 for every ``FlowEvent`` it emits and ``flow.load_history(trace_id)`` is ``store.load_history``
 (spec 000, "Integration Points: PenguiFlow Core Runtime"). History is ordered by ``ts`` (spec 000,
 "Ordering Guarantees"); the guard batches ``save_event`` (write-behind) and flushes a trace's
-pending events before reading it (DESIGN.md "batching": read-your-writes).
+pending events before reading it.
 """
 
 from __future__ import annotations

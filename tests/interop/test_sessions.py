@@ -253,7 +253,7 @@ async def test_steering_payloads_are_stored_sanitized(
         lone = steer("target", SteeringEventType.USER_MESSAGE, {"text": "broken \ud800 surrogate"})
         await store.save_steering(lone)
         # An event PenguiFlow's sessions would refuse is still stored, as PenguiFlow's reference store
-        # does: stores sanitize, they do not validate (issue 14).
+        # does: stores sanitize, they do not validate.
         await store.save_steering(steer("target", SteeringEventType.PRIORITIZE, {"priority": "high"}))
         await settle(store)
         stats = controller(store).stats()

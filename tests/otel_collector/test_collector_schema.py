@@ -1,4 +1,4 @@
-"""otel-collector.yaml against the pinned otelcol-contrib's components and fields (issue 16, item 6).
+"""otel-collector.yaml against the pinned otelcol-contrib's components and fields.
 
 The collector binary cannot be installed here (no package registry carries it), so the check reads
 the committed description of otelcol-contrib 0.159.0 (otelcol-contrib-0.159.0.yaml beside this

@@ -2,7 +2,7 @@
 
 The cases are built deterministically (explicit edge cases, PenguiFlow-shaped events and a seeded
 generator); ``event_encoding_pins.json`` holds the fingerprint and stored payload text the encoder
-produced for each before it was reworked (issue 15, item 7). Rows already in databases carry
+produced for each before it was reworked. Rows already in databases carry
 those fingerprints: a retried save must keep hitting ``ON CONFLICT DO NOTHING``.
 """
 

@@ -1,4 +1,4 @@
-"""Artifacts are dead-lettered like every other write, against a real PostgreSQL (issue 12, item 8).
+"""Artifacts are dead-lettered like every other write, against a real PostgreSQL.
 
 An artifact put the database cannot take is kept in the process (its reference valid at once)
 and held in the artifact spill file; once the database is back it is replayed into the

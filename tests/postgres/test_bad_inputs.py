@@ -297,7 +297,7 @@ async def test_a_callers_bug_is_rejected_and_logged_never_held_or_sent(
     message: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 14: the issue's three bad calls, against the real store with the default guard."""
+    """The issue's three bad calls, against the real store with the default guard."""
     registry = CollectorRegistry()
     backend = await make_store()
     async with guard(backend, registry=registry) as store:

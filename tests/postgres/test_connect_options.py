@@ -1,4 +1,4 @@
-"""Options a user gets wrong are refused with what was meant (issue 14, item 4): a misspelled
+"""Options a user gets wrong are refused with what was meant: a misspelled
 option of ``connect`` / ``lazy`` / ``from_pool`` names the closest valid one instead of being
 ignored, and ``pool=`` takes a :class:`PoolSettings` or a mapping of its fields."""
 

@@ -1,4 +1,4 @@
-"""Consume once, really (issue 13, findings 1 and 2), against a real PostgreSQL.
+"""Consume once, really, against a real PostgreSQL.
 
 The invariant: every pause payload is delivered to exactly one caller -- a resume that returned it
 -- and none is lost, through resumes that time out, resumes whose caller gives up (cancellation),

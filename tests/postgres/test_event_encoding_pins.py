@@ -1,4 +1,4 @@
-"""``encode_event`` keeps producing the rows it produced before issue 15's rework, byte for byte.
+"""``encode_event`` keeps producing the rows it produced before its rework, byte for byte.
 
 ``event_encoding_pins.json`` was written by the encoder as it was before the rework (commit
 6aad3f1), for the events of :mod:`tests.postgres.event_encoding_cases`: the fingerprint of each

@@ -1,4 +1,4 @@
-"""Issue 13, finding 9, on ``guard(PostgresStateStore)`` against a real server: no payload in any
+"""On ``guard(PostgresStateStore)`` against a real server: no payload in any
 parked reason, log record or metric (the store's own metrics included).
 
 See :mod:`tests.guard._payload_secrets` for the refused calls (every write method, the secret in

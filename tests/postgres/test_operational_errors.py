@@ -1,4 +1,4 @@
-"""Issue 13, finding 6: an operational error is held and replayed, never parked as bad data.
+"""An operational error is held and replayed, never parked as bad data.
 
 A table renamed away for about 3 s (a rename, a migration) makes every write to it fail with
 SQLSTATE 42P01 undefined_table. Before the fix the guard parked all 50 good writes as bad data:

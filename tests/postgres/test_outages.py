@@ -1,4 +1,4 @@
-"""Nothing acknowledged is lost, against a real PostgreSQL (DESIGN.md "What nothing lost means").
+"""Nothing acknowledged is lost, against a real PostgreSQL.
 
 Every write the guard acknowledged is, after the database recovers and the guard drains, in the
 database exactly once in effect: appends counted per trace or session (no write missing, none

@@ -1,4 +1,4 @@
-"""Bend under load, do not break (issue 13, finding 5 / item 3), against a real PostgreSQL.
+"""Bend under load, do not break, against a real PostgreSQL.
 
 1,000 concurrent callers on the default 10-connection pool for 20 seconds, every guard setting at
 its default: agent turns mixing batched appends (``save_event``, group commit), direct upserts

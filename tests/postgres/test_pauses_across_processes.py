@@ -1,4 +1,4 @@
-"""A consumed pause is never revived by a killed worker's spill file (issue 29, finding 5), with
+"""A consumed pause is never revived by a killed worker's spill file, with
 real separate processes and a real PostgreSQL.
 
 Worker B is a process of its own: partitioned from the database (fault injection over a real

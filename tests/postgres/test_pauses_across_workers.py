@@ -1,5 +1,4 @@
-"""A pause is delivered at most once across every worker, and the newest save wins (issue 29,
-findings 4 and 5), against a real PostgreSQL.
+"""A pause is delivered at most once across every worker, and the newest save wins, against a real PostgreSQL.
 
 Worker B is partitioned (every pause call of its store fails with a connection error: fault
 injection over a real :class:`PostgresStateStore`) while it saves a token: the save is held in its

@@ -1,4 +1,4 @@
-"""A replay never writes an older value over a newer one (issue 13, finding 4).
+"""A replay never writes an older value over a newer one.
 
 Worker A's last-write-wins writes are held during its outage; after recovery worker B writes newer
 values directly; then A replays. A's bookkeeping cannot see B, so only the database can refuse the

@@ -1,4 +1,4 @@
-"""Issue 15's finding: "49 MB held after one 100,000-event ``load_history``" through ``guard()``.
+"""Once found: "49 MB held after one 100,000-event ``load_history``" through ``guard()``.
 
 The stale cache kept the whole answer (bounded by entries only). With ``stale.max_bytes`` an
 answer estimated above an eighth of the bound is not kept: what the guard holds after the call

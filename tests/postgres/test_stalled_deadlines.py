@@ -1,4 +1,4 @@
-"""Deadlines hold on a server that accepts connections but never answers (issue 13, item 5).
+"""Deadlines hold on a server that accepts connections but never answers.
 
 Every PostgreSQL process is SIGSTOPped: connections, statements, cancel requests and resets all
 hang without an error. Each guarded call must still return (or fail) within its deadline, calls

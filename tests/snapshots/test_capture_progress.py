@@ -1,5 +1,5 @@
 """A capture tells its progress: every record it reads, by section, as ``guarded snapshot capture``
-shows it (issue 17: progress on long operations)."""
+shows it."""
 
 from __future__ import annotations
 

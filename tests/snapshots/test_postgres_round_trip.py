@@ -1,4 +1,4 @@
-"""In-memory into PostgreSQL and back (issue 17's differential): capture a random session from the
+"""In-memory into PostgreSQL and back: capture a random session from the
 in-memory store, restore it into an empty ``PostgresStateStore`` (real embedded server), capture it
 there, restore that into an empty in-memory store; every read answers the same in all three, and
 the two snapshots have the same content hash."""
