@@ -3,30 +3,12 @@ statistics, policies), kept off the proxy so they never collide with store metho
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
-
 from .config import GuardConfig
 from .deadletter import DeadLetterBuffer
-from .durability.artifact_side import artifact_durability
+from .guard_core import GuardCore, core_of
 from .pipeline.breaker import CircuitBreaker
 from .pipeline.bulkhead import Bulkhead
-from .pipeline.cores import core_of
-from .pipeline.loops import FORWARD_GRACE
 from .policy import MethodPolicy
-
-if TYPE_CHECKING:
-    from .guard import GuardCore
-
-logger = logging.getLogger("guarded")
-
-_CLOSE_AT_LEAST = 0.5
-"""Seconds ``aclose()`` gives the wrapped store's own close when the drain used the budget."""
-
-R = TypeVar("R")
 
 
 def controller(proxy: object) -> GuardController:
@@ -88,72 +70,26 @@ class GuardController:
 
     async def flush(self) -> None:
         """Hand every batched write to the backend now (what fails is dead-lettered)."""
-        durability = self._core.durability
-        if durability is not None:
-            await self._on_home_loop(durability.flush, self._core.config.dead_letter.drain_timeout)
-
-    async def _on_home_loop(self, start: Callable[[], Awaitable[R]], budget: float) -> R:
-        """``start()`` on the event loop that runs the guard (:mod:`guarded.pipeline.loops`),
-        waited for at most ``budget`` seconds plus the forwarding grace."""
-        result: R = await self._core.home.run(start, budget + FORWARD_GRACE)
-        return result
+        await self._core.flush()
 
     @property
     def artifact_dead_letters(self) -> DeadLetterBuffer | None:
         """The dead-letter buffer of artifact puts (its own spill file), ``None`` until the guarded
         ``artifact_store`` was first used, or when artifacts are not dead-lettered."""
-        durability = artifact_durability(self._core)
+        durability = self._core.artifact_durability()
         return durability.buffer if durability is not None else None
 
     async def drain(self, timeout: float | None = None) -> int:  # noqa: ASYNC109 - a budget
         """Flush, then replay dead-lettered writes (artifact puts too) until none is left or
         ``timeout`` seconds (default ``dead_letter.drain_timeout``) pass; returns how many remain."""
-        budget = self._core.config.dead_letter.drain_timeout if timeout is None else timeout
-        return await self._on_home_loop(lambda: self._drain(budget), budget)
-
-    async def _drain(self, budget: float) -> int:
-        durabilities = [
-            durability
-            for durability in (self._core.durability, artifact_durability(self._core))
-            if durability is not None
-        ]
-        remaining = await asyncio.gather(*(durability.drain(budget) for durability in durabilities))
-        return sum(remaining)
+        return await self._core.drain(timeout)
 
     async def aclose(self) -> None:
         """Flush batches and drain the dead-letter buffer within ``dead_letter.drain_timeout``
         (what is left stays in the spill file for the next process), then close the wrapped store
         when it has ``aclose()`` or ``close()``, within what is left of that budget (at least
         half a second; a close still running then is cancelled and logged)."""
-        budget = self._core.config.dead_letter.drain_timeout
-        await self._on_home_loop(self._aclose, budget + budget + _CLOSE_AT_LEAST)
-
-    async def _aclose(self) -> None:
-        budget = self._core.config.dead_letter.drain_timeout
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        durabilities = [
-            durability
-            for durability in (self._core.durability, artifact_durability(self._core))
-            if durability is not None
-        ]
-        # Artifact puts drain beside the other writes, within the same budget.
-        await asyncio.gather(*(durability.aclose(budget) for durability in durabilities))
-        for closer_name in ("aclose", "close"):
-            closer = getattr(self._core.target, closer_name, None)
-            if callable(closer):
-                result = closer()
-                if inspect.isawaitable(result):
-                    # The store's close gets what is left of the budget (at least
-                    # _CLOSE_AT_LEAST): on a server that never answers it would wait on it.
-                    left = max(started + budget - loop.time(), _CLOSE_AT_LEAST)
-                    try:
-                        await asyncio.wait_for(result, timeout=left)
-                    except TimeoutError:
-                        logger.warning(
-                            "store %r did not close within %.1fs; abandoned", self._core.name, left
-                        )
-                return
+        await self._core.aclose()
 
 
 __all__ = ["GuardController", "controller"]

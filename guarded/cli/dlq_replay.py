@@ -21,7 +21,7 @@ from ..deadletter import (
 )
 from ..deadletter.replay import Send, SendBulk
 from ..durability.bulk_forms import bulk_methods_of
-from ..pipeline.cores import core_of
+from ..guard_core import core_of
 from ..store_identity import declared_identity, store_identity
 from .check import build_store, close_store, load_factory
 from .dlq_files import (

@@ -25,7 +25,7 @@ from .owner import Durability
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from ..guard import GuardCore
+    from ..guard_core import GuardCore
     from ..pipeline.call import Layer
 
 GuardArtifacts = Callable[["GuardCore", object, "list[Layer]"], "tuple[GuardCore, object]"]

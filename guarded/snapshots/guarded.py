@@ -57,9 +57,9 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from ..config import GuardConfig, MethodConfig, build_config
 from ..context_vars import reset_context_var
+from ..guard_core import GuardCore, GuardedStore, make_proxy, register
 from ..pipeline.call import Layer
 from ..pipeline.classify import CircuitOpenError, no_wait_fixes, safe_message
-from ..pipeline.cores import register
 from ..policy import MethodPolicy
 from ..policy_table import PolicyTable
 from .content import SnapshotContent
@@ -447,8 +447,6 @@ def guard_snapshots(
     beside the spill file (a temporary directory when the buffer is in memory only). With the
     dead-letter buffer disabled, saves are not held: a save that fails raises.
     """
-    from ..guard import GuardCore, GuardedStore, make_proxy
-
     if not is_snapshot_store(store):
         raise TypeError(
             f"guard_snapshots() takes a SnapshotStore: {type(store).__qualname__} lacks "

@@ -16,8 +16,8 @@ from guarded.config import (
     StaleConfig,
     TimeoutConfig,
 )
+from guarded.guard_core import core_of
 from guarded.models import StoredEvent
-from guarded.pipeline.cores import core_of
 from tests.support import records
 
 ATTEMPT = 0.05

@@ -17,17 +17,17 @@ from prometheus_client import CollectorRegistry
 
 from guarded import controller, guard
 from guarded.backends.memory import InMemoryStateStore
+from guarded.guard_core import core_of
 from guarded.logical_time import LOGICAL_TIMES
 from guarded.models import StoredEvent
 from guarded.observability.call_stats import call_stats
 from guarded.pipeline.breaker import BreakerState
-from guarded.pipeline.cores import core_of
 
 from .support import no_background_replay
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.lenient]
 
-guard_module = importlib.import_module("guarded.guard")  # the package's ``guard`` is the function
+guard_module = importlib.import_module("guarded.guard_core")
 
 SETTINGS: dict[str, Any] = {
     "timeout": {"attempt": 0.5, "deadline": 2.0, "critical_deadline": 2.0},

@@ -23,17 +23,17 @@ from prometheus_client import CollectorRegistry
 
 from guarded import guard
 from guarded.backends.memory import InMemoryStateStore
+from guarded.guard_core import core_of
 from guarded.logical_time import LOGICAL_TIMES
 from guarded.models import StoredEvent
 from guarded.observability.call_stats import call_stats
-from guarded.pipeline.cores import core_of
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
 from .support import no_background_replay
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.lenient]
 
-guard_module = importlib.import_module("guarded.guard")  # the package's ``guard`` is the function
+guard_module = importlib.import_module("guarded.guard_core")
 
 SETTINGS: dict[str, Any] = {
     "timeout": {"attempt": 0.05, "deadline": 0.4, "critical_deadline": 0.4},

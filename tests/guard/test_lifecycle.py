@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry
 from guarded import controller, guard
 from guarded.backends.memory import InMemoryStateStore
 from guarded.config import BatchConfig, BreakerConfig, DeadLetterConfig, GuardConfig, MethodConfig
+from guarded.guard_core import core_of
 from guarded.models import StateUpdate, UpdateType
 from guarded.pipeline.call import Call
-from guarded.pipeline.cores import core_of
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
 from .support import event, fast_config, no_background_replay

@@ -20,7 +20,7 @@ from guarded.observability.call_stats import call_stats
 
 pytestmark = pytest.mark.asyncio
 
-guard_module = importlib.import_module("guarded.guard")
+guard_module = importlib.import_module("guarded.guard_core")
 
 
 class GatedStore(PostgresStateStore):
