@@ -15,6 +15,7 @@ from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from .backend import ERROR_CLASSIFIER, HONOURS_IDEMPOTENCY_KEY, RECOVERS_UNANSWERED_CONSUMES
 from .builtin_policies import LIFECYCLE_METHODS
 from .config import GuardConfig, build_config
 from .controller import GuardController, controller
@@ -78,20 +79,6 @@ returning a coroutine): the guarded call awaits what it returns when that is awa
 REQUIRED_METHODS: tuple[str, ...] = next(cap.methods for cap in CAPABILITIES if cap.required)
 
 logger = logging.getLogger("guarded")
-
-
-ERROR_CLASSIFIER = "error_classifier"
-"""A backend names its :class:`~guarded.pipeline.classify.ErrorClassifier` in this attribute; the guard
-registers it, so its driver's errors are classified by what the backend knows of them."""
-
-HONOURS_IDEMPOTENCY_KEY = "honours_idempotency_key"
-"""A backend sets this class attribute to ``True`` when it honours
-:data:`guarded.pipeline.idempotency.IDEMPOTENCY_KEY` for consumes; the guard then retries them."""
-
-RECOVERS_UNANSWERED_CONSUMES = "recovers_unanswered_consumes"
-"""A backend that honours idempotency keys sets this class attribute to ``True`` when it also
-honours :data:`guarded.pipeline.idempotency.UNANSWERED_KEYS`; the guard then keeps the keys of consumes that
-got no answer and has the next consume of the token recover them (:mod:`guarded.pipeline.unanswered`)."""
 
 
 class GuardedStore:

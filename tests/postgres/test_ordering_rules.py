@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from guarded import logical_time
+from guarded import backend
+from guarded.backend import next_logical_time
 from guarded.backends.postgres import PostgresStateStore
 from guarded.errors import WriteSupersededError
-from guarded.logical_time import logical_times, next_logical_time, replaying
+from guarded.logical_time import logical_times, replaying
 from guarded.models import RemoteBinding, TaskContextSnapshot, TaskState, TaskStatus, TaskType
 
 AHEAD = 4_000_000_000_000_000  # microseconds: a clock far ahead of this one
@@ -81,12 +82,12 @@ async def test_direct_writes_apply_and_only_older_replays_are_refused(
 ) -> None:
     write, read = (SINGLE if form == "single" else BULK)[kind]
     items = 1 if form == "single" else 2
-    seen = logical_time._last
+    seen = backend._last
     # The process clock comes back to this after the test, not to the time ahead it merges below.
-    monkeypatch.setattr(logical_time, "_last", seen)
+    monkeypatch.setattr(backend, "_last", seen)
     with logical_times((AHEAD,) * items):  # another worker, its clock far ahead
         await write(store, "ahead")
-    monkeypatch.setattr(logical_time, "_last", seen)  # a time this process has not seen
+    monkeypatch.setattr(backend, "_last", seen)  # a time this process has not seen
     before = await read(store)
 
     with logical_times((next_logical_time(),) * items):  # a direct write of this worker, later
@@ -136,13 +137,13 @@ async def test_an_untimed_replayed_pause_lives_its_whole_ttl_where_the_token_has
 async def test_terminal_marks_and_pause_saves_follow_the_same_rules(
     store: PostgresStateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen = logical_time._last
+    seen = backend._last
     # The process clock comes back to this after the test, not to the time ahead it merges below.
-    monkeypatch.setattr(logical_time, "_last", seen)
+    monkeypatch.setattr(backend, "_last", seen)
     with logical_times((AHEAD,)):
         await store.save_remote_binding(binding(0, "ahead"))
         await store.save_planner_state("p", {"by": "ahead"})
-    monkeypatch.setattr(logical_time, "_last", seen)
+    monkeypatch.setattr(backend, "_last", seen)
     with logical_times((1,)), replaying():
         with pytest.raises(WriteSupersededError):
             await store.mark_binding_terminal(trace_id="t0", context_id="c0", task_id="task")
