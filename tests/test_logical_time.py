@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from guarded import backend
+from guarded import backend as logical_clock
 from guarded.backend import (
     REPLAYING,
     UNTIMED_REPLAY,
@@ -28,8 +28,8 @@ def test_the_clock_is_strictly_increasing_even_when_the_wall_clock_steps_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     wall = iter([5_000_000_000, 5_000_000_000, 4_000_000_000, 6_000_000_000])
-    monkeypatch.setattr(backend, "_last", 0)
-    monkeypatch.setattr(backend.time, "time_ns", lambda: next(wall))
+    monkeypatch.setattr(logical_clock, "_last", 0)
+    monkeypatch.setattr(logical_clock.time, "time_ns", lambda: next(wall))
     assert [next_logical_time() for _ in range(4)] == [5_000_000, 5_000_001, 5_000_002, 6_000_000]
 
 
@@ -124,7 +124,7 @@ async def test_a_direct_write_is_applied_whatever_its_time_and_the_time_only_gro
 ) -> None:
     """A worker whose clock is behind another's writes directly: applied, at a time past the
     stored one, which the process clock then moves past (as a hybrid logical clock merges)."""
-    monkeypatch.setattr(backend, "_last", 0)
+    monkeypatch.setattr(logical_clock, "_last", 0)
     store = InMemoryStateStore()
     ahead = 10**18
     with logical_times((ahead,)):
