@@ -18,7 +18,7 @@ in list order does, except that every item is validated first: one bad item rais
 method's error (its path prefixed by ``items[3]``, ``states[3]``, ...) and nothing is stored.
 
 Memory states, trajectories, remote bindings and pauses are last-write-wins by logical time
-(:mod:`guarded.logical_time`), like the PostgreSQL backend: a direct write is always applied (the
+(:mod:`guarded.backend`), like the PostgreSQL backend: a direct write is always applied (the
 key's time only grows), a replay older than the write that set the key leaves it alone and raises
 :class:`~guarded.errors.WriteSupersededError` once the rest of the call is applied. Without a guard
 every call is a direct write, so plain calls behave exactly as PenguiFlow's reference store (the
@@ -41,6 +41,13 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, cast
 
+from guarded.backend import (
+    LOGICAL_TIMES,
+    InMemoryArtifactStore,
+    current_logical_times,
+    next_logical_time,
+    sanitize_steering_event,
+)
 from guarded.backends.memory_logs import DROP_KINDS, BoundedLogs, Record, page
 from guarded.backends.memory_records import (
     BindingKey,
@@ -76,9 +83,7 @@ from guarded.codec import (
     encode_trajectory,
     to_json_object,
 )
-from guarded.durability.local_artifacts import InMemoryArtifactStore
 from guarded.errors import WriteSupersededError
-from guarded.logical_time import LOGICAL_TIMES, current_logical_times, next_logical_time
 from guarded.models import (
     ArtifactRetentionConfig,
     PlannerEvent,
@@ -89,7 +94,6 @@ from guarded.models import (
     TaskState,
     Trajectory,
 )
-from guarded.steering import sanitize_steering_event
 
 
 class InMemoryStateStore:

@@ -1,7 +1,7 @@
 """The in-memory backend's artifact store: the core's bounded local store
-(:mod:`guarded.durability.local_artifacts`), under the name it has always had here."""
+(:class:`guarded.backend.InMemoryArtifactStore`), under the name it has always had here."""
 
-from guarded.durability.local_artifacts import (
+from guarded.backend import (
     ArtifactLimitError,
     ArtifactTooLargeError,
     InMemoryArtifactStore,

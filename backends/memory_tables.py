@@ -1,5 +1,5 @@
 """The in-memory store's keyed tables: the logical time of the write that set each last-write-wins
-key (:mod:`guarded.logical_time`), remote bindings, planner pauses (with their TTL), tasks and
+key (:mod:`guarded.backend`), remote bindings, planner pauses (with their TTL), tasks and
 trajectories. Every method runs under the store's lock and never awaits."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 from collections.abc import Callable, Hashable, Sequence
 from typing import cast
 
+from guarded.backend import REPLAYING, merge_logical_time, ttl_left
 from guarded.codec import JSONObject
-from guarded.logical_time import REPLAYING, merge_logical_time, ttl_left
 
 from .memory_records import Binding, BindingKey, Coordinates, dumps, text_of
 
@@ -27,7 +27,7 @@ class LatestWrites:
         """Record a write of ``key`` with logical time ``written``; whether it may be applied.
 
         A direct write always is, and the key takes ``max(written, stored time + 1)``; a replay
-        (:data:`~guarded.logical_time.REPLAYING`) only when ``written`` is not older than the
+        (:data:`~guarded.backend.REPLAYING`) only when ``written`` is not older than the
         stored time (last-write-wins). The time the key now holds is merged into the process clock.
         """
         stored = self._times.get((kind, key))

@@ -98,7 +98,7 @@ class WriteNotKeptError(GuardedError, RuntimeError):
 
 class WriteSupersededError(WriteNotKeptError):
     """The backend left ``refused`` items of a replayed upsert alone because the stored rows hold a
-    newer logical time (:mod:`guarded.logical_time`): another process wrote those keys since. Raised
+    newer logical time (:mod:`guarded.backend`): another process wrote those keys since. Raised
     by a backend after it applied the rest of the call. A replay counts those writes as superseded;
     a direct write the backend refuses so (a backend comparing direct writes, against the rule)
     ends with outcome ``refused``, never ``ok``."""

@@ -18,6 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
+from .backend import ERROR_CLASSIFIER, HONOURS_IDEMPOTENCY_KEY, RECOVERS_UNANSWERED_CONSUMES
 from .builtin_policies import LIFECYCLE_METHODS
 from .config import GuardConfig
 from .durability.owner import Durability
@@ -57,19 +58,6 @@ _MISSING = object()
 
 _CLOSE_AT_LEAST = 0.5
 """Seconds ``aclose()`` gives the wrapped store's own close when the drain used the budget."""
-
-ERROR_CLASSIFIER = "error_classifier"
-"""A backend names its :class:`~guarded.pipeline.classify.ErrorClassifier` in this attribute; the guard
-registers it, so its driver's errors are classified by what the backend knows of them."""
-
-HONOURS_IDEMPOTENCY_KEY = "honours_idempotency_key"
-"""A backend sets this class attribute to ``True`` when it honours
-:data:`guarded.pipeline.idempotency.IDEMPOTENCY_KEY` for consumes; the guard then retries them."""
-
-RECOVERS_UNANSWERED_CONSUMES = "recovers_unanswered_consumes"
-"""A backend that honours idempotency keys sets this class attribute to ``True`` when it also
-honours :data:`guarded.pipeline.idempotency.UNANSWERED_KEYS`; the guard then keeps the keys of consumes that
-got no answer and has the next consume of the token recover them (:mod:`guarded.pipeline.unanswered`)."""
 
 _cores: weakref.WeakKeyDictionary[object, GuardCore] = weakref.WeakKeyDictionary()
 
@@ -498,9 +486,6 @@ def make_proxy(
 
 
 __all__ = [
-    "ERROR_CLASSIFIER",
-    "HONOURS_IDEMPOTENCY_KEY",
-    "RECOVERS_UNANSWERED_CONSUMES",
     "GuardCore",
     "GuardedArtifactStore",
     "GuardedStore",

@@ -18,11 +18,8 @@ import hashlib
 import os
 import sys
 
-IDENTITY_ATTRIBUTE = "target_identity"
-"""The attribute a store declares its identity in (a non-empty string)."""
-
-DURABLE_ATTRIBUTE = "durable_across_processes"
-"""The attribute a store declares in whether it keeps its data across processes (a bool)."""
+from .backend import DURABLE_ACROSS_PROCESSES as DURABLE_ATTRIBUTE
+from .backend import TARGET_IDENTITY as IDENTITY_ATTRIBUTE
 
 _NOT_DURABLE_CLASSES = frozenset({"penguiflow.state.in_memory.InMemoryStateStore"})
 """Stores known to keep nothing across processes that cannot declare it themselves."""

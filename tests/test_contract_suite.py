@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from guarded.backend import current_logical_time
 from guarded.backends.memory import InMemoryStateStore
 from guarded.errors import WriteSupersededError
-from guarded.logical_time import current_logical_time, logical_times, replaying
+from guarded.logical_time import logical_times, replaying
 from guarded.models import StoredEvent, TaskState
 from guarded.protocol import CAPABILITIES
 from guarded.testing import (

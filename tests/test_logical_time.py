@@ -7,30 +7,29 @@ from typing import Any
 
 import pytest
 
-from guarded import logical_time
+from guarded import backend as logical_clock
+from guarded.backend import (
+    REPLAYING,
+    UNTIMED_REPLAY,
+    current_item_keys,
+    current_logical_time,
+    current_logical_times,
+    next_logical_time,
+)
 from guarded.backends.memory import InMemoryStateStore
 from guarded.durability.bulk_forms import bulk_call
 from guarded.errors import WriteSupersededError
-from guarded.logical_time import (
-    REPLAYING,
-    UNTIMED_REPLAY,
-    WRITE_TIME_ARGUMENT,
-    current_logical_time,
-    current_logical_times,
-    logical_times,
-    next_logical_time,
-    replaying,
-)
+from guarded.logical_time import WRITE_TIME_ARGUMENT, logical_times, replaying
 from guarded.models import RemoteBinding
-from guarded.pipeline.idempotency import WRITE_KEY_ARGUMENT, current_item_keys, replayed_call
+from guarded.pipeline.idempotency import WRITE_KEY_ARGUMENT, replayed_call
 
 
 def test_the_clock_is_strictly_increasing_even_when_the_wall_clock_steps_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     wall = iter([5_000_000_000, 5_000_000_000, 4_000_000_000, 6_000_000_000])
-    monkeypatch.setattr(logical_time, "_last", 0)
-    monkeypatch.setattr(logical_time.time, "time_ns", lambda: next(wall))
+    monkeypatch.setattr(logical_clock, "_last", 0)
+    monkeypatch.setattr(logical_clock.time, "time_ns", lambda: next(wall))
     assert [next_logical_time() for _ in range(4)] == [5_000_000, 5_000_001, 5_000_002, 6_000_000]
 
 
@@ -125,7 +124,7 @@ async def test_a_direct_write_is_applied_whatever_its_time_and_the_time_only_gro
 ) -> None:
     """A worker whose clock is behind another's writes directly: applied, at a time past the
     stored one, which the process clock then moves past (as a hybrid logical clock merges)."""
-    monkeypatch.setattr(logical_time, "_last", 0)
+    monkeypatch.setattr(logical_clock, "_last", 0)
     store = InMemoryStateStore()
     ahead = 10**18
     with logical_times((ahead,)):

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from guarded.backend import next_logical_time
 from guarded.backends.memory import DROP_KINDS, InMemoryStateStore
 from guarded.backends.memory_artifacts import InMemoryArtifactStore
 from guarded.codec import (
@@ -25,7 +26,7 @@ from guarded.codec import (
     register_trajectory_type,
 )
 from guarded.errors import InvalidPayloadError, WriteSupersededError
-from guarded.logical_time import logical_times, next_logical_time, replaying
+from guarded.logical_time import logical_times, replaying
 from guarded.models import (
     GLOBAL_TRACE_ID,
     ArtifactRetentionConfig,

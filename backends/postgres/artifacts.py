@@ -1,6 +1,6 @@
 """An :class:`~guarded.models.ArtifactStore` on ``bytea`` honouring ``ArtifactRetentionConfig``.
 
-Same rules as the in-memory reference (:mod:`guarded.durability.local_artifacts`):
+Same rules as the in-memory reference (:class:`guarded.backend.InMemoryArtifactStore`):
 
 * IDs are content-addressed like PenguiFlow's (``{namespace or 'art'}_{sha256[:12]}``); putting
   the same content under the same namespace returns the stored ref and refreshes its TTL.
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from guarded.backend import ArtifactLimitError, ArtifactTooLargeError, artifact_id
 from guarded.codec import ARTIFACT_REF, ARTIFACT_SCOPE, RecordTypes, to_json_object
-from guarded.durability.local_artifacts import ArtifactLimitError, ArtifactTooLargeError, artifact_id
 from guarded.errors import InvalidPayloadError
 from guarded.models import ArtifactRetentionConfig
 

@@ -13,7 +13,7 @@ each key's *first* item (the identity ``id``, ``list_bindings``' order, is taken
 take their ``saved_seq`` in the order of each key's *last* item (``find_binding``'s "most
 recently saved"). ``mark_bindings_terminal`` is one ``UPDATE ... FROM unnest(...)``.
 
-Saves and terminal marks are last-write-wins by logical time (:mod:`guarded.logical_time`): a
+Saves and terminal marks are last-write-wins by logical time (:mod:`guarded.backend`): a
 direct one is always applied (the row's time only grows); a replayed one older than the write that
 last set the row leaves it alone, from any process.
 """
@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from guarded.backend import REPLAYING, current_logical_time, merge_logical_time
 from guarded.codec import REMOTE_BINDING, RecordTypes
 from guarded.errors import WriteSupersededError
-from guarded.logical_time import REPLAYING, current_logical_time, merge_logical_time
 
 from .bulk import (
     last_per_key,

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, TypeVar
 
+from guarded.backend import REPLAYING, current_logical_times, merge_logical_time
 from guarded.errors import InvalidPayloadError, WriteSupersededError
-from guarded.logical_time import REPLAYING, current_logical_times, merge_logical_time
 
 from .connection import Database
 
@@ -84,13 +84,13 @@ def has_duplicates(rows: Sequence[Row], key: Callable[[Row], Hashable]) -> bool:
 
 
 def with_logical_times(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """Each row with the logical time of its item appended (:mod:`guarded.logical_time`)."""
+    """Each row with the logical time of its item appended (:mod:`guarded.backend`)."""
     return [(*row, time) for row, time in zip(rows, current_logical_times(len(rows)), strict=True)]
 
 
 def last_write_wins(assignments: str, *, replay_also: str = "") -> tuple[str, str]:
     """What ``ON CONFLICT ... DO UPDATE SET`` is followed by in a last-write-wins upsert by logical
-    time (:mod:`guarded.logical_time`), for a direct write and for a replay: ``assignments`` (the
+    time (:mod:`guarded.backend`), for a direct write and for a replay: ``assignments`` (the
     columns the write sets, the conflicting row aliased ``stored``), the row's new time, and
     ``RETURNING logical_time``. A direct write is always applied and the row takes ``GREATEST(its
     time, the stored time + 1)``; a replay only when the stored time is not newer (no row returned

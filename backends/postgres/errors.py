@@ -1,16 +1,16 @@
 """How the guard treats PostgreSQL's errors: its SQLSTATE table, and asyncpg's client errors.
 
-:data:`POSTGRES_ERRORS` is the backend's :class:`~guarded.pipeline.classify.ErrorClassifier`, registered
+:data:`POSTGRES_ERRORS` is the backend's :class:`~guarded.backend.ErrorClassifier`, registered
 when :mod:`guarded.backends.postgres` is imported: any store whose driver raises asyncpg's
 exceptions (this one, or one of your own) is classified by it. asyncpg errors carry their SQLSTATE
 in a ``sqlstate`` attribute; a code is handled by its own entry, else by its class (its first two
-characters), else it is :attr:`~guarded.pipeline.classify.ErrorClass.FATAL`. The table is in
+characters), else it is :attr:`~guarded.backend.ErrorClass.FATAL`. The table is in
 docs/durability.md ("What a failure means").
 """
 
 from __future__ import annotations
 
-from guarded.pipeline.classify import (
+from guarded.backend import (
     INSUFFICIENT_PRIVILEGE,
     INSUFFICIENT_RESOURCES,
     READ_ONLY,
@@ -91,7 +91,7 @@ def sqlstate(exc: BaseException) -> str | None:
 
 
 class PostgresErrors:
-    """The PostgreSQL backend's :class:`~guarded.pipeline.classify.ErrorClassifier`."""
+    """The PostgreSQL backend's :class:`~guarded.backend.ErrorClassifier`."""
 
     def error_class(self, exc: BaseException) -> ErrorClass | None:
         code = sqlstate(exc)

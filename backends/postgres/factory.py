@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from guarded.durations import DURATION_EXAMPLES, parse_duration
+from guarded.backend import DURATION_EXAMPLES, parse_duration
 from guarded.models import ArtifactRetentionConfig
 
 from .connection import PoolSettings

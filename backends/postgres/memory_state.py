@@ -1,6 +1,6 @@
 """Short-term memory state: an upsert per key, read back exactly (spec 000 §6, §7).
 
-Last-write-wins by logical time (:mod:`guarded.logical_time`): each row keeps the logical time of
+Last-write-wins by logical time (:mod:`guarded.backend`): each row keeps the logical time of
 the write that set it. A direct upsert is always applied (the row's time only grows); a replayed
 one with an older time leaves the row alone -- so a write held during an outage and replayed later
 never undoes a newer write, from any process, and a clock behind another host's never drops a
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from guarded.logical_time import current_logical_time
+from guarded.backend import current_logical_time
 
 from .bulk import last_per_key, last_write_wins, upsert_many, upsert_one, with_logical_times
 from .connection import Database

@@ -9,8 +9,8 @@ from typing import Any, TypedDict
 
 from prometheus_client import CollectorRegistry
 
+from guarded.backend import UnknownSettingError, closest_hint
 from guarded.codec import RecordTypes
-from guarded.config import UnknownSettingError, closest_hint
 from guarded.models import ArtifactRetentionConfig
 
 DEFAULT_PAUSE_TTL_SECONDS = 3600.0

@@ -7,7 +7,7 @@ consumable again, exactly like the reference store.
 ``load_planner_state`` consumes the token. The problem it must solve: if the response is lost
 after the database ran the consume, a blind retry finds nothing and the pause is gone. So:
 
-* **With an idempotency key** (:func:`guarded.pipeline.idempotency.current_idempotency_key`, set by the
+* **With an idempotency key** (:func:`guarded.backend.current_idempotency_key`, set by the
   guard for each logical call and reused by its retries) the consume *marks* the row --
   ``consumed_at = now(), consumer_key = key`` -- instead of deleting it. When the mark finds
   the row already consumed, a second statement (with a fresh snapshot, so it sees a concurrent
@@ -17,7 +17,7 @@ after the database ran the consume, a blind retry finds nothing and the pause is
 * **Recovering unanswered consumes.** A consume whose answer never reached its caller (it timed
   out, was cancelled, lost its connection) may have been committed: the row is then consumed by a
   key nobody will use again. The guard keeps such keys and gives them, once, to the next consume
-  of the token (:func:`guarded.pipeline.idempotency.current_unanswered_keys`). With them the mark also
+  of the token (:func:`guarded.backend.current_unanswered_keys`). With them the mark also
   takes a row consumed by one of those keys less than ``consume_grace`` seconds ago, and moves it
   to the current key (``consumed_at = now(), consumer_key = key``) in the same statement: a
   concurrent consume waits on the row lock and then sees the row consumed by another key, so the
@@ -39,7 +39,7 @@ Missing, expired and consumed tokens all read as ``None`` (never ``{}``).
 ``INSERT ... SELECT FROM unnest(...)`` statement: every token gets the TTL and becomes consumable
 again as with single saves, the last payload of a token winning (:mod:`.bulk`).
 
-A save is last-write-wins by logical time (:mod:`guarded.logical_time`): a direct save is always
+A save is last-write-wins by logical time (:mod:`guarded.backend`): a direct save is always
 applied (the row's time only grows); a replayed one older than the save that set the row leaves it
 alone (payload, TTL and consumption), from any process, and a replayed one not newer than a
 consume's tombstone never revives the token. The guard's replay of a consume held for a save
@@ -52,8 +52,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from guarded.logical_time import LOGICAL_TIMES, current_logical_time, ttl_left
-from guarded.pipeline.idempotency import current_idempotency_key, current_unanswered_keys
+from guarded.backend import (
+    LOGICAL_TIMES,
+    current_idempotency_key,
+    current_logical_time,
+    current_unanswered_keys,
+    ttl_left,
+)
 
 from .bulk import last_per_key, last_write_wins, upsert_many, upsert_one, with_logical_times
 from .connection import Connection, Database

@@ -6,7 +6,7 @@ column. Like the in-memory reference, events are *not* de-duplicated by content:
 stream chunks with equal timestamps are legitimate.
 
 A retry must still not duplicate an event. A planner event has no id, so the retry is
-recognised by the caller's idempotency key (:mod:`guarded.pipeline.idempotency`, the same for every
+recognised by the caller's idempotency key (:mod:`guarded.backend`, the same for every
 attempt of one logical call): the ``n``-th event of a call is stored with
 ``call_key = "<key>:<n>"`` under a unique index on ``(trace_id, call_key)``, and a repeat is
 skipped by ``ON CONFLICT DO NOTHING``. Without a key the event is simply appended.
@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from guarded.backend import current_idempotency_key, current_item_keys
 from guarded.codec import PLANNER_EVENT, RecordTypes
 from guarded.errors import InvalidPayloadError
-from guarded.pipeline.idempotency import current_idempotency_key, current_item_keys
 
 from .connection import Database
 from .json_codec import check_text, dump_json, loads_json, to_db_text, to_float

@@ -11,9 +11,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from guarded.backend import REPLAYING, sanitize_steering_event
 from guarded.errors import WriteSupersededError
-from guarded.logical_time import REPLAYING
-from guarded.steering import sanitize_steering_event
 
 from .bindings import encode_binding, encode_binding_key
 from .bulk import encode_items

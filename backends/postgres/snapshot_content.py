@@ -13,14 +13,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator, Mapping
 
-from guarded.snapshots.content import (
-    CHUNK,
-    ClosingContent,
+from guarded.snapshots import (
+    SECTIONS,
+    BlobMismatchError,
+    Snapshot,
     SnapshotContent,
+    SnapshotCorruptError,
+    SnapshotTooLargeError,
     SpooledSnapshot,
 )
-from guarded.snapshots.errors import BlobMismatchError, SnapshotCorruptError, SnapshotTooLargeError
-from guarded.snapshots.record import SECTIONS, Snapshot
+from guarded.snapshots.content import CHUNK, ClosingContent
 from guarded.snapshots.safe_files import MAX_LINE, SectionCheck, declared_of
 
 from .connection import Database

@@ -14,9 +14,8 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from guarded.snapshots.content import SnapshotContent, content_hash, parse
-from guarded.snapshots.errors import SnapshotCorruptError
-from guarded.snapshots.record import SECTIONS
+from guarded.snapshots import SECTIONS, SnapshotContent, SnapshotCorruptError
+from guarded.snapshots.content import content_hash, parse
 
 from .connection import Connection
 from .snapshot_content import blob_chunks

@@ -43,27 +43,27 @@ from typing import Any, Self
 
 import asyncpg
 
-from guarded.snapshots.content import SnapshotContent
-from guarded.snapshots.derived import diff_of, lineage_of
-from guarded.snapshots.errors import (
-    SnapshotConflictError,
-    SnapshotCorruptError,
-    SnapshotError,
-    SnapshotNotFoundError,
-)
-from guarded.snapshots.listing import decode_cursor, encode_position, retention_victims
-from guarded.snapshots.manifests import listed_record
-from guarded.snapshots.migrations import DEFAULT_MIGRATIONS, MigrationRegistry, format_version_of, migrate
-from guarded.snapshots.record import (
+from guarded.snapshots import (
+    DEFAULT_MIGRATIONS,
     GcReport,
+    MigrationRegistry,
     RetentionPolicy,
     Snapshot,
+    SnapshotConflictError,
+    SnapshotContent,
+    SnapshotCorruptError,
     SnapshotDiff,
+    SnapshotError,
+    SnapshotNotFoundError,
     SnapshotPage,
     SubjectKind,
-    checked_id,
-    normalize_tags,
+    migrate,
 )
+from guarded.snapshots.derived import diff_of, lineage_of
+from guarded.snapshots.listing import decode_cursor, encode_position, retention_victims
+from guarded.snapshots.manifests import listed_record
+from guarded.snapshots.migrations import format_version_of
+from guarded.snapshots.record import checked_id, normalize_tags
 
 from . import migrations as migrations_module
 from .connection import Database, PoolSettings, create_pool, pool_settings

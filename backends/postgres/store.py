@@ -110,7 +110,7 @@ class PostgresStateStore(ProtocolMethods):
         )
         self.max_concurrency: int | None = db.pool_max_size() or None
         """How many calls this store runs at once: its pool's maximum size (a lazy store's from its
-        pool settings). The guard's bulkhead reads it (:data:`guarded.pipeline.bulkhead.MAX_CONCURRENCY`)
+        pool settings). The guard's bulkhead reads it (:data:`guarded.backend.MAX_CONCURRENCY`)
         and lets that many calls in at a time, so callers wait in the guard's line rather than
         for a connection, and that wait never counts as the database being slow. On a pool the
         application shares, set ``GuardConfig.bulkhead.max_concurrent`` to this store's share."""

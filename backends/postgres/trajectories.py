@@ -17,7 +17,7 @@ SELECT FROM unnest(...)`` statement. Each trace keeps its last item, every item'
 its trace, and the sequence values are taken in list order, so ``list_traces`` orders the traces
 exactly as single saves in list order would.
 
-Last-write-wins by logical time (:mod:`guarded.logical_time`): a direct save is always applied (the
+Last-write-wins by logical time (:mod:`guarded.backend`): a direct save is always applied (the
 row's time only grows); a replayed save older than the one that set the row leaves it alone (a late
 replay never undoes a newer save, from any process) and does not list the trace.
 """
@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from guarded.backend import current_logical_time
 from guarded.codec import decode_trajectory, encode_trajectory
 from guarded.errors import InvalidPayloadError
-from guarded.logical_time import current_logical_time
 
 from .bulk import last_write_wins, upsert_many, upsert_one, with_logical_times
 from .connection import Database

@@ -6,7 +6,7 @@ write: the bulk form of one row costs more round trips), else bounded concurrent
 write that fails is dead-lettered; bad data (a write the backend refuses for good, or a bug of the
 backend's) is parked with its reason. Every call goes through the guard's own internal call
 (breaker, retry, bulkhead, timeout). Keyed appends carry an item key of their own, with the flush
-and when held (:data:`guarded.pipeline.idempotency.ITEM_KEYS`).
+and when held (:data:`guarded.backend.ITEM_KEYS`).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from ..backend import ITEM_KEYS as _ITEM_KEYS
 from ..deadletter import DeadLetterBuffer
 from ..errors import InvalidPayloadError, WriteNotKeptError
 from ..observability.failure_log import OperationalErrors
 from ..outcome import Outcome
 from ..pipeline.classify import error_type, is_programming_error, no_wait_fixes
 from ..pipeline.compiled import raising
-from ..pipeline.idempotency import ITEM_KEYS as _ITEM_KEYS
 from ..pipeline.idempotency import WRITE_KEY_ARGUMENT, item_keys
 from ..policy_table import PolicyTable
 from ..protocol import LEGACY_NAMES

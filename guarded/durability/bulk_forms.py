@@ -14,7 +14,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..logical_time import UNTIMED_REPLAY, WRITE_TIME_ARGUMENT, kept_write_time, logical_times, replaying
+from ..backend import BULK_FORMS, UNTIMED_REPLAY
+from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time, logical_times, replaying
 from ..pipeline.idempotency import KEPT_ARGUMENTS, WRITE_KEY_ARGUMENT, item_keys
 from ..policy import MethodPolicy
 from ..policy_table import PolicyTable
@@ -36,11 +37,6 @@ def _policy(method: str) -> MethodPolicy | None:
     policy = _TABLE.get(method)
     return policy if policy.bulk_form is not None else None
 
-
-BULK_FORMS: Mapping[str, str] = {
-    policy.name: policy.bulk_form for policy in _TABLE if policy.bulk_form is not None
-}
-"""Every write with a bulk form, and the name of that form."""
 
 BATCHED_BULK_FORMS = frozenset(policy.name for policy in _TABLE if policy.bulk_form and policy.batch)
 """The batched appends with a bulk form: what a replay groups by default
@@ -102,13 +98,13 @@ class BulkReplay:
     unless every call has one."""
     logical_times: tuple[int, ...] | None
     """The logical time of each call (:data:`~guarded.logical_time.WRITE_TIME_ARGUMENT`; a call
-    kept without one has :data:`~guarded.logical_time.UNTIMED_REPLAY`); ``None`` when no call has
+    kept without one has :data:`~guarded.backend.UNTIMED_REPLAY`); ``None`` when no call has
     one."""
 
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:
         """Set the item keys and logical times for the bulk call made inside the block, marked as
-        a replay (:data:`~guarded.logical_time.REPLAYING`)."""
+        a replay (:data:`~guarded.backend.REPLAYING`)."""
         with item_keys(self.item_keys), logical_times(self.logical_times), replaying():
             yield
 

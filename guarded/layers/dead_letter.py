@@ -7,7 +7,7 @@ error (a ``TypeError`` or ``AttributeError`` of the backend): parked, never held
 logged at ERROR. After a direct write succeeds, older held writes of the same last-write-wins key are
 discarded, and a replay of the key already in flight finishes first
 (:class:`~guarded.deadletter.gate.KeyGate`), so a replay can never overwrite newer data. Each
-last-write-wins write carries the logical time of its call (:mod:`guarded.logical_time`), kept
+last-write-wins write carries the logical time of its call (:mod:`guarded.backend`), kept
 with it when held, so a backend that opts in refuses a replay older than what another process
 wrote since.
 """
@@ -18,10 +18,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from ..backend import LOGICAL_TIMES as logical_times
+from ..backend import current_logical_time
 from ..durability.ports import DurabilityPorts
 from ..errors import WriteSupersededError
-from ..logical_time import LOGICAL_TIMES as logical_times
-from ..logical_time import WRITE_TIME_ARGUMENT, current_logical_time
+from ..logical_time import WRITE_TIME_ARGUMENT
 from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service

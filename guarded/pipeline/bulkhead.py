@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..backend import MAX_CONCURRENCY
 from ..errors import GuardedError
 from ..observability import telemetry_names as names
 from ..observability.call_stats import DurationSeries
@@ -37,11 +38,6 @@ from .classify import ErrorClass
 
 if TYPE_CHECKING:
     from ..config import BulkheadConfig
-
-MAX_CONCURRENCY = "max_concurrency"
-"""The attribute by which a backend declares how many calls it can run at once (an ``int`` of at
-least 1, read once when the guard is built; ``None`` or absent: no limit). A pooled backend sets
-it to its pool's maximum size, so callers wait in the guard's line, not for a connection."""
 
 
 class BulkheadTimeoutError(GuardedError, TimeoutError):

@@ -2,7 +2,7 @@
 
 A repeat-safe method's entry only starts the :class:`~guarded.pipeline.call.Call`. A method not safe to
 repeat blindly draws one idempotency key for every attempt of the call
-(:data:`guarded.pipeline.idempotency.IDEMPOTENCY_KEY`). A consume (``load_planner_state``) keeps the
+(:data:`guarded.backend.IDEMPOTENCY_KEY`). A consume (``load_planner_state``) keeps the
 caller's own key when it set one (its retry of the call), and claims the keys of earlier consumes
 of the same token that got no answer, for a backend that recovers them (:mod:`guarded.pipeline.unanswered`).
 """
@@ -14,10 +14,10 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+from ..backend import IDEMPOTENCY_KEY, UNANSWERED_KEYS
 from ..outcome import Outcome
 from ..policy import Kind
 from .call import Call, MethodSetup, Service
-from .idempotency import IDEMPOTENCY_KEY, UNANSWERED_KEYS
 from .loops import LoopHome
 from .unanswered import UnansweredConsumes
 

@@ -6,7 +6,7 @@ nobody got it. The key is never given to another caller (a backend answers a rep
 again, so a shared key would hand the payload to everyone who used it). Instead the guard keeps
 the key here, and the next consume of the same item *claims* every key kept for it -- one consume
 at a time: concurrent consumes find nothing to claim -- and passes them to the backend
-(:data:`guarded.pipeline.idempotency.UNANSWERED_KEYS`). A backend that recovers them moves an item
+(:data:`guarded.backend.UNANSWERED_KEYS`). A backend that recovers them moves an item
 consumed under one of those keys to the claiming consume's own key, atomically: the payload goes
 to exactly one caller. The claim is settled when that consume ends: answered, the keys are spent;
 unanswered, they are kept again (with the claiming consume's own key when it may have committed).

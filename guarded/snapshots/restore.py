@@ -10,7 +10,7 @@ data wins, in every section.
   events (which have no id) when the store's list for the trace already holds as many equal ones.
 * **last-write-wins upserts** (memory states, trajectories, bindings) count as of the snapshot's
   ``created_at`` (when its capture began): each is written with that logical time
-  as a replay (:mod:`guarded.logical_time`), so a store that keeps logical times leaves alone every key
+  as a replay (:mod:`guarded.backend`), so a store that keeps logical times leaves alone every key
   written after the capture began, and takes the snapshot's value over an older one. A key the
   store holds exactly as the snapshot is not written again; one it kept (read back after the
   write) or refused (:class:`~guarded.errors.WriteNotKeptError`) is counted as skipped.
@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ..backend import next_logical_time
 from ..codec import (
     ARTIFACT_REF,
     PLANNER_EVENT,
@@ -63,7 +64,7 @@ from ..codec import (
     record_types_of,
 )
 from ..errors import CapabilityError, WriteNotKeptError
-from ..logical_time import logical_times, next_logical_time, replaying
+from ..logical_time import logical_times, replaying
 from .content import SnapshotContent, canonical, parse, verify_content
 from .record import SECTIONS
 

@@ -181,7 +181,7 @@ async def memory_missing_key(store: Any) -> None:
         raise violation(f"load_memory_state returned {show(loaded)} for a key never saved; {rule}")
 
 
-LAST_WRITE_WINS = "guarded.logical_time: a direct write is applied, only a replay is compared"
+LAST_WRITE_WINS = "guarded.backend: a direct write is applied, only a replay is compared"
 
 
 @contract(

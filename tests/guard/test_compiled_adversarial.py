@@ -16,9 +16,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded import controller, guard
+from guarded.backend import LOGICAL_TIMES
 from guarded.backends.memory import InMemoryStateStore
 from guarded.guard_core import core_of
-from guarded.logical_time import LOGICAL_TIMES
 from guarded.models import StoredEvent
 from guarded.observability.call_stats import call_stats
 from guarded.pipeline.breaker import BreakerState

@@ -22,15 +22,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from guarded.backend import current_idempotency_key, current_unanswered_keys
 from guarded.backends.memory import InMemoryStateStore
 from guarded.config import BatchConfig, DeadLetterConfig, StaleConfig
 from guarded.guard import controller, guard
-from guarded.pipeline.idempotency import (
-    current_idempotency_key,
-    current_unanswered_keys,
-    idempotency_key,
-    unanswered_keys,
-)
+from guarded.pipeline.idempotency import idempotency_key, unanswered_keys
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.support.aio import eventually_async
 

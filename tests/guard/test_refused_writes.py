@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded import logical_time
+from guarded import backend as logical_clock
+from guarded.backend import next_logical_time
 from guarded.backends.memory import InMemoryStateStore
 from guarded.errors import WriteSupersededError
 from guarded.guard import controller, guard
-from guarded.logical_time import logical_times, next_logical_time, replaying
+from guarded.logical_time import logical_times, replaying
 
 pytestmark = pytest.mark.asyncio
 
@@ -57,12 +58,12 @@ async def test_a_direct_write_the_backend_refuses_ends_refused_never_ok(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="guarded")
     backend = ComparesDirectWrites()
-    seen = logical_time._last
+    seen = logical_clock._last
     # The process clock comes back to this after the test, not to the time ahead it merges below.
-    monkeypatch.setattr(logical_time, "_last", seen)
+    monkeypatch.setattr(logical_clock, "_last", seen)
     with logical_times((next_logical_time() + 60_000_000,)):  # another worker, its clock a minute ahead
         await backend.save_memory_state("k", {"by": "a clock ahead"})
-    monkeypatch.setattr(logical_time, "_last", seen)  # that worker's time: this process never saw it
+    monkeypatch.setattr(logical_clock, "_last", seen)  # that worker's time: this process never saw it
     registry = CollectorRegistry()
     store = guard(
         backend,

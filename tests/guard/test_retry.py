@@ -12,12 +12,12 @@ from prometheus_client import CollectorRegistry
 
 import guarded.backends.postgres  # noqa: F401 - registers the PostgreSQL error classifier
 import guarded.layers.retry as retry_module
+from guarded.backend import current_idempotency_key
 from guarded.backends.memory import InMemoryStateStore
 from guarded.config import MethodConfig, RetryConfig
 from guarded.errors import CallerError, InvalidPayloadError
 from guarded.guard import guard
 from guarded.pipeline.classify import BackendNotReachedError, ErrorClass, classify, reached_backend
-from guarded.pipeline.idempotency import current_idempotency_key
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.support.metrics import calls, retries
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from guarded.backend import LOGICAL_TIMES
 from guarded.backends.postgres import PostgresStateStore
 from guarded.guard import controller, guard
-from guarded.logical_time import LOGICAL_TIMES
 from guarded.observability.call_stats import call_stats
 
 pytestmark = pytest.mark.asyncio

@@ -1,4 +1,4 @@
-"""The PostgreSQL backend's ordering rules, statement by statement (:mod:`guarded.logical_time`).
+"""The PostgreSQL backend's ordering rules, statement by statement (:mod:`guarded.backend`).
 
 A direct upsert is applied whatever logical time it carries, and leaves the row a time past the
 stored one, which the process clock moves past; a replay older than the stored row is left alone
@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from guarded import logical_time
+from guarded import backend as logical_clock
+from guarded.backend import next_logical_time
 from guarded.backends.postgres import PostgresStateStore
 from guarded.errors import WriteSupersededError
-from guarded.logical_time import logical_times, next_logical_time, replaying
+from guarded.logical_time import logical_times, replaying
 from guarded.models import RemoteBinding, TaskContextSnapshot, TaskState, TaskStatus, TaskType
 
 AHEAD = 4_000_000_000_000_000  # microseconds: a clock far ahead of this one
@@ -81,12 +82,12 @@ async def test_direct_writes_apply_and_only_older_replays_are_refused(
 ) -> None:
     write, read = (SINGLE if form == "single" else BULK)[kind]
     items = 1 if form == "single" else 2
-    seen = logical_time._last
+    seen = logical_clock._last
     # The process clock comes back to this after the test, not to the time ahead it merges below.
-    monkeypatch.setattr(logical_time, "_last", seen)
+    monkeypatch.setattr(logical_clock, "_last", seen)
     with logical_times((AHEAD,) * items):  # another worker, its clock far ahead
         await write(store, "ahead")
-    monkeypatch.setattr(logical_time, "_last", seen)  # a time this process has not seen
+    monkeypatch.setattr(logical_clock, "_last", seen)  # a time this process has not seen
     before = await read(store)
 
     with logical_times((next_logical_time(),) * items):  # a direct write of this worker, later
@@ -136,13 +137,13 @@ async def test_an_untimed_replayed_pause_lives_its_whole_ttl_where_the_token_has
 async def test_terminal_marks_and_pause_saves_follow_the_same_rules(
     store: PostgresStateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen = logical_time._last
+    seen = logical_clock._last
     # The process clock comes back to this after the test, not to the time ahead it merges below.
-    monkeypatch.setattr(logical_time, "_last", seen)
+    monkeypatch.setattr(logical_clock, "_last", seen)
     with logical_times((AHEAD,)):
         await store.save_remote_binding(binding(0, "ahead"))
         await store.save_planner_state("p", {"by": "ahead"})
-    monkeypatch.setattr(logical_time, "_last", seen)
+    monkeypatch.setattr(logical_clock, "_last", seen)
     with logical_times((1,)), replaying():
         with pytest.raises(WriteSupersededError):
             await store.mark_binding_terminal(trace_id="t0", context_id="c0", task_id="task")

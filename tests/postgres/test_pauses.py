@@ -8,12 +8,13 @@ import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
+from guarded.backend import current_idempotency_key, next_logical_time
 from guarded.backends.postgres import PostgresStateStore
 from guarded.config import GuardConfig, RetryConfig
 from guarded.errors import WriteSupersededError
 from guarded.guard import guard
-from guarded.logical_time import logical_times, next_logical_time, replaying
-from guarded.pipeline.idempotency import current_idempotency_key, idempotency_key
+from guarded.logical_time import logical_times, replaying
+from guarded.pipeline.idempotency import idempotency_key
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
 from .conftest import StoreFactory

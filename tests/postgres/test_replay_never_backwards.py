@@ -21,11 +21,12 @@ import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
+from guarded.backend import next_logical_time
 from guarded.backends.postgres import PostgresStateStore
 from guarded.deadletter import buffer as buffer_module
 from guarded.errors import WriteSupersededError
 from guarded.guard import controller, guard
-from guarded.logical_time import logical_times, next_logical_time, replaying
+from guarded.logical_time import logical_times, replaying
 from guarded.models import RemoteBinding
 
 N = 20

@@ -202,20 +202,21 @@ async def test_the_same_state_captured_twice_has_one_content_hash() -> None:
 async def test_restore_never_overwrites_a_write_newer_than_the_restore(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from guarded import logical_time
-    from guarded.logical_time import logical_times, next_logical_time
+    from guarded import backend as logical_clock
+    from guarded.backend import next_logical_time
+    from guarded.logical_time import logical_times
 
     source = InMemoryStateStore()
     await populate(source, random.Random(9), "s1")
     target = InMemoryStateStore()
     async with await capture(source, session_id="s1") as captured:
         later = next_logical_time() + 60_000_000  # a write made (by another worker) after the restore began
-        seen = logical_time._last
+        seen = logical_clock._last
         # The process clock comes back to this after the test, not to the time ahead it merges below.
-        monkeypatch.setattr(logical_time, "_last", seen)
+        monkeypatch.setattr(logical_clock, "_last", seen)
         with logical_times((later,)):
             await target.save_memory_state(memory_key("s1"), {"newer": True})
-        monkeypatch.setattr(logical_time, "_last", seen)  # that worker's time: this process never saw it
+        monkeypatch.setattr(logical_clock, "_last", seen)  # that worker's time: this process never saw it
         report = await restore(captured, target)
         assert await target.load_memory_state(memory_key("s1")) == {"newer": True}
         assert report.skipped["memory"] == 1
