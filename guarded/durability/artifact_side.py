@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..codec import RecordTypes, record_types_of
 from ..config import GuardConfig
-from ..deadletter.counters import BufferCounters
+from ..deadletter.telemetry import BufferCounters
 from ..deadletter.slots import sibling_spill_path
 from ..deadletter.telemetry import REFUSE_DISK_CAP
 from ..errors import WriteNotKeptError
