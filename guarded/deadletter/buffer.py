@@ -391,7 +391,7 @@ class DeadLetterBuffer:
         self._closing = False
         self._held = HeldIndex(config)
         self._counters = BufferCounters(store_name, registry)
-        self._counters.telemetry.buffers.add(self)
+        self._counters.export(self)
         files = (
             None
             if self.path is None
@@ -662,7 +662,7 @@ class DeadLetterBuffer:
         else ``None``."""
         held = self._held
         if held.depth:
-            held.healthy_at = self._monotonic()  # the backend takes writes: failed replays count
+            held.note_healthy(self._monotonic())  # the backend takes writes: failed replays count
         held.note_direct_write(slot, stamp, remember=RECENT_WRITES, logical_time=logical_time)
         return slot if slot in held.keys else None
 
@@ -869,7 +869,7 @@ class DeadLetterBuffer:
         if committer is not None:
             await asyncio.wait({committer})
         async with link.lock():
-            await link.close(lambda: self._counters.telemetry.buffers.discard(self))
+            await link.close(lambda: self._counters.stop_exporting(self))
 
 
 __all__ = [

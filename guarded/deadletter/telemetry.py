@@ -359,6 +359,13 @@ class BufferCounters:
         self.parked_total += 1
         self.telemetry.count_parked(self.store_name, method)
 
+    def export(self, source: GaugeSource) -> None:
+        """Export ``source``'s gauges (read at scrape time) until :meth:`stop_exporting`."""
+        self.telemetry.buffers.add(source)
+
+    def stop_exporting(self, source: GaugeSource) -> None:
+        self.telemetry.buffers.discard(source)
+
     def adopted(self, count: int) -> None:
         self.adopted_total += count
 
