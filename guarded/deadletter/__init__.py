@@ -4,16 +4,19 @@
 * :mod:`.entries` defines what the buffer holds (:class:`DeadLetter`, :class:`ParkedWrite`);
 * :mod:`.spill` is the durable SQLite spill file (single writer, ``flock``-ed): its layout, errors,
   lock, opening and migration, the quarantine of rows that cannot be read, and its writes;
-* :mod:`.slots` gives each process a slot file of its own beside the configured path;
-* :mod:`.buffer` is the :class:`DeadLetterBuffer` the guard uses, composed of: :mod:`.held` (the
-  in-memory index of held writes), :mod:`.spill_link` (the worker thread, the lock and the spill
-  file's lifecycle), :mod:`.group_commit` (puts, coalesced and committed together),
-  :mod:`.last_write_wins`, :mod:`.parking`, :mod:`.replay_pass` and :mod:`.replayed` (one replay
-  pass), :mod:`.adoption` (orphaned slot files), :mod:`.listing`, :mod:`.unpark_purge`,
-  :mod:`.closing`, :mod:`.counters` (its totals) and :mod:`.status` (what it reports: depth,
-  spill file, gauges and stats);
-* :mod:`.replay` the replay vocabulary (:class:`ReplayResult`, :class:`ReplaySummary`, pacing);
-* :mod:`.telemetry` the ``guarded_deadletter_*`` metrics and the log of dropped writes.
+* :mod:`.slots` gives each process a slot file of its own beside the configured path, and decides
+  which writes of an orphaned slot file (of a process that is gone) win when it is adopted;
+* :mod:`.spill_link` holds the writes kept, in memory (:class:`~.spill_link.HeldIndex`, the index
+  by key and scope) and in the spill file, and is the one owner of both that keeps them in step
+  (:class:`~.spill_link.SpillLink`: the worker thread, the lock, the file's lifecycle and every
+  change of what is held);
+* :mod:`.replay` replays them: what a sender answers (:class:`ReplayResult`), what a pass reports
+  (:class:`ReplaySummary`), pacing, calls that can never succeed, and one replay pass;
+* :mod:`.buffer` is the :class:`DeadLetterBuffer` the guard uses: puts committed together (group
+  commit), last-write-wins keys, parking, replay, listing, maintenance, closing and its reports;
+* :mod:`.gate` orders direct writes of a last-write-wins key against its replay;
+* :mod:`.telemetry` the ``guarded_deadletter_*`` metrics, a buffer's totals and the log of dropped
+  writes.
 """
 
 from .buffer import DeadLetterBuffer, PutItem

@@ -12,7 +12,11 @@ raises :class:`~guarded.errors.WriteNotKeptError`, the refusal is counted
 evicted to make room. Without a spill file (``path=None``), a write past the memory caps is refused
 so too. Concurrent puts
 share one transaction (group commit): while a commit runs, newer puts queue, and the next commit
-takes all of them; each caller returns once the transaction holding its entry committed.
+takes all of them; each caller returns once the transaction holding its entry committed. A put
+is bounded by its call's deadline (:func:`commit_deadline`): a put whose transaction has not
+committed by then is answered with a refusal (:func:`not_kept_in_time`), never left waiting for
+the disk; its write stays queued, so it may still be committed and replayed, as the refusal says.
+One timer per buffer watches the earliest deadline of the puts waiting, not one per put.
 
 **Slots.** The configured path is a base path: every buffer (process, or guard in a process)
 claims a slot file of its own beside it, and adopts the slot files of processes that are gone
@@ -39,7 +43,8 @@ an earlier process or adopted from another are older than any write of this one.
 
 All SQLite work runs on one worker thread of the buffer, so the event loop never waits on disk.
 The buffer is used from one event loop; its changes run one at a time, in tasks of their own that
-a caller's cancellation does not interrupt, so memory and file stay in step.
+a caller's cancellation does not interrupt, so memory and file stay in step: the buffer's
+:class:`~.spill_link.SpillLink` owns both and is the only one to change either.
 """
 
 from __future__ import annotations
@@ -48,32 +53,36 @@ import asyncio
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from ..codec import DEFAULT_TYPES, RecordTypes
+from ..codec import DEFAULT_TYPES, JSONObject, RecordTypes, check_text
 from ..config import DeadLetterConfig, former_default_spill_path
 from ..durability.bulk_forms import BATCHED_BULK_FORMS
 from ..errors import GuardClosedError, InvalidPayloadError, WriteNotKeptError
-from .adoption import adopt_if_usable, adopt_orphans
-from .closing import close_link
-from .counters import BufferCounters
-from .entries import DeadLetter, ParkedWrite, index_key
+from ..pipeline.loops import abandon
+from .calls import decode_call, encode_call
+from .entries import DeadLetter, DeadLetterStats, ParkedWrite, canonical_key, index_key, readable_text
 from .gate import KeyGate, Slot
-from .group_commit import GroupCommit, Kept, PutItem, prepare
-from .held import HeldIndex
-from .last_write_wins import drop_stale, note_direct_write, take_newest
-from .listing import decode_entry, parked_writes, quarantined_rows, waiting_in_scope, waiting_page
-from .parking import Parking, parkable
-from .replay import REPLAY_FAILURE_STREAK, Call, CallCheck, ReplaySummary, Send, SendBulk, TokenBucket
-from .replay_pass import ReplayPass, Sending
+from .replay import (
+    REPLAY_FAILURE_STREAK,
+    Call,
+    CallCheck,
+    ReplayPass,
+    ReplaySummary,
+    Send,
+    SendBulk,
+    Sending,
+    TokenBucket,
+)
 from .slots import MAX_SLOTS, SlotFiles, named_spill_path
-from .spill import QuarantinedRow
-from .spill_link import SpillLink
-from .status import BufferStatus
-from .unpark_purge import purge, unpark
+from .spill import QuarantinedRow, SpillFile, dumps
+from .spill_link import HeldIndex, Prepared, SpillLink, Writing, retrieve
+from .telemetry import REFUSE_DISK_CAP, REFUSE_MEMORY_FULL, BufferCounters, Gauges
 
 logger = logging.getLogger("guarded.deadletter")
 
@@ -85,7 +94,265 @@ SPILL_RETRY_INTERVAL = 5.0
 """Seconds between attempts to use a spill file that failed, at most."""
 
 
-class DeadLetterBuffer(BufferStatus):
+PutItem = tuple[str, Sequence[Any], Mapping[str, Any], Any, str | None, int, str]
+"""``(method, args, kwargs, key, scope, stamp, error)`` of :meth:`DeadLetterBuffer.put_many`."""
+
+Kept = DeadLetter | WriteNotKeptError
+"""What became of one put: its entry, or the refusal raised to its caller."""
+
+_Waiter = tuple[list[Prepared], "asyncio.Future[list[Kept]]", float]
+"""A put waiting for its transaction: its writes, the future answering them and the event-loop
+time by which it must be answered (its :func:`commit_deadline`)."""
+
+DEAD_LETTER_GRACE = 3.0
+"""Seconds a write whose backend attempts used its whole deadline still has to be committed to
+the spill file (the demo under overload on a loaded 2-core machine refused 271 writes with 1 s,
+none with 3 s); no call waits for its commit past its deadline plus this grace."""
+
+
+def commit_deadline(deadline: float, now: float) -> float:
+    """Event-loop time by which the put begun at ``now`` of a call whose deadline is ``deadline``
+    must be answered: at least :data:`DEAD_LETTER_GRACE` after a backend attempt that used the whole
+    deadline, and never later than the deadline plus that grace (a write that waited for another
+    flush gets what is left of it)."""
+    return min(max(deadline, now + DEAD_LETTER_GRACE), deadline + DEAD_LETTER_GRACE)
+
+
+def not_kept_in_time(method: str) -> WriteNotKeptError:
+    """The refusal of a write whose spill-file commit did not finish by its :func:`commit_deadline`."""
+    return WriteNotKeptError(
+        "the spill file did not commit it within the call's deadline (it may still be committed "
+        "and replayed)",
+        method=method,
+    )
+
+
+def prepare(item: PutItem) -> Prepared:
+    """Encode one put; raises :class:`~guarded.errors.InvalidPayloadError` when it cannot be."""
+    method, args, kwargs, key, scope, stamp, error = item
+    check_text(method, "method")
+    call = encode_call(method, tuple(args), kwargs)
+    canonical = canonical_key(key)
+    slot = None if key is None else index_key(key)
+    if scope is not None and not isinstance(scope, str):
+        scope = None
+    if scope is not None:
+        check_text(scope, "scope")
+    text = dumps(call)
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    return method, call, canonical, scope, int(stamp), size, readable_text(str(error))[:1000], slot, text
+
+
+class GroupCommit:
+    """The puts of one buffer (see the module docs)."""
+
+    def __init__(self, link: SpillLink) -> None:
+        self.link = link
+        self._incoming: list[_Waiter] = []
+        self._group: list[_Waiter] = []
+        """The puts the committer took and has not numbered yet."""
+        self._answering: list[_Waiter] = []
+        """The puts of the transaction the committer runs, until it answered them."""
+        self._alarm: asyncio.TimerHandle | None = None
+        self._alarm_at = math.inf
+        """When :attr:`_alarm` rings: the earliest commit deadline of the puts waiting."""
+        self.committer: asyncio.Task[None] | None = None
+        self._writing: Writing | None = None
+        """The transaction the committer runs on the worker thread, while it runs."""
+        self._finishing: asyncio.Task[None] | None = None
+
+    def moved(self) -> None:
+        """The guard moved to a new event loop: the committer of the old one never resumes. The
+        puts it took and had not numbered go back to the queue, committed by a committer of this
+        loop; what the transaction it was running did is applied here once it ended."""
+        writing, self._writing = self._writing, None
+        if writing is not None and not writing.applied:
+            self._finishing = asyncio.get_running_loop().create_task(
+                self.link.mutate(lambda: self.link.finish_abandoned(writing))
+            )
+            self._finishing.add_done_callback(retrieve)
+        if self.committer is None:
+            return
+        abandon(self.committer)
+        self.committer = None
+        self._incoming[:0] = self._group
+        self._group = self._answering = []
+        self._silence()
+        if self._incoming:
+            loop = asyncio.get_running_loop()
+            first_due = min(answer_by for _, _, answer_by in self._incoming)
+            if first_due < math.inf:
+                self._set_alarm(loop, first_due)
+            self.committer = loop.create_task(
+                self._commit_loop(), name=f"guarded-dlq-commit-{self.link.store_name}"
+            )
+
+    async def put(self, prepared: list[Prepared], deadline: float = math.inf) -> list[Kept]:
+        """Keep ``prepared`` (not empty), each committed before this returns, or refused; the
+        writes are refused with :func:`not_kept_in_time` when their transaction has not committed
+        by the :func:`commit_deadline` of a call whose deadline is ``deadline`` (event-loop time)."""
+        link = self.link
+        if link.files is None:
+            return self._keep(prepared, link.room_in_memory(prepared))
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[list[Kept]] = loop.create_future()
+        answer_by = math.inf if deadline == math.inf else commit_deadline(deadline, loop.time())
+        self._incoming.append((prepared, waiter, answer_by))
+        if answer_by < self._alarm_at:
+            self._set_alarm(loop, answer_by)
+        if self.committer is None:
+            self.committer = loop.create_task(
+                self._commit_loop(), name=f"guarded-dlq-commit-{link.store_name}"
+            )
+        # Cancelling the caller cancels only its waiter: the queued write is committed all the same.
+        return await waiter
+
+    def _set_alarm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        self._silence()
+        self._alarm_at = when
+        self._alarm = loop.call_at(when, self._ring)
+
+    def _silence(self) -> None:
+        if self._alarm is not None:
+            self._alarm.cancel()
+            self._alarm = None
+        self._alarm_at = math.inf
+
+    def _ring(self) -> None:
+        """Answer the puts whose commit deadline passed with a refusal (their writes stay queued);
+        set the alarm for the earliest deadline of the others."""
+        due, self._alarm, self._alarm_at = self._alarm_at, None, math.inf
+        following = math.inf
+        for prepared, waiter, answer_by in chain(self._answering, self._incoming):
+            if waiter.done() or waiter.get_loop().is_closed():
+                continue
+            if answer_by <= due:
+                waiter.set_result([not_kept_in_time(item[0]) for item in prepared])
+            elif answer_by < following:
+                following = answer_by
+        if following < math.inf:
+            self._set_alarm(asyncio.get_running_loop(), following)
+
+    def _keep(self, prepared: Sequence[Prepared], admitted: Sequence[bool]) -> list[Kept]:
+        """Memory only: hold the admitted puts, refuse the others."""
+        chosen = [item for item, fits in zip(prepared, admitted, strict=True) if fits]
+        results = self.link.number(chosen)[0] if chosen else []
+        self.link.counters.enqueued([entry.method for entry in results])
+        return self._answers(prepared, admitted, results, REFUSE_MEMORY_FULL)
+
+    def _answers(
+        self, prepared: Sequence[Prepared], admitted: Sequence[bool], kept: Sequence[Kept], reason: str
+    ) -> list[Kept]:
+        """Each put's answer: the next of ``kept`` when admitted, else a refusal for ``reason``
+        (counted and logged once for all of them)."""
+        if all(admitted):
+            return list(kept)
+        refused = [item[0] for item, fits in zip(prepared, admitted, strict=True) if not fits]
+        why = self.link.refusal(refused, reason)
+        answers = iter(kept)
+        return [
+            next(answers) if fits else WriteNotKeptError(why, method=item[0])
+            for item, fits in zip(prepared, admitted, strict=True)
+        ]
+
+    async def _commit_loop(self) -> None:
+        """Commit queued puts, one transaction per group, until none is queued (or the guard moved
+        to another event loop meanwhile)."""
+        me = asyncio.current_task()
+        group: list[_Waiter] = []
+        try:
+            while self._incoming and self.committer is me:
+                async with self.link.lock():
+                    group = self._group = self._answering = self._incoming
+                    self._incoming = []
+                    results = await self._commit_group([item for items, _, _ in group for item in items])
+                offset = 0
+                for items, waiter, _ in group:
+                    if not waiter.done() and not waiter.get_loop().is_closed():
+                        waiter.set_result(results[offset : offset + len(items)])
+                    offset += len(items)
+                group = self._answering = []
+        except BaseException as exc:
+            if self.committer is not me:
+                raise  # abandoned (its loop closed): the queue is the new committer's
+            waiting, self._incoming = [*group, *self._incoming], []
+            self._answering = []
+            for _, waiter, _ in waiting:
+                if waiter.done() or waiter.get_loop().is_closed():
+                    continue
+                if isinstance(exc, asyncio.CancelledError):
+                    waiter.cancel()
+                else:
+                    waiter.set_exception(exc)
+                    waiter.exception()  # retrieved: the caller re-raises it, nobody else should log it
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            if self.committer is me:
+                self.committer = None
+                if not self._incoming:
+                    self._silence()
+
+    async def _commit_group(self, prepared: Sequence[Prepared]) -> list[Kept]:
+        """(Under the lock.) Coalesce what fits of ``prepared`` against what waits and commit it in
+        one transaction; the rest, or all of it when the file cannot take it, is refused."""
+        link = self.link
+        await link.prepare(create=True)
+        self._group = []  # numbered (or answered) from here on: no await before numbering
+        if not link.usable():
+            return self._answers(prepared, [False] * len(prepared), [], link.unusable_reason())
+        admitted = link.room_in_file(prepared)
+        chosen = [item for item, fits in zip(prepared, admitted, strict=True) if fits]
+        if not chosen:
+            return self._answers(prepared, admitted, [], REFUSE_DISK_CAP)
+        results, kept, victims, texts = link.number(chosen)
+        self._writing = Writing(kept, victims)
+        try:
+            reason = await link.write_new(self._writing, texts)
+        finally:
+            self._writing = None
+        if reason is not None:
+            return self._answers(prepared, [False] * len(prepared), [], reason)
+        link.counters.enqueued([entry.method for entry in results])
+        return self._answers(prepared, admitted, results, REFUSE_DISK_CAP)
+
+
+def parkable(
+    method: str, args: Sequence[Any], kwargs: Any, reason: str
+) -> tuple[str, JSONObject | None, int, str]:
+    """``(method, encoded call, its size, reason)`` of a write to park; when the call cannot be
+    encoded only the reason is kept (the call is then ``None``)."""
+    call: JSONObject | None
+    reason = readable_text(str(reason))
+    try:
+        call = encode_call(method, tuple(args), kwargs)
+        size = len(dumps(call).encode("utf-8"))
+    except InvalidPayloadError as exc:
+        call, size = None, 0
+        detail = readable_text(str(exc))
+        if not reason:
+            reason = detail
+        elif detail not in reason:
+            reason = f"{reason} (call not kept: {detail})"
+    return readable_text(method), call, size, reason
+
+
+def decode_entry(entry: DeadLetter, types: RecordTypes, store_name: str) -> Call | None:
+    """The decoded call of a waiting entry; ``None`` (logged) when it cannot be decoded."""
+    try:
+        return decode_call(entry.method, entry.call, types)
+    except InvalidPayloadError as exc:
+        logger.error(
+            "dead-letter entry %d of store %r cannot be decoded: %s",
+            entry.seq,
+            store_name,
+            exc.reason,
+            extra={"event": "deadletter_undecodable", "store": store_name, "method": entry.method},
+        )
+        return None
+
+
+class DeadLetterBuffer:
     """Keeps writes that finally failed and replays them in order (see the module docs).
 
     ``config.path`` (``{name}`` replaced by ``store_name``, ``{identity}`` by a digest of
@@ -124,7 +391,7 @@ class DeadLetterBuffer(BufferStatus):
         self._closing = False
         self._held = HeldIndex(config)
         self._counters = BufferCounters(store_name, registry)
-        self._counters.telemetry.buffers.add(self)
+        self._counters.export(self)
         files = (
             None
             if self.path is None
@@ -149,15 +416,111 @@ class DeadLetterBuffer(BufferStatus):
             path=self.path,
             retry_interval=retry_interval,
             monotonic=monotonic,
+            clock=clock,
         )
-        self._commits = GroupCommit(self._link, clock)
-        self._parking = Parking(self._link, clock)
+        self._commits = GroupCommit(self._link)
         self._replaying: asyncio.Lock | None = None
         self._removals: set[asyncio.Task[None]] = set()
         self.gate = KeyGate()
         """Orders direct writes of a last-write-wins key against its replay (see :mod:`.gate`)."""
 
-    # --- state (its reports: depth, spill file, gauges, stats are in BufferStatus, .status) -------
+    # --- state and its reports (reading one never waits on the spill file) ------------------------
+
+    @property
+    def _spill(self) -> SpillFile | None:
+        """The slot file in use, even while it fails (for tests that damage it)."""
+        return self._link.spill
+
+    @property
+    def _memory(self) -> OrderedDict[int, DeadLetter]:
+        """Copies of entries the spill file holds (for tests that make the buffer read the file)."""
+        return self._held.memory
+
+    @property
+    def depth(self) -> int:
+        """Writes waiting (memory and spill file)."""
+        return self._held.depth
+
+    @property
+    def is_empty(self) -> bool:
+        """Whether no write is waiting."""
+        return self._held.depth == 0
+
+    @property
+    def waiting(self) -> HeldIndex:
+        """The index of the writes waiting, whose ``depth`` a hot path reads as :attr:`depth`
+        without a call (the same object for the buffer's lifetime)."""
+        return self._held
+
+    @property
+    def durable(self) -> bool:
+        """Whether the buffer has a spill file configured."""
+        return self.path is not None
+
+    @property
+    def spill_available(self) -> bool:
+        """Whether held writes go to the spill file now: a path is configured and the file has
+        not failed (``True`` before the first write claims one)."""
+        return self.path is not None and not self._link.failed and not self._link.closed
+
+    @property
+    def spill_path(self) -> str | None:
+        """The slot file in use; ``None`` when memory only, none claimed yet, or unavailable."""
+        spill = self._link.spill
+        return spill.path if spill is not None and not self._link.failed else None
+
+    @property
+    def claimed_path(self) -> str | None:
+        """The slot file this buffer holds locked, even while it fails (``None``: it holds none).
+        Of the :attr:`depth` waiting writes, all but :attr:`memory_only` are in it."""
+        spill = self._link.spill
+        return spill.path if spill is not None else None
+
+    @property
+    def spill_error(self) -> str | None:
+        """Why the spill file is unavailable (``None`` while it is fine)."""
+        return self._link.spill_error
+
+    @property
+    def memory_only(self) -> int:
+        """Waiting writes held in memory only (not in a spill file): lost if the process dies."""
+        return 0 if self._link.usable() else len(self._held.volatile)
+
+    def gauges(self) -> Gauges:
+        """The buffer's current gauge values (read by the metrics collector at scrape time)."""
+        held = self._held
+        return Gauges(
+            depth=held.depth,
+            memory_bytes=held.memory_bytes,
+            disk_bytes=held.disk_bytes,
+            oldest_age=held.oldest_age(self._clock()),
+            parked=held.parked,
+            spill_available=None if self.path is None else self.spill_available,
+        )
+
+    async def stats(self) -> DeadLetterStats:
+        """A snapshot of depth, sizes, age of the oldest entry and the totals since creation."""
+        held, counters = self._held, self._counters
+        return DeadLetterStats(
+            depth=held.depth,
+            memory_entries=len(held.memory) + len(held.volatile),
+            memory_bytes=held.memory_bytes,
+            disk_bytes=held.disk_bytes,
+            oldest_age=held.oldest_age(self._clock()),
+            parked=held.parked,
+            enqueued_total=counters.enqueued_total,
+            replayed_total=counters.replayed_total,
+            dropped_total=counters.dropped_total,
+            refused_total=counters.refused_total,
+            parked_total=counters.parked_total,
+            superseded_total=counters.superseded_total,
+            adopted_total=counters.adopted_total,
+            spill_path=self.spill_path,
+            spill_available=None if self.path is None else self.spill_available,
+            memory_only=self.memory_only,
+            quarantined=held.file_quarantined,
+            quarantined_total=counters.quarantined_total,
+        )
 
     def moved(self) -> None:
         """The guard moved to a new event loop (the old one closed or stopped): forget the old
@@ -202,7 +565,7 @@ class DeadLetterBuffer(BufferStatus):
 
         async def op() -> None:
             await link.prepare(create=False)
-            await adopt_if_usable(link)
+            await link.adopt_if_usable()
 
         await link.mutate(op)
         return self._held.depth
@@ -226,7 +589,7 @@ class DeadLetterBuffer(BufferStatus):
         if files is None or files.pinned or self._closing or link.closed:
             return 0
 
-        return await link.mutate(lambda: adopt_orphans(link))
+        return await link.mutate(link.adopt_orphans)
 
     # --- adding -----------------------------------------------------------------------------------
 
@@ -256,7 +619,7 @@ class DeadLetterBuffer(BufferStatus):
         on a full disk, unusable; without a spill file, past the memory caps (see the module docs).
         A caller cancelled while its write is being committed leaves it kept. ``deadline`` is the
         event-loop time the call must end by: a commit that cannot finish in time is refused
-        (:func:`~guarded.deadletter.group_commit.commit_deadline` gives it a grace past it).
+        (:func:`commit_deadline` gives it a grace past it).
         """
         kept = (await self.put_many([(method, args, kwargs, key, scope, stamp, error)], deadline))[0]
         if isinstance(kept, WriteNotKeptError):
@@ -299,13 +662,13 @@ class DeadLetterBuffer(BufferStatus):
         else ``None``."""
         held = self._held
         if held.depth:
-            held.healthy_at = self._monotonic()  # the backend takes writes: failed replays count
-        note_direct_write(held, slot, stamp, remember=RECENT_WRITES, logical_time=logical_time)
+            held.note_healthy(self._monotonic())  # the backend takes writes: failed replays count
+        held.note_direct_write(slot, stamp, remember=RECENT_WRITES, logical_time=logical_time)
         return slot if slot in held.keys else None
 
     async def drop_superseded(self, slot: Slot, stamp: int) -> int:
         """The rest of :meth:`supersede` for a slot :meth:`note_superseding` answered."""
-        return await self._link.mutate(lambda: drop_stale(self._link, slot, stamp))
+        return await self._link.mutate(lambda: self._link.drop_stale(slot, stamp))
 
     def _decode(self, entry: DeadLetter) -> Call | None:
         return decode_entry(entry, self._types, self.store_name)
@@ -334,7 +697,7 @@ class DeadLetterBuffer(BufferStatus):
         if slot not in self._held.keys:
             return None
 
-        entry = await self._link.mutate(lambda: take_newest(self._link, slot))
+        entry = await self._link.mutate(lambda: self._link.take_newest(slot))
         return None if entry is None else self._decode(entry)
 
     async def pending_for_scope(self, method: str, scope: str) -> list[Call]:
@@ -342,7 +705,7 @@ class DeadLetterBuffer(BufferStatus):
 
         Cheap (no file access) when nothing of that scope waits.
         """
-        calls = [self._decode(entry) for entry in await waiting_in_scope(self._link, method, scope)]
+        calls = [self._decode(entry) for entry in await self._link.waiting_in_scope(method, scope)]
         return [call for call in calls if call is not None]
 
     def slot(self, method: str, key: Any) -> Slot | None:
@@ -364,10 +727,10 @@ class DeadLetterBuffer(BufferStatus):
         """
         method, call, size, reason = parkable(method, args, kwargs, reason)
         self._check_open()
-        return await self._link.mutate(lambda: self._parking.park_new(method, call, size, reason))
+        return await self._link.mutate(lambda: self._link.park_new(method, call, size, reason))
 
     async def _park_during_replay(self, entry: DeadLetter, reason: str, epoch: int) -> bool:
-        return await self._link.mutate(lambda: self._parking.park_waiting(entry, reason, epoch))
+        return await self._link.mutate(lambda: self._link.park_waiting(entry, reason, epoch))
 
     # --- replay -----------------------------------------------------------------------------------
 
@@ -434,7 +797,7 @@ class DeadLetterBuffer(BufferStatus):
                 sending,
                 decode=self._decode,
                 park=self._park_during_replay,
-                page=lambda after, limit: waiting_page(self._link, after, limit),
+                page=self._link.waiting_page,
                 stop_after=stop_after,
             )
             return await replay_pass.run()
@@ -444,25 +807,25 @@ class DeadLetterBuffer(BufferStatus):
     async def entries(self, limit: int | None = None) -> list[DeadLetter]:
         """Waiting writes, oldest first, at most ``limit``."""
         await self._prepared()
-        return await waiting_page(self._link, 0, limit)
+        return await self._link.waiting_page(0, limit)
 
     async def parked(self, limit: int | None = None) -> list[ParkedWrite]:
         """Parked writes, oldest first, at most ``limit``."""
         await self._prepared()
-        return await parked_writes(self._link, limit)
+        return await self._link.parked_writes(limit)
 
     async def unpark(self, limit: int | None = None) -> int:
         """Move parked writes that kept their call back to the waiting writes (once the cause was
         fixed); returns how many. They keep their place in the order and yield to newer writes
         of their key."""
-        return await self._link.mutate(lambda: unpark(self._link, limit))
+        return await self._link.mutate(lambda: self._link.unpark(limit))
 
     async def purge(self, *, pending: bool, parked: bool, quarantined: bool = False) -> int:
         """Delete every waiting and/or parked write, and/or the quarantined rows of the spill file
         (an operator's decision: logged, not counted as dropped); returns how many were deleted."""
         link = self._link
         removed = await link.mutate(
-            lambda: purge(link, pending=pending, parked=parked, quarantined=quarantined)
+            lambda: link.purge(pending=pending, parked=parked, quarantined=quarantined)
         )
         logger.warning(
             "dead-letter buffer of store %r purged %d write(s)",
@@ -484,7 +847,7 @@ class DeadLetterBuffer(BufferStatus):
         oldest first, at most ``limit``; ``with_raw`` includes their raw column values (payload
         contents)."""
         await self._prepared()
-        return await quarantined_rows(self._link, limit, with_raw=with_raw)
+        return await self._link.quarantined_rows(limit, with_raw=with_raw)
 
     # --- closing ----------------------------------------------------------------------------------
 
@@ -502,15 +865,24 @@ class DeadLetterBuffer(BufferStatus):
         while self._removals:
             await asyncio.wait(set(self._removals))
         self._closing = True
-        try:
-            committer = self._commits.committer
-            if committer is not None:
-                await asyncio.wait({committer})
-            async with link.lock():
-                await close_link(link, lambda: self._counters.telemetry.buffers.discard(self))
-        except Exception:
-            link.closed = True
-            logger.exception("closing the dead-letter buffer of store %r failed", self.store_name)
+        committer = self._commits.committer
+        if committer is not None:
+            await asyncio.wait({committer})
+        async with link.lock():
+            await link.close(lambda: self._counters.stop_exporting(self))
 
 
-__all__ = ["RECENT_WRITES", "SPILL_RETRY_INTERVAL", "DeadLetterBuffer", "PutItem"]
+__all__ = [
+    "DEAD_LETTER_GRACE",
+    "RECENT_WRITES",
+    "SPILL_RETRY_INTERVAL",
+    "DeadLetterBuffer",
+    "GroupCommit",
+    "Kept",
+    "PutItem",
+    "commit_deadline",
+    "decode_entry",
+    "not_kept_in_time",
+    "parkable",
+    "prepare",
+]

@@ -14,8 +14,13 @@ guard configured with the same base path, which records its own target in them a
 WARNING: they were written by a guard configured with this very path.
 
 The other slot files of the base path whose lock is free belong to processes that are gone:
-:meth:`SlotFiles.orphans` opens them (locked) for adoption. Every function here is synchronous
-and runs on the buffer's worker thread.
+:meth:`SlotFiles.orphans` opens them (locked) for adoption. An orphan is locked while it is
+adopted, so no two processes take it; its waiting and parked writes are copied into the buffer's
+file in one transaction (in their order, only the newest per key kept, and none older than what the
+buffer holds or has written for its key, by the logical times of the calls where both sides have
+one: :func:`orphan_wins`), then the orphan and its WAL, shared memory and lock files are deleted
+(:meth:`~.spill_link.SpillLink.adopt_orphans`). Every function here is synchronous and runs on the
+buffer's worker thread.
 """
 
 from __future__ import annotations
@@ -25,12 +30,17 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time
+from ..policy_table import PolicyTable
 from ..store_identity import identity_digest
+from .entries import DeadLetter, index_key_of_canonical
+from .gate import Slot
 from .spill import (
+    RowInfo,
     SpillFile,
     SpillFileCorruptError,
     SpillFileError,
@@ -430,10 +440,81 @@ class SlotFiles:
             )
 
 
+# --- adoption: which of an orphan's writes win ------------------------------------------------------
+
+_ORDERED_BY_DATA = frozenset(
+    policy.name for policy in PolicyTable.for_state_store() if policy.ordered_by_data
+)
+"""Methods the backend orders by their data, not by the logical time of the call."""
+
+
+def newest_per_key(rows: Sequence[RowInfo]) -> dict[Slot, RowInfo]:
+    """The newest of an orphan's waiting ``rows`` of each last-write-wins key (the others it holds
+    of the key are superseded when it is adopted)."""
+    newest: dict[Slot, RowInfo] = {}
+    for row in rows:
+        if row.key is not None:
+            slot = (row.method, index_key_of_canonical(row.key))
+            best = newest.get(slot)
+            if best is None or (row.generation, row.stamp) >= (best.generation, best.stamp):
+                newest[slot] = row
+    return newest
+
+
+def _written_at(entry: DeadLetter | None) -> int | None:
+    """The logical time a held write kept of its call (``None`` when unknown)."""
+    if entry is None:
+        return None
+    kwargs = entry.call.get("kwargs")
+    return kept_write_time(kwargs.get(WRITE_TIME_ARGUMENT)) if isinstance(kwargs, dict) else None
+
+
+def orphan_wins(
+    slot: Slot,
+    row: RowInfo,
+    theirs: DeadLetter | None,
+    ours: Mapping[int, DeadLetter],
+    *,
+    recent: bool,
+    direct_time: int | None,
+    waiting: Mapping[int, tuple[int, int]] | None,
+    generation: int,
+) -> list[int] | None:
+    """Whether an orphan's newest write ``row`` of ``slot`` (``theirs``: its entry, when read) is
+    newer than what the adopting buffer wrote directly (``recent``: it did, at logical time
+    ``direct_time`` when known) or holds of the key (``waiting``: seq -> (generation, stamp) of its
+    entries, ``ours`` those read; ``generation``: the buffer's own file generation): ``None`` when
+    it is not (superseded), else the buffer's own waiting entries of the key it replaces.
+
+    A write the backend orders by its own data (a task's ``updated_at``) is kept beside the
+    buffer's. Otherwise, with a logical time on both sides the later call wins, an equal time the
+    buffer's. Without (a write held before logical times existed, a direct write whose time was not
+    noted), as before them: a write of the buffer's own run wins; an own write of an earlier run
+    loses to an orphan's enqueued later. The orphan may be a worker that ran beside this one, so
+    its writes are not older for being adopted."""
+    if slot[0] in _ORDERED_BY_DATA:
+        return []  # kept beside this process's writes of the key: the backend orders them
+    their_time = _written_at(theirs)
+    if recent and (their_time is None or direct_time is None or direct_time >= their_time):
+        return None
+    if not waiting:
+        return []
+    times = [_written_at(ours.get(seq)) for seq in waiting]
+    if their_time is not None and None not in times:
+        return list(waiting) if their_time > max(time for time in times if time is not None) else None
+    if any(own_generation == generation for own_generation, _ in waiting.values()):
+        return None
+    if all(seq in ours for seq in waiting):
+        return list(waiting) if max(ours[seq].enqueued_at for seq in waiting) < row.enqueued_at else None
+    return []
+
+
 __all__ = [
     "MAX_SLOTS",
     "SlotFiles",
     "named_spill_path",
+    "newest_per_key",
+    "orphan_wins",
     "sibling_spill_path",
     "slot_files",
     "slot_of",

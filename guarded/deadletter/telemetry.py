@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..observability import telemetry_names as names
 from ..observability.per_registry import PerRegistry, registered
@@ -303,7 +303,79 @@ class DropLog:
         )
 
 
+class BufferCounters:
+    """The totals of one buffer (its :meth:`~.buffer.DeadLetterBuffer.stats`), counted with its metrics."""
+
+    def __init__(self, store_name: str, registry: CollectorRegistry) -> None:
+        self.store_name = store_name
+        self.telemetry: DeadLetterTelemetry = deadletter_telemetry(registry)
+        self._drop_log = DropLog(store_name)
+        self._refusal_log = DropLog(store_name, refused=True)
+        self.enqueued_total = 0
+        self.replayed_total = 0
+        self.dropped_total = 0
+        self.refused_total = 0
+        self.parked_total = 0
+        self.superseded_total = 0
+        self.adopted_total = 0
+        self.quarantined_total = 0
+
+    def enqueued(self, methods: Sequence[str]) -> None:
+        """Writes of ``methods`` were kept (committed, or held in memory)."""
+        for method in methods:
+            self.telemetry.count_enqueued(self.store_name, method)
+        self.enqueued_total += len(methods)
+
+    def replayed(self, method: str) -> None:
+        self.telemetry.count_replayed(self.store_name, method)
+        self.replayed_total += 1
+
+    def dropped(self, methods: Sequence[str], reason: str) -> None:
+        """Writes of ``methods`` dropped (data loss): counted and logged."""
+        self.dropped_total += self._tally(methods, reason, self.telemetry.count_dropped, self._drop_log)
+
+    def refused(self, methods: Sequence[str], reason: str) -> None:
+        """Writes of ``methods`` refused at the buffer's limits (never acknowledged): counted and
+        logged at ERROR (rate-limited)."""
+        self.refused_total += self._tally(methods, reason, self.telemetry.count_refused, self._refusal_log)
+
+    def _tally(
+        self, methods: Sequence[str], reason: str, count: Callable[[str, str, str, int], None], log: DropLog
+    ) -> int:
+        counts: dict[str, int] = {}
+        for method in methods:
+            counts[method] = counts.get(method, 0) + 1
+        for method, amount in counts.items():
+            count(self.store_name, method, reason, amount)
+            log.dropped(method, reason, amount)
+        return len(methods)
+
+    def superseded(self, count: int) -> None:
+        if count:
+            self.superseded_total += count
+            self.telemetry.count_superseded(self.store_name, count)
+
+    def parked(self, method: str) -> None:
+        self.parked_total += 1
+        self.telemetry.count_parked(self.store_name, method)
+
+    def export(self, source: GaugeSource) -> None:
+        """Export ``source``'s gauges (read at scrape time) until :meth:`stop_exporting`."""
+        self.telemetry.buffers.add(source)
+
+    def stop_exporting(self, source: GaugeSource) -> None:
+        self.telemetry.buffers.discard(source)
+
+    def adopted(self, count: int) -> None:
+        self.adopted_total += count
+
+    def quarantined(self, count: int) -> None:
+        self.quarantined_total += count
+        self.telemetry.count_quarantined(self.store_name, count)
+
+
 __all__ = [
+    "BufferCounters",
     "DROP_MEMORY_FULL",
     "DROP_SPILL_CORRUPT",
     "LABEL_LOCATION",

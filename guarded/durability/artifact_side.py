@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..codec import RecordTypes, record_types_of
 from ..config import GuardConfig
-from ..deadletter.counters import BufferCounters
 from ..deadletter.slots import sibling_spill_path
-from ..deadletter.telemetry import REFUSE_DISK_CAP
+from ..deadletter.telemetry import REFUSE_DISK_CAP, BufferCounters
 from ..errors import WriteNotKeptError
 from ..layers.artifact_fallback import LocalArtifactFallbackLayer
 from ..models import ArtifactRetentionConfig

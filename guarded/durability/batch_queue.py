@@ -50,7 +50,7 @@ class PendingWrite:
     write-behind write, acknowledged when queued."""
     deadline: float = math.inf
     """Loop time of the caller's deadline (group commit), which bounds keeping the write when its
-    batch fails (:func:`guarded.deadletter.group_commit.commit_deadline`)."""
+    batch fails (:func:`guarded.deadletter.buffer.commit_deadline`)."""
 
     def settle(self, outcome: Outcome) -> None:
         """Tell the caller waiting for this write (if any, and if it still waits) its outcome."""

@@ -7,7 +7,7 @@ is committed, to the backend (outcome ``ok``) or to the dead-letter buffer when 
 take it (``dead_lettered``); bad data is parked (``rejected``); a write neither could take is
 ``refused`` (:class:`~guarded.errors.WriteNotKeptError`), each caller of a batch answered for its
 own write, within its deadline: a spill-file commit that cannot finish in time refuses the write
-(:func:`guarded.deadletter.group_commit.commit_deadline`). Write-behind (``ack="enqueue"``, an explicit
+(:func:`guarded.deadletter.buffer.commit_deadline`). Write-behind (``ack="enqueue"``, an explicit
 opt-in): the caller returns once the write is queued.
 
 Legacy aliases share their target's queue (``save_task_update`` is written as ``save_update``), so

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
-from guarded.deadletter.group_commit import DEAD_LETTER_GRACE
+from guarded.deadletter.buffer import DEAD_LETTER_GRACE
 from guarded.errors import WriteNotKeptError
 from guarded.guard import controller, guard
 from guarded.models import StoredEvent
