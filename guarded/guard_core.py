@@ -32,6 +32,8 @@ from .layers import (
     TracingLayer,
 )
 from .layers.batching import BatchingLayer
+from .layers.breaker import BreakerState, CircuitBreaker
+from .layers.bulkhead import Bulkhead, bulkhead_for
 from .layers.call_check import CallCheckLayer
 from .layers.dead_letter import DeadLetterLayer
 from .layers.memory_health import MemoryHealthLayer
@@ -39,8 +41,6 @@ from .layers.metrics import GuardInstruments, guard_instruments, publish_breaker
 from .layers.stale_reads import StaleReadLayer
 from .observability import telemetry_names as names
 from .observability.failure_log import FailureLog
-from .pipeline.breaker import BreakerState, CircuitBreaker
-from .pipeline.bulkhead import Bulkhead, bulkhead_for
 from .pipeline.call import Call, Layer, MethodSetup, Service
 from .pipeline.classify import register_classifier
 from .pipeline.compiled import compile_method, preloadable, raising

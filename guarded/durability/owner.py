@@ -23,8 +23,8 @@ from ..codec import record_types_of
 from ..config import DeadLetterConfig, GuardConfig
 from ..deadletter import DeadLetterBuffer, ReplayResult
 from ..errors import GuardClosedError, InvalidPayloadError, WriteSupersededError
+from ..layers.breaker import BreakerState, CircuitBreaker
 from ..observability.failure_log import FailureLog, operational_errors
-from ..pipeline.breaker import BreakerState, CircuitBreaker
 from ..pipeline.classify import error_type, is_programming_error, safe_message
 from ..pipeline.idempotency import replayed_call
 from ..pipeline.loops import abandon

@@ -20,10 +20,10 @@ from prometheus_client import CollectorRegistry
 from guarded.durability.batching import PendingWrite
 from guarded.durability.stale import StaleCache
 from guarded.errors import CallerError
+from guarded.layers.bulkhead import BulkheadTimeoutError
 from guarded.layers.stale_reads import StaleReadLayer
 from guarded.logical_time import WRITE_TIME_ARGUMENT
 from guarded.outcome import Outcome
-from guarded.pipeline.bulkhead import BulkheadTimeoutError
 from guarded.pipeline.call import Call
 from guarded.pipeline.classify import CircuitOpenError
 from guarded.policy_table import PolicyTable
