@@ -38,7 +38,7 @@ from .layers.call_check import CallCheckLayer
 from .layers.dead_letter import DeadLetterLayer
 from .layers.memory_health import MemoryHealthLayer
 from .layers.metrics import GuardInstruments, guard_instruments, publish_breaker_state
-from .layers.stale_reads import StaleReadLayer
+from .layers.stale_reads import StaleCache, StaleReadLayer
 from .observability import telemetry_names as names
 from .observability.failure_log import FailureLog
 from .pipeline.call import Call, Layer, MethodSetup, Service
@@ -172,7 +172,15 @@ class GuardCore:
             )
             self.home.on_move(self.durability.moved)
             ports = self.durability.ports()
-            stale_reads = StaleReadLayer(ports, policies, answer_held_pauses=config.stale.answer_held_pauses)
+            stale = config.stale
+            cache = (
+                StaleCache(stale.max_entries, max_bytes=stale.max_bytes, store_name=name, registry=registry)
+                if stale.enabled
+                else None
+            )
+            stale_reads = StaleReadLayer(
+                ports, policies, cache=cache, answer_held_pauses=stale.answer_held_pauses
+            )
             self.home.on_move(stale_reads.moved)
             degraded_layers = [
                 stale_reads,
