@@ -40,9 +40,9 @@ from urllib.parse import urlsplit
 import yaml
 
 from guarded.deadletter.telemetry import LABEL_REASON
+from guarded.layers.breaker import BreakerState
 from guarded.observability import telemetry_names as names
 from guarded.outcome import Outcome
-from guarded.pipeline.breaker import BreakerState
 
 from .promql import bucket, counter, eq, one_of
 from .semantics import (

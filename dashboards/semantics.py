@@ -6,8 +6,8 @@ explained to operators in ``docs/dashboards.md``.
 
 from __future__ import annotations
 
+from guarded.layers.breaker import BreakerState
 from guarded.outcome import Outcome
-from guarded.pipeline.breaker import BreakerState
 
 ERROR_OUTCOMES: tuple[Outcome, ...] = (
     Outcome.TIMEOUT,

@@ -16,9 +16,9 @@ from .config import (
 )
 from .errors import CapabilityError, GuardedError, InvalidPayloadError, SteeringValidationError
 from .guard import GuardController, GuardedStore, controller, guard
+from .layers.breaker import BreakerState, CircuitBreaker
 from .otlp import OtlpConfigError, OtlpExporterMissingError, OtlpSetup, configure_otlp_from_env
 from .outcome import Outcome
-from .pipeline.breaker import BreakerState, CircuitBreaker
 from .pipeline.call import Call, Layer, MethodSetup, Service
 from .policy import Fallback, Kind, MethodPolicy
 from .policy_table import PolicyTable

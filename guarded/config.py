@@ -316,8 +316,8 @@ class StaleConfig(_Frozen):
     enabled: bool = True
     max_entries: int = Field(10_000, ge=0)
     max_bytes: int = Field(64 * 1024 * 1024, ge=0)
-    """Estimated bytes of the values held (see :func:`guarded.durability.stale.estimate_size`); a value above
-    an eighth of this is not kept. ``0`` keeps nothing."""
+    """Estimated bytes of the values held (see :func:`guarded.layers.stale_reads.estimate_size`); a
+    value above an eighth of this is not kept. ``0`` keeps nothing."""
     answer_held_pauses: bool = True
     """Whether a resume (``load_planner_state``) the backend cannot answer is answered from a save
     of its token held in this process's dead-letter buffer (outcome ``stale``). The backend is the

@@ -6,8 +6,8 @@ from __future__ import annotations
 from .config import GuardConfig
 from .deadletter import DeadLetterBuffer
 from .guard_core import GuardCore, core_of
-from .pipeline.breaker import CircuitBreaker
-from .pipeline.bulkhead import Bulkhead
+from .layers.breaker import CircuitBreaker
+from .layers.bulkhead import Bulkhead
 from .policy import MethodPolicy
 
 

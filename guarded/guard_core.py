@@ -32,15 +32,15 @@ from .layers import (
     TracingLayer,
 )
 from .layers.batching import BatchingLayer
+from .layers.breaker import BreakerState, CircuitBreaker
+from .layers.bulkhead import Bulkhead, bulkhead_for
 from .layers.call_check import CallCheckLayer
 from .layers.dead_letter import DeadLetterLayer
 from .layers.memory_health import MemoryHealthLayer
 from .layers.metrics import GuardInstruments, guard_instruments, publish_breaker_state
-from .layers.stale_reads import StaleReadLayer
+from .layers.stale_reads import StaleCache, StaleReadLayer
 from .observability import telemetry_names as names
 from .observability.failure_log import FailureLog
-from .pipeline.breaker import BreakerState, CircuitBreaker
-from .pipeline.bulkhead import Bulkhead, bulkhead_for
 from .pipeline.call import Call, Layer, MethodSetup, Service
 from .pipeline.classify import register_classifier
 from .pipeline.compiled import compile_method, preloadable, raising
@@ -172,7 +172,15 @@ class GuardCore:
             )
             self.home.on_move(self.durability.moved)
             ports = self.durability.ports()
-            stale_reads = StaleReadLayer(ports, policies, answer_held_pauses=config.stale.answer_held_pauses)
+            stale = config.stale
+            cache = (
+                StaleCache(stale.max_entries, max_bytes=stale.max_bytes, store_name=name, registry=registry)
+                if stale.enabled
+                else None
+            )
+            stale_reads = StaleReadLayer(
+                ports, policies, cache=cache, answer_held_pauses=stale.answer_held_pauses
+            )
             self.home.on_move(stale_reads.moved)
             degraded_layers = [
                 stale_reads,

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from guarded.config import StaleConfig, build_config
-from guarded.durability.stale import LARGEST_SHARE, SAMPLE, VISITS, StaleCache, estimate_size
+from guarded.layers.stale_reads import LARGEST_SHARE, SAMPLE, VISITS, StaleCache, estimate_size
 from guarded.models import StoredEvent
 
 
@@ -77,7 +77,7 @@ def test_replacing_and_discarding_keep_the_byte_count_exact() -> None:
 def test_a_state_put_again_unchanged_is_not_measured_again_but_a_changed_one_is(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import guarded.durability.stale as stale_module
+    import guarded.layers.stale_reads as stale_module
 
     measured: list[object] = []
     real = stale_module.estimate_size
@@ -250,7 +250,7 @@ def test_the_cache_is_a_least_recently_used_map_under_both_bounds(
 def test_a_list_of_learned_records_is_sized_as_the_general_walk_sizes_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import guarded.durability.stale as stale
+    import guarded.layers.stale_reads as stale
 
     shortcut = stale._records_of_known_size
     taken: list[int] = []

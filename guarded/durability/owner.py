@@ -1,5 +1,5 @@
 """What keeps acknowledged writes of one guard: the batcher (group commit), the dead-letter buffer,
-the stale-if-error cache, and the background replay.
+and the background replay.
 
 The layers in :mod:`guarded.layers.dead_letter`, :mod:`guarded.layers.batching` and
 :mod:`guarded.layers.stale_reads` call into one :class:`Durability` per guard. Its own backend
@@ -23,8 +23,8 @@ from ..codec import record_types_of
 from ..config import DeadLetterConfig, GuardConfig
 from ..deadletter import DeadLetterBuffer, ReplayResult
 from ..errors import GuardClosedError, InvalidPayloadError, WriteSupersededError
+from ..layers.breaker import BreakerState, CircuitBreaker
 from ..observability.failure_log import FailureLog, operational_errors
-from ..pipeline.breaker import BreakerState, CircuitBreaker
 from ..pipeline.classify import error_type, is_programming_error, safe_message
 from ..pipeline.idempotency import replayed_call
 from ..pipeline.loops import abandon
@@ -43,7 +43,6 @@ from .ports import (
     WriteQueue,
 )
 from .shutdown import DRAIN_BATCH, cancelled, drain_held, log_closed, log_unclosed, undelivered_writes
-from .stale import StaleCache
 
 logger = logging.getLogger("guarded.durability")
 
@@ -70,7 +69,7 @@ def spill_config(target: object, options: DeadLetterConfig, store_name: str) -> 
 
 
 class Durability:
-    """The batcher, dead-letter buffer, stale cache and replay of one guard."""
+    """The batcher, dead-letter buffer and replay of one guard."""
 
     def __init__(
         self,
@@ -128,16 +127,6 @@ class Durability:
             if config.batching.enabled and self.buffer is not None
             else None
         )
-        self.cache: StaleCache | None = (
-            StaleCache(
-                config.stale.max_entries,
-                max_bytes=config.stale.max_bytes,
-                store_name=store_name,
-                registry=registry,
-            )
-            if config.stale.enabled
-            else None
-        )
         self.next_stamp: Callable[[], int] = itertools.count(1).__next__
         """Call-order stamps: a direct write supersedes held writes of its key with older stamps."""
         self.opened = False
@@ -173,7 +162,6 @@ class Durability:
             ),
             lookups=HeldWriteLookups(buffer) if buffer is not None else None,
             gate=DirectWriteGate(buffer) if buffer is not None else None,
-            cache=self.cache,
         )
 
     # --- start-up ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The narrow interfaces the guard's layers receive from its durability.
 
-:class:`~guarded.durability.owner.Durability` owns the batcher, the dead-letter buffer, the stale
-cache, the lifecycle and the replay; a layer gets only the ports it uses, each a few bound methods:
+:class:`~guarded.durability.owner.Durability` owns the batcher, the dead-letter buffer, the
+lifecycle and the replay; a layer gets only the ports it uses, each a few bound methods:
 
 * :class:`Lifecycle`: open the durable parts once, before a call that needs them;
 * :class:`WriteQueue`: submit a write to the batcher, flush or list what waits for a scope, and
@@ -28,7 +28,6 @@ from ..deadletter.replay import Call as Held
 from ..outcome import Outcome
 from ..policy import MethodPolicy
 from .batching import Batcher, PendingWrite
-from .stale import StaleCache
 
 
 class Lifecycle:
@@ -182,7 +181,7 @@ class DirectWriteGate:
 @dataclass(frozen=True, slots=True)
 class DurabilityPorts:
     """Every port of one guard's durability; ``None`` where the part is off (no batcher, no
-    dead-letter buffer, no stale cache)."""
+    dead-letter buffer)."""
 
     lifecycle: Lifecycle
     next_stamp: Callable[[], int]
@@ -191,7 +190,6 @@ class DurabilityPorts:
     keeper: HeldWriteKeeper | None
     lookups: HeldWriteLookups | None
     gate: DirectWriteGate | None
-    cache: StaleCache | None
 
 
 __all__ = [

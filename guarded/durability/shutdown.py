@@ -17,7 +17,7 @@ import math
 from collections.abc import Awaitable, Callable
 
 from ..deadletter import DeadLetterBuffer
-from ..pipeline.breaker import CircuitBreaker
+from ..layers.breaker import CircuitBreaker
 from .batching import Batcher
 
 logger = logging.getLogger("guarded.durability")

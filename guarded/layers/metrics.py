@@ -14,12 +14,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from ..layers.breaker import BreakerState, CircuitBreaker
 from ..observability import telemetry_names as names
 from ..observability.call_stats import CallStats, DurationSeries, call_stats
 from ..observability.failure_log import OperationalErrors, operational_errors
 from ..observability.per_registry import PerRegistry
 from ..outcome import Outcome
-from ..pipeline.breaker import BreakerState, CircuitBreaker
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.compiled import Hooks
 from ..pipeline.loops import abandoned_by_caller

@@ -9,7 +9,7 @@
   read-only transaction (a failover to a standby), a full disk, a statement the schema does not
   match. Not retried within the call, counted as a backend failure, held and replayed once the
   condition is fixed — never parked. A call the guard's bulkhead could not admit before its
-  deadline (:class:`~guarded.pipeline.bulkhead.BulkheadTimeoutError`, nothing sent) is handled so too,
+  deadline (:class:`~guarded.layers.bulkhead.BulkheadTimeoutError`, nothing sent) is handled so too,
   except that it never counts against the backend (:func:`counts_against_backend`).
 - **Park** (:attr:`ErrorClass.REJECTED`): errors about the data itself, which no wait can fix —
   :class:`~guarded.errors.InvalidPayloadError`, a ``ValueError``, and what a backend's classifier
@@ -138,7 +138,7 @@ def classify(exc: BaseException) -> ErrorClass:
     """Classify ``exc`` for the retry layer and the breaker.
 
     An exception may declare its class in an ``error_class`` attribute (an :class:`ErrorClass` or
-    its value), as the guard's own :class:`~guarded.pipeline.bulkhead.BulkheadTimeoutError` does.
+    its value), as the guard's own :class:`~guarded.layers.bulkhead.BulkheadTimeoutError` does.
     """
     declared = getattr(exc, "error_class", None)
     if isinstance(declared, ErrorClass):
@@ -185,7 +185,7 @@ def counts_against_backend(exc: BaseException) -> bool:
     Not bad data nor a programming error (:attr:`ErrorClass.REJECTED`,
     :attr:`ErrorClass.PROGRAMMING`: the caller's fault, or a bug), and not an error the guard
     raised on its own without asking the backend, declared by ``counts_against_backend = False``
-    on its class (:class:`~guarded.pipeline.bulkhead.BulkheadTimeoutError`: the call waited in line until
+    on its class (:class:`~guarded.layers.bulkhead.BulkheadTimeoutError`: the call waited in line until
     its deadline). The breaker gives the admission back without a result for those.
     """
     declared = getattr(exc, "counts_against_backend", None)

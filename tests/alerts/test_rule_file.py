@@ -13,9 +13,9 @@ from penguiflow.sessions.telemetry import TaskTelemetryEvent
 
 from dashboards import alerts, semantics
 from guarded.deadletter.telemetry import LABEL_REASON
+from guarded.layers.breaker import BreakerState
 from guarded.observability import telemetry_names as names
 from guarded.outcome import Outcome
-from guarded.pipeline.breaker import BreakerState
 from guarded.policy import Kind
 from guarded.policy_table import PolicyTable
 from guarded.telemetry.events import TASK_ENDS

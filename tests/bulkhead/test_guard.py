@@ -15,12 +15,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
+from guarded.backend import MAX_CONCURRENCY
 from guarded.backends.memory import InMemoryStateStore
 from guarded.config import BatchConfig, BulkheadConfig, DeadLetterConfig, GuardConfig, MethodConfig
 from guarded.guard import controller, guard
+from guarded.layers.breaker import BreakerState
+from guarded.layers.bulkhead import Bulkhead
 from guarded.observability import telemetry_names as names
-from guarded.pipeline.breaker import BreakerState
-from guarded.pipeline.bulkhead import MAX_CONCURRENCY, Bulkhead
 from tests.guard.support import fast_config
 from tests.support.metrics import calls, outcome_counts, retries
 

@@ -94,7 +94,7 @@ async def test_writes_that_cannot_be_admitted_are_committed_to_the_spill_file_an
     assert stats.parked == 0
     assert stats.dropped_total == 0
     held = await buffer.entries()
-    assert {entry.error for entry in held} <= {"timeout", "guarded.pipeline.bulkhead.BulkheadTimeoutError"}
+    assert {entry.error for entry in held} <= {"timeout", "guarded.layers.bulkhead.BulkheadTimeoutError"}
     # Read-your-writes while the write is held.
     assert await store.load_memory_state("m") == {"turns": ["b"]}
     assert await holder == [[]] * AHEAD

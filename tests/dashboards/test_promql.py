@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from dashboards import build, promql
+from guarded.layers.breaker import BreakerState
 from guarded.observability import telemetry_names as names
 from guarded.outcome import Outcome
-from guarded.pipeline.breaker import BreakerState
 
 from .promtool import Sample, evaluation_failure, syntax_errors
 from .support import dashboards_by_uid, raw_expressions

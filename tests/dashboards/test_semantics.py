@@ -7,9 +7,9 @@ import typing
 from penguiflow.sessions.telemetry import TaskTelemetryEvent
 
 from dashboards import alerts, semantics
+from guarded.layers.breaker import BreakerState
 from guarded.observability import telemetry_names as names
 from guarded.outcome import Outcome
-from guarded.pipeline.breaker import BreakerState
 
 
 def test_every_outcome_is_an_error_a_success_or_neutral_exactly_once() -> None:

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.guard import controller, guard
-from guarded.pipeline.breaker import BreakerState
+from guarded.layers.breaker import BreakerState
 from guarded.testing.postgres import EmbeddedPostgres
 from tests.postgres._outages import differences, open_store
 

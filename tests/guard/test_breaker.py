@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from guarded.backends.memory import InMemoryStateStore
 from guarded.config import BreakerConfig
 from guarded.guard import controller, guard
-from guarded.pipeline.breaker import BreakerState, CircuitBreaker
+from guarded.layers.breaker import BreakerState, CircuitBreaker
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.support.metrics import calls
 

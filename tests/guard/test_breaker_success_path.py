@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guarded.config import BreakerConfig
-from guarded.pipeline.breaker import CircuitBreaker
+from guarded.layers.breaker import CircuitBreaker
 
 
 class Clock:

@@ -19,9 +19,9 @@ from guarded import controller, guard
 from guarded.backend import LOGICAL_TIMES
 from guarded.backends.memory import InMemoryStateStore
 from guarded.guard_core import core_of
+from guarded.layers.breaker import BreakerState
 from guarded.models import StoredEvent
 from guarded.observability.call_stats import call_stats
-from guarded.pipeline.breaker import BreakerState
 
 from .support import no_background_replay
 

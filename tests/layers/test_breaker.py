@@ -11,8 +11,8 @@ import pytest
 from guarded.config import BreakerConfig
 from guarded.errors import CallerError
 from guarded.layers import CircuitBreakerLayer
-from guarded.pipeline.breaker import BreakerState, CircuitBreaker
-from guarded.pipeline.bulkhead import BulkheadTimeoutError
+from guarded.layers.breaker import BreakerState, CircuitBreaker
+from guarded.layers.bulkhead import BulkheadTimeoutError
 from guarded.pipeline.classify import CircuitOpenError
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call

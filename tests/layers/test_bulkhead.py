@@ -12,10 +12,9 @@ import asyncio
 
 import pytest
 
-from guarded.layers.bulkhead import BulkheadLayer
+from guarded.layers.bulkhead import Bulkhead, BulkheadLayer, BulkheadTimeoutError
 from guarded.layers.fallback import failure_outcome
 from guarded.outcome import Outcome
-from guarded.pipeline.bulkhead import Bulkhead, BulkheadTimeoutError
 from guarded.pipeline.call import Call, MethodSetup, Service
 from guarded.pipeline.classify import ErrorClass, classify, counts_against_backend, reached_backend
 from tests.support.aio import settle

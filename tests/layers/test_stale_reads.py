@@ -18,12 +18,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.durability.batching import PendingWrite
-from guarded.durability.stale import StaleCache
 from guarded.errors import CallerError
-from guarded.layers.stale_reads import StaleReadLayer
+from guarded.layers.bulkhead import BulkheadTimeoutError
+from guarded.layers.stale_reads import StaleCache, StaleReadLayer
 from guarded.logical_time import WRITE_TIME_ARGUMENT
 from guarded.outcome import Outcome
-from guarded.pipeline.bulkhead import BulkheadTimeoutError
 from guarded.pipeline.call import Call
 from guarded.pipeline.classify import CircuitOpenError
 from guarded.policy_table import PolicyTable
@@ -46,8 +45,9 @@ def layer(
     answer_held_pauses: bool = True,
 ) -> StaleReadLayer:
     cache = StaleCache(100, registry=CollectorRegistry())
-    ports = fake_ports(buffer=buffer or FakeBuffer(), queue=queue, gate=gate or FakeGate(), cache=cache)
-    return StaleReadLayer(ports, PolicyTable.for_state_store(), answer_held_pauses=answer_held_pauses)
+    ports = fake_ports(buffer=buffer or FakeBuffer(), queue=queue, gate=gate or FakeGate())
+    policies = PolicyTable.for_state_store()
+    return StaleReadLayer(ports, policies, cache=cache, answer_held_pauses=answer_held_pauses)
 
 
 async def run(layer_: StaleReadLayer, inner: Any, method: str, *args: Any, **kwargs: Any) -> tuple[Any, Call]:

@@ -32,9 +32,9 @@ from prometheus_client import CollectorRegistry
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
 from guarded.config import GuardConfig, LoggingConfig
 from guarded.guard import controller, guard
+from guarded.layers.breaker import BreakerState
 from guarded.models import StoredEvent, TaskContextSnapshot, TaskState, TaskStatus, TaskType
 from guarded.observability import telemetry_names as names
-from guarded.pipeline.breaker import BreakerState
 from tests.support.metrics import outcome_counts as outcomes
 from tests.support.metrics import total
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from guarded.durability.batching import NO_ROOM, PendingWrite
 from guarded.durability.ports import DurabilityPorts, Held, Lifecycle
-from guarded.durability.stale import StaleCache
 from guarded.outcome import Outcome
 from guarded.policy import MethodPolicy
 
@@ -245,7 +244,6 @@ def fake_ports(
     buffer: FakeBuffer | None = None,
     gate: FakeGate | None = None,
     queue: FakeQueue | None = None,
-    cache: StaleCache | None = None,
     opening: Opening | None = None,
 ) -> DurabilityPorts:
     """Ports over the given fakes (a part left out is off, as in a guard configured without it)."""
@@ -257,5 +255,4 @@ def fake_ports(
         keeper=buffer,
         lookups=buffer,
         gate=gate,
-        cache=cache,
     )
