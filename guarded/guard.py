@@ -109,7 +109,7 @@ def guard(
     special: dict[str, property] = {}
     if inspect.getattr_static(store, "artifact_store", None) is not None:
         special["artifact_store"] = guarded_artifact_property(core, _guard_artifact_store)
-        core.serve_artifacts(lambda create: artifact_durability(core, create=create))
+        core.serve_artifacts(artifact_durability)
     proxy = make_proxy(core, GuardedStore, special)
     if core.durability is not None:
         # A guard never closed says so, with what it had not delivered, when it is collected or

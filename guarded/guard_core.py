@@ -12,7 +12,7 @@ import logging
 import os
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
@@ -55,6 +55,13 @@ logger = logging.getLogger("guarded")
 R = TypeVar("R")
 
 _MISSING = object()
+
+
+class ArtifactDurability(Protocol):
+    """Finds (``create``: builds) the durability of a core's artifact puts."""
+
+    def __call__(self, core: GuardCore, *, create: bool = False) -> Durability | None: ...
+
 
 _CLOSE_AT_LEAST = 0.5
 """Seconds ``aclose()`` gives the wrapped store's own close when the drain used the budget."""
@@ -124,7 +131,7 @@ class GuardCore:
         home: LoopHome | None = None,
     ) -> None:
         self.target = target
-        self._artifact_durability: Callable[[bool], Durability | None] | None = None
+        self._artifact_durability: ArtifactDurability | None = None
         self.home = home or LoopHome(name)
         """The event loop that runs the guard's work (shared with its artifact store's guard)."""
         self.protocol_methods = protocol_methods
@@ -217,17 +224,19 @@ class GuardCore:
         if self.honours_idempotency_key and bool(getattr(target, RECOVERS_UNANSWERED_CONSUMES, False)):
             self.unanswered = UnansweredConsumes(grace if isinstance(grace, int | float) else DEFAULT_GRACE)
 
-    def serve_artifacts(self, durability: Callable[[bool], Durability | None]) -> None:
-        """The guard of a store with an ``artifact_store`` hands the core how to find (``True``:
+    def serve_artifacts(self, durability: ArtifactDurability) -> None:
+        """The guard of a store with an ``artifact_store`` hands the core how to find (``create``:
         build) the durability of its artifact puts, so that opening, draining and closing the
-        guard include them."""
+        guard include them. A function of the core, not a closure over it: the core keeps no
+        reference to itself."""
         self._artifact_durability = durability
 
     def artifact_durability(self, *, create: bool = False) -> Durability | None:
         """The durability of the artifact puts of this guard's backend (set by the guard of a store
         with an ``artifact_store``); with ``create``, built when the backend has an artifact store
         and none was built yet. ``None`` for a guard without one."""
-        return None if self._artifact_durability is None else self._artifact_durability(create)
+        found = self._artifact_durability
+        return None if found is None else found(self, create=create)
 
     def _durabilities(self) -> list[Durability]:
         return [
