@@ -203,6 +203,20 @@ def stuck_disk(spill: str) -> dict[str, Any]:
     }
 
 
+def _postgres_guard(store: Any, spill: str) -> Any:
+    """The scenarios' guard over PostgreSQL: short deadlines, no retries, no breaker (every
+    failure held at once), its own spill file and registry."""
+    return guard(
+        store,
+        name="loops",
+        timeout=TIMEOUT,
+        retries=0,
+        breaker={"enabled": False},
+        spill_path=spill,
+        registry=CollectorRegistry(),
+    )
+
+
 def postgres(spill: str, dsn: str, schema: str) -> dict[str, Any]:
     from guarded.backends.postgres import PostgresStateStore
 
@@ -216,15 +230,7 @@ def postgres(spill: str, dsn: str, schema: str) -> dict[str, Any]:
         # No faults: the wrapper only records how each call to PostgreSQL ended.
         recorded = FaultyStore(backend, FaultPlan())
         holder["log"] = fault_injector(recorded).log
-        holder["store"] = guard(
-            recorded,
-            name="loops",
-            timeout=TIMEOUT,
-            retries=0,
-            breaker={"enabled": False},
-            spill_path=spill,
-            registry=CollectorRegistry(),
-        )
+        holder["store"] = _postgres_guard(recorded, spill)
         for index in range(5):
             await results.write(holder["store"], f"first-{index}")
         await results.leave_in_flight(holder["store"], "left", lambda: len(results.acknowledged))
@@ -275,15 +281,7 @@ def testclient(spill: str, dsn: str, schema: str) -> dict[str, Any]:
             backend = await PostgresStateStore.connect(
                 dsn, schema=schema, registry=CollectorRegistry(), stats_interval=None
             )
-            holder["store"] = guard(
-                backend,
-                name="loops",
-                timeout=TIMEOUT,
-                retries=0,
-                breaker={"enabled": False},
-                spill_path=spill,
-                registry=CollectorRegistry(),
-            )
+            holder["store"] = _postgres_guard(backend, spill)
         number = int(request.path_params["number"])
         await results.write(holder["store"], f"request{number}")
         if number % 2:
