@@ -43,10 +43,10 @@ from .observability import telemetry_names as names
 from .observability.failure_log import FailureLog
 from .pipeline.call import Call, Layer, MethodSetup, Service
 from .pipeline.classify import register_classifier
-from .pipeline.compiled import compile_method, preloadable, raising
 from .pipeline.entry import entry_point
 from .pipeline.loops import FORWARD_GRACE, LoopHome
 from .pipeline.proxy import CallShape, build_proxy_class, call_shape, public_names
+from .pipeline.steps import build, raising
 from .pipeline.unanswered import DEFAULT_GRACE, UnansweredConsumes
 from .policy_table import PolicyTable
 
@@ -200,7 +200,6 @@ class GuardCore:
             FallbackLayer(self.failure_log, strict=config.strict),
         )
         """The layers that count, log and answer a call that failed (strict mode included)."""
-        self._unanswered_services: dict[str, Service] = {}
         if home is None:
             self.home.on_unanswered(self.settle_unanswered)
         self.layers: list[Layer] = [
@@ -309,15 +308,7 @@ class GuardCore:
         as a call that failed with ``failure`` ends: counted and logged by the metrics and fallback
         layers, its fallback returned, or ``failure`` raised in strict mode when it is a refusal
         (:meth:`guarded.pipeline.loops.LoopHome.on_unanswered`)."""
-        setup = call.method
-        service = self._unanswered_services.get(setup.label)
-        if service is None:
-            service = _failing
-            for layer in reversed(self._answering):
-                service = layer.wrap(service, setup)
-            self._unanswered_services[setup.label] = service
-        call.preloaded = failure
-        return service(call)
+        return build(self._answering, call.method, lambda call: raising(failure), answers=True)(call)
 
     def _backend_layers(self) -> list[Layer]:
         """Circuit breaker, retry, bulkhead and timeout: what stands between every call (the
@@ -373,11 +364,7 @@ class GuardCore:
                 return result
 
             service = dynamic_backend
-        backend = service
-        service = preloadable(backend)
-        for layer in reversed(layers):
-            service = layer.wrap(service, setup)
-        return compile_method(layers, setup, backend, service, self.home) or service
+        return build(layers, setup, service, answers=True)
 
     def build_method(self, method: str) -> Callable[..., Any]:
         """The guarded coroutine function for ``target.method``."""
@@ -424,14 +411,6 @@ class GuardCore:
         setup, service = found
         loop = asyncio.get_running_loop()
         return service(Call(setup, args, kwargs, loop, loop.time()))
-
-
-def _failing(call: Call) -> Awaitable[Any]:
-    """The innermost service of a call that failed before it reached the backend: its failure."""
-    failure = call.preloaded
-    assert failure is not None
-    call.preloaded = None
-    return raising(failure)
 
 
 def _defined_async_on_class(target: object, name: str) -> bool:

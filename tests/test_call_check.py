@@ -66,7 +66,7 @@ def test_a_call_is_refused_exactly_when_python_would_refuse_it(source: str) -> N
                     hook(SimpleNamespace(args=args, kwargs=kwargs))
             else:
                 check(args, kwargs)
-                assert hook(SimpleNamespace(args=args, kwargs=kwargs)) is True
+                assert hook(SimpleNamespace(args=args, kwargs=kwargs)) is None
 
 
 def test_a_store_that_says_nothing_is_checked_against_the_protocol() -> None:
@@ -176,7 +176,7 @@ def test_the_fast_path_accepts_and_refuses_exactly_what_the_full_check_does(
 
 def _hook_outcome(hook: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     try:
-        assert hook(SimpleNamespace(args=args, kwargs=kwargs)) is True
+        assert hook(SimpleNamespace(args=args, kwargs=kwargs)) is None
     except CallerError as refused:
         return str(refused)
     return "accepted"

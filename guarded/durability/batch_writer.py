@@ -24,7 +24,7 @@ from ..errors import InvalidPayloadError, WriteNotKeptError
 from ..observability.failure_log import OperationalErrors
 from ..outcome import Outcome
 from ..pipeline.classify import error_type, is_programming_error, no_wait_fixes
-from ..pipeline.compiled import raising
+from ..pipeline.steps import raising
 from ..pipeline.idempotency import WRITE_KEY_ARGUMENT, item_keys
 from ..policy_table import PolicyTable
 from ..protocol import LEGACY_NAMES

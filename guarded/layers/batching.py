@@ -18,17 +18,17 @@ wait, up to its deadline; then the write is dead-lettered: memory stays bounded,
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from ..durability.batching import ALONE, QUEUED, PendingWrite
 from ..durability.ports import DurabilityPorts
 from ..errors import WriteNotKeptError, WriteRefusedError
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.compiled import PASS, Hooks
+from ..pipeline.steps import Step, StepLayer
 
 
-class BatchingLayer:
+class BatchingLayer(StepLayer):
     """Hands batch-eligible writes to the guard's batcher (group commit or write-behind)."""
 
     def __init__(self, ports: DurabilityPorts) -> None:
@@ -37,27 +37,16 @@ class BatchingLayer:
         self._keeper = ports.keeper
         self._next_stamp = ports.next_stamp
 
-    def wrap(self, inner: Service, method: MethodSetup) -> Service:
-        steps = self._steps(method)
-        if steps is None:
-            return inner
-        enqueued, settle = steps
-
-        async def batched(call: Call) -> Any:
-            return settle(call, await enqueued(call))
-
-        return batched
-
-    def hooks(self, method: MethodSetup) -> Hooks:
+    def step(self, method: MethodSetup, inner: Service) -> Step | None:
         """Nothing for a method the queue does not take. For a batched write this layer ends the
-        call (the batcher writes it): the compiled path awaits its terminal step in place of the
-        backend -- for a group-commit write queued behind a running flush, the write's own future,
-        with no frame of its own -- and its ``after`` step settles the write's outcome."""
+        call (the batcher writes it) -- for a group-commit write queued behind a running flush,
+        the caller awaits the write's own future, with no frame of its own -- and settles the
+        write's outcome."""
         steps = self._steps(method)
         if steps is None:
-            return PASS
+            return None
         enqueued, settle = steps
-        return Hooks(terminal=enqueued, after=settle, after_unless=Outcome.OK)
+        return Step(run=enqueued, ok=settle)
 
     def _steps(self, method: MethodSetup) -> _Steps | None:
         """The two steps of a batched write of ``method`` (``None`` when the queue does not take

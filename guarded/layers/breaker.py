@@ -19,7 +19,7 @@ from typing import Any
 from ..config import BreakerConfig
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import CircuitOpenError, counts_against_backend
-from ..pipeline.compiled import Hooks
+from ..pipeline.steps import Step, StepLayer
 
 
 class BreakerState(str, Enum):
@@ -297,7 +297,7 @@ class CircuitBreaker:
         return self._window.failures / self._window.calls if self._window.calls else 0.0
 
 
-class CircuitBreakerLayer:
+class CircuitBreakerLayer(StepLayer):
     """Admits calls through a :class:`CircuitBreaker` and records their results.
 
     The breaker judges the backend only. A call's duration leaves out the time it waited for
@@ -314,55 +314,36 @@ class CircuitBreakerLayer:
         self.breaker = breaker
         self._counts = counts
 
-    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+    def step(self, method: MethodSetup, inner: Service) -> Step:
         breaker = self.breaker
         counts = self._counts
+        allow, record, record_success, release = (
+            breaker.allow,
+            breaker.record,
+            breaker.record_success,
+            breaker.release,
+        )
+        refusal = f"circuit open for store {method.store_name!r}"
 
-        async def guarded_by_breaker(call: Call) -> Any:
-            ticket = call.ticket  # admitted on the compiled success path, whose attempt failed
-            if ticket is None:
-                ticket = breaker.allow()
-                if ticket is None:
-                    raise CircuitOpenError(f"circuit open for store {method.store_name!r}")
-            else:
-                call.ticket = None
-            try:
-                result = await inner(call)
-            except Exception as exc:
-                if counts(exc):
-                    duration = call.loop.time() - call.started - call.queued
-                    breaker.record(ticket, failed=True, duration=duration)
-                else:
-                    breaker.release(ticket)
-                raise
-            except BaseException:
-                breaker.release(ticket)
-                raise
-            breaker.record_success(ticket, call.loop.time() - call.started - call.queued)
-            return result
-
-        return guarded_by_breaker
-
-    def hooks(self, method: MethodSetup) -> Hooks:
-        """Admission before the call, its success recorded after (a refusal takes the chain)."""
-        allow, record_success, release = self.breaker.allow, self.breaker.record_success, self.breaker.release
-
-        def admit(call: Call) -> bool:
+        def admit(call: Call) -> None:
             ticket = allow()
+            if ticket is None:
+                raise CircuitOpenError(refusal)
             call.ticket = ticket
-            return ticket is not None
-
-        def give_back(call: Call) -> None:
-            ticket = call.ticket
-            call.ticket = None
-            if ticket is not None:
-                release(ticket)
 
         def succeeded(call: Call, result: Any) -> Any:
             ticket = call.ticket
-            call.ticket = None
             assert ticket is not None
             record_success(ticket, call.loop.time() - call.started - call.queued)
             return result
 
-        return Hooks(before=admit, undo=give_back, after=succeeded)
+        def failed(call: Call, exc: BaseException) -> Any:
+            ticket = call.ticket
+            assert ticket is not None
+            if isinstance(exc, Exception) and counts(exc):
+                record(ticket, failed=True, duration=call.loop.time() - call.started - call.queued)
+            else:
+                release(ticket)
+            raise exc
+
+        return Step(enter=admit, ok=succeeded, failed=failed)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from prometheus_client import CollectorRegistry
@@ -57,7 +57,7 @@ from ..observability.call_stats import DurationSeries
 from ..observability.per_registry import PerRegistry, registered
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import ErrorClass
-from ..pipeline.compiled import Attempt
+from ..pipeline.steps import Step, StepLayer
 
 if TYPE_CHECKING:
     from ..config import BulkheadConfig
@@ -239,18 +239,18 @@ def bulkhead_for(
     return bulkhead
 
 
-class BulkheadLayer:
+class BulkheadLayer(StepLayer):
     """Admits calls through a :class:`Bulkhead` (shared by every method of the
-    store and by the guard's own calls); without one, it does not wrap at all."""
+    store and by the guard's own calls); without one, it leaves every method alone."""
 
     def __init__(self, bulkhead: Bulkhead | None, *, slow_call_duration: float) -> None:
         self._bulkhead = bulkhead
         self._slow_call_duration = slow_call_duration
 
-    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+    def step(self, method: MethodSetup, inner: Service) -> Step | None:
         bulkhead = self._bulkhead
         if bulkhead is None:
-            return inner
+            return None
         settings = method.settings
         reserve = min(settings.attempt_timeout, self._slow_call_duration, settings.deadline / 2)
         stats = bulkhead.stats(method.label)
@@ -276,41 +276,24 @@ class BulkheadLayer:
             if not admitted:
                 raise refused(call, waited, stuck=bulkhead.successes == successes)
 
-        async def admitted(call: Call) -> Any:
-            if call.preloaded is not None:
-                return await inner(call)  # admitted and released on the compiled success path
+        def admit(call: Call) -> Awaitable[None] | None:
             if call.attempts > 1 and call.loop.time() > call.deadline - reserve:
                 raise refused(call, 0.0, stuck=False)  # a retry the deadline would cut short
             if try_acquire():
                 stats.immediate += 1
-            else:
-                await queue(call)
-            try:
-                result = await inner(call)
-            finally:
-                release()
+                return None
+            return queue(call)
+
+        def succeeded(call: Call, result: Any) -> Any:
+            release()
             bulkhead.successes += 1
             return result
 
-        return admitted
+        def failed(call: Call, exc: BaseException) -> Any:
+            release()
+            raise exc
 
-    def attempt_hooks(self, method: MethodSetup) -> Attempt:
-        """A free permit for the first attempt on the compiled success path (else the chain waits
-        in line for one)."""
-        bulkhead = self._bulkhead
-        if bulkhead is None:
-            return Attempt(attempt_timeout=None)
-
-        def succeeded() -> None:
-            bulkhead.successes += 1
-
-        return Attempt(
-            attempt_timeout=None,
-            acquire=bulkhead.try_acquire,
-            release=bulkhead.release,
-            succeeded=succeeded,
-            stats=bulkhead.stats(method.label),
-        )
+        return Step(enter=admit, ok=succeeded, failed=failed)
 
 
 # --- metrics ----------------------------------------------------------------------------------------

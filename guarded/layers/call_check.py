@@ -11,34 +11,23 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..pipeline.call import Call, MethodSetup, Service
+from ..pipeline.call import MethodSetup, Service
 from ..pipeline.call_check import argument_check, call_hook
-from ..pipeline.compiled import PASS, Hooks
+from ..pipeline.steps import Step, StepLayer
 
 
-class CallCheckLayer:
+class CallCheckLayer(StepLayer):
     """Checks each call of a method of ``target`` against the method's signature and argument types."""
 
     def __init__(self, target: object) -> None:
         self._target = target
 
-    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+    def step(self, method: MethodSetup, inner: Service) -> Step | None:
         check = self._check(method)
         if check is None:
-            return inner
+            return None
 
-        def checked(call: Call) -> Any:
-            check(call.args, call.kwargs)
-            return inner(call)
-
-        return checked
-
-    def hooks(self, method: MethodSetup) -> Hooks:
-        """The check before the backend call: a wrong call takes the chain, which rejects it."""
-        check = self._check(method)
-        if check is None:
-            return PASS
-        return Hooks(before=call_hook(check))
+        return Step(enter=call_hook(check))
 
     def _check(self, method: MethodSetup) -> Callable[[tuple[Any, ...], Mapping[str, Any]], None] | None:
         try:

@@ -15,7 +15,7 @@ wrote since.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..backend import LOGICAL_TIMES as logical_times
@@ -27,10 +27,10 @@ from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import error_type, no_wait_fixes
-from ..pipeline.compiled import PASS, Deferred, Hooks
+from ..pipeline.steps import Deferred, Step, StepLayer
 
 
-class DeadLetterLayer:
+class DeadLetterLayer(StepLayer):
     """Keeps failed dead-letter-eligible writes (policy ``dead_letter``) that are not batched."""
 
     def __init__(self, ports: DurabilityPorts, failure_log: FailureLog) -> None:
@@ -41,135 +41,65 @@ class DeadLetterLayer:
         self._next_stamp = ports.next_stamp
         self._log = failure_log
 
-    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+    def step(self, method: MethodSetup, inner: Service) -> Step | None:
         keeper, gate, queue = self._keeper, self._gate, self._queue
         policy = method.policy
         if keeper is None or gate is None or not policy.dead_letter:
-            return inner
+            return None
         if queue is not None and queue.takes(policy):
-            return inner  # the write queue's owner holds what a batch could not write
+            return None  # the write queue's owner holds what a batch could not write
         name = policy.name
         key_of, scope_of = policy.lww_key, policy.scope_key
         next_stamp = self._next_stamp
-        ensure_open = self._lifecycle.ensure_open
-        hold, park, supersede = keeper.hold, keeper.park, keeper.supersede
-        slot_of, try_enter, enter, leave = gate.slot, gate.try_enter, gate.enter, gate.leave
+        lifecycle = self._lifecycle
+        is_open, ensure_open = lifecycle.is_open, lifecycle.ensure_open
+        hold, park = keeper.hold, keeper.park
+        note_superseding, drop_superseded = keeper.note_superseding, keeper.drop_superseded
+        slot_of, try_enter, wait_for_slot, leave = gate.slot, gate.try_enter, gate.enter, gate.leave
+        set_time = logical_times.set
         log = self._log
 
-        async def keyed(call: Call) -> Any:
-            held = call.held
-            if held is not None:  # stamped and let in on the compiled success path
-                call.held = None
-                try:
-                    return await write(call, held[0], held[3])
-                finally:
-                    _release_key(held, leave)
+        def enter(call: Call) -> Awaitable[None] | None:
+            if not (lifecycle.opened or is_open()):
+                return opened_first(call)
             stamp = next_stamp()
+            if key_of is None:
+                call.held = (stamp, None, None, None)
+                return None
             # The logical time of the call (the caller's, when it set one: a snapshot restore): the
             # backend refuses to let a write older than the row's replace it, so a replay of this
             # write never undoes a newer one.
-            token = logical_times.set((current_logical_time(),))
-            try:
-                assert key_of is not None
-                key = key_of(call.args, call.kwargs)
-                slot = slot_of(name, key) if key is not None else None
-                if slot is None:
-                    return await write(call, stamp, key)
-                if not try_enter(slot, stamp):
-                    await enter(slot, stamp)
-                try:
-                    return await write(call, stamp, key)
-                finally:
-                    leave(slot, stamp)
-            finally:
-                try:  # noqa: SIM105 - inline: suppress() costs a context manager per call
-                    logical_times.reset(token)
-                except ValueError:  # outside the call's context: a closed loop's call collected as garbage
-                    pass
-
-        async def write(call: Call, stamp: int, key: Any) -> Any:
-            await ensure_open()
-            try:
-                result = await inner(call)
-            except BaseException as exc:
-                if not isinstance(exc, Exception) and not _raised_by_store(exc):
-                    raise  # the caller's cancellation, KeyboardInterrupt, SystemExit
-                if isinstance(exc, WriteSupersededError):
-                    raise  # the backend refused it as older: outcome refused, nothing to replay
-                if no_wait_fixes(exc):
-                    # Bad data, or a bug of the backend's (a TypeError, an AttributeError): no wait
-                    # fixes it, so it is never held for replay; parked with its reason, it can be
-                    # replayed once the bug is fixed (guarded dlq replay --parked).
-                    await park(name, call.args, call.kwargs, exc)
-                    raise
-                scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
-                times = logical_times.get()
-                # Bounded by the call's deadline: a commit that cannot finish in time is a write
-                # refused, never a call that waits for the disk.
-                kept = await hold(
-                    name,
-                    call.args,
-                    call.kwargs if times is None else {**call.kwargs, WRITE_TIME_ARGUMENT: times[0]},
-                    key=key,
-                    scope=scope if isinstance(scope, str) else None,
-                    stamp=stamp,
-                    error=error_type(exc),
-                    deadline=call.deadline,
-                )
-                if not kept:
-                    raise
-                call.settle(Outcome.DEAD_LETTERED, exc)
-                log.dead_lettered(method, exc)
-                return None
-            if key is not None:
-                # Even with nothing held: the buffer remembers the newest successful write of the
-                # key, so an older write of it that fails later is discarded, not replayed.
-                await supersede(name, key, stamp, current_logical_time())
-            return result
-
-        if key_of is not None:
-            return keyed
-        return lambda call: write(call, next_stamp(), None)
-
-    def hooks(self, method: MethodSetup) -> Hooks:
-        """The key's stamp, logical time and slot before the backend call (a slot a replay holds
-        takes the chain, which waits for it); older held writes of the key superseded after."""
-        keeper, gate, queue = self._keeper, self._gate, self._queue
-        policy = method.policy
-        lifecycle = self._lifecycle
-        is_open = lifecycle.is_open
-        if keeper is None or gate is None or not policy.dead_letter:
-            return PASS
-        if queue is not None and queue.takes(policy):
-            return PASS
-        key_of = policy.lww_key
-        if key_of is None:
-            return Hooks(before=lambda call: is_open())
-        name = policy.name
-        next_stamp = self._next_stamp
-        note_superseding, drop_superseded = keeper.note_superseding, keeper.drop_superseded
-        slot_of, try_enter, leave = gate.slot, gate.try_enter, gate.leave
-        set_time = logical_times.set
-
-        def enter(call: Call) -> bool:
-            if not (lifecycle.opened or is_open()):
-                return False
             key = key_of(call.args, call.kwargs)
             slot = slot_of(name, key) if key is not None else None
-            stamp = next_stamp()
-            if slot is not None and not try_enter(slot, stamp):
-                return False
             call.held = (stamp, slot, set_time((current_logical_time(),)), key)
-            return True
+            if slot is not None and not try_enter(slot, stamp):
+                # A replay of the key is in flight: it finishes first.
+                return entered_after(call, slot, stamp)
+            return None
+
+        async def opened_first(call: Call) -> None:
+            await ensure_open()
+            waiting = enter(call)
+            if waiting is not None:
+                await waiting
+
+        async def entered_after(call: Call, slot: Any, stamp: int) -> None:
+            try:
+                await wait_for_slot(slot, stamp)
+            except BaseException:
+                _release_key((stamp, None, call.held[2], None), leave)
+                call.held = None
+                raise
 
         def give_back(call: Call) -> None:
             held = call.held
-            if held is not None:  # else adopted by the chain (or never taken)
-                call.held = None
-                _release_key(held, leave)
+            call.held = None
+            _release_key(held, leave)
 
-        def superseded(call: Call, result: Any) -> Any:
+        def written(call: Call, result: Any) -> Any:
             stamp, slot, _, _ = call.held
+            # Even with nothing held: the buffer remembers the newest successful write of the key,
+            # so an older write of it that fails later is discarded, not replayed.
             try:
                 slot = None if slot is None else note_superseding(slot, stamp, current_logical_time())
             except BaseException:
@@ -187,17 +117,57 @@ class DeadLetterLayer:
                 give_back(call)
             return result
 
-        return Hooks(before=enter, undo=give_back, after=superseded, after_may_defer=True)
+        def failed(call: Call, exc: BaseException) -> Any:
+            if not isinstance(exc, Exception) and not _raised_by_store(exc):
+                give_back(call)
+                raise exc  # the caller's cancellation, KeyboardInterrupt, SystemExit
+            if isinstance(exc, WriteSupersededError):
+                give_back(call)
+                raise exc  # the backend refused it as older: outcome refused, nothing to replay
+            return Deferred(kept(call, exc))
+
+        async def kept(call: Call, exc: BaseException) -> Any:
+            stamp, _, _, key = call.held
+            try:
+                if no_wait_fixes(exc):
+                    # Bad data, or a bug of the backend's (a TypeError, an AttributeError): no wait
+                    # fixes it, so it is never held for replay; parked with its reason, it can be
+                    # replayed once the bug is fixed (guarded dlq replay --parked).
+                    await park(name, call.args, call.kwargs, exc)
+                    raise exc
+                scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
+                times = logical_times.get()
+                # Bounded by the call's deadline: a commit that cannot finish in time is a write
+                # refused, never a call that waits for the disk.
+                if not await hold(
+                    name,
+                    call.args,
+                    call.kwargs if times is None else {**call.kwargs, WRITE_TIME_ARGUMENT: times[0]},
+                    key=key,
+                    scope=scope if isinstance(scope, str) else None,
+                    stamp=stamp,
+                    error=error_type(exc),
+                    deadline=call.deadline,
+                ):
+                    raise exc
+            finally:
+                give_back(call)
+            call.settle(Outcome.DEAD_LETTERED, exc)
+            log.dead_lettered(method, exc)
+            return None
+
+        return Step(enter=enter, ok=written, failed=failed)
 
 
 def _release_key(held: tuple[int, Any, Any, Any], leave: Callable[[Any, int], None]) -> None:
-    """Give back what a write of a key took on the compiled success path (``Call.held``: its stamp,
-    key slot, logical-time token and key): the logical time unset, the slot left."""
+    """Give back what a write took before the backend call (``Call.held``: its stamp, key slot,
+    logical-time token and key): the logical time unset, the slot left."""
     stamp, slot, token, _ = held
-    try:  # noqa: SIM105 - inline: suppress() costs a context manager per call
-        logical_times.reset(token)
-    except ValueError:  # outside the call's context: a closed loop's call collected as garbage
-        pass
+    if token is not None:
+        try:  # noqa: SIM105 - inline: suppress() costs a context manager per call
+            logical_times.reset(token)
+        except ValueError:  # outside the call's context: a closed loop's call collected as garbage
+            pass
     if slot is not None:
         leave(slot, stamp)
 

@@ -35,7 +35,7 @@ from ..pipeline.classify import (
     no_wait_fixes,
     safe_message,
 )
-from ..pipeline.compiled import Hooks
+from ..pipeline.steps import Step, StepLayer
 from ..pipeline.strict_mode import forced as strict_forced
 from ..policy import Kind
 
@@ -53,64 +53,33 @@ def failure_outcome(exc: BaseException) -> Outcome:
     return Outcome.FALLBACK
 
 
-class FallbackLayer:
+class FallbackLayer(StepLayer):
     """Turns failures into the policy's fallback value; sets the call's final outcome."""
 
     def __init__(self, failure_log: FailureLog, *, strict: bool = False) -> None:
         self._log = failure_log
         self._strict = strict
 
-    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+    def step(self, method: MethodSetup, inner: Service) -> Step:
         policy = method.policy
         normalise_empty = policy.kind is Kind.CONSUME
         single_item = policy.single_item
-        current_task = asyncio.current_task
-        ok, not_found, retried = Outcome.OK, Outcome.NOT_FOUND, Outcome.RETRIED
-        failed = self._failure_handler(method)
-
-        async def must_not_throw(call: Call) -> Any:
-            try:
-                result = await inner(call)
-            except Exception as exc:
-                return failed(call, exc)
-            except asyncio.CancelledError as exc:
-                # The caller's cancellation propagates; a CancelledError the store raised on
-                # its own (an internal future of the driver was cancelled) is just a failure.
-                task = current_task()
-                if task is None or task.cancelling():
-                    raise
-                return failed(call, exc)
-            if normalise_empty and result == {}:
-                result = None
-            if call.outcome is ok:
-                if single_item and result is None:
-                    call.settle(not_found)
-                elif call.attempts > 1:
-                    call.settle(retried)
-            return result
-
-        return must_not_throw
-
-    def hooks(self, method: MethodSetup) -> Hooks:
-        """The answer of a call that took the success path, and the answer to a failure of a hook
-        inside this layer."""
-        policy = method.policy
-        normalise_empty = policy.kind is Kind.CONSUME
-        single_item = policy.single_item
-        ok, not_found = Outcome.OK, Outcome.NOT_FOUND
+        found = (Outcome.OK, Outcome.RETRIED)
+        not_found = Outcome.NOT_FOUND
         current_task = asyncio.current_task
         failed = self._failure_handler(method)
 
         def answered(call: Call, result: Any) -> Any:
             if normalise_empty and result == {}:
                 result = None
-            if single_item and result is None and call.outcome is ok:
+            if single_item and result is None and call.outcome in found:
                 call.settle(not_found)
             return result
 
         def answer_failure(call: Call, exc: BaseException) -> Any:
-            # As must_not_throw: the caller's cancellation (and any other BaseException) goes
-            # through; a CancelledError of the store's own is just a failure.
+            # The caller's cancellation (and any other BaseException) goes through; a
+            # CancelledError the store raised on its own (an internal future of the driver was
+            # cancelled) is just a failure.
             if not isinstance(exc, Exception):
                 if not isinstance(exc, asyncio.CancelledError):
                     raise exc  # GeneratorExit of a call collected as garbage included: no running loop
@@ -119,9 +88,9 @@ class FallbackLayer:
                     raise exc
             return failed(call, exc)
 
-        # A method whose result this layer never rewrites has no ``after`` step.
+        # A method whose result this layer never rewrites has no ``ok`` step.
         rewrites = normalise_empty or single_item
-        return Hooks(after=answered if rewrites else None, on_failure=answer_failure)
+        return Step(ok=answered if rewrites else None, failed=answer_failure)
 
     def _failure_handler(self, method: MethodSetup) -> Callable[[Call, BaseException], Any]:
         make_fallback = method.policy.fallback.value_factory()

@@ -27,11 +27,11 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from ..observability.rate_limited_log import RateLimitedLog
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import error_type
-from ..pipeline.compiled import PASS, Hooks
+from ..pipeline.steps import Step, StepLayer
 from ..telemetry.memory_health import DEFAULT_MAX_KEYS, MemoryHealthTracker, memory_health_tracker
 
 
-class MemoryHealthLayer:
+class MemoryHealthLayer(StepLayer):
     """Tracks the ``health`` of memory states per key for the memory health gauge: the write and the
     read of the methods whose policy says :attr:`~guarded.policy.MethodPolicy.memory_health`."""
 
@@ -39,22 +39,10 @@ class MemoryHealthLayer:
         self._registry = registry
         self._max_keys = max_keys
 
-    def wrap(self, inner: Service, method: MethodSetup) -> Service:
-        hooks = self.hooks(method)
-        after = hooks.after
-        if after is None:
-            return inner
-
-        async def tracked(call: Call) -> Any:
-            return after(call, await inner(call))
-
-        return tracked
-
-    def hooks(self, method: MethodSetup) -> Hooks:
-        """The same bookkeeping after a call that took the success path."""
+    def step(self, method: MethodSetup, inner: Service) -> Step | None:
         policy = method.policy
         if not policy.memory_health:
-            return PASS
+            return None
         if policy.lww_key is not None and policy.value is not None:
             key_of, state_of = policy.lww_key, policy.value
             tracker = self._tracker(method)
@@ -69,7 +57,7 @@ class MemoryHealthLayer:
                     _problem(tracker, exc)
                 return result
 
-            return Hooks(after=saved)
+            return Step(ok=saved)
         if policy.read_key is not None:
             read_key = policy.read_key
             tracker = self._tracker(method)
@@ -83,8 +71,8 @@ class MemoryHealthLayer:
                     _problem(tracker, exc)
                 return result
 
-            return Hooks(after=loaded)
-        return PASS
+            return Step(ok=loaded)
+        return None
 
     def _tracker(self, method: MethodSetup) -> MemoryHealthTracker:
         return memory_health_tracker(method.store_name, self._registry, max_keys=self._max_keys)

@@ -21,8 +21,8 @@ from ..observability.failure_log import OperationalErrors, operational_errors
 from ..observability.per_registry import PerRegistry
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.compiled import Hooks
 from ..pipeline.loops import abandoned_by_caller
+from ..pipeline.steps import Step, StepLayer
 
 _OK = Outcome.OK
 
@@ -71,7 +71,7 @@ def publish_breaker_state(instruments: GuardInstruments, store: str, breaker: Ci
         instruments.circuit_state.labels(store, candidate.value).set_function(is_current)
 
 
-class MetricsLayer:
+class MetricsLayer(StepLayer):
     """Observes latency and counts each call by its final outcome (cancellations included), and
     each call that failed on an operational condition (``guarded_store_operational_errors_total``)."""
 
@@ -79,25 +79,14 @@ class MetricsLayer:
         self._stats = instruments.stats
         self._operational = instruments.operational
 
-    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+    def step(self, method: MethodSetup, inner: Service) -> Step:
         observe, raised = self._observers(method)
 
-        async def measured(call: Call) -> Any:
-            try:
-                result = await inner(call)
-            except BaseException as exc:  # strict mode: a rejected call raised, its outcome set
-                raised(call, exc)
-                raise
-            observe(call, None)
-            return result
+        def failed(call: Call, exc: BaseException) -> Any:
+            raised(call, exc)  # strict mode: a rejected call raised, its outcome set
+            raise exc
 
-        return measured
-
-    def hooks(self, method: MethodSetup) -> Hooks:
-        """The same observation of a call that ended on the success path, or whose ``after`` stage
-        raised (a caller's cancellation, a rejected call in strict mode)."""
-        observe, raised = self._observers(method)
-        return Hooks(after=observe, on_raise=raised)
+        return Step(ok=observe, failed=failed)
 
     def _observers(
         self, method: MethodSetup

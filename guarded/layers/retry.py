@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable
 from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from ..config import RetryConfig
+from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import ErrorClass, classify, error_type, reached_backend
+from ..pipeline.steps import Deferred, Step, StepLayer
 
 _FIRST_BACKOFF = (
     "multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter).parameters else "initial"
@@ -25,17 +26,13 @@ _FIRST_BACKOFF = (
 """tenacity 9.2 renamed ``initial`` (now deprecated) to ``multiplier``; 8.x only knows ``initial``."""
 
 
-class RetryLayer:
+class RetryLayer(StepLayer):
     """Retries retryable failures of repeat-safe calls (see module docs)."""
-
-    retry_boundary = True
-    """The layers after this one bound each attempt (:func:`guarded.pipeline.compiled.compile_method`); a
-    first attempt needs nothing of this layer on the success path."""
 
     def __init__(self, config: RetryConfig) -> None:
         self._config = config
 
-    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+    def step(self, method: MethodSetup, inner: Service) -> Step:
         max_attempts = method.settings.max_attempts
         repeat_safe = method.policy.repeat_safe or method.honours_idempotency_key
 
@@ -44,12 +41,11 @@ class RetryLayer:
                 return False
             return repeat_safe or not reached_backend(exc)
 
-        def attempt(call: Call) -> Awaitable[Any]:
+        def first_attempt(call: Call) -> None:
             call.attempts += 1
-            return inner(call)
 
         if max_attempts <= 1:
-            return attempt
+            return Step(enter=first_attempt)
 
         wait = wait_exponential_jitter(
             **{_FIRST_BACKOFF: self._config.initial_backoff},
@@ -58,17 +54,12 @@ class RetryLayer:
             jitter=self._config.jitter,
         )
 
-        async def retried(call: Call) -> Any:
-            call.attempts += 1
-            try:
-                return await inner(call)
-            except Exception as exc:
-                if not may_repeat(exc):
-                    raise
-                first_error = exc
-            return await _retry_slow_path(call, first_error)
+        def failed(call: Call, exc: BaseException) -> Any:
+            if not may_repeat(exc):
+                raise exc
+            return Deferred(retried(call, exc))
 
-        async def _retry_slow_path(call: Call, first_error: Exception) -> Any:
+        async def retried(call: Call, first_error: BaseException) -> Any:
             loop = asyncio.get_running_loop()
 
             def stop(state: RetryCallState) -> bool:
@@ -94,7 +85,11 @@ class RetryLayer:
                     if first:
                         first = False
                         raise first_error
-                    return await attempt(call)
+                    call.attempts += 1
+                    result = await inner(call)
+                    if call.outcome is Outcome.OK:
+                        call.settle(Outcome.RETRIED)
+                    return result
             raise AssertionError("unreachable: tenacity either returns or re-raises")
 
-        return retried
+        return Step(enter=first_attempt, failed=failed)

@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from sys import getsizeof
 from typing import Any
 
@@ -53,15 +53,15 @@ from ..observability.store_gauge import store_total_gauge
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import is_programming_error
-from ..pipeline.compiled import PASS, Deferred, Hooks
 from ..pipeline.entry import is_hashable
+from ..pipeline.steps import Deferred, Handled, Step, StepLayer
 from ..policy import ArgGetter, Kind, Merge
 from ..policy_table import PolicyTable
 
 logger = logging.getLogger("guarded")
 
 
-class StaleReadLayer:
+class StaleReadLayer(StepLayer):
     """Read-your-writes and stale-if-error for reads with a ``merge`` policy; keeps the cache
     up to date from the writes those reads see."""
 
@@ -78,7 +78,7 @@ class StaleReadLayer:
         self._policies = policies
         self._answer_held_pauses = answer_held_pauses
         self._turns: list[dict[Hashable, tuple[asyncio.Lock, list[int]]]] = []
-        """The turns of each consume method's held tokens (:meth:`_wrap_take`)."""
+        """The turns of each consume method's held tokens (:meth:`_take`)."""
 
     def moved(self) -> None:
         """The guard moved to a new event loop: a consume of the old one may hold a token's turn for
@@ -86,116 +86,28 @@ class StaleReadLayer:
         for turns in self._turns:
             turns.clear()
 
-    def wrap(self, inner: Service, method: MethodSetup) -> Service:
-        policy = method.policy
-        if policy.kind in (Kind.UPSERT, Kind.APPEND):
-            return self._wrap_write(inner, method)
-        if policy.merge is None or policy.merge_from is None:
-            return inner
-        write_policy = self._policies.get(policy.merge_from)
-        value_of = write_policy.value
-        if value_of is None:
-            return inner
-        if policy.merge is Merge.TAKE:
-            return self._wrap_take(inner, policy.merge_from, policy.read_key, value_of)
-        if policy.merge is Merge.LATEST:
-            return self._wrap_latest(inner, policy.merge_from, policy.read_key, value_of)
-        return self._wrap_list(inner, method, value_of)
-
-    def hooks(self, method: MethodSetup) -> Hooks | None:
-        """The success path of a read while nothing is held or queued for it (else the chain
-        merges what is), and the cache kept up to date after it; a consume's while nothing is
-        held at all and no replay of its key is in flight."""
+    def step(self, method: MethodSetup, inner: Service) -> Step | None:
         policy = method.policy
         if policy.kind in (Kind.UPSERT, Kind.APPEND):
             remember = self._remembering(method)
-            return PASS if remember is None else Hooks(after=remember)
+            return None if remember is None else Step(ok=remember)
         if policy.merge is None or policy.merge_from is None:
-            return PASS
-        write = policy.merge_from
-        value_of = self._policies.get(write).value
+            return None
+        value_of = self._policies.get(policy.merge_from).value
         if value_of is None:
-            return PASS
+            return None
         if policy.merge is Merge.TAKE:
-            return self._take_hooks(write, policy.read_key)
-        ports = self._ports
-        lifecycle, is_open = ports.lifecycle, ports.lifecycle.is_open
-        waiting = _waiting(ports.lookups)
-
+            return self._take(inner, policy.merge_from, policy.read_key, value_of)
         if policy.merge is Merge.LATEST:
-            key_of = policy.read_key
-            if key_of is None:
-                return PASS
-
-            def unmerged(call: Call) -> bool:
-                return (lifecycle.opened or is_open()) and waiting.depth == 0
-
-            answered = self._latest_answered(write, key_of, value_of)
-            return Hooks(before=unmerged, after=answered, after_may_defer=True)
-
-        scope_of = policy.scope_key
-        if scope_of is None:
-            return PASS
-        queue = ports.queue
-        write_batched = queue is not None and queue.takes(self._policies.get(write))
-        pending_for_scope = queue.pending_for_scope if queue is not None else None
-
-        def nothing_to_merge(call: Call) -> bool:
-            if not (lifecycle.opened or is_open()) or waiting.depth:
-                return False
-            if write_batched:
-                scope = scope_of(call.args, call.kwargs)
-                return not isinstance(scope, str) or not pending_for_scope(write, scope)  # type: ignore[misc]
-            return True
-
-        answered_list = self._list_answered(method, value_of)
-        return Hooks(before=nothing_to_merge, after=answered_list, after_may_defer=True)
-
-    def _take_hooks(self, write: str, key_of: ArgGetter | None) -> Hooks:
-        """A consume's success path: registered with the key gate as the chain's consume does,
-        taken only while nothing at all is held (so nothing of its key is), the registration
-        given back once the backend answered (or adopted by :meth:`_wrap_take` when it failed)."""
-        ports = self._ports
-        lookups, gate = ports.lookups, ports.gate
-        if lookups is None or gate is None or ports.keeper is None or key_of is None:
-            return PASS  # as _wrap_take: the backend's answer as it is
-        lifecycle, is_open, next_stamp = ports.lifecycle, ports.lifecycle.is_open, ports.next_stamp
-        slot_of, try_enter, leave = gate.slot, gate.try_enter, gate.leave
-        waiting = lookups.waiting
-
-        def enter(call: Call) -> bool:
-            if not (lifecycle.opened or is_open()) or waiting.depth:
-                return False
-            key = key_of(call.args, call.kwargs)
-            slot = slot_of(write, key) if key is not None else None
-            if slot is not None:
-                stamp = next_stamp()
-                if not try_enter(slot, stamp):
-                    return False  # a replay of the key is in flight: the chain waits for it
-                call.entered = (slot, stamp)
-            return True
-
-        def give_back(call: Call) -> None:
-            entered = call.entered
-            if entered is not None:
-                call.entered = None
-                leave(*entered)
-
-        def consumed(call: Call, result: Any) -> Any:
-            give_back(call)
-            return result
-
-        def passing(call: Call, exc: BaseException) -> None:
-            give_back(call)
-
-        return Hooks(before=enter, undo=give_back, after=consumed, on_raise=passing)
+            return self._latest(policy.merge_from, policy.read_key, value_of)
+        return self._list(method, value_of)
 
     def _latest_answered(
         self, write: str, key_of: ArgGetter, value_of: ArgGetter
     ) -> Callable[[Call, Any], Any]:
         """What a single-value read answers once the backend answered it: a write of the key held
         meanwhile is newer than the backend's answer and is answered instead; the answer is kept
-        for stale-if-error (the chain and the compiled path alike)."""
+        for stale-if-error."""
         lookups, cache = self._ports.lookups, self._cache
         waiting = _waiting(lookups)
 
@@ -222,8 +134,7 @@ class StaleReadLayer:
 
     def _list_answered(self, method: MethodSetup, value_of: ArgGetter) -> Callable[[Call, Any], Any]:
         """What a list read answers once the backend answered it: the writes of its scope held
-        meanwhile merged in; the answer is kept for stale-if-error (the chain and the compiled
-        path alike)."""
+        meanwhile merged in; the answer is kept for stale-if-error."""
         lookups, cache = self._ports.lookups, self._cache
         policy = method.policy
         write, scope_of, name = policy.merge_from, policy.scope_key, policy.name
@@ -277,24 +188,19 @@ class StaleReadLayer:
 
         return remember
 
-    def _wrap_write(self, inner: Service, method: MethodSetup) -> Service:
-        remember = self._remembering(method)
-        if remember is None:
-            return inner
-
-        async def remembered(call: Call) -> Any:
-            return remember(call, await inner(call))
-
-        return remembered
-
-    def _wrap_take(
-        self, inner: Service, write: str, key_of: ArgGetter | None, value_of: ArgGetter
-    ) -> Service:
+    def _take(self, inner: Service, write: str, key_of: ArgGetter | None, value_of: ArgGetter) -> Step | None:
+        """A consume: registered with the key gate as the newest write of its token (a replay of it
+        in flight finishes first, and none starts until the consume is done). While nothing at all
+        is held, the backend's answer as it is; else a held pause is answered once (see the module
+        docs)."""
         ports = self._ports
         lookups, gate, keeper = ports.lookups, ports.gate, ports.keeper
         if lookups is None or gate is None or keeper is None or key_of is None:
-            return inner
+            return None  # the backend's answer as it is
         next_stamp, ensure_open = ports.next_stamp, ports.lifecycle.ensure_open
+        lifecycle, is_open = ports.lifecycle, ports.lifecycle.is_open
+        slot_of, try_enter = gate.slot, gate.try_enter
+        waiting = lookups.waiting
         replay, answer_held = keeper.replay, self._answer_held_pauses
         # One consume of a held token at a time: per slot, a lock and how many consumes use it.
         turns: dict[Hashable, tuple[asyncio.Lock, list[int]]] = {}
@@ -347,24 +253,44 @@ class StaleReadLayer:
             finally:
                 leave(slot, stamp, turn, True)
 
+        def enter(call: Call) -> Handled | None:
+            if not (lifecycle.opened or is_open()) or waiting.depth:
+                return Handled(consume(call))
+            key = key_of(call.args, call.kwargs)
+            slot = slot_of(write, key) if key is not None else None
+            if slot is not None:
+                stamp = next_stamp()
+                if not try_enter(slot, stamp):
+                    return Handled(consume(call))  # a replay of the key is in flight: it waits
+                call.slot = (slot, stamp)
+            return None
+
+        def give_back(call: Call) -> None:
+            registered = call.slot
+            if registered is not None:
+                call.slot = None
+                gate.leave(*registered)
+
+        def consumed(call: Call, result: Any) -> Any:
+            give_back(call)
+            return result
+
+        def failed(call: Call, exc: BaseException) -> Any:
+            give_back(call)
+            raise exc
+
         async def consume(call: Call) -> Any:
             key = key_of(call.args, call.kwargs)
-            entered = call.entered
-            if entered is not None:
-                # Registered on the compiled success path, whose attempt failed: adopted.
-                call.entered = None
-                slot, stamp = entered
-            else:
-                await ensure_open()
-                slot = gate.slot(write, key) if key is not None else None
-                if slot is None:
-                    return await inner(call)
-                # Registered as the newest write of the key: a replay of it already in flight
-                # finishes first (the write is then in the backend, not held), and none starts
-                # until this is done.
-                stamp = next_stamp()
-                if not gate.try_enter(slot, stamp):
-                    await gate.enter(slot, stamp)
+            await ensure_open()
+            slot = slot_of(write, key) if key is not None else None
+            if slot is None:
+                return await inner(call)
+            # Registered as the newest write of the key: a replay of it already in flight
+            # finishes first (the write is then in the backend, not held), and none starts
+            # until this is done.
+            stamp = next_stamp()
+            if not try_enter(slot, stamp):
+                await gate.enter(slot, stamp)
             turn: tuple[asyncio.Lock, list[int]] | None = None
             holding = handed_over = False
             try:
@@ -421,17 +347,20 @@ class StaleReadLayer:
                 if not handed_over:
                     leave(slot, stamp, turn, holding)
 
-        return consume
+        return Step(enter=enter, ok=consumed, failed=failed)
 
-    def _wrap_latest(
-        self, inner: Service, write: str, key_of: ArgGetter | None, value_of: ArgGetter
-    ) -> Service:
+    def _latest(self, write: str, key_of: ArgGetter | None, value_of: ArgGetter) -> Step | None:
+        """A single-value read: answered over a write of its key held meanwhile, and when the backend
+        fails, from what is held or was last read (stale-if-error)."""
         ports = self._ports
         lookups, cache, ensure_open = ports.lookups, self._cache, ports.lifecycle.ensure_open
-        is_open = ports.lifecycle.is_open
+        lifecycle, is_open = ports.lifecycle, ports.lifecycle.is_open
         if key_of is None:
-            return inner
+            return None
         answered = self._latest_answered(write, key_of, value_of)
+
+        def enter(call: Call) -> Awaitable[None] | None:
+            return None if lifecycle.opened or is_open() else ensure_open()
 
         async def held_value(key: Any) -> tuple[bool, Any]:
             if lookups is None or lookups.is_empty:
@@ -439,42 +368,57 @@ class StaleReadLayer:
             held = await lookups.latest_for_key(write, key)
             return (False, None) if held is None else (True, value_of(*held))
 
-        async def latest(call: Call) -> Any:
-            if not is_open():
-                await ensure_open()
+        def failed(call: Call, exc: BaseException) -> Any:
+            if not isinstance(exc, Exception) or is_programming_error(exc):
+                raise exc  # a bug, not an outage: rejected, never hidden behind a stale value
+            return Deferred(stale(call, exc))
+
+        async def stale(call: Call, exc: Exception) -> Any:
             key = key_of(call.args, call.kwargs)
             cache_key = (write, key) if key is not None and is_hashable(key) else None
-            try:
-                result = await inner(call)
-            except Exception as exc:
-                if is_programming_error(exc):
-                    raise  # a bug, not an outage: rejected, never hidden behind a stale value
-                found, value = await held_value(key)
-                if not found and cache is not None and cache_key is not None and cache_key in cache:
-                    found, value = True, cache.get(cache_key)
-                if not found:
-                    raise
-                call.settle(Outcome.STALE, exc)
-                return value
-            answer = answered(call, result)
-            return await answer.awaitable if type(answer) is Deferred else answer
+            found, value = await held_value(key)
+            if not found and cache is not None and cache_key is not None and cache_key in cache:
+                found, value = True, cache.get(cache_key)
+            if not found:
+                raise exc
+            call.settle(Outcome.STALE, exc)
+            return value
 
-        return latest
+        return Step(enter=enter, ok=answered, failed=failed)
 
-    def _wrap_list(self, inner: Service, method: MethodSetup, value_of: ArgGetter) -> Service:
+    def _list(self, method: MethodSetup, value_of: ArgGetter) -> Step | None:
+        """A list read: the writes of its scope still queued are flushed first; answered with the
+        writes held meanwhile merged in, and when the backend fails, from what is held or was last
+        read (stale-if-error)."""
         ports = self._ports
         lookups, cache, queue = ports.lookups, self._cache, ports.queue
-        ensure_open, is_open = ports.lifecycle.ensure_open, ports.lifecycle.is_open
+        lifecycle = ports.lifecycle
+        ensure_open, is_open = lifecycle.ensure_open, lifecycle.is_open
         policy = method.policy
         write = policy.merge_from
         scope_of = policy.scope_key
         assert write is not None
         if scope_of is None:
-            return inner
+            return None
         write_batched = queue is not None and queue.takes(self._policies.get(write))
+        pending_for_scope = queue.pending_for_scope if queue is not None else None
         merge = _list_merger(policy.merge_id)
         name = policy.name
         answered = self._list_answered(method, value_of)
+
+        def enter(call: Call) -> Awaitable[None] | None:
+            opened = lifecycle.opened or is_open()
+            if write_batched:
+                scope = scope_of(call.args, call.kwargs)
+                if isinstance(scope, str) and pending_for_scope(write, scope):  # type: ignore[misc]
+                    return flushed_first(scope, opened)
+            return None if opened else ensure_open()
+
+        async def flushed_first(scope: str, opened: bool) -> None:
+            if not opened:
+                await ensure_open()
+            assert queue is not None
+            await queue.flush_scope(write, scope)  # what waits for the scope, queued or in flight
 
         def held_values(scope: str) -> list[Any]:
             values: list[Any] = []
@@ -489,32 +433,26 @@ class StaleReadLayer:
         def anything_held() -> bool:
             return lookups is not None and not lookups.is_empty
 
-        async def listed(call: Call) -> Any:
-            if not is_open():
-                await ensure_open()
+        def failed(call: Call, exc: BaseException) -> Any:
+            if not isinstance(exc, Exception) or is_programming_error(exc):
+                raise exc  # a bug, not an outage: rejected, never hidden behind a stale value
             scope = scope_of(call.args, call.kwargs)
             if not isinstance(scope, str):
-                return await inner(call)
-            if write_batched and queue is not None and queue.pending_for_scope(write, scope):
-                await queue.flush_scope(write, scope)  # what waits for the scope, queued or in flight
-            cache_key = _call_key(name, call.args, call.kwargs)
-            try:
-                result = await inner(call)
-            except Exception as exc:
-                if is_programming_error(exc):
-                    raise  # a bug, not an outage: rejected, never hidden behind a stale value
-                held = held_values(scope)
-                if anything_held():
-                    held += await held_in_buffer(scope)
-                cached = cache.get(cache_key) if cache is not None and cache_key is not None else None
-                if cached is None and not held:
-                    raise
-                call.settle(Outcome.STALE, exc)
-                return merge(list(cached or ()), held, call.kwargs)
-            answer = answered(call, result)
-            return await answer.awaitable if type(answer) is Deferred else answer
+                raise exc
+            return Deferred(stale(call, scope, exc))
 
-        return listed
+        async def stale(call: Call, scope: str, exc: Exception) -> Any:
+            cache_key = _call_key(name, call.args, call.kwargs)
+            held = held_values(scope)
+            if anything_held():
+                held += await held_in_buffer(scope)
+            cached = cache.get(cache_key) if cache is not None and cache_key is not None else None
+            if cached is None and not held:
+                raise exc
+            call.settle(Outcome.STALE, exc)
+            return merge(list(cached or ()), held, call.kwargs)
+
+        return Step(enter=enter, ok=answered, failed=failed)
 
 
 def _remember_latest(cache: StaleCache, key: Hashable, answer: Any) -> None:

@@ -6,11 +6,11 @@ import asyncio
 from typing import Any
 
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.compiled import Attempt
-from ..pipeline.watchdog import attempt_timed_out, watchdog_for
+from ..pipeline.steps import Step, StepLayer
+from ..pipeline.watchdog import Watchdog, attempt_timed_out, watchdog_for
 
 
-class TimeoutLayer:
+class TimeoutLayer(StepLayer):
     """Bounds each attempt by ``min(attempt timeout, time left before the deadline)``, the attempt
     timeout counted from the attempt's admission (after any wait in the bulkhead's line).
 
@@ -18,43 +18,53 @@ class TimeoutLayer:
     from the caller still propagates as ``CancelledError``.
     """
 
-    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+    def step(self, method: MethodSetup, inner: Service) -> Step:
         attempt_timeout = method.settings.attempt_timeout
+        label = method.label
         current_task = asyncio.current_task
 
         last: list[Any] = [None, None]
         """The event loop of the last call and its watchdog."""
 
-        async def timed(call: Call) -> Any:
-            if call.preloaded is not None:
-                return await inner(call)  # timed on the compiled success path
-            loop = call.loop
-            task = current_task(loop)
-            assert task is not None
+        def watchdog(loop: asyncio.AbstractEventLoop) -> Watchdog:
             if loop is last[0]:
-                dog = last[1]
-            else:
-                dog = watchdog_for(loop)
-                last[:] = loop, dog
+                dog: Watchdog = last[1]
+                return dog
+            dog = watchdog_for(loop)
+            last[:] = loop, dog
+            return dog
+
+        def arm(call: Call) -> None:
+            loop = call.loop
+            dog = watchdog(loop)
             # An attempt's time starts when it is admitted: the call's start for a first attempt
             # that did not wait in the bulkhead's line (no clock read), now for any other.
             when = (call.started if call.attempts <= 1 and not call.queued else loop.time()) + attempt_timeout
-            dog.arm(call, task, when if when < call.deadline else call.deadline)
-            try:
-                result = await inner(call)
-            except BaseException as exc:
-                # Whatever the store made of the watchdog's cancellation, withdraw it (else the
-                # task's cancellation count stays raised, which breaks the caller's own
-                # asyncio.timeout); unless the caller cancelled too, the attempt timed out.
-                if dog.disarm(call) and task.uncancel() == 0:
-                    raise attempt_timed_out(method.label, exc)  # noqa: B904 (chained as it says)
-                raise
-            if dog.disarm(call) and task.uncancel() == 0:
-                raise attempt_timed_out(method.label, None)
+            if when > call.deadline:
+                when = call.deadline
+            dog.armed[call] = (current_task(loop), when)  # type: ignore[assignment]  # dog.arm(), inline
+            if when < dog.wake_at:
+                dog.wake_by(when)
+
+        def answered(call: Call, result: Any) -> Any:
+            # Whatever the store made of the watchdog's cancellation, withdraw it (else the task's
+            # cancellation count stays raised, which breaks the caller's own asyncio.timeout).
+            if watchdog(call.loop).armed.pop(call, None) is None and _withdrawn(call):
+                raise attempt_timed_out(label, None)
             return result
 
-        return timed
+        def failed(call: Call, exc: BaseException) -> Any:
+            # Unless the caller cancelled too, an attempt the watchdog cancelled timed out.
+            if watchdog(call.loop).disarm(call) and _withdrawn(call):
+                raise attempt_timed_out(label, exc)
+            raise exc
 
-    def attempt_hooks(self, method: MethodSetup) -> Attempt:
-        """The first attempt's bound on the compiled success path (the same as :meth:`wrap`'s)."""
-        return Attempt(attempt_timeout=method.settings.attempt_timeout)
+        return Step(enter=arm, ok=answered, failed=failed)
+
+
+def _withdrawn(call: Call) -> bool:
+    """The watchdog's cancellation of the call's task withdrawn: ``True`` when it was the only one
+    (the caller did not cancel too)."""
+    task = asyncio.current_task(call.loop)
+    assert task is not None
+    return task.uncancel() == 0

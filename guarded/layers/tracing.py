@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Awaitable
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -23,7 +22,7 @@ from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCod
 from ..observability import telemetry_names as names
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import error_type, safe_message
-from ..pipeline.compiled import Hooks
+from ..pipeline.steps import Step, StepLayer
 
 RECHECK_SECONDS = 0.001
 """How long the answer "no span could record" stands before the tracer provider is looked at
@@ -32,7 +31,7 @@ again: a provider set while calls run is used by the calls that begin at most th
 _monotonic = time.monotonic
 
 
-class TracingLayer:
+class TracingLayer(StepLayer):
     """Wraps each call in a span from ``tracer``."""
 
     def __init__(
@@ -65,7 +64,7 @@ class TracingLayer:
             return True
         return False
 
-    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+    def step(self, method: MethodSetup, inner: Service) -> Step:
         tracer = self._tracer
         span_name = method.label
         ids = method.policy.ids
@@ -75,56 +74,47 @@ class TracingLayer:
         }
         if self._db_system_name:
             static_attributes["db.system.name"] = self._db_system_name
-
-        tracing_off = self._tracing_off
-
-        def traced(call: Call) -> Awaitable[Any]:
-            # Not a coroutine itself: with tracing off it hands back the next layer's awaitable,
-            # so the common case costs no frame.
-            if tracing_off():
-                return inner(call)
-            if call.preloaded is not None:
-                # Begun on the compiled success path, which it took because no span could record
-                # then: as on the chain, a call that began without a span never gets one.
-                return inner(call)
-            return spanned(call)
-
-        async def spanned(call: Call) -> Any:
-            span = tracer.start_span(span_name, kind=SpanKind.CLIENT, attributes=static_attributes)
-            if not span.is_recording():
-                return await inner(call)
-            span.set_attributes(ids.extract(call.args, call.kwargs))
-            call.span = span
-            token = otel_context.attach(trace.set_span_in_context(span))
-            try:
-                result = await inner(call)
-            except Exception:  # strict mode: a rejected call raised, its outcome set
-                _finish(span, call)
-                raise
-            except BaseException as exc:
-                span.set_attribute(names.SPAN_ATTR_OUTCOME, "cancelled")
-                span.set_attribute(names.SPAN_ATTR_ATTEMPTS, call.attempts)
-                span.set_attribute("error.type", error_type(exc))
-                raise
-            else:
-                _finish(span, call)
-                return result
-            finally:
-                otel_context.detach(token)
-                span.end()
-
-        return traced
-
-    def hooks(self, method: MethodSetup) -> Hooks:
-        """The success path only while no span could record (a recording span takes the chain)."""
         tracing_off = self._tracing_off
         layer = self
 
-        def off(call: Call) -> bool:
+        def begin(call: Call) -> None:
             # tracing_off()'s usual answer, inlined.
-            return _monotonic() < layer.off_until or tracing_off()
+            if _monotonic() < layer.off_until or tracing_off():
+                return
+            span = tracer.start_span(span_name, kind=SpanKind.CLIENT, attributes=static_attributes)
+            if not span.is_recording():
+                return
+            span.set_attributes(ids.extract(call.args, call.kwargs))
+            call.span = span
+            call.trace_context = otel_context.attach(trace.set_span_in_context(span))
 
-        return Hooks(before=off)
+        def ended(call: Call, result: Any) -> Any:
+            span = call.span
+            if span is not None:
+                _finish(span, call)
+                _end(span, call)
+            return result
+
+        def failed(call: Call, exc: BaseException) -> Any:
+            span = call.span
+            if span is not None:
+                if isinstance(exc, Exception):  # strict mode: a rejected call raised, its outcome set
+                    _finish(span, call)
+                else:
+                    span.set_attribute(names.SPAN_ATTR_OUTCOME, "cancelled")
+                    span.set_attribute(names.SPAN_ATTR_ATTEMPTS, call.attempts)
+                    span.set_attribute("error.type", error_type(exc))
+                _end(span, call)
+            raise exc
+
+        return Step(enter=begin, ok=ended, failed=failed)
+
+
+def _end(span: trace.Span, call: Call) -> None:
+    assert call.trace_context is not None
+    otel_context.detach(call.trace_context)
+    call.trace_context = None
+    span.end()
 
 
 def _finish(span: trace.Span, call: Call) -> None:

@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..outcome import Outcome
 
 if TYPE_CHECKING:
+    from contextvars import Token
+
+    from opentelemetry.context import Context
     from opentelemetry.trace import Span
 
     from ..config import ResolvedMethodConfig
@@ -26,19 +29,19 @@ class Call:
         "args",
         "attempts",
         "deadline",
-        "entered",
         "error",
         "held",
         "kwargs",
         "loop",
         "method",
         "outcome",
-        "preloaded",
         "queued",
         "retries",
+        "slot",
         "span",
         "started",
         "ticket",
+        "trace_context",
     )
 
     def __init__(
@@ -58,8 +61,7 @@ class Call:
         self.deadline = started + method.settings.deadline
         """Event-loop time by which the call must return."""
         self.attempts = 0
-        """Attempts made so far: the retry layer's count (its first attempt, made inline on the
-        compiled success path, sets it to 1 there and back to 0 when it hands the call over)."""
+        """Attempts made so far: the retry layer's count."""
         self.queued = 0.0
         """Seconds the call waited for admission to the backend, every attempt together; written
         only by the bulkhead layer. The guard's own queueing: the breaker leaves it out."""
@@ -70,18 +72,15 @@ class Call:
         self.retries: list[tuple[int, str, float]] | None = None
         """(attempt that failed, error type, backoff in seconds) for each retry."""
         self.span: Span | None = None
-        self.preloaded: BaseException | None = None
-        """The failure of a first attempt made on the compiled success path
-        (:mod:`guarded.pipeline.compiled`): the layered chain that takes the call over raises it as its
-        first attempt instead of calling the backend again."""
+        self.trace_context: Token[Context] | None = None
+        """The OpenTelemetry context the tracing layer attached for the call's span."""
         self.ticket: int | None = None
-        """The breaker's admission taken on the compiled success path, adopted by the breaker layer."""
+        """The breaker's admission of the call (the breaker layer's)."""
         self.held: Any = None
-        """What the dead-letter layer took before the backend call on the compiled success path
-        (its call stamp, key slot and logical-time token), adopted by that layer."""
-        self.entered: Any = None
-        """The key slot and call stamp a consume registered with on the compiled success path,
-        adopted by the stale-read layer."""
+        """The dead-letter layer's hold on a write's key: its call stamp, key slot, logical-time
+        token and key."""
+        self.slot: Any = None
+        """The key slot and call stamp a consume registered with (the stale-read layer's)."""
 
     def settle(self, outcome: Outcome, error: BaseException | None = None) -> None:
         """The call's outcome and, when there is one, the failure behind it: the one writer of
@@ -91,10 +90,10 @@ class Call:
             self.error = error
 
     def answered(self) -> None:
-        """The call has its answer: forget its failure and the preloaded one. Each references
-        the traceback whose frames reference this call; kept, they made a reference cycle per
-        failed call that only the cyclic garbage collector frees."""
-        self.error = self.preloaded = None
+        """The call has its answer: forget its failure. It references the traceback whose frames
+        reference this call; kept, it made a reference cycle per failed call that only the cyclic
+        garbage collector frees."""
+        self.error = None
 
     def note_retry(self, error_type: str, delay: float) -> None:
         if self.retries is None:

@@ -126,20 +126,19 @@ def _by_keyword_beyond(parameter: inspect.Parameter, position: int, arity: int) 
     return parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and position >= arity
 
 
-def call_hook(check: Check) -> Callable[[Call], bool]:
-    """``check`` as a success-path ``before`` hook of a :class:`~guarded.pipeline.call.Call`
-    (``True``, or the check's error), answering the usual call in this one frame."""
+def call_hook(check: Check) -> Callable[[Call], None]:
+    """``check`` of a :class:`~guarded.pipeline.call.Call` (raising the check's error), the usual
+    call's arguments checked inline."""
     usual = _usual_calls.get(check)
     if usual is None:
 
-        def checked(call: Call) -> bool:
+        def checked(call: Call) -> None:
             check(call.args, call.kwargs)
-            return True
 
         return checked
     arity, required, keywords, index, types, full_check = usual
 
-    def checked_usual(call: Call) -> bool:
+    def checked_usual(call: Call) -> None:
         args, kwargs = call.args, call.kwargs
         if (
             len(args) != arity
@@ -147,7 +146,6 @@ def call_hook(check: Check) -> Callable[[Call], bool]:
             or (index is not None and type(args[index]) not in types)
         ):
             full_check(args, kwargs)
-        return True
 
     return checked_usual
 

@@ -111,9 +111,6 @@ def entry_point(
                     unanswered.remember(item, key)
 
     chosen = consume_method if consume else guarded_method if setup.policy.repeat_safe else keyed_method
-    if setup.policy.repeat_safe and not consume:
-        # A compiled service (guarded.pipeline.compiled) starts the call itself: the call runs in one frame.
-        chosen = getattr(service, "entry", guarded_method)
     chosen.__name__ = chosen.__qualname__ = setup.label
     return chosen
 

@@ -1,7 +1,8 @@
-"""Adversarial tests of the compiled success path (:mod:`guarded.pipeline.compiled`): each runs a scenario
-through ``guard()`` compiled and with compilation switched off, and requires that nothing a caller,
-the backend or an operator can observe differs (answers, outcome counts, the buffer, the breaker,
-the bulkhead's permits, the watchdog, the logical-time contextvar)."""
+"""Adversarial tests of the layers run as steps in one coroutine (:mod:`guarded.pipeline.steps`):
+each runs a scenario through ``guard()`` so, and with the same layers nested one coroutine each
+(``tests.support.layers.nested_build``, "the chain"), and requires that nothing a caller, the
+backend or an operator can observe differs (answers, outcome counts, the buffer, the breaker, the
+bulkhead's permits, the watchdog, the logical-time contextvar)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from guarded.guard_core import core_of
 from guarded.layers.breaker import BreakerState
 from guarded.models import StoredEvent
 from guarded.observability.call_stats import call_stats
+from tests.support.layers import nested_build
 
 from .support import no_background_replay
 
@@ -43,7 +45,7 @@ Scenario = Callable[[], Awaitable[Any]]
 def chain_only(compiled: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
     with monkeypatch.context() as patch:
         if not compiled:
-            patch.setattr(guard_module, "compile_method", lambda *args, **kwargs: None)
+            patch.setattr(guard_module, "build", nested_build)
         yield
 
 

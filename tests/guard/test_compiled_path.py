@@ -1,13 +1,13 @@
-"""The compiled success path behaves exactly as the layered chain.
+"""A guarded method's layers run as steps in one coroutine, exactly as the same layers nested.
 
-A guarded method's layers run in one frame while the call succeeds; a failure is handed to the
-layered chain with the first attempt's failure preloaded (:mod:`guarded.pipeline.compiled`). The promise:
-nothing a caller, the backend or an operator can see differs from the chain alone. The
-differential test runs the same random calls and faults through ``guard()`` twice, compiled and
-with compilation switched off, and compares every answer, every outcome counted, every call the
-backend got, and what the store holds at the end. The other tests break the hand-over points one
-by one: a retry after a failed first attempt, a timed-out first attempt, a caller's cancellation,
-a breaker's half-open probe, a held write's logical time, a read while something is held.
+Each layer declares its step once (:mod:`guarded.pipeline.steps`); the guard runs a method's steps
+in one coroutine. The promise: nothing a caller, the backend or an operator can see differs from
+the same layers nested one coroutine each (the "chain", ``tests.support.layers.nested_build``).
+The differential test runs the same random calls and faults through ``guard()`` twice, in one
+coroutine and nested, and compares every answer, every outcome counted, every call the backend
+got, and what the store holds at the end. The other tests break the turns of a call one by one: a
+retry after a failed first attempt, a timed-out first attempt, a caller's cancellation, a breaker's
+half-open probe, a held write's logical time, a read while something is held.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from guarded.guard_core import core_of
 from guarded.models import StoredEvent
 from guarded.observability.call_stats import call_stats
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
+from tests.support.layers import nested_build
 
 from .support import no_background_replay
 
@@ -102,7 +103,7 @@ async def run_sequence(
     task, so the batcher adds no timing of its own)."""
     with monkeypatch.context() as patch:
         if not compiled:
-            patch.setattr(guard_module, "compile_method", lambda *args, **kwargs: None)
+            patch.setattr(guard_module, "build", nested_build)
         backend = InMemoryStateStore()
         faulty = FaultyStore(backend, plan(seed))
         registry = CollectorRegistry()
@@ -153,26 +154,21 @@ def guarded_store(plan_: FaultPlan, **settings: Any) -> tuple[Any, InMemoryState
 
 
 def is_compiled(store: Any, method: str) -> bool:
+    """Whether every layer of ``method`` runs in one coroutine around the backend itself."""
     core = core_of(store)
     assert core is not None
     core.method(method)
-    guarded_method = core.methods[method]
-    if guarded_method.__code__.co_filename.startswith("<guarded compiled"):
-        return True  # the compiled entry itself
-    cells = _cells(guarded_method)
-    return any("compiled" in getattr(cell.cell_contents, "__qualname__", "") for cell in cells)
-
-
-def _cells(function: Any) -> list[Any]:
-    return [cell for cell in function.__closure__ or () if _filled(cell)]
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018
-    except ValueError:
+    service = _closure(core.methods[method])["service"]
+    if service.__qualname__ != "run_steps.<locals>.run":
         return False
-    return True
+    return bool(_closure(service)["inner"].__qualname__.endswith("backend"))
+
+
+def _closure(function: Any) -> dict[str, Any]:
+    return {
+        name: cell.cell_contents
+        for name, cell in zip(function.__code__.co_freevars, function.__closure__ or (), strict=True)
+    }
 
 
 async def test_the_success_path_is_compiled_for_reads_and_keyed_writes() -> None:

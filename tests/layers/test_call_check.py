@@ -1,5 +1,5 @@
-"""The call-check layer alone: a call that does not bind to the store's signature is refused as it
-is made, before the inner service."""
+"""The call-check layer alone: a call that does not bind to the store's signature is refused
+before the inner service."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ async def test_call_check_refuses_a_wrong_call_before_the_inner_service() -> Non
     setup = method_setup("save_memory_state")
     service = CallCheckLayer(InMemoryStateStore()).wrap(inner, setup)
     with pytest.raises(CallerError, match="missing a required argument: 'state'"):
-        service(new_call(setup, "k"))  # raised as the call is made: no frame of its own
+        await service(new_call(setup, "k"))
     assert inner.calls == []
     assert await service(new_call(setup, "k", {"v": 1})) is None
     inner.assert_done()

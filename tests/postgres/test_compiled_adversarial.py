@@ -1,7 +1,7 @@
-"""The compiled success path against real PostgreSQL: a read that took the success path while a
+"""The layers run as steps in one coroutine, against real PostgreSQL: a read that succeeded while a
 write of its key was held during the backend's answer, then an outage after the replay, must
-answer as the layered chain alone does (never older over newer). Run compiled and with
-compilation switched off (``guarded.guard.compile_method`` patched to ``None``)."""
+answer as the same layers nested one coroutine each do (never older over newer). Run both ways
+(``guarded.guard_core.build`` patched to ``tests.support.layers.nested_build``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from guarded.backend import LOGICAL_TIMES
 from guarded.backends.postgres import PostgresStateStore
 from guarded.guard import controller, guard
 from guarded.observability.call_stats import call_stats
+from tests.support.layers import nested_build
 
 pytestmark = pytest.mark.asyncio
 
@@ -91,7 +92,7 @@ async def test_a_read_racing_a_held_write_then_an_outage_answers_as_the_chain(
     pg_dsn: str, schema_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with monkeypatch.context() as patch:
-        patch.setattr(guard_module, "compile_method", lambda *args, **kwargs: None)
+        patch.setattr(guard_module, "build", nested_build)
         chain = await scenario(pg_dsn, schema_name + "c", tmp_path / "chain.sqlite")
     compiled = await scenario(pg_dsn, schema_name + "p", tmp_path / "compiled.sqlite")
     assert chain[2] == {"version": 2}, chain

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from guarded.config import Ack, BatchConfig, GuardConfig, RetryConfig, TimeoutConfig
-from guarded.pipeline.call import Call, MethodSetup
+from guarded.pipeline.call import Call, MethodSetup, Service
 from guarded.policy_table import PolicyTable
 
 
@@ -40,3 +41,14 @@ def new_call(setup: MethodSetup, *args: Any, **kwargs: Any) -> Call:
     """A call of ``setup``'s method starting now on the running loop."""
     loop = asyncio.get_running_loop()
     return Call(setup, args, kwargs, loop, loop.time())
+
+
+def nested_build(
+    layers: Sequence[Any], method: MethodSetup, backend: Service, *, answers: bool = False
+) -> Service:
+    """The layers of a method nested one coroutine each (each wrapped around the next, as tower
+    composes layers): the reference the guard's one coroutine of steps must answer alike."""
+    service = backend
+    for layer in reversed(layers):
+        service = layer.wrap(service, method)
+    return service

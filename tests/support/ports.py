@@ -103,10 +103,18 @@ class FakeBuffer:
         self.replayed.append((method, args, kwargs))
 
     async def supersede(self, method: str, key: Any, stamp: int, logical_time: int | None = None) -> int:
+        if self.note_superseding((method, key), stamp, logical_time) is None:
+            return 0
+        return await self.drop_superseded((method, key), stamp)
+
+    def note_superseding(self, slot: Any, stamp: int, logical_time: int | None = None) -> Any:
+        """``slot`` is the fake gate's ``(method, key)``."""
+        method, key = slot
         self.superseded.append((method, key, stamp))
-        older = [
-            held for held in self.held if (held.method, held.key) == (method, key) and held.stamp < stamp
-        ]
+        return slot if any((held.method, held.key) == slot for held in self.held) else None
+
+    async def drop_superseded(self, slot: Any, stamp: int) -> int:
+        older = [held for held in self.held if (held.method, held.key) == slot and held.stamp < stamp]
         self.held = [held for held in self.held if held not in older]
         return len(older)
 

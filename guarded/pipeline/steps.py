@@ -1,0 +1,195 @@
+"""Layers as steps, and the one coroutine that runs a method's steps.
+
+A layer of the guard declares, for each method, a :class:`Step`: what it does before the layers
+inside it run (``enter``), with what they answered (``ok``), with what they raised (``failed``), or
+that it answers the call in their place (``run``). :func:`build` runs the steps of consecutive
+layers in one coroutine, so the usual call costs one frame however many layers stand around the
+backend; each layer's logic exists once, in its step. A layer that is no step (your own, with only
+``wrap(inner, method)``) nests as tower's layers do: the steps inside it are its ``inner``.
+
+A step sees a call exactly as a ``wrap`` written around ``inner`` would: ``enter`` before ``await
+inner(call)``, ``ok`` with its result, ``failed`` in its ``except BaseException``. A failure of
+``enter`` is met by the layers outside it only; a failure of ``ok`` or of ``failed`` goes on outward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .call import Call, Layer, MethodSetup, Service
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One layer's part in one method's calls (see the module docs)."""
+
+    enter: Callable[[Call], Any] | None = None
+    """Before the layers inside: returns ``None`` to go on, an awaitable to wait for first (then go
+    on), or :class:`Handled` when the layer answers this call itself; raises to fail the call here."""
+    ok: Callable[[Call, Any], Any] | None = None
+    """The layers inside answered ``result``: returns this layer's answer (a :class:`Deferred` when
+    it must wait for it)."""
+    failed: Callable[[Call, BaseException], Any] | None = None
+    """The layers inside raised: raises (the same or another) to pass it on, or returns this layer's
+    answer (a :class:`Deferred` when it must wait for it)."""
+    run: Service | None = None
+    """The layer ends the call itself and never calls the layers inside it (the batching layer hands
+    a write to the batcher); ``ok`` and ``failed`` then see what ``run`` answered or raised."""
+
+
+class Deferred:
+    """What ``ok`` or ``failed`` returns when it must wait: the awaitable of its answer (a hook that
+    rarely waits need not be a coroutine for every call)."""
+
+    __slots__ = ("awaitable",)
+
+    def __init__(self, awaitable: Awaitable[Any]) -> None:
+        self.awaitable = awaitable
+
+
+class Handled:
+    """What ``enter`` returns when the layer answers the call itself (its slow path): the awaitable
+    of the layer's answer, which calls the layers inside it (the ``inner`` its step was built with)
+    as it needs. The layer's ``ok`` and ``failed`` are not called for this call."""
+
+    __slots__ = ("awaitable",)
+
+    def __init__(self, awaitable: Awaitable[Any]) -> None:
+        self.awaitable = awaitable
+
+
+class StepLayer:
+    """A layer declared as steps. ``wrap`` is what the steps make of one layer alone, so a step
+    layer is used (and tested) like any other layer."""
+
+    def step(self, method: MethodSetup, inner: Service) -> Step | None:
+        """This layer's step for ``method`` (``None``: it leaves the method alone). ``inner`` runs
+        the layers inside this one, for a layer that calls them again (retry) or itself."""
+        raise NotImplementedError
+
+    def wrap(self, inner: Service, method: MethodSetup) -> Service:
+        return build([self], method, inner)
+
+
+def build(
+    layers: Sequence[Layer], method: MethodSetup, backend: Service, *, answers: bool = False
+) -> Service:
+    """The service running ``layers`` (outermost first) around ``backend`` for ``method``: the
+    steps of consecutive step layers in one coroutine, any other layer wrapped around them.
+    ``answers``: the service gives the caller its answer (:meth:`Call.answered` once it has it)."""
+    service = backend
+    steps: list[Step] = []
+    """The steps gathered so far, innermost last, around ``service``."""
+    for layer in reversed(layers):
+        declare = getattr(layer, "step", None)
+        if declare is None:
+            service = layer.wrap(run_steps(steps, service), method)
+            steps = []
+            continue
+        step = declare(method, run_steps(steps, service) if steps else service)
+        if step is None:
+            continue
+        if step.run is not None:
+            # The layers inside never see this method's calls.
+            service, steps = step.run, [Step(enter=step.enter, ok=step.ok, failed=step.failed)]
+        else:
+            steps.insert(0, step)
+    return run_steps(steps, service, answers=answers)
+
+
+def run_steps(steps: Sequence[Step], inner: Service, *, answers: bool = False) -> Service:
+    """One coroutine running ``steps`` (outermost first) around ``inner``; with ``answers``, a
+    failed call's failure is forgotten once it has its answer (:meth:`Call.answered`)."""
+    if not steps:
+        return inner
+    steps = tuple(steps)
+    count = len(steps)
+    enters = tuple(step.enter for step in steps if step.enter is not None)
+    entered_at = (*(index for index, step in enumerate(steps) if step.enter is not None), count)
+    """How many steps a call has entered when the enter at that position fails (the last: all)."""
+    oks = tuple((index, step.ok) for index, step in reversed(tuple(enumerate(steps))) if step.ok is not None)
+
+    async def unwind(call: Call, failure: BaseException | None, result: Any, below: int) -> Any:
+        """The steps ``[0, below)``, innermost first, see ``failure`` (or ``result``)."""
+        for index in range(below - 1, -1, -1):
+            step = steps[index]
+            handler: Callable[[Call, Any], Any] | None
+            if failure is not None:
+                handler = step.failed
+                if handler is None:
+                    continue
+                given: Any = failure
+            else:
+                handler = step.ok
+                if handler is None:
+                    continue
+                given = result
+            passed_through = given.__traceback__ if failure is not None else None
+            try:
+                result = handler(call, given)
+                if type(result) is Deferred:
+                    result = await result.awaitable
+            except BaseException as again:
+                if again is given:
+                    # Passed on as it came: without the frames that held it (each references it,
+                    # and would keep it and the call in a reference cycle).
+                    again.__traceback__ = passed_through
+                failure, result = again, None
+            else:
+                failure = None
+            given = passed_through = None
+        if failure is not None:
+            try:
+                raise failure
+            finally:
+                failure = None  # no reference cycle through this frame
+        return result
+
+    async def run(call: Call) -> Any:
+        entered = 0
+        handled = False
+        try:
+            for enter in enters:
+                waiting = enter(call)
+                if waiting is not None:
+                    if type(waiting) is Handled:
+                        handled = True
+                        result = await waiting.awaitable
+                        break
+                    await waiting
+                entered += 1
+            else:
+                result = await inner(call)
+        except BaseException as exc:
+            try:
+                return await unwind(call, exc, None, entered_at[entered])
+            finally:
+                if answers:
+                    call.answered()
+        if handled:
+            return await unwind(call, None, result, entered_at[entered])
+        for index, ok in oks:
+            try:
+                result = ok(call, result)
+                if type(result) is Deferred:
+                    result = await result.awaitable
+            except BaseException as exc:
+                try:
+                    return await unwind(call, exc, None, index)
+                finally:
+                    if answers:
+                        call.answered()
+        return result
+
+    return run
+
+
+async def raising(failure: BaseException) -> Any:
+    """An awaitable that raises ``failure`` when awaited (a failure met before a call started,
+    answered where the call's own failures are)."""
+    raise failure
+
+
+__all__ = ["Deferred", "Handled", "Step", "StepLayer", "build", "raising", "run_steps"]
