@@ -48,6 +48,7 @@ from .pipeline.loops import FORWARD_GRACE, LoopHome
 from .pipeline.proxy import CallShape, build_proxy_class, call_shape, public_names
 from .pipeline.steps import build, raising
 from .pipeline.unanswered import DEFAULT_GRACE, UnansweredConsumes
+from .policy import Kind
 from .policy_table import PolicyTable
 
 logger = logging.getLogger("guarded")
@@ -308,7 +309,8 @@ class GuardCore:
         as a call that failed with ``failure`` ends: counted and logged by the metrics and fallback
         layers, its fallback returned, or ``failure`` raised in strict mode when it is a refusal
         (:meth:`guarded.pipeline.loops.LoopHome.on_unanswered`)."""
-        return build(self._answering, call.method, lambda call: raising(failure), answers=True)(call)
+        service: Service = build(self._answering, call.method, lambda call: raising(failure), answers=True)
+        return service(call)
 
     def _backend_layers(self) -> list[Layer]:
         """Circuit breaker, retry, bulkhead and timeout: what stands between every call (the
@@ -342,7 +344,11 @@ class GuardCore:
             honours_idempotency_key=self.honours_idempotency_key and policy.alias_of is None,
         )
 
-    def _compose(self, method: str, setup: MethodSetup, layers: Sequence[Layer]) -> Service:
+    def _compose(
+        self, method: str, setup: MethodSetup, layers: Sequence[Layer], *, home: LoopHome | None = None
+    ) -> Any:
+        """The service of ``method``'s calls through ``layers``; with ``home``, the method the caller
+        calls, which starts each call itself (:func:`guarded.pipeline.steps.build`)."""
         target = self.target
         service: Service
         if _defined_async_on_class(target, method):
@@ -364,13 +370,15 @@ class GuardCore:
                 return result
 
             service = dynamic_backend
-        return build(layers, setup, service, answers=True)
+        return build(layers, setup, service, answers=True, home=home)
 
     def build_method(self, method: str) -> Callable[..., Any]:
         """The guarded coroutine function for ``target.method``."""
         setup = self._setup(method)
         self.setups[method] = setup
-        service = self._compose(method, setup, self.layers)
+        policy = setup.policy
+        starts_calls = policy.repeat_safe and policy.kind is not Kind.CONSUME
+        service = self._compose(method, setup, self.layers, home=self.home if starts_calls else None)
         return entry_point(service, setup, self._key_prefix, self._key_counter, self.unanswered, self.home)
 
     def guards(self, name: str, shape: CallShape) -> bool:

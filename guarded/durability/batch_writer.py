@@ -24,8 +24,8 @@ from ..errors import InvalidPayloadError, WriteNotKeptError
 from ..observability.failure_log import OperationalErrors
 from ..outcome import Outcome
 from ..pipeline.classify import error_type, is_programming_error, no_wait_fixes
-from ..pipeline.steps import raising
 from ..pipeline.idempotency import WRITE_KEY_ARGUMENT, item_keys
+from ..pipeline.steps import raising
 from ..policy_table import PolicyTable
 from ..protocol import LEGACY_NAMES
 from .batching import PendingWrite

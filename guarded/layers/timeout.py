@@ -36,7 +36,7 @@ class TimeoutLayer(StepLayer):
 
         def arm(call: Call) -> None:
             loop = call.loop
-            dog = watchdog(loop)
+            dog = last[1] if loop is last[0] else watchdog(loop)
             # An attempt's time starts when it is admitted: the call's start for a first attempt
             # that did not wait in the bulkhead's line (no clock read), now for any other.
             when = (call.started if call.attempts <= 1 and not call.queued else loop.time()) + attempt_timeout
@@ -49,7 +49,9 @@ class TimeoutLayer(StepLayer):
         def answered(call: Call, result: Any) -> Any:
             # Whatever the store made of the watchdog's cancellation, withdraw it (else the task's
             # cancellation count stays raised, which breaks the caller's own asyncio.timeout).
-            if watchdog(call.loop).armed.pop(call, None) is None and _withdrawn(call):
+            loop = call.loop
+            dog = last[1] if loop is last[0] else watchdog(loop)
+            if dog.armed.pop(call, None) is None and _withdrawn(call):
                 raise attempt_timed_out(label, None)
             return result
 

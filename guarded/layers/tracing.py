@@ -22,7 +22,7 @@ from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCod
 from ..observability import telemetry_names as names
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import error_type, safe_message
-from ..pipeline.steps import Step, StepLayer
+from ..pipeline.steps import Handled, Step, StepLayer
 
 RECHECK_SECONDS = 0.001
 """How long the answer "no span could record" stands before the tracer provider is looked at
@@ -77,44 +77,37 @@ class TracingLayer(StepLayer):
         tracing_off = self._tracing_off
         layer = self
 
-        def begin(call: Call) -> None:
-            # tracing_off()'s usual answer, inlined.
+        def begin(call: Call) -> Handled | None:
+            # tracing_off()'s usual answer, inlined: no span could record, nothing to do.
             if _monotonic() < layer.off_until or tracing_off():
-                return
+                return None
+            return Handled(spanned(call))
+
+        async def spanned(call: Call) -> Any:
             span = tracer.start_span(span_name, kind=SpanKind.CLIENT, attributes=static_attributes)
             if not span.is_recording():
-                return
+                return await inner(call)
             span.set_attributes(ids.extract(call.args, call.kwargs))
             call.span = span
-            call.trace_context = otel_context.attach(trace.set_span_in_context(span))
-
-        def ended(call: Call, result: Any) -> Any:
-            span = call.span
-            if span is not None:
+            token = otel_context.attach(trace.set_span_in_context(span))
+            try:
+                result = await inner(call)
+            except Exception:  # strict mode: a rejected call raised, its outcome set
                 _finish(span, call)
-                _end(span, call)
-            return result
+                raise
+            except BaseException as exc:
+                span.set_attribute(names.SPAN_ATTR_OUTCOME, "cancelled")
+                span.set_attribute(names.SPAN_ATTR_ATTEMPTS, call.attempts)
+                span.set_attribute("error.type", error_type(exc))
+                raise
+            else:
+                _finish(span, call)
+                return result
+            finally:
+                otel_context.detach(token)
+                span.end()
 
-        def failed(call: Call, exc: BaseException) -> Any:
-            span = call.span
-            if span is not None:
-                if isinstance(exc, Exception):  # strict mode: a rejected call raised, its outcome set
-                    _finish(span, call)
-                else:
-                    span.set_attribute(names.SPAN_ATTR_OUTCOME, "cancelled")
-                    span.set_attribute(names.SPAN_ATTR_ATTEMPTS, call.attempts)
-                    span.set_attribute("error.type", error_type(exc))
-                _end(span, call)
-            raise exc
-
-        return Step(enter=begin, ok=ended, failed=failed)
-
-
-def _end(span: trace.Span, call: Call) -> None:
-    assert call.trace_context is not None
-    otel_context.detach(call.trace_context)
-    call.trace_context = None
-    span.end()
+        return Step(enter=begin)
 
 
 def _finish(span: trace.Span, call: Call) -> None:

@@ -10,9 +10,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..outcome import Outcome
 
 if TYPE_CHECKING:
-    from contextvars import Token
-
-    from opentelemetry.context import Context
     from opentelemetry.trace import Span
 
     from ..config import ResolvedMethodConfig
@@ -41,7 +38,6 @@ class Call:
         "span",
         "started",
         "ticket",
-        "trace_context",
     )
 
     def __init__(
@@ -72,8 +68,6 @@ class Call:
         self.retries: list[tuple[int, str, float]] | None = None
         """(attempt that failed, error type, backoff in seconds) for each retry."""
         self.span: Span | None = None
-        self.trace_context: Token[Context] | None = None
-        """The OpenTelemetry context the tracing layer attached for the call's span."""
         self.ticket: int | None = None
         """The breaker's admission of the call (the breaker layer's)."""
         self.held: Any = None

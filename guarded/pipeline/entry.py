@@ -1,6 +1,7 @@
 """The entry of a guarded method: what the caller calls, and the idempotency key of its call.
 
-A repeat-safe method's entry only starts the :class:`~guarded.pipeline.call.Call`. A method not safe to
+A repeat-safe method's service starts its own :class:`~guarded.pipeline.call.Call`
+(:func:`guarded.pipeline.steps.build` with a home loop). A method not safe to
 repeat blindly draws one idempotency key for every attempt of the call
 (:data:`guarded.backend.IDEMPOTENCY_KEY`). A consume (``load_planner_state``) keeps the
 caller's own key when it set one (its retry of the call), and claims the keys of earlier consumes
@@ -37,7 +38,8 @@ def entry_point(
     home: LoopHome,
 ) -> Callable[..., Any]:
     """What the caller calls for ``setup``'s method: a call made on another event loop than
-    ``home``'s runs on that loop (:mod:`.loops`)."""
+    ``home``'s runs on that loop (:mod:`.loops`). The service of a repeat-safe method that is no
+    consume starts its calls itself: it is the method."""
     get_loop = asyncio.get_running_loop
     elsewhere = home.elsewhere
     get_key, set_key, reset_key = IDEMPOTENCY_KEY.get, IDEMPOTENCY_KEY.set, IDEMPOTENCY_KEY.reset
@@ -48,12 +50,6 @@ def entry_point(
     )
     consume = setup.policy.kind is Kind.CONSUME
     item_of = setup.policy.read_key if consume and unanswered is not None else None
-
-    async def guarded_method(*args: Any, **kwargs: Any) -> Any:
-        loop = get_loop()
-        if loop is not home.loop:
-            return await elsewhere(guarded_method, setup, args, kwargs)
-        return await service(Call(setup, args, kwargs, loop, loop.time()))
 
     async def keyed_method(*args: Any, **kwargs: Any) -> Any:
         # Not safe to repeat blindly: one drawn key for every attempt of this call.
@@ -110,7 +106,7 @@ def entry_point(
                 if own is None and outcome in _MAYBE_COMMITTED:
                     unanswered.remember(item, key)
 
-    chosen = consume_method if consume else guarded_method if setup.policy.repeat_safe else keyed_method
+    chosen = consume_method if consume else service if setup.policy.repeat_safe else keyed_method
     chosen.__name__ = chosen.__qualname__ = setup.label
     return chosen
 

@@ -14,11 +14,13 @@ inner(call)``, ``ok`` with its result, ``failed`` in its ``except BaseException`
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .call import Call, Layer, MethodSetup, Service
+from .loops import LoopHome
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,15 +72,23 @@ class StepLayer:
         raise NotImplementedError
 
     def wrap(self, inner: Service, method: MethodSetup) -> Service:
-        return build([self], method, inner)
+        service: Service = build([self], method, inner)
+        return service
 
 
 def build(
-    layers: Sequence[Layer], method: MethodSetup, backend: Service, *, answers: bool = False
-) -> Service:
+    layers: Sequence[Layer],
+    method: MethodSetup,
+    backend: Service,
+    *,
+    answers: bool = False,
+    home: LoopHome | None = None,
+) -> Any:
     """The service running ``layers`` (outermost first) around ``backend`` for ``method``: the
     steps of consecutive step layers in one coroutine, any other layer wrapped around them.
-    ``answers``: the service gives the caller its answer (:meth:`Call.answered` once it has it)."""
+    ``answers``: the service gives the caller its answer (:meth:`Call.answered` once it has it).
+    With ``home``, what is returned is the method the caller calls (its arguments, not a call):
+    it starts the call itself, on ``home``'s loop."""
     service = backend
     steps: list[Step] = []
     """The steps gathered so far, innermost last, around ``service``."""
@@ -96,19 +106,30 @@ def build(
             service, steps = step.run, [Step(enter=step.enter, ok=step.ok, failed=step.failed)]
         else:
             steps.insert(0, step)
+    if home is not None:
+        return run_steps(steps, service, answers=answers, entry=(method, home))
     return run_steps(steps, service, answers=answers)
 
 
-def run_steps(steps: Sequence[Step], inner: Service, *, answers: bool = False) -> Service:
+def run_steps(
+    steps: Sequence[Step],
+    inner: Service,
+    *,
+    answers: bool = False,
+    entry: tuple[MethodSetup, LoopHome] | None = None,
+) -> Any:
     """One coroutine running ``steps`` (outermost first) around ``inner``; with ``answers``, a
-    failed call's failure is forgotten once it has its answer (:meth:`Call.answered`)."""
-    if not steps:
+    failed call's failure is forgotten once it has its answer (:meth:`Call.answered`). With
+    ``entry``, the coroutine is called with the method's arguments and starts the call itself
+    (the usual call then runs in this one frame); a call made on another event loop than the
+    home's runs on the home's (:mod:`.loops`)."""
+    if not steps and entry is None:
         return inner
     steps = tuple(steps)
     count = len(steps)
     enters = tuple(step.enter for step in steps if step.enter is not None)
-    entered_at = (*(index for index, step in enumerate(steps) if step.enter is not None), count)
-    """How many steps a call has entered when the enter at that position fails (the last: all)."""
+    entered_at = tuple(index for index, step in enumerate(steps) if step.enter is not None)
+    """How many steps a call has entered when the enter at that position fails."""
     oks = tuple((index, step.ok) for index, step in reversed(tuple(enumerate(steps))) if step.ok is not None)
 
     async def unwind(call: Call, failure: BaseException | None, result: Any, below: int) -> Any:
@@ -129,7 +150,7 @@ def run_steps(steps: Sequence[Step], inner: Service, *, answers: bool = False) -
             passed_through = given.__traceback__ if failure is not None else None
             try:
                 result = handler(call, given)
-                if type(result) is Deferred:
+                if result.__class__ is Deferred:
                     result = await result.awaitable
             except BaseException as again:
                 if again is given:
@@ -147,33 +168,46 @@ def run_steps(steps: Sequence[Step], inner: Service, *, answers: bool = False) -
                 failure = None  # no reference cycle through this frame
         return result
 
-    async def run(call: Call) -> Any:
-        entered = 0
+    setup, home = entry if entry is not None else (None, None)
+    elsewhere = home.elsewhere if home is not None else None
+    get_loop = asyncio.get_running_loop
+
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        if setup is None:
+            call: Call = args[0]
+        else:
+            loop = get_loop()
+            if loop is not home.loop:  # type: ignore[union-attr]
+                return await elsewhere(run, setup, args, kwargs)  # type: ignore[misc]
+            call = Call(setup, args, kwargs, loop, loop.time())
+        enter = None
         handled = False
         try:
             for enter in enters:
                 waiting = enter(call)
                 if waiting is not None:
-                    if type(waiting) is Handled:
+                    if waiting.__class__ is Handled:
                         handled = True
                         result = await waiting.awaitable
                         break
                     await waiting
-                entered += 1
             else:
+                enter = None
                 result = await inner(call)
         except BaseException as exc:
             try:
-                return await unwind(call, exc, None, entered_at[entered])
+                return await unwind(
+                    call, exc, None, count if enter is None else entered_at[enters.index(enter)]
+                )
             finally:
                 if answers:
                     call.answered()
         if handled:
-            return await unwind(call, None, result, entered_at[entered])
+            return await unwind(call, None, result, entered_at[enters.index(enter)])
         for index, ok in oks:
             try:
                 result = ok(call, result)
-                if type(result) is Deferred:
+                if result.__class__ is Deferred:
                     result = await result.awaitable
             except BaseException as exc:
                 try:
