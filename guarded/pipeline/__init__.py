@@ -1,2 +1,2 @@
-"""The call pipeline: how one store method call runs (entry, compiled layers, classification of
+"""The call pipeline: how one store method call runs (entry, the steps of the layers, classification of
 failures, watchdog, idempotency, strict mode)."""
