@@ -66,7 +66,7 @@ class TimeoutLayer(StepLayer):
 
 def _withdrawn(call: Call) -> bool:
     """The watchdog's cancellation of the call's task withdrawn: ``True`` when it was the only one
-    (the caller did not cancel too)."""
+    (the caller did not cancel too). ``False`` without a task: a call of a closed loop being
+    collected as garbage."""
     task = asyncio.current_task(call.loop)
-    assert task is not None
-    return task.uncancel() == 0
+    return task is not None and task.uncancel() == 0
