@@ -108,7 +108,7 @@ class DeadLetterLayer(StepLayer):
             if slot is None:  # nothing of the key held: the usual case, no coroutine
                 give_back(call)
                 return result
-            return Deferred(dropped(call, slot, stamp, result))
+            raise Deferred(dropped(call, slot, stamp, result))
 
         async def dropped(call: Call, slot: Any, stamp: int, result: Any) -> Any:
             try:
@@ -124,7 +124,7 @@ class DeadLetterLayer(StepLayer):
             if isinstance(exc, WriteSupersededError):
                 give_back(call)
                 raise exc  # the backend refused it as older: outcome refused, nothing to replay
-            return Deferred(kept(call, exc))
+            raise Deferred(kept(call, exc))
 
         async def kept(call: Call, exc: BaseException) -> Any:
             stamp, _, _, key = call.held

@@ -57,7 +57,7 @@ class RetryLayer(StepLayer):
         def failed(call: Call, exc: BaseException) -> Any:
             if not may_repeat(exc):
                 raise exc
-            return Deferred(retried(call, exc))
+            raise Deferred(retried(call, exc))
 
         async def retried(call: Call, first_error: BaseException) -> Any:
             loop = asyncio.get_running_loop()

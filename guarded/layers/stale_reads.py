@@ -114,7 +114,7 @@ class StaleReadLayer(StepLayer):
         def answered(call: Call, result: Any) -> Any:
             key = key_of(call.args, call.kwargs)
             if waiting.depth:
-                return Deferred(answered_over_held(key, result))
+                raise Deferred(answered_over_held(key, result))
             remember(key, result)
             return result
 
@@ -149,7 +149,7 @@ class StaleReadLayer(StepLayer):
             if not isinstance(scope, str):
                 return result
             if waiting.depth:
-                return Deferred(merged_with_held(call, scope, result))
+                raise Deferred(merged_with_held(call, scope, result))
             remember(call, result)
             return result
 
@@ -371,7 +371,7 @@ class StaleReadLayer(StepLayer):
         def failed(call: Call, exc: BaseException) -> Any:
             if not isinstance(exc, Exception) or is_programming_error(exc):
                 raise exc  # a bug, not an outage: rejected, never hidden behind a stale value
-            return Deferred(stale(call, exc))
+            raise Deferred(stale(call, exc))
 
         async def stale(call: Call, exc: Exception) -> Any:
             key = key_of(call.args, call.kwargs)
@@ -439,7 +439,7 @@ class StaleReadLayer(StepLayer):
             scope = scope_of(call.args, call.kwargs)
             if not isinstance(scope, str):
                 raise exc
-            return Deferred(stale(call, scope, exc))
+            raise Deferred(stale(call, scope, exc))
 
         async def stale(call: Call, scope: str, exc: Exception) -> Any:
             cache_key = _call_key(name, call.args, call.kwargs)

@@ -31,23 +31,24 @@ class Step:
     """Before the layers inside: returns ``None`` to go on, an awaitable to wait for first (then go
     on), or :class:`Handled` when the layer answers this call itself; raises to fail the call here."""
     ok: Callable[[Call, Any], Any] | None = None
-    """The layers inside answered ``result``: returns this layer's answer (a :class:`Deferred` when
-    it must wait for it)."""
+    """The layers inside answered ``result``: returns this layer's answer (raises :class:`Deferred`
+    when it must wait for it)."""
     failed: Callable[[Call, BaseException], Any] | None = None
     """The layers inside raised: raises (the same or another) to pass it on, or returns this layer's
-    answer (a :class:`Deferred` when it must wait for it)."""
+    answer (raises :class:`Deferred` when it must wait for it)."""
     run: Service | None = None
     """The layer ends the call itself and never calls the layers inside it (the batching layer hands
     a write to the batcher); ``ok`` and ``failed`` then see what ``run`` answered or raised."""
 
 
-class Deferred:
-    """What ``ok`` or ``failed`` returns when it must wait: the awaitable of its answer (a hook that
-    rarely waits need not be a coroutine for every call)."""
-
-    __slots__ = ("awaitable",)
+class Deferred(BaseException):
+    """What ``ok`` or ``failed`` raises when its answer must be waited for: ``raise
+    Deferred(awaitable)``; what the awaitable returns or raises is the layer's answer. Raised, not
+    returned, so that the usual answer is not checked for it (a hook that rarely waits need not be
+    a coroutine for every call)."""
 
     def __init__(self, awaitable: Awaitable[Any]) -> None:
+        super().__init__()
         self.awaitable = awaitable
 
 
@@ -130,7 +131,9 @@ def run_steps(
     enters = tuple(step.enter for step in steps if step.enter is not None)
     entered_at = tuple(index for index, step in enumerate(steps) if step.enter is not None)
     """How many steps a call has entered when the enter at that position fails."""
-    oks = tuple((index, step.ok) for index, step in reversed(tuple(enumerate(steps))) if step.ok is not None)
+    oks = tuple(step.ok for step in reversed(steps) if step.ok is not None)
+    ok_at = tuple(index for index in reversed(range(count)) if steps[index].ok is not None)
+    """How many steps stand outside the ok at that position."""
 
     async def unwind(call: Call, failure: BaseException | None, result: Any, below: int) -> Any:
         """The steps ``[0, below)``, innermost first, see ``failure`` (or ``result``)."""
@@ -150,23 +153,42 @@ def run_steps(
             passed_through = given.__traceback__ if failure is not None else None
             try:
                 result = handler(call, given)
-                if result.__class__ is Deferred:
-                    result = await result.awaitable
+            except Deferred as deferred:
+                result = _waiting(deferred)
             except BaseException as again:
-                if again is given:
-                    # Passed on as it came: without the frames that held it (each references it,
-                    # and would keep it and the call in a reference cycle).
-                    again.__traceback__ = passed_through
-                failure, result = again, None
-            else:
-                failure = None
-            given = passed_through = None
+                failure, result = _passed_on(again, given, passed_through), None
+                given = passed_through = None
+                continue
+            if result.__class__ is Deferred:
+                try:
+                    result = await result.awaitable
+                except BaseException as again:
+                    failure, result = _passed_on(again, given, passed_through), None
+                    given = passed_through = None
+                    continue
+            failure = given = passed_through = None
         if failure is not None:
             try:
                 raise failure
             finally:
                 failure = None  # no reference cycle through this frame
         return result
+
+    async def finish(call: Call, failure: BaseException | None, result: Any, below: int) -> Any:
+        """:func:`unwind`, then, for the service that answers the caller, the failure forgotten."""
+        try:
+            return await unwind(call, failure, result, below)
+        finally:
+            if answers:
+                call.answered()
+
+    async def resume(call: Call, awaitable: Awaitable[Any], below: int) -> Any:
+        """An ``ok`` deferred its answer to ``awaitable``: the steps outside it see what it gives."""
+        try:
+            result = await awaitable
+        except BaseException as exc:
+            return await finish(call, exc, None, below)
+        return await finish(call, None, result, below)
 
     setup, home = entry if entry is not None else (None, None)
     elsewhere = home.elsewhere if home is not None else None
@@ -195,29 +217,37 @@ def run_steps(
                 enter = None
                 result = await inner(call)
         except BaseException as exc:
-            try:
-                return await unwind(
-                    call, exc, None, count if enter is None else entered_at[enters.index(enter)]
-                )
-            finally:
-                if answers:
-                    call.answered()
+            return await finish(call, exc, None, count if enter is None else entered_at[enters.index(enter)])
         if handled:
-            return await unwind(call, None, result, entered_at[enters.index(enter)])
-        for index, ok in oks:
+            return await finish(call, None, result, entered_at[enters.index(enter)])
+        for ok in oks:
             try:
                 result = ok(call, result)
-                if result.__class__ is Deferred:
-                    result = await result.awaitable
+            except Deferred as deferred:
+                result = _waiting(deferred)
+                break
             except BaseException as exc:
-                try:
-                    return await unwind(call, exc, None, index)
-                finally:
-                    if answers:
-                        call.answered()
-        return result
+                return await finish(call, exc, None, ok_at[oks.index(ok)])
+        else:
+            return result
+        return await resume(call, result.awaitable, ok_at[oks.index(ok)])
 
     return run
+
+
+def _waiting(deferred: Deferred) -> Deferred:
+    """``deferred`` as caught, to be awaited once out of the ``except`` block (what fails then is
+    not chained to it) and without the frames that raised it (they would keep the call)."""
+    deferred.__traceback__ = None
+    return deferred
+
+
+def _passed_on(failure: BaseException, given: Any, passed_through: Any) -> BaseException:
+    """What a handler raised; when it is the failure it was given, passed on as it came: without
+    the frames that held it (each references it, and would keep it and the call in a cycle)."""
+    if failure is given:
+        failure.__traceback__ = passed_through
+    return failure
 
 
 async def raising(failure: BaseException) -> Any:

@@ -158,8 +158,10 @@ def is_compiled(store: Any, method: str) -> bool:
     core = core_of(store)
     assert core is not None
     core.method(method)
-    service = _closure(core.methods[method])["service"]
-    if service.__qualname__ != "run_steps.<locals>.run":
+    service = core.methods[method]
+    if service.__code__.co_qualname != "run_steps.<locals>.run":  # an entry that sets the call's keys first
+        service = _closure(service)["service"]
+    if service.__code__.co_qualname != "run_steps.<locals>.run":
         return False
     return bool(_closure(service)["inner"].__qualname__.endswith("backend"))
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from guarded.config import Ack, BatchConfig, GuardConfig, RetryConfig, TimeoutConfig
 from guarded.pipeline.call import Call, MethodSetup, Service
+from guarded.pipeline.loops import LoopHome
+from guarded.pipeline.steps import run_steps
 from guarded.policy_table import PolicyTable
 
 
@@ -44,11 +46,17 @@ def new_call(setup: MethodSetup, *args: Any, **kwargs: Any) -> Call:
 
 
 def nested_build(
-    layers: Sequence[Any], method: MethodSetup, backend: Service, *, answers: bool = False
-) -> Service:
+    layers: Sequence[Any],
+    method: MethodSetup,
+    backend: Service,
+    *,
+    answers: bool = False,
+    home: LoopHome | None = None,
+) -> Any:
     """The layers of a method nested one coroutine each (each wrapped around the next, as tower
-    composes layers): the reference the guard's one coroutine of steps must answer alike."""
+    composes layers): the reference the guard's one coroutine of steps must answer alike. With
+    ``home``, the method the caller calls (it starts its calls, as ``build``'s)."""
     service = backend
     for layer in reversed(layers):
         service = layer.wrap(service, method)
-    return service
+    return service if home is None else run_steps((), service, entry=(method, home))
