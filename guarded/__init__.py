@@ -70,7 +70,17 @@ __all__ = [
 
 _MOVED: dict[str, str] = {
     **dict.fromkeys(
-        ("Call", "CircuitBreaker", "Fallback", "Kind", "Layer", "MethodPolicy", "MethodSetup", "PolicyTable", "Service"),
+        (
+            "Call",
+            "CircuitBreaker",
+            "Fallback",
+            "Kind",
+            "Layer",
+            "MethodPolicy",
+            "MethodSetup",
+            "PolicyTable",
+            "Service",
+        ),
         "guarded.extension",
     ),
     **dict.fromkeys(
@@ -86,7 +96,8 @@ _MOVED: dict[str, str] = {
         "guarded.telemetry",
     ),
     **dict.fromkeys(
-        ("OtlpConfigError", "OtlpExporterMissingError", "OtlpSetup", "configure_otlp_from_env"), "guarded.otlp"
+        ("OtlpConfigError", "OtlpExporterMissingError", "OtlpSetup", "configure_otlp_from_env"),
+        "guarded.otlp",
     ),
     **dict.fromkeys(("capabilities", "missing_capabilities", "require_capabilities"), "guarded.protocol"),
     **dict.fromkeys(("CapabilityError", "SteeringValidationError"), "guarded.errors"),

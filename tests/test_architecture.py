@@ -110,8 +110,8 @@ BACKEND_IMPORTS_LEFT = frozenset(
         ("backends/postgres/cli.py", "guarded.cli.support"),
         ("backends/postgres/cli_target.py", "guarded.cli.support"),
         # The PostgreSQL pool metrics: the metric-name catalog and the per-registry collector.
-        ("backends/postgres/metrics.py", "guarded.observability"),
-        ("backends/postgres/metrics.py", "guarded.observability.per_registry"),
+        ("backends/postgres/database_metrics.py", "guarded.observability"),
+        ("backends/postgres/database_metrics.py", "guarded.observability.per_registry"),
         # The snapshot store: helpers of the snapshot interface not exported by guarded.snapshots.
         ("backends/postgres/snapshot_content.py", "guarded.snapshots.content"),
         ("backends/postgres/snapshot_content.py", "guarded.snapshots.safe_files"),
@@ -262,7 +262,7 @@ def _cycles(graph: Mapping[str, set[str]]) -> list[frozenset[str]]:
 def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"} - {"e"}}
     assert _cycles(graph) == [frozenset({"a", "b", "c"})]
-    assert "backends.postgres.migrations" in _import_graph()["backends.postgres.lifecycle"]
+    assert "backends.postgres.schema_migrations" in _import_graph()["backends.postgres.lifecycle"]
 
 
 def test_no_new_import_cycle() -> None:
