@@ -21,7 +21,7 @@ every side of a ratio alike.
    * ``unbatched``: ``GuardConfig(batching=BatchConfig(enabled=False))``, the same writers and
      the same number of writes: every call waits for its own ``INSERT``.
    * ``COPY``: the same events encoded exactly as the store encodes them
-     (:func:`~guarded.backends.postgres.events.encode_events`, the rows its bulk ``COPY`` path sends)
+     (:func:`~guarded.backends.postgres.event_log.encode_events`, the rows its bulk ``COPY`` path sends)
      and written with one ``copy_records_to_table``; no callers. Encoding is timed in.
    * ``write-behind``: ``BatchConfig(ack="enqueue")``, the opt-in that acknowledges a write when
      it is queued (docs/durability.md, "Write-behind"): the same writers and events, timed until
@@ -79,7 +79,7 @@ from prometheus_client import CollectorRegistry
 
 from guarded import controller, guard
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
-from guarded.backends.postgres.events import encode_events
+from guarded.backends.postgres.event_log import encode_events
 from guarded.config import BatchConfig, DeadLetterConfig, GuardConfig
 from guarded.models import StoredEvent
 from guarded.testing.postgres import EmbeddedPostgres

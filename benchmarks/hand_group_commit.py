@@ -2,7 +2,7 @@
 
 Every caller awaits its own event until the transaction holding it is committed. Callers queue
 their events; a flush takes everything queued, encodes the rows with the store's own encoder
-(:func:`~guarded.backends.postgres.events.encode_events`), writes them with one ``COPY`` and answers
+(:func:`~guarded.backends.postgres.event_log.encode_events`), writes them with one ``COPY`` and answers
 its callers. As in the guard's default (``BatchConfig``), a further flush starts beside the running
 ones when ``parallel_at`` writes wait, up to ``flushes`` at a time, so the process prepares one
 batch while the database commits another. Each flush keeps its connection between batches (no
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from guarded.backends.postgres.events import encode_events
+from guarded.backends.postgres.event_log import encode_events
 from guarded.config import BatchConfig
 from guarded.models import StoredEvent
 

@@ -6,7 +6,7 @@ indexes and defaults), so the ratio is the price of the store: strict validation
 escape, fingerprints, record objects.
 
 * **bulk insert**: ``save_events`` (batches of 1,000) against ``COPY`` of the same rows built
-  with the store's own encoding (:func:`~guarded.backends.postgres.events.encode_events`, timed
+  with the store's own encoding (:func:`~guarded.backends.postgres.event_log.encode_events`, timed
   in). A second row shows ``COPY`` of rows built in advance (database time only).
 
 Every protocol method one call at a time, through the guard and against raw asyncpg running the
@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from guarded import controller, guard
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
-from guarded.backends.postgres.events import encode_events
+from guarded.backends.postgres.event_log import encode_events
 from guarded.models import StoredEvent
 from guarded.pipeline.idempotency import idempotency_key
 

@@ -1,6 +1,6 @@
 """The Postgres backend dashboard: the asyncpg pool, table growth, cleanup and schema version.
 
-Series come from ``guarded.backends.postgres`` (backends/postgres/metrics.py), labelled by store
+Series come from ``guarded.backends.postgres`` (backends/postgres/database_metrics.py), labelled by store
 and schema (one schema per tenant); table series add the table.
 """
 

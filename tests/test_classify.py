@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 from asyncpg import exceptions as pg
 
-from guarded.backends.postgres.errors import (
+from guarded.backends.postgres.error_classifier import (
     NOT_SENT_SQLSTATES,
     SQLSTATE_CLASS_HANDLING,
     SQLSTATE_HANDLING,

@@ -4,12 +4,12 @@ See ``backends/postgres/README.md`` for configuration, migrations, tenancy, rete
 command line (``guarded pg migrate|status|cleanup``).
 """
 
-from .artifacts import ArtifactLimitError, ArtifactTooLargeError, PostgresArtifactStore
+from .artifact_store import ArtifactLimitError, ArtifactTooLargeError, PostgresArtifactStore
 from .connection import PoolSettings
-from .errors import POSTGRES_ERRORS, PostgresErrors  # first: registers the error classifier
-from .migrations import MigrationError, MigrationStatus, SchemaNotMigratedError, SchemaTooNewError
+from .error_classifier import POSTGRES_ERRORS, PostgresErrors  # first: registers the error classifier
 from .options import RetentionPolicy
 from .retention import CleanupReport
+from .schema_migrations import MigrationError, MigrationStatus, SchemaNotMigratedError, SchemaTooNewError
 from .schema_names import InvalidSchemaNameError, validate_schema_name
 from .snapshots import PostgresSnapshotStore
 from .store import PostgresStateStore, StoreOptions

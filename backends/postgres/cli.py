@@ -49,9 +49,16 @@ from .cli_sql import migration_script, migrations_after
 from .cli_target import Target, connect_failure, is_unreachable, resolve_target
 from .connection import Database
 from .factory import ConfigurationError, FactoryConfig, config_from_env
-from .migrations import MigrationError, MigrationStatus, SchemaTooNewError, latest_version, migrate, status
 from .options import RetentionPolicy
 from .retention import CleanupReport, cleanup
+from .schema_migrations import (
+    MigrationError,
+    MigrationStatus,
+    SchemaTooNewError,
+    latest_version,
+    migrate,
+    status,
+)
 from .schema_names import validate_schema_name
 
 if TYPE_CHECKING:

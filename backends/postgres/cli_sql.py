@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from guarded import __version__
 
-from .migrations import Migration, advisory_lock_key, latest_version, load_migrations
+from .schema_migrations import Migration, advisory_lock_key, latest_version, load_migrations
 from .schema_names import MIGRATIONS_TABLE, quote_ident, validate_schema_name
 
 

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from .metrics import StoreMetrics
+from .database_metrics import StoreMetrics
 from .options import check_options
 
 T = TypeVar("T")

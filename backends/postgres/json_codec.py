@@ -29,7 +29,7 @@ unserialisable objects -- goes through the strict codec :func:`guarded.codec.to_
 which accepts what is storable and refuses the rest with
 :class:`~guarded.errors.InvalidPayloadError` naming the field path, before any I/O.
 
-**Events** (:func:`orjson_ready`, used by :func:`~guarded.backends.postgres.events.encode_event`)
+**Events** (:func:`orjson_ready`, used by :func:`~guarded.backends.postgres.event_log.encode_event`)
 have a faster path still: when the walk also finds every float in ``[1e-4, 1e16)`` (or zero),
 ``orjson`` writes the text, 4 to 8 times faster than the C encoder and byte for byte what it
 writes there: the same escapes (``ensure_ascii=False``: only ``"``, ``\\`` and control

@@ -11,9 +11,9 @@ import time
 
 import asyncpg
 
-from . import migrations as migrations_module
+from . import schema_migrations as migrations_module
 from .connection import Database
-from .metrics import StoreMetrics
+from .database_metrics import StoreMetrics
 from .table_stats import table_stats
 
 logger = logging.getLogger("guarded.backends.postgres")

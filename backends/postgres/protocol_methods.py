@@ -16,11 +16,11 @@ from guarded.errors import WriteSupersededError
 
 from .bindings import encode_binding, encode_binding_key
 from .bulk import encode_items
-from .events import encode_event, encode_events
+from .event_log import encode_event, encode_events
 from .json_codec import check_text, refusing
 from .planner_events import call_keys, encode_planner_event, encode_planner_events
 from .tables import Tables
-from .tasks import encode_task
+from .task_states import encode_task
 
 logger = logging.getLogger("guarded.backends.postgres")
 

@@ -65,9 +65,9 @@ from guarded.snapshots.manifests import listed_record
 from guarded.snapshots.migrations import format_version_of
 from guarded.snapshots.record import checked_id, normalize_tags
 
-from . import migrations as migrations_module
+from . import schema_migrations as migrations_module
 from .connection import Database, PoolSettings, create_pool, pool_settings
-from .errors import POSTGRES_ERRORS
+from .error_classifier import POSTGRES_ERRORS
 from .schema_names import qualified, validate_schema_name
 from .snapshot_content import BlobReader, MigratedContent, PostgresContent, read_section
 from .snapshot_writes import BYTES_PER_ROW, LINES_PER_ROW, SnapshotTaken, write_snapshot

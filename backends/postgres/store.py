@@ -42,12 +42,12 @@ import asyncpg
 
 from guarded.codec import installed_types
 
-from . import migrations as migrations_module
-from .artifacts import PostgresArtifactStore
+from . import schema_migrations as migrations_module
+from .artifact_store import PostgresArtifactStore
 from .connection import Database, PoolSettings, create_pool, pool_settings
-from .errors import POSTGRES_ERRORS
+from .database_metrics import StoreMetrics
+from .error_classifier import POSTGRES_ERRORS
 from .lifecycle import Lifecycle, server_target
-from .metrics import StoreMetrics
 from .options import (
     DEFAULT_CONSUME_GRACE_SECONDS,
     DEFAULT_PAUSE_TTL_SECONDS,

@@ -9,16 +9,16 @@ from dataclasses import dataclass
 from guarded.codec import STATE_UPDATE, STEERING_EVENT, RecordTypes
 from guarded.models import ArtifactRetentionConfig
 
-from .artifacts import PostgresArtifactStore
+from .artifact_store import PostgresArtifactStore
 from .bindings import Bindings
 from .connection import Database
-from .events import Events
+from .event_log import Events
 from .memory_state import MemoryStates
 from .pauses import Pauses
 from .planner_events import PlannerEvents
+from .planner_trajectories import Trajectories
 from .streams import Stream
-from .tasks import Tasks
-from .trajectories import Trajectories
+from .task_states import Tasks
 
 
 @dataclass(frozen=True, slots=True)

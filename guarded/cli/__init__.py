@@ -31,7 +31,7 @@ COMMANDS: tuple[str, ...] = (
     "guarded.cli.dlq",
     "guarded.cli.snapshot",
     "guarded.backends.postgres.cli",
-    "guarded.demo.cli",
+    "guarded.demo.command",
     "guarded.cli.assets",
 )
 """Modules that each register one subcommand, in the order ``--help`` lists them."""

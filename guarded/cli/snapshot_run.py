@@ -86,7 +86,7 @@ def run_action(
 
 def _backend_failure(exc: BaseException) -> CommandError:
     from ..backends.postgres.cli_target import is_unreachable
-    from ..backends.postgres.migrations import SchemaNotMigratedError, SchemaTooNewError
+    from ..backends.postgres.schema_migrations import SchemaNotMigratedError, SchemaTooNewError
 
     why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     if isinstance(exc, SchemaNotMigratedError):
@@ -137,7 +137,7 @@ async def state_store(spec: str) -> Any:
 async def _build(spec: str) -> Any:
     """The store a factory returns; a PostgreSQL schema that is not migrated exits 4, as
     ``guarded pg`` commands do, not as a failing factory."""
-    from ..backends.postgres.migrations import SchemaNotMigratedError
+    from ..backends.postgres.schema_migrations import SchemaNotMigratedError
 
     factory = load_factory(spec)
     try:

@@ -20,7 +20,7 @@
 """
 
 from .buffer import DeadLetterBuffer, PutItem
-from .calls import CALL_SPECS, decode_call, encode_call
+from .call_codec import CALL_SPECS, decode_call, encode_call
 from .entries import DeadLetter, DeadLetterStats, ParkedWrite, canonical_key
 from .replay import (
     REPLAY_FAILURE_STREAK,

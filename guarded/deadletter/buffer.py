@@ -65,7 +65,7 @@ from ..config import DeadLetterConfig, former_default_spill_path
 from ..durability.bulk_forms import BATCHED_BULK_FORMS
 from ..errors import GuardClosedError, InvalidPayloadError, WriteNotKeptError
 from ..pipeline.loops import abandon
-from .calls import decode_call, encode_call
+from .call_codec import decode_call, encode_call
 from .entries import DeadLetter, DeadLetterStats, ParkedWrite, canonical_key, index_key, readable_text
 from .gate import KeyGate, Slot
 from .replay import (

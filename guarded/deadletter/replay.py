@@ -31,7 +31,7 @@ from ..pipeline.classify import (
 )
 from ..pipeline.idempotency import KEPT_ARGUMENTS, replayed_call
 from ..protocol import LEGACY_NAMES
-from .calls import CALL_ALIASES
+from .call_codec import CALL_ALIASES
 from .entries import DeadLetter, index_key_of_canonical
 from .gate import KeyGate, Slot
 from .spill_link import Retry, SpillLink

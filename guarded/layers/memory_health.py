@@ -28,7 +28,7 @@ from ..observability.rate_limited_log import RateLimitedLog
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import error_type
 from ..pipeline.steps import Step, StepLayer
-from ..telemetry.memory_health import DEFAULT_MAX_KEYS, MemoryHealthTracker, memory_health_tracker
+from ..telemetry.memory_health_gauge import DEFAULT_MAX_KEYS, MemoryHealthTracker, memory_health_tracker
 
 
 class MemoryHealthLayer(StepLayer):

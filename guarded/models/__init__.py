@@ -6,9 +6,16 @@ either are interchangeable; :mod:`guarded.codec` turns any of them into JSON and
 
 from .artifacts import ArtifactRef, ArtifactRetentionConfig, ArtifactScope, ArtifactStore
 from .events import GLOBAL_TRACE_ID, FlowEventLike, RemoteBinding, StoredEvent
-from .memory import MemoryHealth
+from .memory_health_states import MemoryHealth
 from .planner import PlannerEvent, SerialisableTrajectory, Trajectory
-from .steering import SteeringEvent, SteeringEventType
+from .steering_events import SteeringEvent, SteeringEventType
+from .task_telemetry import (
+    TaskMode,
+    TaskOutcome,
+    TaskTelemetryEvent,
+    TaskTelemetryEventType,
+    TaskTelemetrySink,
+)
 from .tasks import (
     MergeStrategy,
     StateUpdate,
@@ -18,7 +25,6 @@ from .tasks import (
     TaskType,
     UpdateType,
 )
-from .telemetry import TaskMode, TaskOutcome, TaskTelemetryEvent, TaskTelemetryEventType, TaskTelemetrySink
 
 __all__ = [
     "GLOBAL_TRACE_ID",

@@ -28,7 +28,7 @@ Operational and retry-now conditions that need an operator's attention are also 
 
 The core knows no database: a backend supplies an :class:`ErrorClassifier` for its driver's
 errors and registers it (:func:`register_classifier`); the PostgreSQL backend's reads SQLSTATEs
-(:mod:`guarded.backends.postgres.errors`, its table in docs/durability.md "What a failure means").
+(:mod:`guarded.backends.postgres.error_classifier`, its table in docs/durability.md "What a failure means").
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class ErrorClassifier(Protocol):
 
     Each method answers for an exception it recognises and returns ``None`` for any other, which
     the core then judges by its generic rules. The PostgreSQL backend's
-    (:data:`guarded.backends.postgres.errors.POSTGRES_ERRORS`) reads SQLSTATEs.
+    (:data:`guarded.backends.postgres.error_classifier.POSTGRES_ERRORS`) reads SQLSTATEs.
     """
 
     def error_class(self, exc: BaseException) -> ErrorClass | None:

@@ -56,7 +56,21 @@ Pieces, one job each:
 from .capture import capture
 from .content import DirectoryContent, SnapshotContent, SpooledSnapshot, records, verify_content
 from .diff import diff_contents
-from .errors import (
+from .file_store import FileSnapshotStore
+from .migrations import DEFAULT_MIGRATIONS, Migration, MigrationRegistry, migrate
+from .record import (
+    FORMAT_VERSION,
+    SECTIONS,
+    Change,
+    GcReport,
+    RetentionPolicy,
+    Snapshot,
+    SnapshotDiff,
+    SnapshotPage,
+    SubjectKind,
+)
+from .restore import RestoreReport, restore
+from .snapshot_errors import (
     BlobMismatchError,
     FormatTooNewError,
     FormatVersionError,
@@ -77,21 +91,7 @@ from .errors import (
     SnapshotTooLargeError,
     UnsafeSnapshotFileError,
 )
-from .file_store import FileSnapshotStore
-from .migrations import DEFAULT_MIGRATIONS, Migration, MigrationRegistry, migrate
-from .protocol import SnapshotStore
-from .record import (
-    FORMAT_VERSION,
-    SECTIONS,
-    Change,
-    GcReport,
-    RetentionPolicy,
-    Snapshot,
-    SnapshotDiff,
-    SnapshotPage,
-    SubjectKind,
-)
-from .restore import RestoreReport, restore
+from .snapshot_store import SnapshotStore
 
 __all__ = [
     "verify_content",

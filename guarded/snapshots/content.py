@@ -26,7 +26,6 @@ from typing import IO, Any, Protocol, Self, TypeVar, runtime_checkable
 import orjson
 
 from ..codec import JSONObject
-from .errors import BlobMismatchError, SectionMismatchError, SnapshotCorruptError, SnapshotTooLargeError
 from .record import SECTIONS, Snapshot
 from .safe_files import (
     BATCH,
@@ -37,6 +36,12 @@ from .safe_files import (
     checked_digest,
     declared_of,
     read_section_file,
+)
+from .snapshot_errors import (
+    BlobMismatchError,
+    SectionMismatchError,
+    SnapshotCorruptError,
+    SnapshotTooLargeError,
 )
 
 GZIP_LEVEL = 3

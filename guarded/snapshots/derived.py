@@ -1,4 +1,4 @@
-"""The queries every :class:`~guarded.snapshots.protocol.SnapshotStore` answers from its own ``get``
+"""The queries every :class:`~guarded.snapshots.snapshot_store.SnapshotStore` answers from its own ``get``
 and ``load``: a backend's ``lineage`` and ``diff`` call these."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .diff import diff_contents
-from .errors import SnapshotNotFoundError
+from .snapshot_errors import SnapshotNotFoundError
 
 if TYPE_CHECKING:
-    from .protocol import SnapshotStore
     from .record import Snapshot, SnapshotDiff
+    from .snapshot_store import SnapshotStore
 
 
 async def lineage_of(store: SnapshotStore, snapshot_id: str) -> list[Snapshot]:

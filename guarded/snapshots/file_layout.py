@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from .content import fsync_dir, write_file
-from .errors import SnapshotStoreNotFoundError, UnsafeSnapshotFileError
 from .safe_files import checked_digest, open_directory, read_small_file
+from .snapshot_errors import SnapshotStoreNotFoundError, UnsafeSnapshotFileError
 
 
 class Layout:

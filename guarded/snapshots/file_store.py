@@ -46,13 +46,6 @@ from .content import (
     write_file,
 )
 from .derived import diff_of, lineage_of
-from .errors import (
-    SnapshotConflictError,
-    SnapshotCorruptError,
-    SnapshotError,
-    SnapshotNotFoundError,
-    SnapshotStoreReadOnlyError,
-)
 from .file_layout import Layout, write_json_atomically
 from .listing import ListFilter, paginate, retention_victims
 from .manifests import listed_record, stored_record
@@ -69,12 +62,19 @@ from .record import (
     normalize_tags,
 )
 from .safe_files import checked_digest, open_directory
+from .snapshot_errors import (
+    SnapshotConflictError,
+    SnapshotCorruptError,
+    SnapshotError,
+    SnapshotNotFoundError,
+    SnapshotStoreReadOnlyError,
+)
 
 logger = logging.getLogger(__name__)
 
 
 class FileSnapshotStore:
-    """A :class:`~guarded.snapshots.protocol.SnapshotStore` in directory ``root`` (created if needed).
+    """A :class:`~guarded.snapshots.snapshot_store.SnapshotStore` in directory ``root`` (created if needed).
 
     ``migrations``: the registry that loads older formats (:data:`DEFAULT_MIGRATIONS`).
     ``spool_dir``: where migrated loads are spooled (the system's temporary directory by default).

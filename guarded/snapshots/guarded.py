@@ -63,15 +63,15 @@ from ..pipeline.classify import CircuitOpenError, no_wait_fixes, safe_message
 from ..policy import MethodPolicy
 from ..policy_table import PolicyTable
 from .content import SnapshotContent
-from .errors import (
+from .record import GcReport, RetentionPolicy, Snapshot, SnapshotDiff, SnapshotPage, SubjectKind
+from .snapshot_errors import (
     SnapshotConflictError,
     SnapshotError,
     SnapshotNotFoundError,
     SnapshotStagingError,
     SnapshotStoreUnavailableError,
 )
-from .protocol import SnapshotStore
-from .record import GcReport, RetentionPolicy, Snapshot, SnapshotDiff, SnapshotPage, SubjectKind
+from .snapshot_store import SnapshotStore
 from .staging import (
     Answer,
     LiveContents,

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from .errors import InvalidCursorError
 from .record import RetentionPolicy, Snapshot, SnapshotPage, SubjectKind
+from .snapshot_errors import InvalidCursorError
 
 
 @dataclass(frozen=True, slots=True)

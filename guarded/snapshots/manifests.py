@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .errors import MigrationFailedError, SnapshotCorruptError
 from .migrations import MigrationRegistry, format_version_of
 from .record import Snapshot
+from .snapshot_errors import MigrationFailedError, SnapshotCorruptError
 
 
 def stored_record(manifest: dict[str, Any], snapshot_id: str) -> Snapshot:

@@ -3,12 +3,12 @@
 A backend reads a stored snapshot's ``format_version`` before anything else:
 
 * the current version (:data:`~guarded.snapshots.record.FORMAT_VERSION`) loads as is;
-* a newer one raises :class:`~guarded.snapshots.errors.FormatTooNewError`;
+* a newer one raises :class:`~guarded.snapshots.snapshot_errors.FormatTooNewError`;
 * an older one is migrated by :func:`migrate`, step by step (``v -> v+1``) through the
   :class:`Migration` records of a :class:`MigrationRegistry`, into a local spool: a missing step
-  raises :class:`~guarded.snapshots.errors.MissingMigrationError` before any work, and a step
+  raises :class:`~guarded.snapshots.snapshot_errors.MissingMigrationError` before any work, and a step
   that raises (on the manifest or on any record) raises
-  :class:`~guarded.snapshots.errors.MigrationFailedError`, naming the versions; the spool is then
+  :class:`~guarded.snapshots.snapshot_errors.MigrationFailedError`, naming the versions; the spool is then
   removed and nothing is returned. The stored snapshot is never rewritten.
 
 A migration changes the manifest (a JSON object) and maps each record of a section to records of
@@ -36,8 +36,8 @@ from pydantic import ValidationError
 
 from ..codec import JSONObject
 from .content import SpooledSnapshot, SpoolWriter, canonical, parse
-from .errors import FormatTooNewError, MigrationFailedError, MissingMigrationError
 from .record import FORMAT_VERSION, SECTIONS
+from .snapshot_errors import FormatTooNewError, MigrationFailedError, MissingMigrationError
 
 RecordStep = Callable[[str, JSONObject], Iterable[tuple[str, JSONObject]]]
 """Maps one record of a section to ``(section, record)`` pairs of the next format."""

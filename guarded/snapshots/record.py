@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..codec import JSONObject
-from .errors import InvalidSnapshotIdError
+from .snapshot_errors import InvalidSnapshotIdError
 
 FORMAT_VERSION = 2
 """The format version this code writes (see :mod:`guarded.snapshots.migrations`)."""
@@ -30,7 +30,8 @@ _SNAPSHOT_ID = re.compile(SNAPSHOT_ID_PATTERN)
 
 def checked_id(snapshot_id: object) -> str:
     """``snapshot_id`` when a snapshot can have it (:data:`SNAPSHOT_ID_PATTERN`); else
-    :class:`~guarded.snapshots.errors.InvalidSnapshotIdError`, before any file or row is looked up."""
+    :class:`~guarded.snapshots.snapshot_errors.InvalidSnapshotIdError`, before any file or row is
+    looked up."""
     if not isinstance(snapshot_id, str) or _SNAPSHOT_ID.fullmatch(snapshot_id) is None:
         raise InvalidSnapshotIdError(snapshot_id)
     return snapshot_id

@@ -13,7 +13,7 @@ is opened as hostile input:
 * **verified as it is read**: a section's records, bytes and SHA-256 against its manifest
   (:class:`SectionCheck`), a blob's size and SHA-256 against its name and record.
 
-Every refusal is a :class:`~guarded.snapshots.errors.SnapshotCorruptError` naming the file and the
+Every refusal is a :class:`~guarded.snapshots.snapshot_errors.SnapshotCorruptError` naming the file and the
 cause.
 """
 
@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import (
+from .record import Snapshot
+from .snapshot_errors import (
     BlobMismatchError,
     InvalidBlobNameError,
     SectionMismatchError,
@@ -37,7 +38,6 @@ from .errors import (
     SnapshotTooLargeError,
     UnsafeSnapshotFileError,
 )
-from .record import Snapshot
 
 MAX_LINE = 16 << 20
 """Bytes a section line may hold: a longer one is refused when read, and when written."""

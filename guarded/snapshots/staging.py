@@ -47,13 +47,13 @@ from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.classify import ErrorClass, error_type, no_wait_fixes, safe_message
 from ..store_identity import store_identity
 from .content import SnapshotContent
-from .errors import (
+from .file_store import FileSnapshotStore, names_a_directory
+from .record import Snapshot
+from .snapshot_errors import (
     SnapshotError,
     SnapshotNotFoundError,
     SnapshotStagingError,
 )
-from .file_store import FileSnapshotStore, names_a_directory
-from .record import Snapshot
 
 logger = logging.getLogger("guarded.snapshots")
 

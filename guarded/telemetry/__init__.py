@@ -1,4 +1,10 @@
-"""Task telemetry sinks for PenguiFlow, and the memory health tracker.
+"""PenguiFlow's task-telemetry sinks: where a session's task events go (metrics, spans, logs).
+
+:class:`PrometheusTaskTelemetrySink`, :class:`OTelTaskTelemetrySink`,
+:class:`LoggingTaskTelemetrySink`, :class:`NoOpTaskTelemetrySink`, :class:`FanOutTaskTelemetrySink`
+(several at once), and :func:`guard_sink` / :class:`GuardedTaskTelemetrySink` so a failing sink
+never harms its caller. :func:`read_task_event` reads an event's facts (:class:`TaskEventFacts`)
+the way every sink does, for a sink of your own.
 
 Every sink has ``async def emit(event) -> None`` and so satisfies PenguiFlow's
 ``penguiflow.sessions.telemetry.TaskTelemetrySink`` and :class:`guarded.models.TaskTelemetrySink`.
@@ -11,14 +17,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .events import TaskEventFacts, read_task_event
 from .fan_out import FanOutTaskTelemetrySink
 from .guarded_sink import GuardedTaskTelemetrySink, guard_sink
 from .logging_sink import LoggingTaskTelemetrySink
-from .memory_health import MemoryHealthTracker, memory_health_tracker
 from .noop import NoOpTaskTelemetrySink
 from .otel import OTelTaskTelemetrySink
 from .prometheus import PrometheusTaskTelemetrySink
+from .task_events import TaskEventFacts, read_task_event
 
 if TYPE_CHECKING:
     from ..models import TaskTelemetrySink
@@ -38,12 +43,10 @@ __all__ = [
     "FanOutTaskTelemetrySink",
     "GuardedTaskTelemetrySink",
     "LoggingTaskTelemetrySink",
-    "MemoryHealthTracker",
     "NoOpTaskTelemetrySink",
     "OTelTaskTelemetrySink",
     "PrometheusTaskTelemetrySink",
     "TaskEventFacts",
     "guard_sink",
-    "memory_health_tracker",
     "read_task_event",
 ]

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from .events import OTHER, read_task_event
+from .task_events import OTHER, read_task_event
 
 DEFAULT_LEVELS: Mapping[str, int] = {
     "task_spawned": logging.INFO,

@@ -16,8 +16,8 @@ from opentelemetry.metrics import Counter, Histogram, MeterProvider, UpDownCount
 from opentelemetry.util.types import AttributeValue
 
 from ..observability import telemetry_names as names
-from .events import TaskEventFacts, read_task_event
 from .in_flight import InFlightLabels, InFlightTasks
+from .task_events import TaskEventFacts, read_task_event
 
 SPAN_EVENT_TASK = names.SPAN_EVENT_TASK
 SPAN_ATTR_EVENT_TYPE = "penguiflow.task.event_type"

@@ -1,7 +1,7 @@
 """Task telemetry as Prometheus metrics: events, durations and tasks in flight.
 
 Labels are bounded (``event_type``, ``outcome``, ``task_type``, ``mode``, each from a fixed set, see
-:mod:`guarded.telemetry.events`); task, session and trace ids never become labels.
+:mod:`guarded.telemetry.task_events`); task, session and trace ids never become labels.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 from ..observability import telemetry_names as names
 from ..observability.per_registry import PerRegistry
-from .events import read_task_event
 from .in_flight import InFlightLabels, InFlightTasks
+from .task_events import read_task_event
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,13 +15,13 @@ from typing import Any
 
 from ..codec import JSONObject
 from ..snapshots.content import SpooledSnapshot, SpoolWriter, records
-from ..snapshots.errors import (
+from ..snapshots.record import SECTIONS, RetentionPolicy, Snapshot
+from ..snapshots.snapshot_errors import (
     InvalidCursorError,
     SnapshotConflictError,
     SnapshotCorruptError,
     SnapshotNotFoundError,
 )
-from ..snapshots.record import SECTIONS, RetentionPolicy, Snapshot
 from ._base import difference, violation
 
 SnapshotCheck = Callable[[Any], Awaitable[None]]

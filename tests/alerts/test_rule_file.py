@@ -18,7 +18,7 @@ from guarded.observability import telemetry_names as names
 from guarded.outcome import Outcome
 from guarded.policy import Kind
 from guarded.policy_table import PolicyTable
-from guarded.telemetry.events import TASK_ENDS
+from guarded.telemetry.task_events import TASK_ENDS
 
 REPO = Path(__file__).resolve().parents[2]
 RULE_FILE = REPO / "grafana" / alerts.RULE_FILE_PATH

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from guarded.backends.postgres import cli as pg_cli
-from guarded.backends.postgres.migrations import latest_version
+from guarded.backends.postgres.schema_migrations import latest_version
 from guarded.backends.postgres.schema_names import TABLES
 from guarded.cli import progress as cli_progress
 from guarded.cli.support import EXIT_INTERRUPTED, EXIT_NOT_MIGRATED, EXIT_PROBLEM, EXIT_UNREACHABLE

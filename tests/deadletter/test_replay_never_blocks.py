@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from guarded import GuardConfig, controller, guard
 from guarded.backends.memory import InMemoryStateStore
-from guarded.backends.postgres.errors import POSTGRES_ERRORS
+from guarded.backends.postgres.error_classifier import POSTGRES_ERRORS
 from guarded.config import DeadLetterConfig
 from guarded.deadletter import (
     REPLAY_FAILURE_STREAK,

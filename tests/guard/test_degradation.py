@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded import Kind, controller, guard
+from guarded import controller, guard
 from guarded.backends.memory import InMemoryStateStore
+from guarded.extension import Kind
 from guarded.models import ArtifactScope
 from guarded.policy_table import PolicyTable
 from guarded.testing import Fault, FaultPlan, FaultyStore

@@ -34,8 +34,9 @@ from penguiflow.state.models import (
 )
 from prometheus_client import CollectorRegistry
 
-from guarded import Kind, controller, guard
+from guarded import controller, guard
 from guarded.codec import penguiflow_types
+from guarded.extension import Kind
 from guarded.testing.faulty import Fault, FaultPlan, FaultyStore
 from tests.postgres.conftest import StoreFactory
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from guarded.backends.postgres import PostgresStateStore
-from guarded.backends.postgres.events import COPY_THRESHOLD
+from guarded.backends.postgres.event_log import COPY_THRESHOLD
 from guarded.models import PlannerEvent, StateUpdate, StoredEvent, UpdateType
 from guarded.pipeline.idempotency import idempotency_key
 

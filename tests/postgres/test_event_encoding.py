@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from guarded.backends.postgres import events as events_module
-from guarded.backends.postgres.events import encode_event
+from guarded.backends.postgres import event_log
+from guarded.backends.postgres.event_log import encode_event
 from guarded.backends.postgres.json_codec import ORJSON_AGREES, fixed_float, orjson_ready
 from guarded.errors import InvalidPayloadError
 from guarded.models import StoredEvent
@@ -57,7 +57,7 @@ def _outcome(event: Any) -> Any:
 def _both_paths(event: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
     fast = _outcome(event)
     with monkeypatch.context() as patched:
-        patched.setattr(events_module, "ORJSON_AGREES", False)
+        patched.setattr(event_log, "ORJSON_AGREES", False)
         slow = _outcome(event)
     return fast, slow
 

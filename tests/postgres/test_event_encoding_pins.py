@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from guarded.backends.postgres.events import encode_event, encode_events
+from guarded.backends.postgres.event_log import encode_event, encode_events
 from guarded.errors import InvalidPayloadError
 
 from .event_encoding_cases import refused_events, valid_events

@@ -12,7 +12,7 @@ from guarded.backends.postgres import (
     SchemaNotMigratedError,
     SchemaTooNewError,
 )
-from guarded.backends.postgres.migrations import (
+from guarded.backends.postgres.schema_migrations import (
     advisory_lock_key,
     latest_version,
     load_migrations,

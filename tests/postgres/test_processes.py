@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from guarded.backends.postgres.migrations import latest_version
+from guarded.backends.postgres.schema_migrations import latest_version
 
 from . import _worker
 from .conftest import StoreFactory

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.postgres import PostgresStateStore, RetentionPolicy
-from guarded.backends.postgres.migrations import latest_version
+from guarded.backends.postgres.schema_migrations import latest_version
 from guarded.backends.postgres.schema_names import TABLES
 from guarded.models import (
     PlannerEvent,

@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboards import alerts
-from guarded.backends.postgres import migrations
-from guarded.backends.postgres.migrations import Migration, latest_version, load_migrations
+from guarded.backends.postgres import schema_migrations
+from guarded.backends.postgres.schema_migrations import Migration, latest_version, load_migrations
 from guarded.observability import telemetry_names as names
 from tests.alerts import promtool_cases as cases
 
@@ -69,7 +69,7 @@ async def test_old_code_on_a_schema_a_newer_release_migrated_fires_the_skew_aler
 
     # a newer release: the same migrations and one more, which it applies when it connects
     newer = (*load_migrations(), Migration(latest + 1, "newer_release", "SELECT 1"))
-    monkeypatch.setattr(migrations, "load_migrations", lambda: newer)
+    monkeypatch.setattr(schema_migrations, "load_migrations", lambda: newer)
     new_registry = CollectorRegistry()
     new = await make_store(registry=new_registry, name=cases.STORE)
     assert (await new.migration_status()).current == latest + 1

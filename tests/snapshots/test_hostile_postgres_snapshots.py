@@ -16,7 +16,7 @@ from guarded.backends.memory import InMemoryStateStore
 from guarded.backends.postgres import PostgresSnapshotStore
 from guarded.codec import penguiflow_types
 from guarded.snapshots import SnapshotError, capture, restore
-from guarded.snapshots.errors import (
+from guarded.snapshots.snapshot_errors import (
     BlobMismatchError,
     InvalidSnapshotIdError,
     SectionMismatchError,

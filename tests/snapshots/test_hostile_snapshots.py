@@ -21,7 +21,7 @@ import pytest
 import pytest_asyncio
 
 from guarded.snapshots import FileSnapshotStore, RetentionPolicy
-from guarded.snapshots.errors import (
+from guarded.snapshots.snapshot_errors import (
     InvalidBlobNameError,
     InvalidSnapshotIdError,
     SnapshotError,

@@ -7,11 +7,11 @@ import logging
 import pytest
 
 from guarded.observability.rate_limited_log import RateLimitedLog
-from guarded.telemetry import events
+from guarded.telemetry import task_events
 
 
 @pytest.fixture(autouse=True)
 def fresh_problem_log(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        events, "_problems", RateLimitedLog(interval=300.0, log=logging.getLogger("guarded.telemetry"))
+        task_events, "_problems", RateLimitedLog(interval=300.0, log=logging.getLogger("guarded.telemetry"))
     )

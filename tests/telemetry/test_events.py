@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from guarded.telemetry import read_task_event
-from guarded.telemetry.events import NO_MODE, OTHER
+from guarded.telemetry.task_events import NO_MODE, OTHER
 
 from .support import PARENT_ID, SESSION_ID, TASK_ID, TRACE_ID, our_event, pf_event
 

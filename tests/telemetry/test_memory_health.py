@@ -24,8 +24,7 @@ from guarded.backends.memory import InMemoryStateStore
 from guarded.config import DeadLetterConfig, StaleConfig
 from guarded.guard import controller, guard
 from guarded.observability import telemetry_names as names
-from guarded.telemetry import MemoryHealthTracker, memory_health_tracker
-from guarded.telemetry.memory_health import health_of
+from guarded.telemetry.memory_health_gauge import MemoryHealthTracker, health_of, memory_health_tracker
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.support.aio import eventually
 from tests.support.metrics import calls

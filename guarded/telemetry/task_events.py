@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, get_args
 
+from ..models.task_telemetry import TaskMode, TaskOutcome, TaskTelemetryEventType
 from ..models.tasks import TaskStatus, TaskType
-from ..models.telemetry import TaskMode, TaskOutcome, TaskTelemetryEventType
 from ..observability.rate_limited_log import RateLimitedLog
 
 EVENT_TYPES: tuple[str, ...] = get_args(TaskTelemetryEventType)
