@@ -16,8 +16,8 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from ..config import RetryConfig
+from ..error_classes import ErrorClass, classify, error_type, reached_backend
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.classify import ErrorClass, classify, error_type, reached_backend
 
 _FIRST_BACKOFF = (
     "multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter).parameters else "initial"
