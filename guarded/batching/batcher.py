@@ -172,6 +172,9 @@ def _build_instruments(registry: CollectorRegistry) -> Instruments:
 instruments_for: PerRegistry[Instruments] = PerRegistry(_build_instruments)
 
 
+# --- the queue of one method ------------------------------------------------------------------------
+
+
 class ScopeEntry:
     """Writes of one (method, scope) queued or in flight, and the sequence number of the last one."""
 
@@ -234,7 +237,7 @@ class MethodQueue:
         return self.taken
 
 
-# --- backpressure ---------------------------------------------------------------------------------
+# --- backpressure -----------------------------------------------------------------------------------
 
 
 class BatchSpace:
@@ -313,7 +316,7 @@ class BatchSpace:
             self.waiters.remove(waiter)
 
 
-# --- the batcher ----------------------------------------------------------------------------------
+# --- the batcher ------------------------------------------------------------------------------------
 
 logger = logging.getLogger("guarded.batching")
 
