@@ -75,16 +75,8 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar, Protocol
 
 from .config import UnknownSettingError, closest_hint
-from .durability.local_artifacts import (
-    ArtifactLimitError,
-    ArtifactTooLargeError,
-    InMemoryArtifactStore,
-    artifact_id,
-    sanitize_artifact_namespace,
-)
 from .durations import DURATION_EXAMPLES, parse_duration
-from .errors import WriteSupersededError
-from .pipeline.classify import (
+from .error_classes import (
     INSUFFICIENT_PRIVILEGE,
     INSUFFICIENT_RESOURCES,
     OPERATIONAL_CONDITIONS,
@@ -98,6 +90,14 @@ from .pipeline.classify import (
     ErrorClass,
     ErrorClassifier,
     register_classifier,
+)
+from .errors import WriteSupersededError
+from .local_artifacts import (
+    ArtifactLimitError,
+    ArtifactTooLargeError,
+    InMemoryArtifactStore,
+    artifact_id,
+    sanitize_artifact_namespace,
 )
 from .policy_table import PolicyTable
 from .steering import sanitize_steering_event

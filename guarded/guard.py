@@ -10,14 +10,14 @@ from typing import Any, TypeVar
 from opentelemetry.trace import TracerProvider
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from .config import GuardConfig, build_config
-from .controller import GuardController, controller
-from .durability.artifact_side import (
+from .artifact_side import (
     ARTIFACT_STORE_METHODS,
     artifact_durability,
     artifact_spill_path,
     guarded_artifact_property,
 )
+from .config import GuardConfig, build_config
+from .controller import GuardController, controller
 from .guard_core import GuardCore, GuardedArtifactStore, GuardedStore, make_proxy
 from .pipeline.call import Layer
 from .pipeline.proxy import CallShape, call_shape

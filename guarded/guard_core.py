@@ -22,6 +22,7 @@ from .backend import ERROR_CLASSIFIER, HONOURS_IDEMPOTENCY_KEY, RECOVERS_UNANSWE
 from .builtin_policies import LIFECYCLE_METHODS
 from .config import GuardConfig
 from .durability.owner import Durability
+from .error_classes import register_classifier
 from .layers import (
     BulkheadLayer,
     CircuitBreakerLayer,
@@ -42,7 +43,6 @@ from .layers.stale_reads import StaleCache, StaleReadLayer
 from .observability import telemetry_names as names
 from .observability.failure_log import FailureLog
 from .pipeline.call import Call, Layer, MethodSetup, Service
-from .pipeline.classify import register_classifier
 from .pipeline.entry import entry_point
 from .pipeline.loops import FORWARD_GRACE, LoopHome
 from .pipeline.proxy import CallShape, build_proxy_class, call_shape, public_names

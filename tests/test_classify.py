@@ -21,9 +21,7 @@ from guarded.backends.postgres.error_classifier import (
     SQLSTATE_HANDLING,
     sqlstate_handling,
 )
-from guarded.errors import InvalidPayloadError
-from guarded.observability import telemetry_names as names
-from guarded.pipeline.classify import (
+from guarded.error_classes import (
     OPERATIONAL_CONDITIONS,
     ErrorClass,
     classify,
@@ -31,6 +29,8 @@ from guarded.pipeline.classify import (
     reached_backend,
     safe_message,
 )
+from guarded.errors import InvalidPayloadError
+from guarded.observability import telemetry_names as names
 
 RETRY, HOLD, PARK, FATAL = ErrorClass.RETRYABLE, ErrorClass.OPERATIONAL, ErrorClass.REJECTED, ErrorClass.FATAL
 

@@ -17,7 +17,7 @@ from guarded.backend import (
     next_logical_time,
 )
 from guarded.backends.memory import InMemoryStateStore
-from guarded.durability.bulk_forms import bulk_call
+from guarded.bulk_forms import bulk_call
 from guarded.errors import WriteSupersededError
 from guarded.logical_time import WRITE_TIME_ARGUMENT, logical_times, replaying
 from guarded.models import RemoteBinding

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..bulk_forms import bulk_methods_of
 from ..deadletter import (
     ReplayResult,
     ReplaySummary,
@@ -20,7 +21,6 @@ from ..deadletter import (
     store_sender,
 )
 from ..deadletter.replay import Send, SendBulk
-from ..durability.bulk_forms import bulk_methods_of
 from ..guard_core import core_of
 from ..store_identity import declared_identity, store_identity
 from .check import build_store, close_store, load_factory

@@ -60,9 +60,9 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from ..bulk_forms import BATCHED_BULK_FORMS
 from ..codec import DEFAULT_TYPES, JSONObject, RecordTypes, check_text
 from ..config import DeadLetterConfig, former_default_spill_path
-from ..durability.bulk_forms import BATCHED_BULK_FORMS
 from ..errors import GuardClosedError, InvalidPayloadError, WriteNotKeptError
 from ..pipeline.loops import abandon
 from .call_codec import decode_call, encode_call

@@ -18,10 +18,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from ..durability.bulk_forms import bulk_call, bulk_method_for, bulk_methods_of
-from ..errors import GuardedError, InvalidPayloadError, WriteSupersededError
-from ..pipeline.call_check import own_signature, protocol_signature
-from ..pipeline.classify import (
+from ..bulk_forms import bulk_call, bulk_method_for, bulk_methods_of
+from ..error_classes import (
     CircuitOpenError,
     ErrorClass,
     classify,
@@ -29,6 +27,8 @@ from ..pipeline.classify import (
     no_wait_fixes,
     safe_message,
 )
+from ..errors import GuardedError, InvalidPayloadError, WriteSupersededError
+from ..pipeline.call_check import own_signature, protocol_signature
 from ..pipeline.idempotency import KEPT_ARGUMENTS, replayed_call
 from ..protocol import LEGACY_NAMES
 from .call_codec import CALL_ALIASES
@@ -59,7 +59,7 @@ class ReplayResult(str, Enum):
 
 Send = Callable[[str, tuple[Any, ...], dict[str, Any]], Awaitable[ReplayResult]]
 """``send(method, args, kwargs)``: replay one write. It may also raise: an exception classified
-as bad data (:func:`guarded.pipeline.classify.classify`, e.g. :class:`InvalidPayloadError`) or a
+as bad data (:func:`guarded.error_classes.classify`, e.g. :class:`InvalidPayloadError`) or a
 :class:`ReplayRejected` parks the entry with the exception as reason; any other retries later."""
 SendBulk = Callable[[str, list[Call]], Awaitable[ReplayResult]]
 """``send_bulk(method, calls)``: replay a run of consecutive writes of ``method`` (one of the
@@ -232,7 +232,7 @@ def judge(exc: BaseException) -> ReplayResult:
 
 def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
     """A sender (and a bulk sender when the store has bulk forms, see
-    :func:`guarded.durability.bulk_forms.bulk_methods_of`) that replays into a plain store.
+    :func:`guarded.bulk_forms.bulk_methods_of`) that replays into a plain store.
 
     A method the store lacks is rejected (parked), exceptions are judged by :func:`judge`.
     """

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from ..codec import JSONObject
 from ..config import DeadLetterConfig
-from ..pipeline.classify import error_type
+from ..error_classes import error_type
 from .entries import DeadLetter, ParkedWrite, index_key_of_canonical, readable_text
 from .gate import Slot
 from .slots import SlotFiles, newest_per_key, orphan_wins

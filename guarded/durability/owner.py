@@ -19,22 +19,21 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from ..batching.batch_writer import BatchWriter, InternalCall
+from ..batching.batcher import Batcher, PendingWrite
+from ..bulk_forms import bulk_call, bulk_method_for, bulk_methods_of
 from ..codec import record_types_of
 from ..config import DeadLetterConfig, GuardConfig
 from ..deadletter import DeadLetterBuffer, ReplayResult
+from ..error_classes import error_type, is_programming_error, safe_message
 from ..errors import GuardClosedError, InvalidPayloadError, WriteSupersededError
-from ..layers.breaker import BreakerState, CircuitBreaker
 from ..observability.failure_log import FailureLog, operational_errors
-from ..pipeline.classify import error_type, is_programming_error, safe_message
 from ..pipeline.idempotency import replayed_call
 from ..pipeline.loops import abandon
 from ..policy_table import PolicyTable
 from ..store_identity import durable_across_processes, store_identity
-from .batch_queue import PendingWrite
-from .batch_writer import BatchWriter, InternalCall
-from .batching import Batcher
-from .bulk_forms import bulk_call, bulk_method_for, bulk_methods_of
 from .ports import (
+    BreakerWait,
     DirectWriteGate,
     DurabilityPorts,
     HeldWriteKeeper,
@@ -46,7 +45,6 @@ from .shutdown import DRAIN_BATCH, cancelled, drain_held, log_closed, log_unclos
 
 logger = logging.getLogger("guarded.durability")
 
-_WAITING_STATES = frozenset({BreakerState.OPEN, BreakerState.FORCED_OPEN})
 _REPLAY_PAUSE = 0.5
 _REPLAY_MAX_PAUSE = 5.0
 _ADOPT_EVERY = 30.0
@@ -78,7 +76,7 @@ class Durability:
         *,
         store_name: str,
         registry: CollectorRegistry,
-        breaker: CircuitBreaker,
+        breaker: BreakerWait,
         run: InternalCall,
         policies: PolicyTable | None = None,
         failure_log: FailureLog | None = None,
@@ -371,7 +369,7 @@ class Durability:
         buffer = self.buffer
         assert buffer is not None
         while not buffer.is_empty and not self._closing:
-            if self.breaker.state in _WAITING_STATES:
+            if self.breaker.remaining_open() > 0:
                 await asyncio.sleep(_REPLAY_PAUSE)
                 continue
             try:

@@ -13,6 +13,9 @@ lifecycle and the replay; a layer gets only the ports it uses, each a few bound 
 * :class:`DirectWriteGate`: order a direct write of a key against replays of it.
 
 Each port binds its owner's methods once: calling through a port adds no frame.
+
+The other way, the durability receives from the guard only its internal call (breaker, retry,
+timeout) and the circuit breaker's wait (:class:`BreakerWait`), both passed down when it is built.
 """
 
 from __future__ import annotations
@@ -22,12 +25,27 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..batching.batcher import Batcher, PendingWrite
 from ..deadletter import DeadLetterBuffer, DeadLetterStats
 from ..deadletter.gate import Slot
 from ..deadletter.replay import Call as Held
 from ..outcome import Outcome
 from ..policy import MethodPolicy
-from .batching import Batcher, PendingWrite
+
+
+class BreakerWait(Protocol):
+    """What the durability reads of the guard's circuit breaker
+    (:class:`~guarded.layers.breaker.CircuitBreaker`): replays and drains wait while it refuses
+    calls, and a drain at shutdown may end its wait early."""
+
+    def remaining_open(self) -> float:
+        """Seconds the breaker still refuses every call (0 when it lets calls or probes through;
+        infinite when an operator forced it open)."""
+        ...
+
+    def probe_now(self) -> None:
+        """End an open breaker's wait: it lets probes through at once."""
+        ...
 
 
 class Lifecycle:

@@ -16,9 +16,9 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 
+from ..batching.batcher import Batcher
 from ..deadletter import DeadLetterBuffer
-from ..layers.breaker import CircuitBreaker
-from .batching import Batcher
+from .ports import BreakerWait
 
 logger = logging.getLogger("guarded.durability")
 
@@ -30,7 +30,7 @@ DRAIN_BATCH = 1000
 
 async def drain_held(
     buffer: DeadLetterBuffer,
-    breaker: CircuitBreaker,
+    breaker: BreakerWait,
     replay_once: Callable[[], Awaitable[bool]],
     deadline: float,
     *,

@@ -30,13 +30,13 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from ..durability.local_artifacts import InMemoryArtifactStore
 from ..durability.ports import DurabilityPorts
+from ..error_classes import error_type, no_wait_fixes
 from ..errors import WriteNotKeptError
+from ..local_artifacts import InMemoryArtifactStore
 from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.classify import error_type, no_wait_fixes
 from ..policy import LocalFallback
 from ..policy_table import PolicyTable
 

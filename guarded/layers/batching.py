@@ -1,5 +1,5 @@
 """Batching layer: append-only writes (policy ``batch``) go through the guard's
-:class:`~guarded.durability.batching.Batcher`, coalesced with concurrent writes of their method into
+:class:`~guarded.batching.batcher.Batcher`, coalesced with concurrent writes of their method into
 bulk writes.
 
 Group commit (``ack="commit"``, the default): the caller returns once the batch holding its write
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeAlias
 
-from ..durability.batching import ALONE, QUEUED, PendingWrite
+from ..batching.batcher import ALONE, QUEUED, PendingWrite
 from ..durability.ports import DurabilityPorts
 from ..errors import WriteNotKeptError, WriteRefusedError
 from ..outcome import Outcome

@@ -17,8 +17,8 @@ from enum import Enum
 from typing import Any
 
 from ..config import BreakerConfig
+from ..error_classes import CircuitOpenError, counts_against_backend
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.classify import CircuitOpenError, counts_against_backend
 from ..pipeline.steps import Step, StepLayer
 
 
@@ -303,7 +303,7 @@ class CircuitBreakerLayer(StepLayer):
     The breaker judges the backend only. A call's duration leaves out the time it waited for
     admission by the bulkhead (:attr:`Call.queued <guarded.pipeline.call.Call.queued>`). A failure is
     recorded only when ``counts(error)`` says it is the backend's
-    (:func:`~guarded.pipeline.classify.counts_against_backend`: not bad data, which is the caller's fault,
+    (:func:`~guarded.error_classes.counts_against_backend`: not bad data, which is the caller's fault,
     not an admission timeout of the bulkhead, which never asked the backend); otherwise the
     admission is given back without a result.
     """

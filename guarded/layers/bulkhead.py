@@ -51,12 +51,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from ..backend import MAX_CONCURRENCY
+from ..error_classes import ErrorClass
 from ..errors import GuardedError
 from ..observability import telemetry_names as names
 from ..observability.call_stats import DurationSeries
 from ..observability.per_registry import PerRegistry, registered
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.classify import ErrorClass
 from ..pipeline.steps import Step, StepLayer
 
 if TYPE_CHECKING:

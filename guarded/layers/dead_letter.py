@@ -21,12 +21,12 @@ from typing import Any
 from ..backend import LOGICAL_TIMES as logical_times
 from ..backend import current_logical_time
 from ..durability.ports import DurabilityPorts
+from ..error_classes import error_type, no_wait_fixes
 from ..errors import WriteSupersededError
 from ..logical_time import WRITE_TIME_ARGUMENT
 from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.classify import error_type, no_wait_fixes
 from ..pipeline.steps import Deferred, Step, StepLayer
 
 

@@ -22,11 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import WriteNotKeptError
-from ..observability.failure_log import FailureLog
-from ..outcome import Outcome
-from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.classify import (
+from ..error_classes import (
     NO_WAIT_FIXES,
     CircuitOpenError,
     ErrorClass,
@@ -35,6 +31,10 @@ from ..pipeline.classify import (
     no_wait_fixes,
     safe_message,
 )
+from ..errors import WriteNotKeptError
+from ..observability.failure_log import FailureLog
+from ..outcome import Outcome
+from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.steps import Step, StepLayer
 from ..pipeline.strict_mode import forced as strict_forced
 from ..policy import Kind

@@ -24,9 +24,9 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from ..error_classes import error_type
 from ..observability.rate_limited_log import RateLimitedLog
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.classify import error_type
 from ..pipeline.steps import Step, StepLayer
 from ..telemetry.memory_health_gauge import DEFAULT_MAX_KEYS, MemoryHealthTracker, memory_health_tracker
 

@@ -15,9 +15,9 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from ..config import RetryConfig
+from ..error_classes import ErrorClass, classify, error_type, reached_backend
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.classify import ErrorClass, classify, error_type, reached_backend
 from ..pipeline.steps import Deferred, Step, StepLayer
 
 _FIRST_BACKOFF = (

@@ -47,12 +47,12 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from ..durability.ports import DurabilityPorts, HeldWriteLookups, WaitingCount
+from ..error_classes import is_programming_error
 from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time
 from ..observability import telemetry_names as names
 from ..observability.store_gauge import store_total_gauge
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.classify import is_programming_error
 from ..pipeline.entry import is_hashable
 from ..pipeline.steps import Deferred, Handled, Step, StepLayer
 from ..policy import ArgGetter, Kind, Merge

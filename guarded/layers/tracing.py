@@ -19,9 +19,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
+from ..error_classes import error_type, safe_message
 from ..observability import telemetry_names as names
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.classify import error_type, safe_message
 from ..pipeline.steps import Handled, Step, StepLayer
 
 RECHECK_SECONDS = 0.001

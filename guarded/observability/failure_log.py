@@ -6,20 +6,29 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
+from ..error_classes import error_type, operational_condition, safe_message
 from ..outcome import Outcome
-from ..pipeline.classify import error_type, operational_condition, safe_message
 from . import telemetry_names as names
 from .per_registry import PerRegistry
 from .rate_limited_log import RateLimitedLog
 
-if TYPE_CHECKING:
-    from ..pipeline.call import MethodSetup
-
 logger = logging.getLogger("guarded")
+
+
+class FailedMethod(Protocol):
+    """The method a failure is logged for (a layer's :class:`~guarded.pipeline.call.MethodSetup`)."""
+
+    @property
+    def store_name(self) -> str: ...
+
+    @property
+    def label(self) -> str:
+        """The ``method`` label: ``save_event``, ``artifact_store.get`` ..."""
+        ...
 
 
 class FailureLog:
@@ -78,7 +87,7 @@ class FailureLog:
             },
         )
 
-    def dead_lettered(self, method: MethodSetup, exc: BaseException) -> None:
+    def dead_lettered(self, method: FailedMethod, exc: BaseException) -> None:
         """Log the failure ``exc`` of a write of ``method`` that was dead-lettered (held for
         replay, the caller answered normally)."""
         self.failure(
@@ -92,7 +101,7 @@ class FailureLog:
 
 class OperationalErrors:
     """``guarded_store_operational_errors_total{store, method, condition}`` of one registry: failures
-    on an operational condition (see :func:`guarded.pipeline.classify.operational_condition`)."""
+    on an operational condition (see :func:`guarded.error_classes.operational_condition`)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.counter = Counter(

@@ -10,6 +10,8 @@ method, outcome) — never a trace id or session id.
 
 from __future__ import annotations
 
+from .. import error_classes
+
 # --- label names --------------------------------------------------------------------------------
 
 LABEL_STORE = "store"
@@ -226,17 +228,8 @@ connections — by store, method and ``condition`` (:data:`OPERATIONAL_CONDITION
 failed so are held and replayed, never parked; the condition needs an operator: alert on any
 increase. Batched writes count once each."""
 LABEL_CONDITION = "condition"
-OPERATIONAL_CONDITIONS: tuple[str, ...] = (
-    "undefined_object",
-    "insufficient_privilege",
-    "read_only",
-    "server_unavailable",
-    "too_many_connections",
-    "insufficient_resources",
-    "schema_mismatch",
-    "system_error",
-)
-"""Every value of the ``condition`` label (see :mod:`guarded.pipeline.classify` and docs/durability.md,
+OPERATIONAL_CONDITIONS = error_classes.OPERATIONAL_CONDITIONS
+"""Every value of the ``condition`` label (see :mod:`guarded.error_classes` and docs/durability.md,
 "What a failure means"): a missing table, column, function, schema or database; a missing grant or
 a refused login; a read-only transaction; a server shutting down or starting up; too many
 connections; a full disk or out of memory; a statement the schema does not match; an I/O error."""

@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 from ..codec import CODECS, DEFAULT_TYPES, installed_types
+from ..error_classes import redact_quoted
 from ..errors import CallerError
 from ..policy import Argument, MethodPolicy
 from ..protocol import LEGACY_ALIASES
 from .call import Call
-from .classify import redact_quoted
 
 Check = Callable[[tuple[Any, ...], Mapping[str, Any]], None]
 """Raises :class:`~guarded.errors.CallerError` when a call's ``(args, kwargs)`` are wrong."""

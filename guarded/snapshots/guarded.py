@@ -57,9 +57,9 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from ..config import GuardConfig, MethodConfig, build_config
 from ..context_vars import reset_context_var
+from ..error_classes import CircuitOpenError, no_wait_fixes, safe_message
 from ..guard_core import GuardCore, GuardedStore, make_proxy, register
 from ..pipeline.call import Layer
-from ..pipeline.classify import CircuitOpenError, no_wait_fixes, safe_message
 from ..policy import MethodPolicy
 from ..policy_table import PolicyTable
 from .content import SnapshotContent

@@ -41,10 +41,10 @@ from ..config import former_default_spill_path
 from ..deadletter.replay import ReplayRejected
 from ..deadletter.slots import named_spill_path, sibling_spill_path, split_extension
 from ..durability.ports import DurabilityPorts
+from ..error_classes import ErrorClass, error_type, no_wait_fixes, safe_message
 from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
-from ..pipeline.classify import ErrorClass, error_type, no_wait_fixes, safe_message
 from ..store_identity import store_identity
 from .content import SnapshotContent
 from .file_store import FileSnapshotStore, names_a_directory

@@ -17,10 +17,10 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
+from ..error_classes import error_type, safe_message
 from ..observability import telemetry_names as names
 from ..observability.per_registry import PerRegistry
 from ..observability.rate_limited_log import RateLimitedLog
-from ..pipeline.classify import error_type, safe_message
 
 TASK_SINK_ERRORS = names.TASK_SINK_ERRORS
 LABEL_SINK = names.LABEL_SINK

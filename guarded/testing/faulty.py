@@ -5,7 +5,7 @@ which :class:`Fault` to apply:
 
 * ``Fault.error_before(exc)``: raise without calling the store. The request provably never
   reached the backend, so the exception carries ``reached_backend = False``
-  (:func:`guarded.pipeline.classify.reached_backend` answers ``False``).
+  (:func:`guarded.error_classes.reached_backend` answers ``False``).
 * ``Fault.error_after(exc)``: call the store (the write happens), then raise as if the response
   had been lost; the exception carries ``reached_backend = True``.
 * ``Fault.hang()``: never return (until :meth:`FaultInjector.release` or cancellation).

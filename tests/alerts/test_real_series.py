@@ -21,8 +21,8 @@ from prometheus_client.samples import Sample
 
 from dashboards import alerts
 from guarded.backends.memory import InMemoryStateStore
+from guarded.batching.batcher import Batcher, PendingWrite
 from guarded.config import BatchConfig, GuardConfig, RetryConfig
-from guarded.durability.batching import Batcher, PendingWrite
 from guarded.guard import guard
 from guarded.observability import telemetry_names as names
 from guarded.testing import Fault, FaultPlan, FaultyStore

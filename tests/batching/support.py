@@ -10,9 +10,9 @@ from typing import Any, TypeVar, overload
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
+from guarded.batching.batcher import Batcher, PendingWrite, Writer
+from guarded.bulk_forms import bulk_args, bulk_method_for
 from guarded.config import BatchConfig
-from guarded.durability.batching import Batcher, PendingWrite, Writer
-from guarded.durability.bulk_forms import bulk_args, bulk_method_for
 from tests.support.aio import settle  # noqa: F401 - shared, re-exported
 from tests.support.records import event
 

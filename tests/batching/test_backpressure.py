@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from guarded.backends.memory import InMemoryStateStore
-from guarded.durability.batching import Batcher, PendingWrite
+from guarded.batching.batcher import Batcher, PendingWrite
 
 from .support import StoreWriter, deadline, event_write, make, settle
 

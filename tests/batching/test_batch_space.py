@@ -1,5 +1,5 @@
 """The batcher's backpressure alone: slots, first-come-first-served waiters, deadlines,
-cancellation and closing (guarded.durability.batch_space)."""
+cancellation and closing (guarded.batching.batcher)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from guarded.durability.batch_space import BatchSpace
+from guarded.batching.batcher import BatchSpace
 
 
 def far() -> float:

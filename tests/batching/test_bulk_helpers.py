@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from guarded.backends.memory import InMemoryStateStore
-from guarded.durability.batching import PendingWrite
-from guarded.durability.bulk_forms import bulk_args, bulk_method_for
+from guarded.batching.batcher import PendingWrite
+from guarded.bulk_forms import bulk_args, bulk_method_for
 from guarded.models import PlannerEvent, StateUpdate, StoredEvent, UpdateType
 
 from .support import event

@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
+from guarded.batching.batcher import Batcher, PendingWrite
 from guarded.config import BatchConfig
-from guarded.durability.batching import Batcher, PendingWrite
 
 from .support import StoreWriter, deadline, event_write, make, settle
 

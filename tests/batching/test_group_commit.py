@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from guarded.backends.memory import InMemoryStateStore
-from guarded.durability.batching import Batcher, PendingWrite
+from guarded.batching.batcher import Batcher, PendingWrite
 from guarded.outcome import Outcome
 
 from .support import StoreWriter, deadline, event_write, make, settle

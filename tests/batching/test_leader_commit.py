@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from guarded import controller, guard
 from guarded.backends.memory import InMemoryStateStore
+from guarded.batching.batcher import ALONE, NO_ROOM, QUEUED, Batcher, PendingWrite
 from guarded.config import BatchConfig, DeadLetterConfig, GuardConfig
-from guarded.durability.batching import ALONE, NO_ROOM, QUEUED, Batcher, PendingWrite
 from guarded.models import StateUpdate, StoredEvent, UpdateType
 from guarded.outcome import Outcome
 

@@ -1,4 +1,4 @@
-"""The batcher's lone-write path with a scripted :class:`~guarded.durability.batch_queue.LoneWriter`
+"""The batcher's lone-write path with a scripted :class:`~guarded.batching.batcher.LoneWriter`
 (expect this call, answer with that): the write's own call is awaited in the caller's task, its
 failure goes to ``one_failed``, a write the lone writer declines goes through the writer, and
 ``aclose()`` abandoning a lone write in flight leaves the owner's verdict with the caller and no
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from guarded.batching.batcher import ALONE, Batcher, PendingWrite
 from guarded.config import BatchConfig
-from guarded.durability.batching import ALONE, Batcher, PendingWrite
 from guarded.outcome import Outcome
 
 from .support import LONG, event_write

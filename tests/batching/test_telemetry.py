@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.memory import InMemoryStateStore
-from guarded.durability.batching import PendingWrite
+from guarded.batching.batcher import PendingWrite
 from tests.support.metrics import sample
 
 from .support import StoreWriter, deadline, event_write, make, settle

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from guarded import GuardConfig, controller, guard
 from guarded.backends.memory import InMemoryStateStore
 from guarded.backends.postgres.error_classifier import POSTGRES_ERRORS
+from guarded.bulk_forms import bulk_methods_of
 from guarded.config import DeadLetterConfig
 from guarded.deadletter import (
     REPLAY_FAILURE_STREAK,
@@ -26,9 +27,8 @@ from guarded.deadletter import (
     store_sender,
 )
 from guarded.deadletter.replay import REPLAY_BACKOFF_MAX, replay_backoff
-from guarded.durability.bulk_forms import bulk_methods_of
+from guarded.error_classes import CircuitOpenError, ErrorClass, register_classifier
 from guarded.models import StoredEvent
-from guarded.pipeline.classify import CircuitOpenError, ErrorClass, register_classifier
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.deadletter.support import Clock, buffer, event
 

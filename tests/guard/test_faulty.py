@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 
 from guarded.backends.memory import InMemoryStateStore
+from guarded.error_classes import reached_backend
 from guarded.errors import InvalidPayloadError
-from guarded.pipeline.classify import reached_backend
 from guarded.testing import Ending, Fault, FaultInjector, FaultKind, FaultPlan, FaultyStore, fault_injector
 
 from .support import Stopwatch, event

@@ -15,9 +15,9 @@ import guarded.layers.retry as retry_module
 from guarded.backend import current_idempotency_key
 from guarded.backends.memory import InMemoryStateStore
 from guarded.config import MethodConfig, RetryConfig
+from guarded.error_classes import BackendNotReachedError, ErrorClass, classify, reached_backend
 from guarded.errors import CallerError, InvalidPayloadError
 from guarded.guard import guard
-from guarded.pipeline.classify import BackendNotReachedError, ErrorClass, classify, reached_backend
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.support.metrics import calls, retries
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from guarded.durability.local_artifacts import InMemoryArtifactStore, artifact_id
 from guarded.errors import InvalidPayloadError, WriteNotKeptError
 from guarded.layers.artifact_fallback import LocalArtifactFallbackLayer
+from guarded.local_artifacts import InMemoryArtifactStore, artifact_id
 from guarded.models import ArtifactRef
 from guarded.observability.failure_log import FailureLog
 from guarded.outcome import Outcome

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from guarded.config import BreakerConfig
+from guarded.error_classes import CircuitOpenError
 from guarded.errors import CallerError
 from guarded.layers import CircuitBreakerLayer
 from guarded.layers.breaker import BreakerState, CircuitBreaker
 from guarded.layers.bulkhead import BulkheadTimeoutError
-from guarded.pipeline.classify import CircuitOpenError
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call
 from tests.support.scripted import ScriptedService

@@ -12,11 +12,11 @@ import asyncio
 
 import pytest
 
+from guarded.error_classes import ErrorClass, classify, counts_against_backend, reached_backend
 from guarded.layers.bulkhead import Bulkhead, BulkheadLayer, BulkheadTimeoutError
 from guarded.layers.fallback import failure_outcome
 from guarded.outcome import Outcome
 from guarded.pipeline.call import Call, MethodSetup, Service
-from guarded.pipeline.classify import ErrorClass, classify, counts_against_backend, reached_backend
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call
 from tests.support.scripted import GatedService, ScriptedService

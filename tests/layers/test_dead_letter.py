@@ -15,12 +15,12 @@ import logging
 
 import pytest
 
+from guarded.error_classes import CircuitOpenError, error_type
 from guarded.errors import CallerError, InvalidPayloadError
 from guarded.layers.dead_letter import DeadLetterLayer
 from guarded.logical_time import WRITE_TIME_ARGUMENT
 from guarded.observability.failure_log import FailureLog
 from guarded.outcome import Outcome
-from guarded.pipeline.classify import CircuitOpenError, error_type
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call
 from tests.support.ports import FakeBuffer, FakeGate, FakeQueue, Opening, fake_ports

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from guarded.error_classes import CircuitOpenError
 from guarded.errors import CallerError, InvalidPayloadError
 from guarded.layers import FallbackLayer
 from guarded.observability.failure_log import FailureLog
 from guarded.outcome import Outcome
-from guarded.pipeline.classify import CircuitOpenError
 from tests.support.layers import method_setup, new_call
 from tests.support.scripted import ScriptedService
 

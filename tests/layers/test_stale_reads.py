@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded.durability.batching import PendingWrite
+from guarded.batching.batcher import PendingWrite
+from guarded.error_classes import CircuitOpenError
 from guarded.errors import CallerError
 from guarded.layers.bulkhead import BulkheadTimeoutError
 from guarded.layers.stale_reads import StaleCache, StaleReadLayer
 from guarded.logical_time import WRITE_TIME_ARGUMENT
 from guarded.outcome import Outcome
 from guarded.pipeline.call import Call
-from guarded.pipeline.classify import CircuitOpenError
 from guarded.policy_table import PolicyTable
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call

@@ -7,7 +7,7 @@ never replayed, the caller never told. Now they are held in the dead-letter buff
 table is back: after a drain all 50 are in PostgreSQL and nothing is parked.
 
 The other operational conditions are provoked on the real server too (a read-only transaction, a
-missing grant) to check that asyncpg raises what :mod:`guarded.pipeline.classify` expects.
+missing grant) to check that asyncpg raises what :mod:`guarded.error_classes` expects.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from prometheus_client import CollectorRegistry
 
 from guarded.backends.postgres import PostgresStateStore
 from guarded.config import BreakerConfig, DeadLetterConfig, GuardConfig, RetryConfig, TimeoutConfig
+from guarded.error_classes import ErrorClass, classify, operational_condition
 from guarded.guard import controller, guard
 from guarded.models import StoredEvent
 from guarded.observability import telemetry_names as names
-from guarded.pipeline.classify import ErrorClass, classify, operational_condition
 from tests.support import records
 
 from .conftest import StoreFactory

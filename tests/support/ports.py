@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from guarded.durability.batching import NO_ROOM, PendingWrite
+from guarded.batching.batcher import NO_ROOM, PendingWrite
 from guarded.durability.ports import DurabilityPorts, Held, Lifecycle
 from guarded.outcome import Outcome
 from guarded.policy import MethodPolicy

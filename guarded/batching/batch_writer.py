@@ -1,4 +1,4 @@
-"""The batcher's writer (:data:`~guarded.durability.batching.Writer`): how a flush of queued
+"""The batcher's writer (:data:`~guarded.batching.batcher.Writer`): how a flush of queued
 writes of one method reaches the backend.
 
 One bulk call when the backend has the method's bulk form (a batch of one goes out as the single
@@ -19,17 +19,17 @@ from types import MappingProxyType
 from typing import Any
 
 from ..backend import ITEM_KEYS as _ITEM_KEYS
+from ..bulk_forms import bulk_args, bulk_method_for
 from ..deadletter import DeadLetterBuffer
+from ..error_classes import error_type, is_programming_error, no_wait_fixes
 from ..errors import InvalidPayloadError, WriteNotKeptError
 from ..observability.failure_log import OperationalErrors
 from ..outcome import Outcome
-from ..pipeline.classify import error_type, is_programming_error, no_wait_fixes
 from ..pipeline.idempotency import WRITE_KEY_ARGUMENT, item_keys
 from ..pipeline.steps import raising
 from ..policy_table import PolicyTable
 from ..protocol import LEGACY_NAMES
-from .batching import PendingWrite
-from .bulk_forms import bulk_args, bulk_method_for
+from .batcher import PendingWrite
 
 InternalCall = Callable[[str, tuple[Any, ...], Mapping[str, Any]], Awaitable[Any]]
 """Runs ``method(*args, **kwargs)`` on the backend through breaker, retry and timeout; raises."""
@@ -48,7 +48,7 @@ _ITEM_ARITY = {
 
 
 def _bulk_args(method: str, writes: Sequence[PendingWrite]) -> tuple[Any, ...]:
-    """:func:`~guarded.durability.bulk_forms.bulk_args` of a flush, without a call per write when every write
+    """:func:`~guarded.bulk_forms.bulk_args` of a flush, without a call per write when every write
     passed its item's arguments positionally (the usual case)."""
     arity = _ITEM_ARITY.get(method)
     if arity == 1:

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from ..codec import ARTIFACT_REF, ARTIFACT_SCOPE, check_text, to_json_object
-from ..errors import InvalidPayloadError
-from ..models import ArtifactRef, ArtifactRetentionConfig, ArtifactScope
+from .codec import ARTIFACT_REF, ARTIFACT_SCOPE, check_text, to_json_object
+from .errors import InvalidPayloadError
+from .models import ArtifactRef, ArtifactRetentionConfig, ArtifactScope
 
 _INVALID_NAMESPACE_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
 

@@ -39,8 +39,7 @@ import socket
 from enum import Enum
 from typing import Protocol
 
-from ..errors import CallerError, GuardedError, InvalidPayloadError, SteeringValidationError
-from ..observability import telemetry_names as names
+from .errors import CallerError, GuardedError, InvalidPayloadError, SteeringValidationError
 
 
 class ErrorClass(str, Enum):
@@ -71,8 +70,18 @@ TOO_MANY_CONNECTIONS = "too_many_connections"
 INSUFFICIENT_RESOURCES = "insufficient_resources"
 SCHEMA_MISMATCH = "schema_mismatch"
 SYSTEM_ERROR = "system_error"
-OPERATIONAL_CONDITIONS = names.OPERATIONAL_CONDITIONS
-"""Every value of the ``condition`` label, defined once in :mod:`guarded.observability.telemetry_names`."""
+OPERATIONAL_CONDITIONS: tuple[str, ...] = (
+    UNDEFINED_OBJECT,
+    INSUFFICIENT_PRIVILEGE,
+    READ_ONLY,
+    SERVER_UNAVAILABLE,
+    TOO_MANY_CONNECTIONS,
+    INSUFFICIENT_RESOURCES,
+    SCHEMA_MISMATCH,
+    SYSTEM_ERROR,
+)
+"""Every value of the ``condition`` label (the metric catalog,
+:mod:`guarded.observability.telemetry_names`, lists these)."""
 
 
 _BY_VALUE = {kind.value: kind for kind in ErrorClass}

@@ -14,11 +14,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..backend import BULK_FORMS, UNTIMED_REPLAY
-from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time, logical_times, replaying
-from ..pipeline.idempotency import KEPT_ARGUMENTS, WRITE_KEY_ARGUMENT, item_keys
-from ..policy import MethodPolicy
-from ..policy_table import PolicyTable
+from .backend import BULK_FORMS, UNTIMED_REPLAY
+from .logical_time import WRITE_TIME_ARGUMENT, kept_write_time, logical_times, replaying
+from .pipeline.idempotency import KEPT_ARGUMENTS, WRITE_KEY_ARGUMENT, item_keys
+from .policy import MethodPolicy
+from .policy_table import PolicyTable
 
 _TABLE = PolicyTable.for_state_store()
 

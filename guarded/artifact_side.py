@@ -9,23 +9,23 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..codec import RecordTypes, record_types_of
-from ..config import GuardConfig
-from ..deadletter.slots import sibling_spill_path
-from ..deadletter.telemetry import REFUSE_DISK_CAP, BufferCounters
-from ..errors import WriteNotKeptError
-from ..layers.artifact_fallback import LocalArtifactFallbackLayer
-from ..models import ArtifactRetentionConfig
-from ..policy_table import PolicyTable
-from ..store_identity import durable_across_processes, store_identity
+from .codec import RecordTypes, record_types_of
+from .config import GuardConfig
+from .deadletter.slots import sibling_spill_path
+from .deadletter.telemetry import REFUSE_DISK_CAP, BufferCounters
+from .durability.owner import Durability
+from .errors import WriteNotKeptError
+from .layers.artifact_fallback import LocalArtifactFallbackLayer
 from .local_artifacts import InMemoryArtifactStore
-from .owner import Durability
+from .models import ArtifactRetentionConfig
+from .policy_table import PolicyTable
+from .store_identity import durable_across_processes, store_identity
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from ..guard_core import GuardCore
-    from ..pipeline.call import Layer
+    from .guard_core import GuardCore
+    from .pipeline.call import Layer
 
 GuardArtifacts = Callable[["GuardCore", object, "list[Layer]"], "tuple[GuardCore, object]"]
 """Guards a backend's artifact store for the guard of ``core`` with the given degraded layers:
