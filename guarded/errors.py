@@ -51,7 +51,7 @@ class CallerError(GuardedError, TypeError):
     """A call the caller got wrong: arguments that do not bind to the method's signature, or an
     argument of the wrong type (a string where a ``StoredEvent`` belongs).
 
-    Raised by the guard before the call reaches anything else (see :mod:`guarded.pipeline.call_check`):
+    Raised by the guard before the call reaches anything else (see :mod:`guarded.layers.call_check`):
     the call ends with outcome ``rejected`` and an ERROR log record (in strict mode it raises to
     the caller). The message names the method, the argument and the type it got, never a value.
     """

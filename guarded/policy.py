@@ -131,7 +131,7 @@ class Ids:
 
 @dataclass(frozen=True, slots=True)
 class Argument:
-    """An argument checked before a call enters the chain (:mod:`guarded.pipeline.call_check`): a wrong
+    """An argument checked before a call enters the chain (:mod:`guarded.layers.call_check`): a wrong
     type is the caller's bug, rejected at once, never held or parked."""
 
     name: str

@@ -7,7 +7,9 @@ is a duck-typed capability that PenguiFlow detects with ``hasattr`` / ``getattr`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import inspect
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -327,6 +329,52 @@ def capabilities(store: object) -> CapabilityReport:
         legacy_aliases=tuple(name for name in LEGACY_ALIASES if hasattr(store, name)),
         artifact_store_type=type(artifact_store).__qualname__ if artifact_store is not None else None,
     )
+
+
+@functools.cache
+def protocol_signatures() -> Mapping[str, inspect.Signature]:
+    """The signatures (without ``self``) of the methods of the StateStore protocol and its
+    capabilities, and of the ``ArtifactStore``; legacy aliases as their targets."""
+    classes: list[type] = [ArtifactStore]
+    classes.extend(
+        found for found in globals().values() if isinstance(found, type) and found.__module__ == __name__
+    )
+    found: dict[str, inspect.Signature] = {}
+    for cls in classes:
+        for name, member in vars(cls).items():
+            if name.startswith("_") or not inspect.iscoroutinefunction(member):
+                continue
+            signature = inspect.signature(member)
+            parameters = list(signature.parameters.values())[1:]
+            found.setdefault(name, signature.replace(parameters=parameters))
+    for alias, target in LEGACY_ALIASES.items():
+        if target in found:
+            found.setdefault(alias, found[target])
+    return found
+
+
+def protocol_signature(name: str) -> inspect.Signature | None:
+    """The protocol's signature of method ``name`` (see :func:`protocol_signatures`), or ``None``
+    for a method the protocols do not define."""
+    found: inspect.Signature | None = protocol_signatures().get(name)
+    return found
+
+
+def own_signature(method: object) -> inspect.Signature | None:
+    """``method``'s signature, unless it has none or takes anything (``*args`` and ``**kwargs``:
+    a wrapper or a proxy, whose signature says nothing of what the call needs)."""
+    if method is None or not callable(method):
+        return None
+    try:
+        # The signature of what is called: a decorator's wrapper may supply arguments itself
+        # (a connection, a tenant), so the wrapped function's parameters are not the caller's.
+        signature = inspect.signature(method, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return None
+    kinds = {parameter.kind for parameter in signature.parameters.values()}
+    if inspect.Parameter.VAR_POSITIONAL in kinds and inspect.Parameter.VAR_KEYWORD in kinds:
+        return None
+    return signature
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""guarded.pipeline.call_check: the quick binding agrees with ``inspect.Signature.bind`` on every call."""
+"""guarded.layers.call_check: the quick binding agrees with ``inspect.Signature.bind`` on every call."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 
 from guarded.codec import installed_types
 from guarded.errors import CallerError
-from guarded.pipeline.call_check import argument_check, call_hook, protocol_signature
+from guarded.layers.call_check import argument_check, call_hook
 from guarded.policy import Argument
 from guarded.policy_table import PolicyTable
+from guarded.protocol import protocol_signature
 
 SIGNATURES = [
     "def f(a): pass",
@@ -132,7 +133,7 @@ def _outcome(check: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 def test_the_fast_path_accepts_and_refuses_exactly_what_the_full_check_does(
     method: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import guarded.pipeline.call_check as call_check
+    import guarded.layers.call_check as call_check
 
     policy = PolicyTable.for_state_store().get(method)
     signature = protocol_signature(method)

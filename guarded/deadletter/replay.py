@@ -28,9 +28,8 @@ from ..error_classes import (
     safe_message,
 )
 from ..errors import GuardedError, InvalidPayloadError, WriteSupersededError
-from ..pipeline.call_check import own_signature, protocol_signature
 from ..pipeline.idempotency import KEPT_ARGUMENTS, replayed_call
-from ..protocol import LEGACY_NAMES
+from ..protocol import LEGACY_NAMES, own_signature, protocol_signature
 from .call_codec import CALL_ALIASES
 from .entries import DeadLetter, index_key_of_canonical
 from .gate import KeyGate, Slot
@@ -323,7 +322,7 @@ class CallCheck:
     signature (``inspect.signature(getattr(target, method)).bind(*args, **kwargs)``) are certain:
     :meth:`problem` says why, and the entry is parked at once. Without one, a call is checked
     against the protocol's signature of its method
-    (:func:`guarded.pipeline.call_check.protocol_signatures`), and so is a store method that takes anything
+    (:func:`guarded.protocol.protocol_signatures`), and so is a store method that takes anything
     (``*args, **kwargs``: a wrapper or proxy); a backend may accept more than the protocol, so such
     a call is only :meth:`doubtful`: it is sent alone, and parked when the store then refuses it
     with a ``TypeError``.
