@@ -112,15 +112,6 @@ BACKEND_IMPORTS_LEFT = frozenset(
         # The PostgreSQL pool metrics: the metric-name catalog and the per-registry collector.
         ("backends/postgres/metrics.py", "guarded.observability"),
         ("backends/postgres/metrics.py", "guarded.observability.per_registry"),
-        # The snapshot store: helpers of the snapshot interface not exported by guarded.snapshots.
-        ("backends/postgres/snapshot_content.py", "guarded.snapshots.content"),
-        ("backends/postgres/snapshot_content.py", "guarded.snapshots.safe_files"),
-        ("backends/postgres/snapshot_writes.py", "guarded.snapshots.content"),
-        ("backends/postgres/snapshots.py", "guarded.snapshots.derived"),
-        ("backends/postgres/snapshots.py", "guarded.snapshots.listing"),
-        ("backends/postgres/snapshots.py", "guarded.snapshots.manifests"),
-        ("backends/postgres/snapshots.py", "guarded.snapshots.migrations"),
-        ("backends/postgres/snapshots.py", "guarded.snapshots.record"),
     }
 )
 """Imports of the library's internals that backends still make, by file: this set may only
