@@ -62,6 +62,16 @@ hosts' clocks: keep them synchronised (NTP) to well under the shortest outage yo
 A backend that does not opt in is still protected within one process by the guard's own
 bookkeeping, but not against another worker's newer write.
 
+**Metrics of a backend** (pool use, table sizes, ...) are Prometheus metrics like the guard's. Take
+their names from :data:`metric_names`, the one catalog of every name guarded emits (the dashboards
+and alert rules are built from the same constants; a new backend adds its names there, prefixed
+``guarded_<backend>_``, with base units and ``_total`` for counters), and label them with
+:data:`~guarded.observability.telemetry_names.LABEL_STORE` plus only bounded labels of its own.
+prometheus-client refuses a second metric of one name in a registry, so build the families once per
+registry with :class:`PerRegistry` (``families_for = PerRegistry(build)``; ``families_for(registry)``
+builds on first use and shares afterwards) and give each store its own labelled children, removed
+when it closes.
+
 **What a backend may declare**: the attributes of :class:`BackendDeclarations`, each optional, each
 read once when the guard is built; and the bulk forms of :data:`BULK_FORMS`, which the guard uses
 when the backend has a method of that name.
@@ -99,6 +109,8 @@ from .local_artifacts import (
     artifact_id,
     sanitize_artifact_namespace,
 )
+from .observability import telemetry_names as metric_names
+from .observability.per_registry import PerRegistry
 from .policy_table import PolicyTable
 from .steering import sanitize_steering_event
 
@@ -331,6 +343,7 @@ __all__ = [
     "ErrorClass",
     "ErrorClassifier",
     "InMemoryArtifactStore",
+    "PerRegistry",
     "UnknownSettingError",
     "WriteSupersededError",
     "age_of",
@@ -343,6 +356,7 @@ __all__ = [
     "current_unanswered_keys",
     "is_replay",
     "merge_logical_time",
+    "metric_names",
     "next_logical_time",
     "parse_duration",
     "register_classifier",

@@ -9,7 +9,7 @@
 
 The connection comes from ``--dsn`` (else ``GUARDED_PG_DSN`` / ``DATABASE_URL`` / asyncpg's
 ``PG*`` variables and defaults) and the schema from ``--schema`` (else ``GUARDED_PG_SCHEMA``, else
-``public``). Exit codes follow :mod:`guarded.cli.support`: 0 success, 1 a problem (a checksum
+``public``). Exit codes follow :mod:`guarded.cli.plugin`: 0 success, 1 a problem (a checksum
 mismatch, a schema newer than this code, a failed migration), 2 user error, 3 database
 unreachable (the error names the target tried), 4 migrations pending, 130 interrupted.
 """
@@ -28,19 +28,21 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from guarded.cli.formatting import Column, format_bytes, print_table
-from guarded.cli.progress import Progress
-from guarded.cli.support import (
+from guarded.cli.plugin import (
     EXIT_NOT_MIGRATED,
     EXIT_OK,
     EXIT_PROBLEM,
+    Column,
     CommandError,
     NotMigratedError,
     ProblemError,
+    Progress,
     UsageError,
     duration,
+    format_bytes,
     format_duration,
     interrupted,
+    print_table,
     report,
     whole_number,
 )
@@ -62,7 +64,7 @@ from .schema_migrations import (
 from .schema_names import validate_schema_name
 
 if TYPE_CHECKING:
-    from guarded.cli import Subparsers
+    from guarded.cli.plugin import Subparsers
 
 EXIT_CODES_EPILOG = (
     "exit codes: 0 success; 1 a problem was found or the operation failed; 2 user error; "

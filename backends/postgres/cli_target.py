@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from guarded.cli.support import CommandError, UnreachableError, UsageError
+from guarded.cli.plugin import CommandError, UnreachableError, UsageError
 
 from .target import target_identity
 
@@ -106,7 +106,7 @@ def is_unreachable(exc: BaseException) -> bool:
 
 
 def connect_failure(exc: BaseException, target: Target, *, doing: str = "connect to") -> CommandError:
-    """The :class:`~guarded.cli.support.CommandError` for a failed connection to ``target``."""
+    """The :class:`~guarded.cli.plugin.CommandError` for a failed connection to ``target``."""
     if isinstance(exc, (asyncpg.ClientConfigurationError, ValueError, OverflowError)) and not is_unreachable(
         exc
     ):

@@ -1,7 +1,7 @@
 """Backend metrics for the dashboards: pool size and use, acquire wait, table rows and sizes, and
 the schema's migration version beside the newest one the code knows.
 
-Metric names come from :mod:`guarded.observability.telemetry_names` (one source of truth with the dashboards).
+Metric names come from :data:`guarded.backend.metric_names` (one source of truth with the dashboards).
 Metric families are created once per Prometheus registry and shared by every store that uses
 that registry; each store owns the children labelled with its ``store`` name and ``schema`` and
 removes them on close. Labels are bounded: store name and schema are operator-chosen, table
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from guarded.observability import telemetry_names as names
-from guarded.observability.per_registry import PerRegistry
+from guarded.backend import PerRegistry
+from guarded.backend import metric_names as names
 
 ACQUIRE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Pool acquire waits are normally sub-millisecond; the tail shows pool exhaustion."""

@@ -14,21 +14,24 @@ import hashlib
 from collections.abc import AsyncIterator, Mapping
 
 from guarded.snapshots import (
+    BLOB_CHUNK_BYTES,
+    MAX_LINE_BYTES,
     SECTIONS,
     BlobMismatchError,
+    ClosingContent,
+    SectionCheck,
     Snapshot,
     SnapshotContent,
     SnapshotCorruptError,
     SnapshotTooLargeError,
     SpooledSnapshot,
+    declared_of,
 )
-from guarded.snapshots.content import CHUNK, ClosingContent
-from guarded.snapshots.safe_files import MAX_LINE, SectionCheck, declared_of
 
 from .connection import Database
 from .schema_names import qualified
 
-ROW_LIMIT = MAX_LINE + CHUNK
+ROW_LIMIT = MAX_LINE_BYTES + BLOB_CHUNK_BYTES
 """Bytes a stored batch may hold (a save writes at most 1 MiB, or one line): a larger row is
 refused without being fetched."""
 
@@ -58,14 +61,14 @@ class BlobReader:
                 f"octet_length(data) AS size FROM {self._chunks} WHERE digest = $1 AND chunk = $2",
                 digest,
                 index,
-                CHUNK,
+                BLOB_CHUNK_BYTES,
             )
             if row is None:
                 raise SnapshotCorruptError(f"artifact blob {digest} is missing (chunk {index} of {count})")
             if row["data"] is None:
                 raise SnapshotTooLargeError(
                     f"artifact blob {digest}: chunk {index} holds {row['size']} bytes, more than the "
-                    f"{CHUNK} a chunk may: refused unread"
+                    f"{BLOB_CHUNK_BYTES} a chunk may: refused unread"
                 )
             hasher.update(row["data"])
             yield bytes(row["data"])
@@ -166,17 +169,17 @@ class MigratedContent(SpooledSnapshot):
 
 
 async def blob_chunks(content: SnapshotContent, digest: str) -> AsyncIterator[bytes]:
-    """A content's blob in chunks of at most :data:`CHUNK` bytes, without reading it whole when the
+    """A content's blob in chunks of at most :data:`BLOB_CHUNK_BYTES` bytes, without reading it whole when the
     content can stream it (a local file, a PostgreSQL content: their streams check the hash)."""
     streaming = getattr(content, "blob_chunks", None)
     if callable(streaming):
         async for chunk in streaming(digest):
-            for start in range(0, len(chunk), CHUNK):
-                yield chunk[start : start + CHUNK]
+            for start in range(0, len(chunk), BLOB_CHUNK_BYTES):
+                yield chunk[start : start + BLOB_CHUNK_BYTES]
         return
     data = await content.read_blob(digest)
-    for start in range(0, max(len(data), 1), CHUNK):
-        yield data[start : start + CHUNK]
+    for start in range(0, max(len(data), 1), BLOB_CHUNK_BYTES):
+        yield data[start : start + BLOB_CHUNK_BYTES]
 
 
 __all__ = [

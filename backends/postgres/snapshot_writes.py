@@ -14,8 +14,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from guarded.snapshots import SECTIONS, SnapshotContent, SnapshotCorruptError
-from guarded.snapshots.content import content_hash, parse
+from guarded.snapshots import SECTIONS, SnapshotContent, SnapshotCorruptError, content_hash, parse_line
 
 from .connection import Connection
 from .snapshot_content import blob_chunks
@@ -58,7 +57,7 @@ async def write_snapshot(conn: Connection, tables: Mapping[str, str], content: S
         writer = SectionRows(conn, tables["snapshot_lines"], snapshot.id, section)
         async for batch in content.lines(section):
             if section == "artifacts":
-                digests.update(str(parse(line)["blob"]) for line in batch)
+                digests.update(str(parse_line(line)["blob"]) for line in batch)
             await writer.add(batch)
         await writer.flush()
         hashes[section] = writer.digest

@@ -57,13 +57,17 @@ from guarded.snapshots import (
     SnapshotNotFoundError,
     SnapshotPage,
     SubjectKind,
+    checked_id,
+    decode_cursor,
+    diff_of,
+    encode_position,
+    format_version_of,
+    lineage_of,
+    listed_record,
     migrate,
+    normalize_tags,
+    retention_victims,
 )
-from guarded.snapshots.derived import diff_of, lineage_of
-from guarded.snapshots.listing import decode_cursor, encode_position, retention_victims
-from guarded.snapshots.manifests import listed_record
-from guarded.snapshots.migrations import format_version_of
-from guarded.snapshots.record import checked_id, normalize_tags
 
 from . import schema_migrations as migrations_module
 from .connection import Database, PoolSettings, create_pool, pool_settings

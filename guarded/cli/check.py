@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol import CapabilityReport, capabilities
 from ..testing.contract import CONTRACTS, DEFAULT_TIMEOUT, ContractReport, run_contracts, select_contracts
+from .plugin import BackendCommandLine, ScratchPlace, backend_command_lines, is_unreachable
 from .support import (
     EXIT_OK,
     EXIT_PROBLEM,
@@ -59,10 +60,8 @@ if TYPE_CHECKING:
 
 SCRATCH_PREFIX = "guarded_check_"
 """Scratch schemas (and namespaces) are named ``guarded_check_<16 hex digits>``."""
-POSTGRES_FACTORY_MODULE = "guarded.backends.postgres.factory"
 
 __all__ = [
-    "POSTGRES_FACTORY_MODULE",
     "SCRATCH_PREFIX",
     "Scratch",
     "UsageError",
@@ -175,28 +174,21 @@ def load_factory(spec: str) -> Any:
 
 def factory_failure(exc: BaseException, spec: str) -> CommandError:
     """The error for a factory that raised: exit 3 when its backend could not be reached."""
-    from guarded.backends.postgres.cli_target import is_unreachable, resolve_target
-
     why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     if not is_unreachable(exc):
         return UsageError(f"calling {spec!r} failed: {why}", "fix the factory or its configuration")
-    tried = ""
-    target = None
-    if spec.partition(":")[0] == POSTGRES_FACTORY_MODULE:
-        from guarded.backends.postgres.factory import config_from_env
-
-        with contextlib.suppress(Exception):
-            config = config_from_env()
-            found = resolve_target(None, config.schema, config.dsn)
-            tried = f" at {found.describe()}"
-            target = found.identity
-    hint = (
-        "set GUARDED_PG_DSN (or DATABASE_URL, or PGHOST and friends) and check that the server is up"
-        if tried
-        else "check that the store's backend is up and the factory's connection settings"
-    )
+    module = spec.partition(":")[0]
+    for command_line in backend_command_lines():
+        tried = command_line.factory_target(module)
+        if tried is not None:
+            return UnreachableError(
+                f"cannot reach the store's backend at {tried.description}: calling {spec!r} failed: {why}",
+                tried.hint,
+                target=tried.identity,
+            )
     return UnreachableError(
-        f"cannot reach the store's backend{tried}: calling {spec!r} failed: {why}", hint, target=target
+        f"cannot reach the store's backend: calling {spec!r} failed: {why}",
+        "check that the store's backend is up and the factory's connection settings",
     )
 
 
@@ -235,11 +227,22 @@ class Scratch:
     name: str
     spill_directory: str
     keep: bool
-    kind: str = "unverified"
-    """``postgresql_schema``, ``in_memory`` or ``unverified`` (a store guarded does not know)."""
-    target: str | None = None
+    place: ScratchPlace | None = None
+    """Where the store keeps its data, as its backend says; ``None`` for a store no backend knows."""
+    backend: BackendCommandLine | None = None
+    """The command line of the backend that knows the store."""
     dropped: bool = False
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        """``postgresql_schema``, ``in_memory``, ... or ``unverified`` (a store no backend knows)."""
+        return self.place.kind if self.place is not None else "unverified"
+
+    @property
+    def target(self) -> str | None:
+        """The server holding the namespace, when there is one."""
+        return self.place.target if self.place is not None else None
 
     @classmethod
     def create(cls, *, keep: bool) -> Scratch:
@@ -247,15 +250,14 @@ class Scratch:
         return cls(name, tempfile.mkdtemp(prefix=name + "-"), keep)
 
     def environment(self) -> dict[str, str]:
-        """The variables the factory runs with: the scratch schema, migrations on (it is new),
-        no table sampling, and the guard's spill file in the scratch directory."""
+        """The variables the factory runs with: each backend's for its scratch namespace (the
+        PostgreSQL schema, migrations on, no table sampling), and the guard's spill file in the
+        scratch directory."""
         spill = os.path.join(self.spill_directory, "{name}.sqlite")
-        variables = {
-            "GUARDED_PG_SCHEMA": self.name,
-            "GUARDED_PG_MIGRATE": "1",
-            "GUARDED_PG_STATS_INTERVAL": "none",
-            "GUARDED_DLQ_PATH": spill,
-        }
+        variables: dict[str, str] = {}
+        for command_line in backend_command_lines():
+            variables.update(command_line.scratch_variables(self.name))
+        variables["GUARDED_DLQ_PATH"] = spill
         for name in ("GUARDED_SPILL_PATH", "GUARDED_DEAD_LETTER__PATH"):
             if os.environ.get(name):
                 variables[name] = spill
@@ -263,20 +265,20 @@ class Scratch:
 
     def describe(self) -> str:
         """One line: where the check ran and what became of it."""
-        if self.kind == "postgresql_schema":
-            where = f"PostgreSQL schema {self.name} in {self.target}"
+        if self.place is None:
+            where = f"namespace {self.name} (GUARDED_PG_SCHEMA)"
+            fate = "not verified: guarded does not know where this store keeps its data"
+        else:
+            where = self.place.where
             fate = (
-                f'kept for inspection (drop it with: DROP SCHEMA "{self.name}" CASCADE)'
+                "nothing was persisted"
+                if self.place.drop_by_hand is None
+                else f"kept for inspection (drop it with: {self.place.drop_by_hand})"
                 if self.keep
                 else "dropped after the check"
                 if self.dropped
                 else "NOT dropped (see the warning above)"
             )
-        elif self.kind == "in_memory":
-            where, fate = "a new in-memory store", "nothing was persisted"
-        else:
-            where = f"namespace {self.name} (GUARDED_PG_SCHEMA)"
-            fate = "not verified: guarded does not know where this store keeps its data"
         spill = f"; a guard's spill files kept in {self.spill_directory}" if self.keep else ""
         return f"scratch: {where}, {fate}{spill}"
 
@@ -313,57 +315,40 @@ def _unwrapped(store: Any) -> Any:
 
 
 def _isolate(store: Any, scratch: Scratch, spec: str) -> None:
-    """Record where ``store`` keeps its data; refuse a PostgreSQL store outside the scratch schema."""
-    from guarded.backends.memory import InMemoryStateStore
-    from guarded.backends.postgres import PostgresStateStore
-
+    """Record where ``store`` keeps its data, as its backend says; its backend refuses a store
+    outside the scratch namespace."""
     inner = _unwrapped(store)
-    if isinstance(inner, PostgresStateStore):
-        if inner.schema != scratch.name:
-            raise UsageError(
-                f"the store from {spec!r} uses schema {inner.schema!r}, not the scratch schema "
-                f"{scratch.name} guarded check asked for, and the contracts would write into it",
-                "make the factory read GUARDED_PG_SCHEMA, "
-                "as guarded.backends.postgres.factory:create_store does",
-            )
-        scratch.kind = "postgresql_schema"
-        scratch.target = inner.target_identity.split("?", 1)[0]
-    elif isinstance(inner, InMemoryStateStore):
-        scratch.kind = "in_memory"
-    else:
-        scratch.kind = "unverified"
-        warn(
-            f"guarded check cannot verify where {type(inner).__module__}.{type(inner).__qualname__} "
-            "keeps its data (it knows the PostgreSQL and in-memory stores); make sure the factory does "
-            f"not point it at data you keep (GUARDED_PG_SCHEMA={scratch.name} was set for it)"
-        )
+    for command_line in backend_command_lines():
+        place = command_line.scratch_place(inner, scratch.name, spec)
+        if place is not None:
+            scratch.place, scratch.backend = place, command_line
+            return
+    warn(
+        f"guarded check cannot verify where {type(inner).__module__}.{type(inner).__qualname__} "
+        "keeps its data (no backend's command line knows it); make sure the factory does "
+        f"not point it at data you keep (GUARDED_PG_SCHEMA={scratch.name} was set for it)"
+    )
 
 
 async def _drop(store: Any, scratch: Scratch) -> None:
-    """Drop the scratch schema through the store's own pool (before the store closes it)."""
-    from guarded.backends.postgres.schema_names import quote_ident
-
+    """Drop the scratch namespace through the store (before the store closes it)."""
     from ..guard import GuardedStore, controller
 
+    if scratch.backend is None or scratch.place is None:
+        return
     if isinstance(store, GuardedStore):
         # Flush the guard's batches and replay what it holds first, so nothing writes into the
-        # schema after it is dropped.
+        # namespace after it is dropped.
         with contextlib.suppress(Exception):
             await controller(store).drain(5.0)
-    inner = _unwrapped(store)
     try:
-        pool = inner.pool
-    except RuntimeError:  # a lazy store that never connected: nothing was created
-        scratch.dropped = True
-        return
-    try:
-        async with pool.acquire() as conn:
-            await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(scratch.name)} CASCADE")
+        await scratch.backend.drop_scratch(_unwrapped(store), scratch.name)
     except Exception as exc:
-        scratch.problems.append(f"dropping schema {scratch.name} failed: {type(exc).__name__}: {exc}")
+        why = f"{type(exc).__name__}: {exc}"
+        scratch.problems.append(f"dropping the scratch {scratch.place.where} failed: {why}")
         warn(
-            f"could not drop the scratch schema {scratch.name}: {type(exc).__name__}: {exc}; drop it with: "
-            f'DROP SCHEMA "{scratch.name}" CASCADE'
+            f"could not drop the scratch {scratch.place.where}: {why}; "
+            f"drop it with: {scratch.place.drop_by_hand}"
         )
         return
     scratch.dropped = True
@@ -410,7 +395,7 @@ async def check(
                 capability_report = capabilities(store)
                 results = await run_contracts(store, only=only, per_contract_timeout=per_contract_timeout)
             finally:
-                if scratch.kind == "postgresql_schema" and not keep:
+                if scratch.place is not None and scratch.place.drop_by_hand is not None and not keep:
                     await _drop(store, scratch)
                 await close_store(store)
     finally:
@@ -487,9 +472,9 @@ def run(args: argparse.Namespace) -> int:
     except CommandError as exc:
         return report(exc)
     except KeyboardInterrupt:
-        if scratch.kind == "postgresql_schema":
+        if scratch.place is not None and scratch.place.drop_by_hand is not None:
             fate = "kept" if scratch.keep else "dropped" if scratch.dropped else "NOT dropped"
-            done = f"the scratch schema {scratch.name} in {scratch.target} was {fate}"
+            done = f"the scratch {scratch.place.where} was {fate}"
         else:
             done = "no results were printed"
         return report(interrupted(f"the check stopped before it finished; {done}"))

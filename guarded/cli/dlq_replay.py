@@ -33,6 +33,7 @@ from .dlq_files import (
     unknown_totals,
     writable_files,
 )
+from .plugin import is_unreachable
 from .progress import Progress
 from .support import (
     EXIT_OK,
@@ -113,8 +114,6 @@ class _Replay:
     @property
     def backend_down(self) -> bool:
         """The pass said so, or the last sends failed to reach the backend."""
-        from guarded.backends.postgres.cli_target import is_unreachable
-
         if any(summary.backend_down for _, summary, _, _ in self.done):
             return True
         return self.failure is not None and is_unreachable(self.failure)

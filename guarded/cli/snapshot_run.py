@@ -25,6 +25,7 @@ from ..snapshots import (
     SnapshotStoreUnavailableError,
 )
 from .check import build_store, close_store, load_factory
+from .plugin import command_error, is_unreachable
 from .support import (
     CommandError,
     NotMigratedError,
@@ -85,14 +86,10 @@ def run_action(
 
 
 def _backend_failure(exc: BaseException) -> CommandError:
-    from ..backends.postgres.cli_target import is_unreachable
-    from ..backends.postgres.schema_migrations import SchemaNotMigratedError, SchemaTooNewError
-
     why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    if isinstance(exc, SchemaNotMigratedError):
-        return NotMigratedError(str(exc), "run 'guarded pg migrate' for the store's schema")
-    if isinstance(exc, SchemaTooNewError):
-        return ProblemError(str(exc), "upgrade guarded")
+    meant = command_error(exc)
+    if meant is not None:
+        return meant
     if is_unreachable(exc):
         return UnreachableError(
             f"a store stopped answering: {why}", "check that its backend is up, then run the command again"
@@ -135,17 +132,16 @@ async def state_store(spec: str) -> Any:
 
 
 async def _build(spec: str) -> Any:
-    """The store a factory returns; a PostgreSQL schema that is not migrated exits 4, as
-    ``guarded pg`` commands do, not as a failing factory."""
-    from ..backends.postgres.schema_migrations import SchemaNotMigratedError
-
+    """The store a factory returns; a schema that is not migrated exits 4, as ``guarded pg``
+    commands do, not as a failing factory."""
     factory = load_factory(spec)
     try:
         return await build_store(factory, spec)
     except CommandError as exc:
         cause = exc.__cause__
-        if isinstance(cause, SchemaNotMigratedError):
-            raise NotMigratedError(str(cause), "run 'guarded pg migrate' for the store's schema") from cause
+        meant = None if cause is None else command_error(cause)
+        if isinstance(meant, NotMigratedError):
+            raise meant from cause
         raise
 
 

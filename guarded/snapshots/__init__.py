@@ -48,16 +48,39 @@ Pieces, one job each:
   ``parent_id``; ``diff`` may simply call :func:`diff_contents` on two loads; ``gc`` applies the
   :class:`RetentionPolicy` then deletes blobs no snapshot references, never one a save in progress
   is about to reference (the file backend holds a lock; a database would use a transaction).
+* Everything above is exported here, so a store of your own imports ``guarded.snapshots`` and
+  nothing deeper (the file store uses the same helpers): :func:`parse_line` reads a stored line,
+  :func:`content_hash` combines section hashes; :class:`SectionCheck` with :func:`declared_of`
+  checks a section as it is read, :data:`MAX_LINE_BYTES` bounds a line and
+  :data:`BLOB_CHUNK_BYTES` a blob chunk; :class:`ClosingContent` makes a loaded content an async
+  context manager; :func:`checked_id` refuses an impossible id before any lookup and
+  :func:`normalize_tags` puts tags in their stored form; :func:`format_version_of` reads a stored
+  manifest's version and :func:`listed_record` turns a manifest of any version into its record;
+  :func:`encode_position` / :func:`decode_cursor` make and read the opaque cursor from a
+  ``(created_at, id)`` position, :func:`retention_victims` applies a :class:`RetentionPolicy`;
+  :func:`lineage_of` and :func:`diff_of` implement ``lineage`` and ``diff`` over any store.
 * Run the contract suite: :func:`guarded.testing.snapshot_contract.run_snapshot_contracts`, or
   subclass :class:`guarded.testing.snapshot_contract.SnapshotStoreContract` with a
   ``snapshot_store`` fixture.
 """
 
 from .capture import capture
-from .content import DirectoryContent, SnapshotContent, SpooledSnapshot, records, verify_content
+from .content import (
+    ClosingContent,
+    DirectoryContent,
+    SnapshotContent,
+    SpooledSnapshot,
+    content_hash,
+    parse_line,
+    records,
+    verify_content,
+)
+from .derived import diff_of, lineage_of
 from .diff import diff_contents
 from .file_store import FileSnapshotStore
-from .migrations import DEFAULT_MIGRATIONS, Migration, MigrationRegistry, migrate
+from .listing import decode_cursor, encode_position, retention_victims
+from .manifests import listed_record
+from .migrations import DEFAULT_MIGRATIONS, Migration, MigrationRegistry, format_version_of, migrate
 from .record import (
     FORMAT_VERSION,
     SECTIONS,
@@ -68,8 +91,11 @@ from .record import (
     SnapshotDiff,
     SnapshotPage,
     SubjectKind,
+    checked_id,
+    normalize_tags,
 )
 from .restore import RestoreReport, restore
+from .safe_files import BLOB_CHUNK_BYTES, MAX_LINE_BYTES, SectionCheck, declared_of
 from .snapshot_errors import (
     BlobMismatchError,
     FormatTooNewError,
@@ -137,4 +163,21 @@ __all__ = [
     "migrate",
     "records",
     "restore",
+    # the snapshot-store interface: what a store implementation uses
+    "BLOB_CHUNK_BYTES",
+    "MAX_LINE_BYTES",
+    "ClosingContent",
+    "SectionCheck",
+    "checked_id",
+    "content_hash",
+    "declared_of",
+    "decode_cursor",
+    "diff_of",
+    "encode_position",
+    "format_version_of",
+    "lineage_of",
+    "listed_record",
+    "normalize_tags",
+    "parse_line",
+    "retention_victims",
 ]

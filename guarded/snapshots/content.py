@@ -29,8 +29,8 @@ from ..codec import JSONObject
 from .record import SECTIONS, Snapshot
 from .safe_files import (
     BATCH,
-    CHUNK,
-    MAX_LINE,
+    BLOB_CHUNK_BYTES,
+    MAX_LINE_BYTES,
     SectionCheck,
     blob_chunks_of_file,
     checked_digest,
@@ -58,7 +58,7 @@ def canonical(record: JSONObject) -> bytes:
         ).encode("utf-8")
 
 
-def parse(line: bytes) -> JSONObject:
+def parse_line(line: bytes) -> JSONObject:
     """The JSON object of a line written by :func:`canonical`."""
     try:
         value = orjson.loads(line)
@@ -109,7 +109,7 @@ async def records(content: SnapshotContent, section: str) -> AsyncIterator[JSONO
     """The JSON objects of ``section``, one at a time."""
     async for batch in content.lines(section):
         for line in batch:
-            yield parse(line)
+            yield parse_line(line)
 
 
 # --- section files --------------------------------------------------------------------------------
@@ -142,9 +142,9 @@ class SectionWriter:
         if not lines:
             return
         longest = max(map(len, lines))
-        if longest > MAX_LINE:
+        if longest > MAX_LINE_BYTES:
             raise SnapshotTooLargeError(
-                f"a record of {longest} bytes in {self.path.name}: a section line may hold {MAX_LINE} "
+                f"a record of {longest} bytes in {self.path.name}: a section line may hold {MAX_LINE_BYTES} "
                 "at most (a longer one could not be loaded back)"
             )
         data = b"\n".join(lines) + b"\n"
@@ -243,7 +243,7 @@ async def verify_content(content: SnapshotContent) -> None:
                 check.update_lines(batch)
             if section == "artifacts":
                 for line in batch:
-                    digest, size = _blob_of(parse(line))
+                    digest, size = _blob_of(parse_line(line))
                     if blobs.setdefault(digest, size) != size:
                         raise BlobMismatchError(digest, "bytes", blobs[digest], size)
                     artifact_bytes += size
@@ -450,7 +450,7 @@ class SpoolWriter:
         total = 0
         for batch in read_section(self._writers["artifacts"].path):
             for line in batch:
-                size = parse(line).get("size")
+                size = parse_line(line).get("size")
                 total += size if isinstance(size, int) else 0
         return total
 
@@ -469,7 +469,7 @@ class SpoolWriter:
 
 __all__ = [
     "BATCH",
-    "CHUNK",
+    "BLOB_CHUNK_BYTES",
     "DirectoryContent",
     "SectionWriter",
     "SnapshotContent",
@@ -480,7 +480,7 @@ __all__ = [
     "write_chunks",
     "fsync_dir",
     "iterate_in_thread",
-    "parse",
+    "parse_line",
     "read_section",
     "records",
     "verify_content",

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..codec import JSONObject
-from .content import SnapshotContent, parse
+from .content import SnapshotContent, parse_line
 from .record import Change, SnapshotDiff
 
 _LOGS = ("events", "planner_events", "updates", "steering")
@@ -32,7 +32,7 @@ async def _keyed(content: SnapshotContent, section: str) -> dict[str, dict[str, 
     found: dict[str, dict[str, Any]] = {}
     async for batch in content.lines(section):
         for line in batch:
-            record = parse(line)
+            record = parse_line(line)
             found[key(record)] = record
     return found
 
@@ -51,7 +51,7 @@ async def _log(
             if before[digest] > 0:
                 before[digest] -= 1
             else:
-                added.append(parse(line))
+                added.append(parse_line(line))
     removed: list[JSONObject] = []
     if +before:
         async for batch in a.lines(section):
@@ -59,7 +59,7 @@ async def _log(
                 digest = hashlib.sha256(line).digest()
                 if before[digest] > 0:
                     before[digest] -= 1
-                    removed.append(parse(line))
+                    removed.append(parse_line(line))
     return added, removed
 
 

@@ -40,7 +40,7 @@ from .content import (
     content_hash,
     fsync_dir,
     iterate_in_thread,
-    parse,
+    parse_line,
     read_section,
     write_chunks,
     write_file,
@@ -167,7 +167,7 @@ class FileSnapshotStore:
                 async for batch in content.lines(section):
                     await asyncio.to_thread(writer.write, batch)
                     if section == "artifacts":
-                        digests.update((checked_digest(parse(line).get("blob")), None) for line in batch)
+                        digests.update((checked_digest(parse_line(line).get("blob")), None) for line in batch)
             finally:
                 await asyncio.to_thread(writer.close)
             hashes[section] = writer.digest
@@ -358,7 +358,7 @@ class FileSnapshotStore:
                 continue  # not a snapshot of this store: never listed or loaded
             path = Path(entry.path) / "sections" / "artifacts.jsonl.gz"
             for batch in read_section(path, root=self.layout.root):
-                referenced.update(str(parse(line).get("blob")) for line in batch)
+                referenced.update(str(parse_line(line).get("blob")) for line in batch)
         return referenced
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..codec import JSONObject
-from .content import SpooledSnapshot, SpoolWriter, canonical, parse
+from .content import SpooledSnapshot, SpoolWriter, canonical, parse_line
 from .record import FORMAT_VERSION, SECTIONS
 from .snapshot_errors import FormatTooNewError, MigrationFailedError, MissingMigrationError
 
@@ -145,7 +145,7 @@ async def migrate(
         for section in steps[0].sections:
             async for batch in lines(section):
                 for line in batch:
-                    pending: list[tuple[str, JSONObject]] = [(section, parse(line))]
+                    pending: list[tuple[str, JSONObject]] = [(section, parse_line(line))]
                     for step in steps:
                         try:
                             pending = [out for name, record in pending for out in step.record(name, record)]

@@ -65,7 +65,7 @@ from ..codec import (
 )
 from ..errors import CapabilityError, WriteNotKeptError
 from ..logical_time import logical_times, replaying
-from .content import SnapshotContent, canonical, parse, verify_content
+from .content import SnapshotContent, canonical, parse_line, verify_content
 from .record import SECTIONS
 
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -163,7 +163,7 @@ class _Writer:
     async def _records(self, section: str) -> AsyncIterator[dict[str, Any]]:
         async for batch in self.content.lines(section):
             for line in batch:
-                yield parse(line)
+                yield parse_line(line)
 
     def _count(self, section: str, written: bool) -> None:
         (self.report.written if written else self.report.skipped)[section] += 1
@@ -221,7 +221,7 @@ class _Writer:
     async def _events(self) -> None:
         bulk = getattr(self.store, "save_events", None)
         async for batch in self.content.lines("events"):
-            events = [STORED_EVENT.decode(parse(line), self.types) for line in batch]
+            events = [STORED_EVENT.decode(parse_line(line), self.types) for line in batch]
             if callable(bulk):
                 await bulk(events)
             else:

@@ -8,7 +8,7 @@ is opened as hostile input:
 * **typed**: only regular files are opened (checked before opening, then on the open descriptor:
   a FIFO, a device or a socket is refused, never read, and never blocks: ``O_NONBLOCK``);
 * **bounded**: a section is decompressed a chunk at a time, with caps on a line's length
-  (:data:`MAX_LINE`), on its expansion from its compressed size (:data:`MAX_EXPANSION`) and on what
+  (:data:`MAX_LINE_BYTES`), on its expansion from its compressed size (:data:`MAX_EXPANSION`) and on what
   its manifest declares; a manifest on its size (:data:`MAX_MANIFEST`); a blob on its declared size;
 * **verified as it is read**: a section's records, bytes and SHA-256 against its manifest
   (:class:`SectionCheck`), a blob's size and SHA-256 against its name and record.
@@ -39,7 +39,7 @@ from .snapshot_errors import (
     UnsafeSnapshotFileError,
 )
 
-MAX_LINE = 16 << 20
+MAX_LINE_BYTES = 16 << 20
 """Bytes a section line may hold: a longer one is refused when read, and when written."""
 MAX_EXPANSION = 256
 """Times its compressed size a section may decompress to (above :data:`EXPANSION_ALLOWANCE`).
@@ -53,7 +53,7 @@ BATCH = 2_000
 """Lines per batch read from or written to a section file."""
 BATCH_BYTES = 4 << 20
 """A batch ends before it holds more bytes than this (or :data:`BATCH` lines)."""
-CHUNK = 1 << 20
+BLOB_CHUNK_BYTES = 1 << 20
 """Bytes per read of a blob."""
 _READ = 64 << 10
 _INFLATE = 256 << 10
@@ -315,8 +315,8 @@ def read_section_file(
 
 
 def _check_line(line: bytes, describe: str) -> None:
-    if len(line) > MAX_LINE:
-        raise SnapshotTooLargeError(f"{describe} holds a line longer than {MAX_LINE} bytes: refused")
+    if len(line) > MAX_LINE_BYTES:
+        raise SnapshotTooLargeError(f"{describe} holds a line longer than {MAX_LINE_BYTES} bytes: refused")
 
 
 # --- blobs ----------------------------------------------------------------------------------------
@@ -325,7 +325,7 @@ def _check_line(line: bytes, describe: str) -> None:
 def blob_chunks_of_file(
     root: Path, path: Path, digest: str, *, size: int | None, limit: int
 ) -> Iterator[bytes]:
-    """The bytes of blob file ``path`` under ``root`` in chunks of :data:`CHUNK`, read confined;
+    """The bytes of blob file ``path`` under ``root`` in chunks of :data:`BLOB_CHUNK_BYTES`, read confined;
     its size checked against ``size`` (its record's; else at most ``limit``) before anything is
     read, its SHA-256 against ``digest`` at the end (:class:`BlobMismatchError`)."""
     try:
@@ -342,7 +342,7 @@ def blob_chunks_of_file(
             raise BlobMismatchError(digest, "bytes", f"at most {limit} (all its blobs)", found)
         hasher = hashlib.sha256()
         read = 0
-        while read < found and (chunk := handle.read(min(CHUNK, found - read))):
+        while read < found and (chunk := handle.read(min(BLOB_CHUNK_BYTES, found - read))):
             hasher.update(chunk)
             read += len(chunk)
             yield chunk
@@ -355,10 +355,10 @@ def blob_chunks_of_file(
 __all__ = [
     "BATCH",
     "BATCH_BYTES",
-    "CHUNK",
+    "BLOB_CHUNK_BYTES",
     "EXPANSION_ALLOWANCE",
     "MAX_EXPANSION",
-    "MAX_LINE",
+    "MAX_LINE_BYTES",
     "MAX_MANIFEST",
     "Declared",
     "SectionCheck",

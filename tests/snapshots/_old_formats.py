@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from guarded.snapshots import SnapshotContent
-from guarded.snapshots.content import canonical, parse
+from guarded.snapshots.content import canonical, parse_line
 from guarded.snapshots.migrations import V1_SECTIONS
 
 
@@ -25,9 +25,11 @@ async def write_v1(root: Path, content: SnapshotContent, **manifest_changes: Any
     sections: dict[str, list[bytes]] = {}
     for name in V1_SECTIONS:
         if name == "session_log":
-            updates = [{"type": "update", "record": parse(line)} for line in await _lines(content, "updates")]
+            updates = [
+                {"type": "update", "record": parse_line(line)} for line in await _lines(content, "updates")
+            ]
             steering = [
-                {"type": "steering", "record": parse(line)} for line in await _lines(content, "steering")
+                {"type": "steering", "record": parse_line(line)} for line in await _lines(content, "steering")
             ]
             sections[name] = [canonical(record) for record in (*updates, *steering)]
         else:

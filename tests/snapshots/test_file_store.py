@@ -17,7 +17,7 @@ from guarded.snapshots import (
     SnapshotStoreNotFoundError,
     SnapshotStoreReadOnlyError,
 )
-from guarded.snapshots.content import parse, read_section
+from guarded.snapshots.content import parse_line, read_section
 from guarded.testing.snapshot_contract import make_content
 from tests.killed_process import REPO, report_then_kill
 
@@ -52,7 +52,7 @@ def _blob_files(root: Path) -> set[str]:
 
 def _referenced(root: Path) -> set[str]:
     return {
-        str(parse(line)["blob"])
+        str(parse_line(line)["blob"])
         for section in (root / "snapshots").glob("*/sections/artifacts.jsonl.gz")
         for batch in read_section(section)
         for line in batch
@@ -98,7 +98,7 @@ def test_processes_save_concurrently_while_another_collects(tmp_path: Path) -> N
             async with await store.load(snapshot_id) as content:
                 async for batch in content.lines("artifacts"):
                     for line in batch:
-                        await content.read_blob(str(parse(line)["blob"]))
+                        await content.read_blob(str(parse_line(line)["blob"]))
 
     import asyncio
 

@@ -134,7 +134,7 @@ async def test_gc_waits_for_a_save_in_progress(
 
 async def _write_v1(conn: asyncpg.Connection, schema: str, content: object, **changes: object) -> str:
     """Store ``content`` as format 1 rows, as older code would have (its blobs already stored)."""
-    from guarded.snapshots.content import canonical, parse
+    from guarded.snapshots.content import canonical, parse_line
     from guarded.snapshots.migrations import V1_SECTIONS
 
     snapshot = content.snapshot  # type: ignore[attr-defined]
@@ -146,7 +146,7 @@ async def _write_v1(conn: asyncpg.Connection, schema: str, content: object, **ch
     for name in V1_SECTIONS:
         if name == "session_log":
             sections[name] = [
-                canonical({"type": kind, "record": parse(line)})
+                canonical({"type": kind, "record": parse_line(line)})
                 for kind, section in (("update", "updates"), ("steering", "steering"))
                 for line in await lines(section)
             ]
