@@ -7,7 +7,7 @@ from typing import Any
 
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.steps import Step, StepLayer
-from ..pipeline.watchdog import Watchdog, attempt_timed_out, watchdog_for
+from ..pipeline.watchdog import Watchdog, watchdog_for
 
 
 class TimeoutLayer(StepLayer):
@@ -70,3 +70,21 @@ def _withdrawn(call: Call) -> bool:
     collected as garbage."""
     task = asyncio.current_task(call.loop)
     return task is not None and task.uncancel() == 0
+
+
+def attempt_timed_out(label: str, failure: BaseException | None) -> BaseException:
+    """What an attempt the watchdog cancelled ends with. ``failure`` is what the store raised then
+    (``None``: it returned, having swallowed the cancellation): a ``CancelledError`` or any other
+    ``Exception`` becomes ``TimeoutError`` (chained to the store's exception); anything else goes
+    on as it is."""
+    if failure is None:
+        return TimeoutError(f"{label} timed out (the store swallowed the cancellation)")
+    if isinstance(failure, asyncio.CancelledError):
+        timed_out = TimeoutError(f"{label} timed out")
+        timed_out.__suppress_context__ = True
+        return timed_out
+    if isinstance(failure, Exception):
+        timed_out = TimeoutError(f"{label} timed out")
+        timed_out.__cause__ = failure
+        return timed_out
+    return failure

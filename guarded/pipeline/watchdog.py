@@ -115,21 +115,3 @@ def forget_closed(loop: asyncio.AbstractEventLoop) -> None:
     found = known() if known is not None else None
     if found is not None:
         found.armed.clear()
-
-
-def attempt_timed_out(label: str, failure: BaseException | None) -> BaseException:
-    """What an attempt the watchdog cancelled ends with. ``failure`` is what the store raised then
-    (``None``: it returned, having swallowed the cancellation): a ``CancelledError`` or any other
-    ``Exception`` becomes ``TimeoutError`` (chained to the store's exception); anything else goes
-    on as it is."""
-    if failure is None:
-        return TimeoutError(f"{label} timed out (the store swallowed the cancellation)")
-    if isinstance(failure, asyncio.CancelledError):
-        timed_out = TimeoutError(f"{label} timed out")
-        timed_out.__suppress_context__ = True
-        return timed_out
-    if isinstance(failure, Exception):
-        timed_out = TimeoutError(f"{label} timed out")
-        timed_out.__cause__ = failure
-        return timed_out
-    return failure
