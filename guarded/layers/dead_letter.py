@@ -59,13 +59,14 @@ class DeadLetterLayer(StepLayer):
         set_time = logical_times.set
         log = self._log
 
+        def opened(call: Call) -> Awaitable[None] | None:
+            return None if lifecycle.opened or is_open() else ensure_open()
+
         def enter(call: Call) -> Awaitable[None] | None:
             if not (lifecycle.opened or is_open()):
                 return opened_first(call)
             stamp = next_stamp()
-            if key_of is None:
-                call.held = (stamp, None, None, None)
-                return None
+            assert key_of is not None
             # The logical time of the call (the caller's, when it set one: a snapshot restore): the
             # backend refuses to let a write older than the row's replace it, so a replay of this
             # write never undoes a newer one.
@@ -124,38 +125,50 @@ class DeadLetterLayer(StepLayer):
             if isinstance(exc, WriteSupersededError):
                 give_back(call)
                 raise exc  # the backend refused it as older: outcome refused, nothing to replay
-            raise Deferred(kept(call, exc))
-
-        async def kept(call: Call, exc: BaseException) -> Any:
             stamp, _, _, key = call.held
+            raise Deferred(kept_key(call, exc, stamp, key))
+
+        async def kept_key(call: Call, exc: BaseException, stamp: int, key: Any) -> Any:
             try:
-                if no_wait_fixes(exc):
-                    # Bad data, or a bug of the backend's (a TypeError, an AttributeError): no wait
-                    # fixes it, so it is never held for replay; parked with its reason, it can be
-                    # replayed once the bug is fixed (guarded dlq replay --parked).
-                    await park(name, call.args, call.kwargs, exc)
-                    raise exc
-                scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
-                times = logical_times.get()
-                # Bounded by the call's deadline: a commit that cannot finish in time is a write
-                # refused, never a call that waits for the disk.
-                if not await hold(
-                    name,
-                    call.args,
-                    call.kwargs if times is None else {**call.kwargs, WRITE_TIME_ARGUMENT: times[0]},
-                    key=key,
-                    scope=scope if isinstance(scope, str) else None,
-                    stamp=stamp,
-                    error=error_type(exc),
-                    deadline=call.deadline,
-                ):
-                    raise exc
+                return await kept(call, exc, stamp, key)
             finally:
                 give_back(call)
+
+        def failed_keyless(call: Call, exc: BaseException) -> Any:
+            if not isinstance(exc, Exception) and not _raised_by_store(exc):
+                raise exc  # the caller's cancellation, KeyboardInterrupt, SystemExit
+            if isinstance(exc, WriteSupersededError):
+                raise exc  # the backend refused it as older: outcome refused, nothing to replay
+            raise Deferred(kept(call, exc, next_stamp(), None))
+
+        async def kept(call: Call, exc: BaseException, stamp: int, key: Any) -> Any:
+            if no_wait_fixes(exc):
+                # Bad data, or a bug of the backend's (a TypeError, an AttributeError): no wait
+                # fixes it, so it is never held for replay; parked with its reason, it can be
+                # replayed once the bug is fixed (guarded dlq replay --parked).
+                await park(name, call.args, call.kwargs, exc)
+                raise exc
+            scope = scope_of(call.args, call.kwargs) if scope_of is not None else None
+            times = logical_times.get()
+            # Bounded by the call's deadline: a commit that cannot finish in time is a write
+            # refused, never a call that waits for the disk.
+            if not await hold(
+                name,
+                call.args,
+                call.kwargs if times is None else {**call.kwargs, WRITE_TIME_ARGUMENT: times[0]},
+                key=key,
+                scope=scope if isinstance(scope, str) else None,
+                stamp=stamp,
+                error=error_type(exc),
+                deadline=call.deadline,
+            ):
+                raise exc
             call.settle(Outcome.DEAD_LETTERED, exc)
             log.dead_lettered(method, exc)
             return None
 
+        if key_of is None:
+            return Step(enter=opened, failed=failed_keyless)
         return Step(enter=enter, ok=written, failed=failed)
 
 
