@@ -19,8 +19,10 @@ from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from .backend import ERROR_CLASSIFIER, HONOURS_IDEMPOTENCY_KEY, RECOVERS_UNANSWERED_CONSUMES
+from .batching.batching_layer import BatchingLayer
 from .builtin_policies import LIFECYCLE_METHODS
 from .config import GuardConfig
+from .deadletter.dead_letter_layer import DeadLetterLayer
 from .durability.owner import Durability
 from .error_classes import register_classifier
 from .layers import (
@@ -32,11 +34,9 @@ from .layers import (
     TimeoutLayer,
     TracingLayer,
 )
-from .layers.batching import BatchingLayer
 from .layers.breaker import BreakerState, CircuitBreaker
 from .layers.bulkhead import Bulkhead, bulkhead_for
 from .layers.call_check import CallCheckLayer
-from .layers.dead_letter import DeadLetterLayer
 from .layers.memory_health import MemoryHealthLayer
 from .layers.metrics import GuardInstruments, guard_instruments, publish_breaker_state
 from .layers.stale_reads import StaleCache, StaleReadLayer

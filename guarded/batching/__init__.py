@@ -8,7 +8,7 @@
 
 The bulk forms of the writes (:mod:`guarded.bulk_forms`) are shared with the dead-letter replay,
 so they live below both. The durability (:class:`guarded.durability.owner.Durability`) owns the
-batcher of a guard; the batching layer (:mod:`guarded.layers.batching`) submits to it through a
+batcher of a guard; the batching layer (:mod:`guarded.batching.batching_layer`) submits to it through a
 port (:class:`guarded.durability.ports.WriteQueue`).
 
 This package imports none of its modules: a module that needs the batcher imports

@@ -1,7 +1,7 @@
 """What keeps acknowledged writes of one guard: the batcher (group commit), the dead-letter buffer,
 and the background replay.
 
-The layers in :mod:`guarded.layers.dead_letter`, :mod:`guarded.layers.batching` and
+The layers in :mod:`guarded.deadletter.dead_letter_layer`, :mod:`guarded.batching.batching_layer` and
 :mod:`guarded.layers.stale_reads` call into one :class:`Durability` per guard. Its own backend
 calls (batch flushes, replays) go through the guard's breaker, retry and timeout layers but not
 through its metrics, fallback or dead-letter layers: a replay that fails stays in the buffer.
@@ -21,10 +21,12 @@ from prometheus_client import CollectorRegistry
 
 from ..batching.batch_writer import BatchWriter, InternalCall
 from ..batching.batcher import Batcher, PendingWrite
+from ..batching.batching_layer import WriteQueue
 from ..bulk_forms import bulk_call, bulk_method_for, bulk_methods_of
 from ..codec import record_types_of
 from ..config import DeadLetterConfig, GuardConfig
 from ..deadletter import DeadLetterBuffer, ReplayResult
+from ..deadletter.buffer_ports import DirectWriteGate, HeldWriteKeeper, HeldWriteLookups, Lifecycle
 from ..error_classes import error_type, is_programming_error, safe_message
 from ..errors import GuardClosedError, InvalidPayloadError, WriteSupersededError
 from ..observability.failure_log import FailureLog, operational_errors
@@ -32,15 +34,7 @@ from ..pipeline.idempotency import replayed_call
 from ..pipeline.loops import abandon
 from ..policy_table import PolicyTable
 from ..store_identity import durable_across_processes, store_identity
-from .ports import (
-    BreakerWait,
-    DirectWriteGate,
-    DurabilityPorts,
-    HeldWriteKeeper,
-    HeldWriteLookups,
-    Lifecycle,
-    WriteQueue,
-)
+from .ports import BreakerWait, DurabilityPorts
 from .shutdown import DRAIN_BATCH, cancelled, drain_held, log_closed, log_unclosed, undelivered_writes
 
 logger = logging.getLogger("guarded.durability")
@@ -152,9 +146,9 @@ class Durability:
         return DurabilityPorts(
             lifecycle=Lifecycle(lambda: self.opened, self.open),
             next_stamp=self.next_stamp,
-            queue=WriteQueue(self.batcher) if self.batcher is not None else None,
+            queue=WriteQueue(self.batcher, self.writes.kept_kwargs) if self.batcher is not None else None,
             keeper=(
-                HeldWriteKeeper(self.dead_letter, self.park, self.writes.kept_kwargs, buffer, self._send)
+                HeldWriteKeeper(self.dead_letter, self.park, buffer, self._send)
                 if buffer is not None
                 else None
             ),

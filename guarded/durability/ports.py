@@ -1,18 +1,12 @@
-"""The narrow interfaces the guard's layers receive from its durability.
+"""The ports of one guard's durability, together, and what the durability reads of the guard.
 
 :class:`~guarded.durability.owner.Durability` owns the batcher, the dead-letter buffer, the
-lifecycle and the replay; a layer gets only the ports it uses, each a few bound methods:
-
-* :class:`Lifecycle`: open the durable parts once, before a call that needs them;
-* :class:`WriteQueue`: submit a write to the batcher, flush or list what waits for a scope, and
-  say which writes it takes (so no layer guesses what write-behind takes);
-* :class:`HeldWriteKeeper`: hold a write that failed, park bad data, forget held writes a direct
-  write superseded;
-* :class:`HeldWriteLookups`: what the dead-letter buffer holds for a key or a scope, and taking a
-  held pause out of it;
-* :class:`DirectWriteGate`: order a direct write of a key against replays of it.
-
-Each port binds its owner's methods once: calling through a port adds no frame.
+lifecycle and the replay; a layer gets only the ports it uses, each a few bound methods, defined
+beside what they are views of: the batcher's :class:`~guarded.batching.batching_layer.WriteQueue`,
+the dead-letter buffer's :class:`~guarded.deadletter.buffer_ports.Lifecycle`,
+:class:`~guarded.deadletter.buffer_ports.HeldWriteKeeper`,
+:class:`~guarded.deadletter.buffer_ports.HeldWriteLookups` and
+:class:`~guarded.deadletter.buffer_ports.DirectWriteGate`.
 
 The other way, the durability receives from the guard only its internal call (breaker, retry,
 timeout) and the circuit breaker's wait (:class:`BreakerWait`), both passed down when it is built.
@@ -20,17 +14,12 @@ timeout) and the circuit breaker's wait (:class:`BreakerWait`), both passed down
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from ..batching.batcher import Batcher, PendingWrite
-from ..deadletter import DeadLetterBuffer, DeadLetterStats
-from ..deadletter.gate import Slot
-from ..deadletter.replay import Call as Held
-from ..outcome import Outcome
-from ..policy import MethodPolicy
+from ..batching.batching_layer import WriteQueue
+from ..deadletter.buffer_ports import DirectWriteGate, HeldWriteKeeper, HeldWriteLookups, Lifecycle
 
 
 class BreakerWait(Protocol):
@@ -48,154 +37,6 @@ class BreakerWait(Protocol):
         ...
 
 
-class Lifecycle:
-    """Opens the durable parts once: the spill file is claimed and held writes of a previous
-    process start replaying before the first call that needs them."""
-
-    __slots__ = ("_is_open", "_open", "opened")
-
-    def __init__(self, is_open: Callable[[], bool], open_: Callable[[], Awaitable[None]]) -> None:
-        self._is_open = is_open
-        self._open = open_
-        self.opened = False
-        """``True`` once the durable parts are known to be open (they never close again): a hot
-        path tests this attribute, then :meth:`is_open`, before awaiting :meth:`ensure_open`."""
-
-    def is_open(self) -> bool:
-        """Whether the durable parts are open."""
-        if not self.opened and self._is_open():
-            self.opened = True
-        return self.opened
-
-    async def ensure_open(self) -> None:
-        """Return at once when open, else open (once, whoever asks)."""
-        if not self.opened:
-            if not self._is_open():
-                await self._open()
-            self.opened = True
-
-
-class WriteQueue:
-    """The batcher, as the batching and read layers see it."""
-
-    __slots__ = ("flush_scope", "offer", "pending_for_scope", "submit", "write_alone")
-
-    def __init__(self, batcher: Batcher) -> None:
-        self.submit: Callable[..., Awaitable[bool]] = batcher.submit
-        """``submit(write, deadline=...)``: queue ``write``; ``False`` when no room came in time."""
-        self.offer: Callable[[PendingWrite], int] = batcher.offer
-        """``offer(write)``: queue ``write`` without waiting; ``QUEUED``, ``ALONE`` (then await
-        ``write_alone(method)`` at once) or ``NO_ROOM`` (then ``submit`` it)."""
-        self.write_alone: Callable[[str], Awaitable[Outcome | None]] = batcher.write_alone
-        """Write the lone write :attr:`offer` answered ``ALONE`` for, in the caller's task; the
-        awaitable answers the write's outcome."""
-        self.flush_scope: Callable[[str, str], Awaitable[None]] = batcher.flush_scope
-        """Write out what waits for one trace or session (before a read of it)."""
-        self.pending_for_scope: Callable[[str, str], list[PendingWrite]] = batcher.pending_for_scope
-        """The writes of a method waiting for one trace or session."""
-
-    @staticmethod
-    def takes(policy: MethodPolicy) -> bool:
-        """Whether the queue takes the calls of ``policy``'s method (they never reach the layers
-        that hold single writes: a failed batch is held by the owner)."""
-        return policy.batch
-
-
-class HeldWriteKeeper:
-    """Keeps writes that failed (held for replay), parks bad data, drops superseded writes."""
-
-    __slots__ = ("drop_superseded", "hold", "kept_kwargs", "note_superseding", "park", "replay", "supersede")
-
-    def __init__(
-        self,
-        hold: Callable[..., Awaitable[bool]],
-        park: Callable[[str, tuple[Any, ...], Mapping[str, Any], BaseException], Awaitable[None]],
-        kept_kwargs: Callable[[PendingWrite], Mapping[str, Any]],
-        buffer: DeadLetterBuffer,
-        replay: Callable[[str, tuple[Any, ...], dict[str, Any]], Awaitable[object]],
-    ) -> None:
-        self.hold = hold
-        self.replay = replay
-        """``replay(method, args, kwargs)``: send one held write to the backend now, as the
-        background replay does (its logical time and item key taken from ``kwargs``); raises when
-        it fails. The write stays held: the caller takes it out."""
-        """``hold(method, args, kwargs, key=, scope=, stamp=, error=, deadline=)``: keep a failed
-        write for replay, its commit bounded by its call's ``deadline``; ``False`` when it cannot be
-        kept (it is parked as bad data)."""
-        self.park = park
-        """Park a write the backend refused as bad data, with its reason."""
-        self.kept_kwargs = kept_kwargs
-        """The arguments a batched write is kept with."""
-        self.supersede: Callable[[str, Any, int, int | None], Awaitable[int]] = buffer.supersede
-        self.note_superseding: Callable[[Slot, int, int | None], Slot | None] = buffer.note_superseding
-        """:attr:`supersede` in two steps: the part that never waits answers the key's slot when
-        held writes of the key wait, for :attr:`drop_superseded`."""
-        self.drop_superseded: Callable[[Slot, int], Awaitable[int]] = buffer.drop_superseded
-        """A direct write of a key succeeded: drop held writes of the key stamped before it."""
-
-
-class WaitingCount(Protocol):
-    """How many held writes wait, read as an attribute (a hot path's test, no call)."""
-
-    @property
-    def depth(self) -> int: ...
-
-
-class HeldWriteLookups:
-    """What the dead-letter buffer holds, for the reads that show it."""
-
-    __slots__ = (
-        "_buffer",
-        "check_open",
-        "latest_for_key",
-        "pending_for_scope",
-        "removing",
-        "stats",
-        "store_name",
-        "take",
-        "waiting",
-    )
-
-    def __init__(self, buffer: DeadLetterBuffer) -> None:
-        self._buffer = buffer
-        self.store_name = buffer.store_name
-        self.waiting: WaitingCount = buffer.waiting
-        """Its ``depth`` is the number of held writes waiting, kept up to date (0: nothing held)."""
-        self.latest_for_key: Callable[[str, Any], Awaitable[Held | None]] = buffer.latest_for_key
-        """The newest held write of a key, or ``None``."""
-        self.pending_for_scope: Callable[[str, str], Awaitable[Sequence[Held]]] = buffer.pending_for_scope
-        """The held writes of a method for one trace or session, oldest first."""
-        self.take: Callable[[str, Any], Awaitable[Held | None]] = buffer.take
-        """Take the newest held write of a key out of the buffer (a resumed pause)."""
-        self.check_open: Callable[[], None] = buffer.check_open
-        """Raises ``GuardClosedError`` once the buffer closes (a held write can no longer be taken)."""
-        self.removing: Callable[[asyncio.Task[None]], None] = buffer.removing
-        """Register a task that takes a consumed write out: closing the buffer waits for it."""
-        self.stats: Callable[[], Awaitable[DeadLetterStats]] = buffer.stats
-        """How much is held (depth, bytes in memory and on disk)."""
-
-    @property
-    def is_empty(self) -> bool:
-        """Nothing is held (the lookups can be skipped)."""
-        return self._buffer.is_empty
-
-
-class DirectWriteGate:
-    """Orders a direct write of a key against replays of the same key
-    (:class:`~guarded.deadletter.gate.KeyGate`): a replay in flight finishes first, and none starts
-    until the direct write is done."""
-
-    __slots__ = ("enter", "leave", "slot", "try_enter")
-
-    def __init__(self, buffer: DeadLetterBuffer) -> None:
-        gate = buffer.gate
-        self.slot: Callable[[str, Any], Slot | None] = buffer.slot
-        """The slot of a method's key (``None`` when the key cannot have one)."""
-        self.try_enter: Callable[[Slot, int], bool] = gate.try_enter_direct
-        self.enter: Callable[[Slot, int], Awaitable[None]] = gate.enter_direct
-        self.leave: Callable[[Slot, int], None] = gate.leave_direct
-
-
 @dataclass(frozen=True, slots=True)
 class DurabilityPorts:
     """Every port of one guard's durability; ``None`` where the part is off (no batcher, no
@@ -210,13 +51,4 @@ class DurabilityPorts:
     gate: DirectWriteGate | None
 
 
-__all__ = [
-    "DirectWriteGate",
-    "DurabilityPorts",
-    "Held",
-    "HeldWriteKeeper",
-    "HeldWriteLookups",
-    "Lifecycle",
-    "WaitingCount",
-    "WriteQueue",
-]
+__all__ = ["BreakerWait", "DurabilityPorts"]

@@ -46,7 +46,8 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from ..durability.ports import DurabilityPorts, HeldWriteLookups, WaitingCount
+from ..deadletter.buffer_ports import HeldWriteLookups, WaitingCount
+from ..durability.ports import DurabilityPorts
 from ..error_classes import is_programming_error
 from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time
 from ..observability import telemetry_names as names

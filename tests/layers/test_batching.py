@@ -14,8 +14,8 @@ import asyncio
 
 import pytest
 
+from guarded.batching.batching_layer import BatchingLayer
 from guarded.errors import WriteRefusedError
-from guarded.layers.batching import BatchingLayer
 from guarded.outcome import Outcome
 from tests.support.aio import settle
 from tests.support.layers import method_setup, new_call

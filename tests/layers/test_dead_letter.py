@@ -15,9 +15,9 @@ import logging
 
 import pytest
 
+from guarded.deadletter.dead_letter_layer import DeadLetterLayer
 from guarded.error_classes import CircuitOpenError, error_type
 from guarded.errors import CallerError, InvalidPayloadError
-from guarded.layers.dead_letter import DeadLetterLayer
 from guarded.logical_time import WRITE_TIME_ARGUMENT
 from guarded.observability.failure_log import FailureLog
 from guarded.outcome import Outcome

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from guarded.batching.batcher import NO_ROOM, PendingWrite
-from guarded.durability.ports import DurabilityPorts, Held, Lifecycle
+from guarded.deadletter.buffer_ports import Held, Lifecycle
+from guarded.durability.ports import DurabilityPorts
 from guarded.outcome import Outcome
 from guarded.policy import MethodPolicy
 
@@ -90,10 +91,6 @@ class FakeBuffer:
         self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], error: BaseException
     ) -> None:
         self.parked.append((method, args, kwargs, error))
-
-    @staticmethod
-    def kept_kwargs(write: PendingWrite) -> Mapping[str, Any]:
-        return write.kwargs
 
     async def replay(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self.replay_waits is not None:
@@ -212,6 +209,10 @@ class FakeQueue:
     @staticmethod
     def takes(policy: MethodPolicy) -> bool:
         return policy.batch
+
+    @staticmethod
+    def kept_kwargs(write: PendingWrite) -> Mapping[str, Any]:
+        return write.kwargs
 
     @staticmethod
     def offer(write: PendingWrite) -> int:

@@ -17,21 +17,66 @@ wait, up to its deadline; then the write is dead-lettered: memory stays bounded,
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TypeAlias
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol, TypeAlias
 
-from ..batching.batcher import ALONE, QUEUED, PendingWrite
-from ..durability.ports import DurabilityPorts
+from ..deadletter.buffer_ports import HeldWriteKeeper, Lifecycle
 from ..errors import WriteNotKeptError, WriteRefusedError
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.steps import Step, StepLayer
+from ..policy import MethodPolicy
+from .batcher import ALONE, QUEUED, Batcher, PendingWrite
+
+
+class WriteQueue:
+    """The batcher, as the batching and read layers see it."""
+
+    __slots__ = ("flush_scope", "kept_kwargs", "offer", "pending_for_scope", "submit", "write_alone")
+
+    def __init__(self, batcher: Batcher, kept_kwargs: Callable[[PendingWrite], Mapping[str, Any]]) -> None:
+        self.submit: Callable[..., Awaitable[bool]] = batcher.submit
+        """``submit(write, deadline=...)``: queue ``write``; ``False`` when no room came in time."""
+        self.offer: Callable[[PendingWrite], int] = batcher.offer
+        """``offer(write)``: queue ``write`` without waiting; ``QUEUED``, ``ALONE`` (then await
+        ``write_alone(method)`` at once) or ``NO_ROOM`` (then ``submit`` it)."""
+        self.write_alone: Callable[[str], Awaitable[Outcome | None]] = batcher.write_alone
+        """Write the lone write :attr:`offer` answered ``ALONE`` for, in the caller's task; the
+        awaitable answers the write's outcome."""
+        self.flush_scope: Callable[[str, str], Awaitable[None]] = batcher.flush_scope
+        """Write out what waits for one trace or session (before a read of it)."""
+        self.pending_for_scope: Callable[[str, str], list[PendingWrite]] = batcher.pending_for_scope
+        """The writes of a method waiting for one trace or session."""
+        self.kept_kwargs = kept_kwargs
+        """The arguments a batched write is held with when the queue has no room for it."""
+
+    @staticmethod
+    def takes(policy: MethodPolicy) -> bool:
+        """Whether the queue takes the calls of ``policy``'s method (they never reach the layers
+        that hold single writes: a failed batch is held by the owner)."""
+        return policy.batch
+
+
+class BatchingPorts(Protocol):
+    """What the batching layer receives of the guard's durability."""
+
+    @property
+    def lifecycle(self) -> Lifecycle: ...
+
+    @property
+    def next_stamp(self) -> Callable[[], int]: ...
+
+    @property
+    def queue(self) -> WriteQueue | None: ...
+
+    @property
+    def keeper(self) -> HeldWriteKeeper | None: ...
 
 
 class BatchingLayer(StepLayer):
     """Hands batch-eligible writes to the guard's batcher (group commit or write-behind)."""
 
-    def __init__(self, ports: DurabilityPorts) -> None:
+    def __init__(self, ports: BatchingPorts) -> None:
         self._lifecycle = ports.lifecycle
         self._queue = ports.queue
         self._keeper = ports.keeper
@@ -62,7 +107,7 @@ class BatchingLayer(StepLayer):
         offer, write_alone, submit = queue.offer, queue.write_alone, queue.submit
         lifecycle = self._lifecycle
         is_open, ensure_open = lifecycle.is_open, lifecycle.ensure_open
-        hold, kept_kwargs = keeper.hold, keeper.kept_kwargs
+        hold, kept_kwargs = keeper.hold, queue.kept_kwargs
         commit = method.settings.ack == "commit"
         ok, rejected, dead_lettered = Outcome.OK, Outcome.REJECTED, Outcome.DEAD_LETTERED
         refused = Outcome.REFUSED

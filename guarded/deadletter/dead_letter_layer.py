@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ..backend import LOGICAL_TIMES as logical_times
 from ..backend import current_logical_time
-from ..durability.ports import DurabilityPorts
 from ..error_classes import error_type, no_wait_fixes
 from ..errors import WriteSupersededError
 from ..logical_time import WRITE_TIME_ARGUMENT
@@ -28,12 +27,39 @@ from ..observability.failure_log import FailureLog
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.steps import Deferred, Step, StepLayer
+from ..policy import MethodPolicy
+from .buffer_ports import DirectWriteGate, HeldWriteKeeper, Lifecycle
+
+
+class TakesWrites(Protocol):
+    """The write queue, as far as this layer asks: whether it takes a method's writes."""
+
+    def takes(self, policy: MethodPolicy) -> bool: ...
+
+
+class DeadLetterPorts(Protocol):
+    """What the dead-letter layer receives of the guard's durability."""
+
+    @property
+    def lifecycle(self) -> Lifecycle: ...
+
+    @property
+    def next_stamp(self) -> Callable[[], int]: ...
+
+    @property
+    def queue(self) -> TakesWrites | None: ...
+
+    @property
+    def keeper(self) -> HeldWriteKeeper | None: ...
+
+    @property
+    def gate(self) -> DirectWriteGate | None: ...
 
 
 class DeadLetterLayer(StepLayer):
     """Keeps failed dead-letter-eligible writes (policy ``dead_letter``) that are not batched."""
 
-    def __init__(self, ports: DurabilityPorts, failure_log: FailureLog) -> None:
+    def __init__(self, ports: DeadLetterPorts, failure_log: FailureLog) -> None:
         self._lifecycle = ports.lifecycle
         self._keeper = ports.keeper
         self._gate = ports.gate
