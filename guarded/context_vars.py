@@ -1,4 +1,4 @@
-"""Unsetting a context variable a call set, wherever the call ends.
+"""Setting a context variable for a block, and unsetting it wherever the call ends.
 
 A call of an event loop that was closed while the call waited never resumes there: the garbage
 collector closes its coroutine later, running its ``finally`` blocks in whatever context the
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from collections.abc import Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -23,4 +24,15 @@ def reset_context_var(variable: contextvars.ContextVar[T], token: contextvars.To
         variable.reset(token)
 
 
-__all__ = ["reset_context_var"]
+@contextlib.contextmanager
+def context_value(variable: contextvars.ContextVar[T], value: T) -> Iterator[T]:
+    """Set ``variable`` to ``value`` for the calls made inside the block (yielding ``value``), and
+    unset it when the block ends (:func:`reset_context_var`)."""
+    token = variable.set(value)
+    try:
+        yield value
+    finally:
+        reset_context_var(variable, token)
+
+
+__all__ = ["context_value", "reset_context_var"]

@@ -9,37 +9,26 @@ backend call (:func:`logical_times`), and a replay sets the time the write was f
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
 from .backend import LOGICAL_TIMES, REPLAYING
-from .context_vars import reset_context_var
+from .context_vars import context_value
 
 WRITE_TIME_ARGUMENT = "_guarded_write_time"
 """Keyword argument under which a held upsert keeps the logical time of its call; a replay removes
 it and sets :data:`~guarded.backend.LOGICAL_TIMES` instead."""
 
 
-@contextlib.contextmanager
-def logical_times(times: tuple[int, ...] | None) -> Iterator[tuple[int, ...] | None]:
+def logical_times(times: tuple[int, ...] | None) -> AbstractContextManager[tuple[int, ...] | None]:
     """Set :data:`~guarded.backend.LOGICAL_TIMES` for the calls made inside the block (``None``
     clears it)."""
-    token = LOGICAL_TIMES.set(times)
-    try:
-        yield times
-    finally:
-        reset_context_var(LOGICAL_TIMES, token)
+    return context_value(LOGICAL_TIMES, times)
 
 
-@contextlib.contextmanager
-def replaying(replay: bool = True) -> Iterator[None]:
+def replaying(replay: bool = True) -> AbstractContextManager[bool]:
     """Set :data:`~guarded.backend.REPLAYING` for the calls made inside the block: they replay
     earlier writes (``replay=False``: they are direct writes, applied whatever the stored time)."""
-    token = REPLAYING.set(replay)
-    try:
-        yield
-    finally:
-        reset_context_var(REPLAYING, token)
+    return context_value(REPLAYING, replay)
 
 
 def kept_write_time(value: object) -> int | None:

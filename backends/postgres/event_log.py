@@ -70,6 +70,27 @@ def _json_string(value: str | None) -> str:
     return "null" if value is None else encode_basestring(value)
 
 
+def _orjson_fingerprint(
+    trace_id: str, ts: float, kind: str, node_name: str | None, node_id: str | None, payload: Any
+) -> tuple[bytes, str]:
+    """The event's fingerprint and its stored payload text, both written by ``orjson``: the SHA-256
+    of the identity document ``{kind, node_id, node_name, payload, trace_id, ts}`` with sorted keys,
+    and the payload in its own key order. Raises ``orjson.JSONEncodeError`` (or ``RecursionError``)
+    where ``orjson`` cannot write them; the caller then takes the C encoder's way."""
+    identity = _orjson_dumps(
+        {
+            "kind": kind,
+            "node_id": node_id,
+            "node_name": node_name,
+            "payload": payload,
+            "trace_id": trace_id,
+            "ts": ts,
+        },
+        option=_SORT_KEYS,
+    )
+    return _sha256(identity).digest(), _orjson_dumps(payload).decode()
+
+
 def encode_event(event: Any) -> EventRow:
     """Validate ``event`` and return its row; raise :class:`InvalidPayloadError` naming the field.
 
@@ -95,18 +116,9 @@ def encode_event(event: Any) -> EventRow:
         trace_id = raw_trace or GLOBAL_TRACE_ID
         try:
             if orjson_ready(raw_payload):
-                identity = _orjson_dumps(
-                    {
-                        "kind": kind,
-                        "node_id": node_id,
-                        "node_name": node_name,
-                        "payload": raw_payload,
-                        "trace_id": trace_id,
-                        "ts": ts,
-                    },
-                    option=_SORT_KEYS,
+                fingerprint, payload = _orjson_fingerprint(
+                    trace_id, ts, kind, node_name, node_id, raw_payload
                 )
-                payload = _orjson_dumps(raw_payload).decode()
                 # ASCII text holds no escape sentinel: only a NUL needs the text-column escape.
                 return (
                     trace_id if "\x00" not in trace_id else to_db_text(trace_id),
@@ -114,7 +126,7 @@ def encode_event(event: Any) -> EventRow:
                     kind if "\x00" not in kind else to_db_text(kind),
                     node_name if node_name is None or "\x00" not in node_name else to_db_text(node_name),
                     node_id if node_id is None or "\x00" not in node_id else to_db_text(node_id),
-                    _sha256(identity).digest(),
+                    fingerprint,
                     payload,
                 )
         except (_OrjsonError, RecursionError):
@@ -151,19 +163,7 @@ def encode_event_checked(event: Any) -> EventRow:
         try:
             if not orjson_ready(raw_payload):
                 raise _OrjsonError
-            identity = _orjson_dumps(
-                {
-                    "kind": kind,
-                    "node_id": node_id,
-                    "node_name": node_name,
-                    "payload": raw_payload,
-                    "trace_id": trace_id,
-                    "ts": ts,
-                },
-                option=_SORT_KEYS,
-            )
-            payload = _orjson_dumps(raw_payload).decode()
-            fingerprint = _sha256(identity).digest()
+            fingerprint, payload = _orjson_fingerprint(trace_id, ts, kind, node_name, node_id, raw_payload)
         except (_OrjsonError, RecursionError):  # see orjson_ready: the C encoder's way decides
             payload = None
     if payload is None or fingerprint is None:

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from ..backend import IDEMPOTENCY_KEY, ITEM_KEYS, UNANSWERED_KEYS
-from ..context_vars import reset_context_var
+from ..context_vars import context_value
 from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time, logical_times, replaying
 
 WRITE_KEY_ARGUMENT = "_guarded_write_key"
@@ -44,25 +45,15 @@ KEPT_ARGUMENTS = frozenset({WRITE_KEY_ARGUMENT, WRITE_TIME_ARGUMENT})
 """Keyword arguments the guard adds to a write it keeps; a replay removes them before the call."""
 
 
-@contextlib.contextmanager
-def unanswered_keys(keys: tuple[str, ...] | None) -> Iterator[tuple[str, ...] | None]:
+def unanswered_keys(keys: tuple[str, ...] | None) -> AbstractContextManager[tuple[str, ...] | None]:
     """Set :data:`~guarded.backend.UNANSWERED_KEYS` for the calls made inside the block (``None``
-    clears it)."""
-    token = UNANSWERED_KEYS.set(keys or None)
-    try:
-        yield keys
-    finally:
-        reset_context_var(UNANSWERED_KEYS, token)
+    or no keys clears it)."""
+    return context_value(UNANSWERED_KEYS, keys or None)
 
 
-@contextlib.contextmanager
-def item_keys(keys: tuple[str, ...] | None) -> Iterator[tuple[str, ...] | None]:
+def item_keys(keys: tuple[str, ...] | None) -> AbstractContextManager[tuple[str, ...] | None]:
     """Set :data:`~guarded.backend.ITEM_KEYS` for the calls made inside the block (``None`` clears it)."""
-    token = ITEM_KEYS.set(keys)
-    try:
-        yield keys
-    finally:
-        reset_context_var(ITEM_KEYS, token)
+    return context_value(ITEM_KEYS, keys)
 
 
 @contextlib.contextmanager
@@ -82,14 +73,9 @@ def replayed_call(kwargs: dict[str, Any]) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def idempotency_key(key: str | None) -> Iterator[str | None]:
+def idempotency_key(key: str | None) -> AbstractContextManager[str | None]:
     """Set the idempotency key for the calls made inside the block (``None`` clears it)."""
-    token = IDEMPOTENCY_KEY.set(key)
-    try:
-        yield key
-    finally:
-        reset_context_var(IDEMPOTENCY_KEY, token)
+    return context_value(IDEMPOTENCY_KEY, key)
 
 
 __all__ = [
