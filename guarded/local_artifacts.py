@@ -31,7 +31,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -81,20 +81,121 @@ class _Stored:
     used: int
 
 
+def checked_artifact_bytes(data: object, retention: ArtifactRetentionConfig) -> bytes:
+    """``data`` as ``bytes``: an :class:`~guarded.errors.InvalidPayloadError` for anything but
+    bytes, an :class:`ArtifactTooLargeError` past ``max_artifact_bytes``."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise InvalidPayloadError(f"expected bytes, got {type(data).__name__}", path="data")
+    data = bytes(data)
+    max_bytes = retention.max_artifact_bytes
+    if 0 < max_bytes < len(data):
+        raise ArtifactTooLargeError(f"artifact of {len(data)} bytes exceeds max_artifact_bytes={max_bytes}")
+    return data
+
+
+def new_artifact_ref(
+    data: bytes,
+    *,
+    mime_type: str | None,
+    filename: str | None,
+    namespace: str | None,
+    scope: Any,
+    meta: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The ref of a put of ``data``, encoded as stored (:data:`~guarded.codec.ARTIFACT_REF`): its
+    content-addressed id (:func:`artifact_id`), size and SHA-256, ``meta`` as its ``source``
+    (strict JSON, else an :class:`~guarded.errors.InvalidPayloadError`)."""
+    ref: dict[str, Any] = ARTIFACT_REF.encode(
+        SimpleNamespace(
+            id=artifact_id(data, namespace),
+            mime_type=mime_type,
+            size_bytes=len(data),
+            filename=filename,
+            sha256=hashlib.sha256(data).hexdigest(),
+            scope=scope,
+            namespace=namespace,
+            source=to_json_object(meta or {}, "meta"),
+        )
+    )
+    return ref
+
+
+def ref_groups(ref: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The session and trace ids of an encoded ref's scope (``None`` where it has none)."""
+    scope = ref["scope"] if isinstance(ref["scope"], dict) else {}
+    session, trace = scope.get("session_id"), scope.get("trace_id")
+    return (session if isinstance(session, str) else None, trace if isinstance(trace, str) else None)
+
+
 @dataclass(frozen=True, slots=True)
-class _Limit:
+class GroupLimit:
+    """The retention limits of the session or trace group ``key`` an artifact belongs to, and the
+    eviction that makes room in it."""
+
     group: str
+    """``"session"`` or ``"trace"``."""
     key: str | None
     max_count: int
     max_bytes: int
 
+    @classmethod
+    def session(cls, key: str | None, retention: ArtifactRetentionConfig) -> GroupLimit:
+        """The limits of session ``key``."""
+        return cls("session", key, retention.max_artifacts_per_session, retention.max_session_bytes)
+
+    @classmethod
+    def trace(cls, key: str | None, retention: ArtifactRetentionConfig) -> GroupLimit:
+        """The limits of trace ``key``."""
+        return cls("trace", key, retention.max_artifacts_per_trace, retention.max_trace_bytes)
+
     @property
     def count_field(self) -> str:
+        """The retention field limiting the group's artifact count."""
         return f"max_artifacts_per_{self.group}"
 
     @property
     def bytes_field(self) -> str:
+        """The retention field limiting the group's bytes."""
         return f"max_{self.group}_bytes"
+
+    def check_fits_alone(self, size: int) -> None:
+        """An :class:`ArtifactLimitError` when an artifact of ``size`` bytes exceeds the group's
+        bytes on its own (no eviction could make room)."""
+        if 0 < self.max_bytes < size:
+            raise ArtifactLimitError(
+                f"artifact of {size} bytes exceeds {self.bytes_field}={self.max_bytes} on its own",
+                limit=self.bytes_field,
+            )
+
+    def evictions(self, members: Sequence[tuple[str, int]], size: int, strategy: str) -> list[str]:
+        """The ids to evict, in order, of ``members`` (the group's artifacts as ``(id, size)``,
+        in the strategy's order) so ``size`` more bytes fit; an :class:`ArtifactLimitError` when
+        they would have to go and ``strategy`` is ``"none"``."""
+        victims: list[str] = []
+        count, total = len(members), sum(member_size for _, member_size in members)
+        for member_id, member_size in members:
+            over_count = 0 < self.max_count <= count
+            if not over_count and not 0 < self.max_bytes < total + size:
+                break
+            if strategy == "none":
+                raise self._limit_error(count, total, size, over_count)
+            victims.append(member_id)
+            count, total = count - 1, total - member_size
+        return victims
+
+    def _limit_error(self, count: int, total: int, size: int, over_count: bool) -> ArtifactLimitError:
+        where = f"{self.group} {self.key!r}"
+        if over_count:
+            return ArtifactLimitError(
+                f"{self.count_field}={self.max_count} reached for {where} ({count} stored) "
+                "and cleanup_strategy is 'none'",
+                limit=self.count_field,
+            )
+        return ArtifactLimitError(
+            f"{self.bytes_field}={self.max_bytes} would be exceeded for {where} "
+            f"({total} bytes stored + {size} new) and cleanup_strategy is 'none'",
+            limit=self.bytes_field,
+        )
 
 
 class InMemoryArtifactStore:
@@ -162,29 +263,13 @@ class InMemoryArtifactStore:
         Raises :class:`ArtifactTooLargeError`, :class:`ArtifactLimitError`, or
         :class:`~guarded.errors.InvalidPayloadError` for metadata JSON cannot carry.
         """
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise InvalidPayloadError(f"expected bytes, got {type(data).__name__}", path="data")
-        data = bytes(data)
-        max_bytes = self._retention.max_artifact_bytes
-        if 0 < max_bytes < len(data):
-            raise ArtifactTooLargeError(
-                f"artifact of {len(data)} bytes exceeds max_artifact_bytes={max_bytes}"
-            )
-        key = artifact_id(data, namespace)
-        ref = ARTIFACT_REF.encode(
-            SimpleNamespace(
-                id=key,
-                mime_type=mime_type,
-                size_bytes=len(data),
-                filename=filename,
-                sha256=hashlib.sha256(data).hexdigest(),
-                scope=scope,
-                namespace=namespace,
-                source=to_json_object(meta or {}, "meta"),
-            )
+        data = checked_artifact_bytes(data, self._retention)
+        ref = new_artifact_ref(
+            data, mime_type=mime_type, filename=filename, namespace=namespace, scope=scope, meta=meta
         )
-        stored_scope = ref["scope"] if isinstance(ref["scope"], dict) else {}
-        groups = {group: _text_or_none(stored_scope.get(f"{group}_id")) for group in ("session", "trace")}
+        key = ref["id"]
+        session, trace = ref_groups(ref)
+        groups = {"session": session, "trace": trace}
         text = json.dumps(ref, ensure_ascii=False)
         async with self._lock:
             now = self._clock()
@@ -295,19 +380,11 @@ def _plan_evictions(
     size: int,
 ) -> list[str]:
     """Keys to evict so an artifact of ``size`` bytes fits its session and trace, or raise."""
-    limits = [
-        _Limit("session", groups["session"], retention.max_artifacts_per_session, retention.max_session_bytes)
-    ]
+    limits = [GroupLimit.session(groups["session"], retention)]
     if groups["trace"] is not None:
-        limits.append(
-            _Limit("trace", groups["trace"], retention.max_artifacts_per_trace, retention.max_trace_bytes)
-        )
+        limits.append(GroupLimit.trace(groups["trace"], retention))
     for limit in limits:
-        if 0 < limit.max_bytes < size:
-            raise ArtifactLimitError(
-                f"artifact of {size} bytes exceeds {limit.bytes_field}={limit.max_bytes} on its own",
-                limit=limit.bytes_field,
-            )
+        limit.check_fits_alone(size)
     by_recency = retention.cleanup_strategy == "lru"
     victims: list[str] = []
     for limit in limits:
@@ -319,35 +396,10 @@ def _plan_evictions(
             ),
             key=lambda key: items[key].used if by_recency else items[key].inserted,
         )
-        count, total = len(members), sum(len(items[key].data) for key in members)
-        for key in members:
-            over_count = 0 < limit.max_count <= count
-            if not over_count and not 0 < limit.max_bytes < total + size:
-                break
-            if retention.cleanup_strategy == "none":
-                raise _limit_error(limit, count, total, size, over_count)
-            victims.append(key)
-            count, total = count - 1, total - len(items[key].data)
-    return victims
-
-
-def _limit_error(limit: _Limit, count: int, total: int, size: int, over_count: bool) -> ArtifactLimitError:
-    where = f"{limit.group} {limit.key!r}"
-    if over_count:
-        return ArtifactLimitError(
-            f"{limit.count_field}={limit.max_count} reached for {where} ({count} stored) "
-            "and cleanup_strategy is 'none'",
-            limit=limit.count_field,
+        victims += limit.evictions(
+            [(key, len(items[key].data)) for key in members], size, retention.cleanup_strategy
         )
-    return ArtifactLimitError(
-        f"{limit.bytes_field}={limit.max_bytes} would be exceeded for {where} "
-        f"({total} bytes stored + {size} new) and cleanup_strategy is 'none'",
-        limit=limit.bytes_field,
-    )
-
-
-def _text_or_none(value: object) -> str | None:
-    return value if isinstance(value, str) else None
+    return victims
 
 
 def _decode_ref(text: str) -> ArtifactRef:
@@ -364,7 +416,11 @@ def _as_scope(scope: Any) -> ArtifactScope | None:
 __all__ = [
     "ArtifactLimitError",
     "ArtifactTooLargeError",
+    "GroupLimit",
     "InMemoryArtifactStore",
     "artifact_id",
+    "checked_artifact_bytes",
+    "new_artifact_ref",
+    "ref_groups",
     "sanitize_artifact_namespace",
 ]

@@ -21,13 +21,18 @@ sequence value, not a timestamp, so LRU is exact.
 from __future__ import annotations
 
 import builtins
-import hashlib
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
-from guarded.backend import ArtifactLimitError, ArtifactTooLargeError, artifact_id
-from guarded.codec import ARTIFACT_REF, ARTIFACT_SCOPE, RecordTypes, to_json_object
+from guarded.backend import (
+    ArtifactLimitError,
+    ArtifactTooLargeError,
+    GroupLimit,
+    checked_artifact_bytes,
+    new_artifact_ref,
+    ref_groups,
+)
+from guarded.codec import ARTIFACT_REF, ARTIFACT_SCOPE, RecordTypes
 from guarded.errors import InvalidPayloadError
 from guarded.models import ArtifactRetentionConfig
 
@@ -55,55 +60,24 @@ class _Member:
     trace_key: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class _Group:
-    name: str  # "session" | "trace"
-    key: str | None
-    max_count: int
-    max_bytes: int
-
-    @property
-    def count_field(self) -> str:
-        return f"max_artifacts_per_{self.name}"
-
-    @property
-    def bytes_field(self) -> str:
-        return f"max_{self.name}_bytes"
-
-    def holds(self, member: _Member) -> bool:
-        return (member.session_key if self.name == "session" else member.trace_key) == self.key
+def _key_in(group: GroupLimit, member: _Member) -> str | None:
+    """The key of ``member`` in ``group``'s kind of group (its session or its trace)."""
+    return member.session_key if group.group == "session" else member.trace_key
 
 
-def _limit_error(group: _Group, count: int, total: int, size: int, over_count: bool) -> ArtifactLimitError:
-    where = f"{group.name} {group.key!r}"
-    if over_count:
-        return ArtifactLimitError(
-            f"{group.count_field}={group.max_count} reached for {where} ({count} stored) "
-            "and cleanup_strategy is 'none'",
-            limit=group.count_field,
-        )
-    return ArtifactLimitError(
-        f"{group.bytes_field}={group.max_bytes} would be exceeded for {where} "
-        f"({total} bytes stored + {size} new) and cleanup_strategy is 'none'",
-        limit=group.bytes_field,
-    )
-
-
-def plan_evictions(members: list[_Member], groups: tuple[_Group, ...], size: int, strategy: str) -> list[str]:
+def plan_evictions(
+    members: list[_Member], groups: tuple[GroupLimit, ...], size: int, strategy: str
+) -> list[str]:
     """IDs to evict (oldest first by the strategy's order) so ``size`` more bytes fit every group."""
     ordered = sorted(members, key=lambda member: member.order)
     victims: list[str] = []
     for group in groups:
-        in_group = [member for member in ordered if group.holds(member) and member.artifact_id not in victims]
-        count, total = len(in_group), sum(member.size for member in in_group)
-        for member in in_group:
-            over_count = 0 < group.max_count <= count
-            if not over_count and not 0 < group.max_bytes < total + size:
-                break
-            if strategy == "none":
-                raise _limit_error(group, count, total, size, over_count)
-            victims.append(member.artifact_id)
-            count, total = count - 1, total - member.size
+        in_group = [
+            (member.artifact_id, member.size)
+            for member in ordered
+            if _key_in(group, member) == group.key and member.artifact_id not in victims
+        ]
+        victims += group.evictions(in_group, size, strategy)
     return victims
 
 
@@ -196,61 +170,35 @@ class PostgresArtifactStore:
         namespace: str | None,
         scope: Any,
         meta: dict[str, Any] | None,
-    ) -> tuple[tuple[Any, ...], tuple[_Group, _Group]]:
+    ) -> tuple[tuple[Any, ...], tuple[GroupLimit, GroupLimit]]:
         """Validate a put and return the row to insert and the artifact's groups."""
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise InvalidPayloadError(f"expected bytes, got {type(data).__name__}", path="data")
-        data = bytes(data)
         retention = self._retention
-        if 0 < retention.max_artifact_bytes < len(data):
-            raise ArtifactTooLargeError(
-                f"artifact of {len(data)} bytes exceeds max_artifact_bytes={retention.max_artifact_bytes}"
-            )
+        data = checked_artifact_bytes(data, retention)
         check_text_opt(mime_type, "mime_type")
         check_text_opt(filename, "filename")
         check_text_opt(namespace, "namespace")
-        key = artifact_id(data, namespace)
-        digest = hashlib.sha256(data).hexdigest()
-        ref = ARTIFACT_REF.encode(
-            SimpleNamespace(
-                id=key,
-                mime_type=mime_type,
-                size_bytes=len(data),
-                filename=filename,
-                sha256=digest,
-                scope=scope,
-                namespace=namespace,
-                source=to_json_object(meta or {}, "meta"),
-            )
+        ref = new_artifact_ref(
+            data, mime_type=mime_type, filename=filename, namespace=namespace, scope=scope, meta=meta
         )
-        stored_scope = ref["scope"] if isinstance(ref["scope"], dict) else {}
-        session = stored_scope.get("session_id")
-        trace = stored_scope.get("trace_id")
-        session_key = to_db_text(session) if isinstance(session, str) else None
-        trace_key = to_db_text(trace) if isinstance(trace, str) else None
-        groups = (
-            _Group("session", session_key, retention.max_artifacts_per_session, retention.max_session_bytes),
-            _Group("trace", trace_key, retention.max_artifacts_per_trace, retention.max_trace_bytes),
-        )
+        session, trace = ref_groups(ref)
+        session_key = None if session is None else to_db_text(session)
+        trace_key = None if trace is None else to_db_text(trace)
+        groups = (GroupLimit.session(session_key, retention), GroupLimit.trace(trace_key, retention))
         for group in groups:
-            if 0 < group.max_bytes < len(data):
-                raise ArtifactLimitError(
-                    f"artifact of {len(data)} bytes exceeds {group.bytes_field}={group.max_bytes} on its own",
-                    limit=group.bytes_field,
-                )
+            group.check_fits_alone(len(data))
         row = (
-            key,
+            ref["id"],
             session_key,
             trace_key,
             len(data),
             to_db_text_opt(mime_type),
-            digest,
+            ref["sha256"],
             dump_json(ref),
             data,
         )
         return row, groups
 
-    async def _put(self, row: tuple[Any, ...], groups: tuple[_Group, _Group]) -> Any:
+    async def _put(self, row: tuple[Any, ...], groups: tuple[GroupLimit, GroupLimit]) -> Any:
         key, session_key, trace_key, size = row[0], row[1], row[2], row[3]
 
         async def put(conn: Connection) -> Any:
@@ -277,15 +225,15 @@ class PostgresArtifactStore:
 
         return self._decode_ref(await self._db.run(put))
 
-    def _lock_name(self, group: _Group) -> str:
+    def _lock_name(self, group: GroupLimit) -> str:
         """The advisory lock serialising puts into one session or trace group."""
         key = "" if group.key is None else "k" + group.key
-        return f"guarded.artifacts:{self._schema}:{group.name}:{key}"
+        return f"guarded.artifacts:{self._schema}:{group.group}:{key}"
 
     async def _plan(
         self,
         conn: Connection,
-        groups: tuple[_Group, ...],
+        groups: tuple[GroupLimit, ...],
         size: int,
         session_key: str | None,
         trace_key: str | None,
