@@ -4,7 +4,12 @@
 is called once per method when the guard is built (``method`` is that method's
 :class:`MethodSetup`: its policy and resolved settings) and returns the :class:`Service` that runs
 the method's calls; each call is a :class:`Call` (its arguments, deadline, attempts and outcome).
-Your layers run innermost, between the timeout layer and the store.
+Your layers run innermost, between the timeout layer and the store. A layer may instead declare a
+:class:`Step` per method (``step(method, inner)``, as every built-in layer does; subclass
+:class:`StepLayer` for its ``wrap``): what it does before the layers inside it (``enter``), with
+their answer (``ok``) and with their failure (``failed``). The steps of consecutive such layers
+run in one coroutine; a hook that must wait raises :class:`Deferred`, and an ``enter`` that answers
+the call itself returns :class:`Handled`.
 
 **A policy** (``guard(store, policies={...})``) says what a method is: a :class:`MethodPolicy`
 written in the vocabulary of :class:`Kind`, :class:`Fallback`, :class:`Merge`, :class:`Ids`,
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 from .layers.breaker import CircuitBreaker
 from .pipeline.call import Call, Layer, MethodSetup, Service
+from .pipeline.steps import Deferred, Handled, Step, StepLayer
 from .policy import Argument, Fallback, Ids, Kind, Merge, MethodPolicy, arg, attr_of
 from .policy_table import PolicyTable
 
@@ -29,7 +35,9 @@ __all__ = [
     "Argument",
     "Call",
     "CircuitBreaker",
+    "Deferred",
     "Fallback",
+    "Handled",
     "Ids",
     "Kind",
     "Layer",
@@ -38,6 +46,8 @@ __all__ = [
     "MethodSetup",
     "PolicyTable",
     "Service",
+    "Step",
+    "StepLayer",
     "arg",
     "attr_of",
 ]

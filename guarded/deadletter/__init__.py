@@ -24,8 +24,8 @@ from .call_codec import CALL_SPECS, decode_call, encode_call
 from .entries import DeadLetter, DeadLetterStats, ParkedWrite, canonical_key
 from .replay import (
     REPLAY_FAILURE_STREAK,
-    Call,
     CallCheck,
+    HeldCall,
     ReplayRejected,
     ReplayResult,
     ReplaySummary,
@@ -50,7 +50,7 @@ __all__ = [
     "CALL_SPECS",
     "MAX_SLOTS",
     "REPLAY_FAILURE_STREAK",
-    "Call",
+    "HeldCall",
     "CallCheck",
     "DeadLetter",
     "DeadLetterBuffer",

@@ -70,8 +70,8 @@ from .entries import DeadLetter, DeadLetterStats, ParkedWrite, canonical_key, in
 from .gate import KeyGate, Slot
 from .replay import (
     REPLAY_FAILURE_STREAK,
-    Call,
     CallCheck,
+    HeldCall,
     ReplayPass,
     ReplaySummary,
     Send,
@@ -337,7 +337,7 @@ def parkable(
     return readable_text(method), call, size, reason
 
 
-def decode_entry(entry: DeadLetter, types: RecordTypes, store_name: str) -> Call | None:
+def decode_entry(entry: DeadLetter, types: RecordTypes, store_name: str) -> HeldCall | None:
     """The decoded call of a waiting entry; ``None`` (logged) when it cannot be decoded."""
     try:
         return decode_call(entry.method, entry.call, types)
@@ -670,10 +670,10 @@ class DeadLetterBuffer:
         """The rest of :meth:`supersede` for a slot :meth:`note_superseding` answered."""
         return await self._link.mutate(lambda: self._link.drop_stale(slot, stamp))
 
-    def _decode(self, entry: DeadLetter) -> Call | None:
+    def _decode(self, entry: DeadLetter) -> HeldCall | None:
         return decode_entry(entry, self._types, self.store_name)
 
-    async def latest_for_key(self, method: str, key: Any) -> Call | None:
+    async def latest_for_key(self, method: str, key: Any) -> HeldCall | None:
         """The newest waiting call of ``(method, key)``, decoded, or ``None`` (cheap when none waits)."""
         try:
             seqs = self._held.keys.get((method, index_key(key)))
@@ -684,7 +684,7 @@ class DeadLetterBuffer:
         found = await self._link.load([max(seqs)])
         return self._decode(found[0]) if found else None
 
-    async def take(self, method: str, key: Any) -> Call | None:
+    async def take(self, method: str, key: Any) -> HeldCall | None:
         """Remove every waiting call of ``(method, key)`` and return the newest, decoded (``None``
         when none waits). Used to consume a dead-lettered planner state: it is never replayed then.
         Raises :class:`~guarded.errors.GuardClosedError` once the buffer is closed: its spill file
@@ -700,7 +700,7 @@ class DeadLetterBuffer:
         entry = await self._link.mutate(lambda: self._link.take_newest(slot))
         return None if entry is None else self._decode(entry)
 
-    async def pending_for_scope(self, method: str, scope: str) -> list[Call]:
+    async def pending_for_scope(self, method: str, scope: str) -> list[HeldCall]:
         """The waiting calls of ``method`` in ``scope`` (a trace or session), decoded, oldest first.
 
         Cheap (no file access) when nothing of that scope waits.

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from .buffer import DeadLetterBuffer
 from .entries import DeadLetterStats
 from .gate import Slot
-from .replay import Call as Held
+from .replay import HeldCall as Held
 
 
 class Lifecycle:

@@ -35,7 +35,7 @@ from .entries import DeadLetter, index_key_of_canonical
 from .gate import KeyGate, Slot
 from .spill_link import Retry, SpillLink
 
-Call = tuple[tuple[Any, ...], dict[str, Any]]
+HeldCall = tuple[tuple[Any, ...], dict[str, Any]]
 """A decoded store call: ``(args, kwargs)``."""
 
 
@@ -60,7 +60,7 @@ Send = Callable[[str, tuple[Any, ...], dict[str, Any]], Awaitable[ReplayResult]]
 """``send(method, args, kwargs)``: replay one write. It may also raise: an exception classified
 as bad data (:func:`guarded.error_classes.classify`, e.g. :class:`InvalidPayloadError`) or a
 :class:`ReplayRejected` parks the entry with the exception as reason; any other retries later."""
-SendBulk = Callable[[str, list[Call]], Awaitable[ReplayResult]]
+SendBulk = Callable[[str, list[HeldCall]], Awaitable[ReplayResult]]
 """``send_bulk(method, calls)``: replay a run of consecutive writes of ``method`` (one of the
 pass's ``bulk_methods``) as one bulk write, applied in list order (``save_event`` runs become one
 ``save_events``, ``save_memory_state`` runs one ``save_memory_states``). Anything but ``OK`` (an
@@ -250,7 +250,7 @@ def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
     if not bulk_methods_of(store):
         return send, None
 
-    async def send_bulk(method: str, calls: list[Call]) -> ReplayResult:
+    async def send_bulk(method: str, calls: list[HeldCall]) -> ReplayResult:
         bulk = bulk_method_for(store, method)
         if bulk is None:
             raise ReplayRejected(f"no bulk form of {method!r}")
@@ -268,12 +268,12 @@ def store_sender(store: Any) -> tuple[Send, SendBulk | None]:
     return send, send_bulk
 
 
-async def attempt(send: Send, method: str, call: Call) -> Attempt:
+async def attempt(send: Send, method: str, call: HeldCall) -> Attempt:
     """Run ``send`` and turn an exception into a result and a reason (cancellation propagates)."""
     return await _attempted(lambda: send(method, *call))
 
 
-async def attempt_bulk(send_bulk: SendBulk, method: str, calls: Sequence[Call]) -> Attempt:
+async def attempt_bulk(send_bulk: SendBulk, method: str, calls: Sequence[HeldCall]) -> Attempt:
     """:func:`attempt` for a bulk sender."""
     return await _attempted(lambda: send_bulk(method, list(calls)))
 
@@ -298,14 +298,14 @@ def _cancelled_by_caller() -> bool:
     return task is None or task.cancelling() > 0
 
 
-async def call_sender(send: Send, method: str, call: Call) -> tuple[ReplayResult, str | None]:
+async def call_sender(send: Send, method: str, call: HeldCall) -> tuple[ReplayResult, str | None]:
     """Run ``send`` and turn an exception into a result and a reason (cancellation propagates)."""
     found = await attempt(send, method, call)
     return found.result, found.reason
 
 
 async def call_bulk_sender(
-    send_bulk: SendBulk, method: str, calls: Sequence[Call]
+    send_bulk: SendBulk, method: str, calls: Sequence[HeldCall]
 ) -> tuple[ReplayResult, str | None]:
     """:func:`call_sender` for a bulk sender."""
     found = await attempt_bulk(send_bulk, method, calls)
@@ -378,14 +378,14 @@ class CallCheck:
             self._shapes[shape] = problem
         return problem
 
-    def problem(self, method: str, call: Call) -> str | None:
+    def problem(self, method: str, call: HeldCall) -> str | None:
         """Why the call can certainly never succeed (``None``: it may)."""
         found = self.method_problem(method)
         if found is None and self.exact(method):
             found = self.binding_problem(method, *call)
         return found
 
-    def doubtful(self, method: str, call: Call) -> str | None:
+    def doubtful(self, method: str, call: HeldCall) -> str | None:
         """Without the store: why the call looks like it cannot succeed (it is sent alone, and
         parked if the store refuses it with a ``TypeError``)."""
         return None if self.exact(method) else self.binding_problem(method, *call)
@@ -396,7 +396,7 @@ class CallCheck:
 PAGE = 256
 """Waiting entries read at a time (at least a bulk run)."""
 
-Decode = Callable[[DeadLetter], Call | None]
+Decode = Callable[[DeadLetter], HeldCall | None]
 """The decoded call of an entry, ``None`` when it cannot be decoded (logged)."""
 Park = Callable[[DeadLetter, str, int], Awaitable[bool]]
 """``park(entry, reason, epoch)``: park a waiting entry; ``False`` when it no longer waits."""
@@ -544,7 +544,7 @@ class ReplayPass:
             tally.backing_off.add(entry.seq)
         return True
 
-    def _ready(self, entry: DeadLetter) -> Call | str:
+    def _ready(self, entry: DeadLetter) -> HeldCall | str:
         """The decoded call of ``entry``, or why it can never succeed."""
         check = self.sending.check
         problem = check.method_problem(entry.method)
@@ -556,7 +556,7 @@ class ReplayPass:
         problem = check.problem(entry.method, call)
         return call if problem is None else problem
 
-    async def _replay_single(self, entry: DeadLetter, call: Call | None, *, paid: bool) -> None:
+    async def _replay_single(self, entry: DeadLetter, call: HeldCall | None, *, paid: bool) -> None:
         sending, tally = self.sending, self.tally
         if call is None:
             ready = self._ready(entry)
@@ -623,7 +623,7 @@ class ReplayPass:
 
     async def _gather_run(
         self, page: Sequence[DeadLetter], index: int
-    ) -> tuple[list[tuple[DeadLetter, Call]], list[Slot], list[tuple[DeadLetter, str]], int]:
+    ) -> tuple[list[tuple[DeadLetter, HeldCall]], list[Slot], list[tuple[DeadLetter, str]], int]:
         """The run of waiting entries of ``page[index].method`` from ``index`` for one bulk write:
         ``(entries with their calls, gate slots entered for them, entries that can never succeed
         with the reason, next index)``.
@@ -636,7 +636,7 @@ class ReplayPass:
         sending, tally, held = self.sending, self.tally, self.held
         method = page[index].method
         check = sending.check
-        run: list[tuple[DeadLetter, Call]] = []
+        run: list[tuple[DeadLetter, HeldCall]] = []
         entered: dict[Slot, None] = {}
         bad: list[tuple[DeadLetter, str]] = []
         await sending.pacer.take(1)
@@ -677,7 +677,7 @@ class ReplayPass:
                 break
         return run, list(entered), bad, position
 
-    async def _send_one(self, entry: DeadLetter, call: Call) -> Attempt | None:
+    async def _send_one(self, entry: DeadLetter, call: HeldCall) -> Attempt | None:
         """Send one held write; a keyed one only after newer direct writes of its key finished and
         only if it still waits then (``None``: it no longer does, nothing was sent)."""
         send, held = self.sending.send, self.held
@@ -787,7 +787,7 @@ __all__ = [
     "REPLAY_BACKOFF_MAX",
     "REPLAY_FAILURE_STREAK",
     "Attempt",
-    "Call",
+    "HeldCall",
     "CallCheck",
     "ReplayPass",
     "ReplayRejected",
