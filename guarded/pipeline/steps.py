@@ -202,35 +202,33 @@ def run_steps(
             if loop is not home.loop:  # type: ignore[union-attr]
                 return await elsewhere(run, setup, args, kwargs)  # type: ignore[misc]
             call = Call(setup, args, kwargs, loop, loop.time())
-        enter = None
-        handled = False
-        try:
-            for enter in enters:
+        for enter in enters:
+            try:
                 waiting = enter(call)
                 if waiting is not None:
                     if waiting.__class__ is Handled:
-                        handled = True
-                        result = await waiting.awaitable
                         break
                     await waiting
-            else:
-                enter = None
-                result = await inner(call)
-        except BaseException as exc:
-            return await finish(call, exc, None, count if enter is None else entered_at[enters.index(enter)])
-        if handled:
-            return await finish(call, None, result, entered_at[enters.index(enter)])
-        for ok in oks:
-            try:
-                result = ok(call, result)
-            except Deferred as deferred:
-                result = _waiting(deferred)
-                break
             except BaseException as exc:
-                return await finish(call, exc, None, ok_at[oks.index(ok)])
+                return await finish(call, exc, None, entered_at[enters.index(enter)])
         else:
-            return result
-        return await resume(call, result.awaitable, ok_at[oks.index(ok)])
+            try:
+                result = await inner(call)
+            except BaseException as exc:
+                return await finish(call, exc, None, count)
+            for ok in oks:
+                try:
+                    result = ok(call, result)
+                except Deferred as deferred:
+                    result = _waiting(deferred)
+                    break
+                except BaseException as exc:
+                    return await finish(call, exc, None, ok_at[oks.index(ok)])
+            else:
+                return result
+            return await resume(call, result.awaitable, ok_at[oks.index(ok)])
+        # The layer of ``enter`` answers the call itself.
+        return await resume(call, waiting.awaitable, entered_at[enters.index(enter)])
 
     return run
 
