@@ -259,11 +259,13 @@ class StaleReadLayer(StepLayer):
                 return Handled(consume(call))
             key = key_of(call.args, call.kwargs)
             slot = slot_of(write, key) if key is not None else None
+            registered = None
             if slot is not None:
                 stamp = next_stamp()
                 if not try_enter(slot, stamp):
                     return Handled(consume(call))  # a replay of the key is in flight: it waits
-                call.slot = (slot, stamp)
+                registered = (slot, stamp)
+            call.slot = registered
             return None
 
         def give_back(call: Call) -> None:
