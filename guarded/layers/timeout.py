@@ -43,7 +43,7 @@ class TimeoutLayer(StepLayer):
                 when = call.started + attempt_timeout
             if when > call.deadline:
                 when = call.deadline
-            dog.armed[call] = (running_task(loop), when)  # type: ignore[index,assignment]  # dog.arm(), inline
+            dog.armed[call] = (running_task(loop), when)  # type: ignore[union-attr,assignment]  # dog.arm(), inline
             if when < dog.wake_at:  # type: ignore[union-attr]
                 dog.wake_by(when)  # type: ignore[union-attr]
 
