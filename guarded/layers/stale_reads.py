@@ -268,18 +268,19 @@ class StaleReadLayer(StepLayer):
             call.slot = registered
             return None
 
-        def give_back(call: Call) -> None:
+        leave_gate = gate.leave
+
+        def consumed(call: Call, result: Any) -> Any:
+            """The consume ended: its registration given back (one frame on the usual call)."""
             registered = call.slot
             if registered is not None:
                 call.slot = None
-                gate.leave(*registered)
-
-        def consumed(call: Call, result: Any) -> Any:
-            give_back(call)
+                slot, stamp = registered
+                leave_gate(slot, stamp)
             return result
 
         def failed(call: Call, exc: BaseException) -> Any:
-            give_back(call)
+            consumed(call, None)
             raise exc
 
         async def consume(call: Call) -> Any:
