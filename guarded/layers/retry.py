@@ -41,11 +41,8 @@ class RetryLayer(StepLayer):
                 return False
             return repeat_safe or not reached_backend(exc)
 
-        def first_attempt(call: Call) -> None:
-            call.attempts += 1
-
         if max_attempts <= 1:
-            return Step(enter=first_attempt)
+            return Step(counts_attempts=True)
 
         wait = wait_exponential_jitter(
             **{_FIRST_BACKOFF: self._config.initial_backoff},
@@ -92,4 +89,4 @@ class RetryLayer(StepLayer):
                     return result
             raise AssertionError("unreachable: tenacity either returns or re-raises")
 
-        return Step(enter=first_attempt, failed=failed)
+        return Step(failed=failed, counts_attempts=True)

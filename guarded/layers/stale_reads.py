@@ -259,25 +259,28 @@ class StaleReadLayer(StepLayer):
                 return Handled(consume(call))
             key = key_of(call.args, call.kwargs)
             slot = slot_of(write, key) if key is not None else None
+            registered = None
             if slot is not None:
                 stamp = next_stamp()
                 if not try_enter(slot, stamp):
                     return Handled(consume(call))  # a replay of the key is in flight: it waits
-                call.slot = (slot, stamp)
+                registered = (slot, stamp)
+            call.slot = registered
             return None
 
-        def give_back(call: Call) -> None:
+        leave_gate = gate.leave
+
+        def consumed(call: Call, result: Any) -> Any:
+            """The consume ended: its registration given back (one frame on the usual call)."""
             registered = call.slot
             if registered is not None:
                 call.slot = None
-                gate.leave(*registered)
-
-        def consumed(call: Call, result: Any) -> Any:
-            give_back(call)
+                slot, stamp = registered
+                leave_gate(slot, stamp)
             return result
 
         def failed(call: Call, exc: BaseException) -> Any:
-            give_back(call)
+            consumed(call, None)
             raise exc
 
         async def consume(call: Call) -> Any:

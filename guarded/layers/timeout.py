@@ -7,7 +7,7 @@ from typing import Any
 
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.steps import Step, StepLayer
-from ..pipeline.watchdog import Watchdog, watchdog_for
+from ..pipeline.watchdog import Watchdog, running_task, watchdog_for
 
 
 class TimeoutLayer(StepLayer):
@@ -21,37 +21,38 @@ class TimeoutLayer(StepLayer):
     def step(self, method: MethodSetup, inner: Service) -> Step:
         attempt_timeout = method.settings.attempt_timeout
         label = method.label
-        current_task = asyncio.current_task
-
-        last: list[Any] = [None, None]
-        """The event loop of the last call and its watchdog."""
+        last_loop: asyncio.AbstractEventLoop | None = None
+        last_dog: Watchdog | None = None
+        last_armed: dict[object, tuple[asyncio.Task[object], float]] = {}
+        """The event loop of the last call, its watchdog and the watchdog's armed deadlines."""
 
         def watchdog(loop: asyncio.AbstractEventLoop) -> Watchdog:
-            if loop is last[0]:
-                dog: Watchdog = last[1]
-                return dog
+            nonlocal last_loop, last_dog, last_armed
             dog = watchdog_for(loop)
-            last[:] = loop, dog
+            last_loop, last_dog, last_armed = loop, dog, dog.armed
             return dog
 
         def arm(call: Call) -> None:
             loop = call.loop
-            dog = last[1] if loop is last[0] else watchdog(loop)
+            dog = last_dog if loop is last_loop else watchdog(loop)
             # An attempt's time starts when it is admitted: the call's start for a first attempt
             # that did not wait in the bulkhead's line (no clock read), now for any other.
-            when = (call.started if call.attempts <= 1 and not call.queued else loop.time()) + attempt_timeout
+            if call.attempts > 1 or call.queued:
+                when = loop.time() + attempt_timeout
+            else:
+                when = call.started + attempt_timeout
             if when > call.deadline:
                 when = call.deadline
-            dog.armed[call] = (current_task(loop), when)  # type: ignore[assignment]  # dog.arm(), inline
-            if when < dog.wake_at:
-                dog.wake_by(when)
+            dog.armed[call] = (running_task(loop), when)  # type: ignore[union-attr,assignment]  # dog.arm(), inline
+            if when < dog.wake_at:  # type: ignore[union-attr]
+                dog.wake_by(when)  # type: ignore[union-attr]
 
         def answered(call: Call, result: Any) -> Any:
             # Whatever the store made of the watchdog's cancellation, withdraw it (else the task's
             # cancellation count stays raised, which breaks the caller's own asyncio.timeout).
             loop = call.loop
-            dog = last[1] if loop is last[0] else watchdog(loop)
-            if dog.armed.pop(call, None) is None and _withdrawn(call):
+            armed = last_armed if loop is last_loop else watchdog(loop).armed
+            if armed.pop(call, None) is None and _withdrawn(call):
                 raise attempt_timed_out(label, None)
             return result
 
@@ -68,7 +69,7 @@ def _withdrawn(call: Call) -> bool:
     """The watchdog's cancellation of the call's task withdrawn: ``True`` when it was the only one
     (the caller did not cancel too). ``False`` without a task: a call of a closed loop being
     collected as garbage."""
-    task = asyncio.current_task(call.loop)
+    task = running_task(call.loop)
     return task is not None and task.uncancel() == 0
 
 

@@ -20,7 +20,14 @@ _OK = Outcome.OK  # enum attribute lookups are slow on CPython 3.11 (about 0.1 Â
 
 
 class Call:
-    """A method call as it travels through the layers; layers annotate it as they go."""
+    """A method call as it travels through the layers; layers annotate it as they go.
+
+    Three attributes belong to one layer each and are set by its ``enter`` before its ``ok`` or
+    ``failed`` reads them (unset until then, so a call pays nothing for a layer it never meets):
+    ``ticket``, the breaker's admission of the call; ``held``, the dead-letter layer's hold on a
+    write's key (its call stamp, key slot, logical-time token and key); ``slot``, the key slot and
+    call stamp a consume registered with (the stale-read layer's).
+    """
 
     __slots__ = (
         "args",
@@ -39,6 +46,9 @@ class Call:
         "started",
         "ticket",
     )
+    ticket: int | None
+    held: Any
+    slot: Any
 
     def __init__(
         self,
@@ -68,13 +78,6 @@ class Call:
         self.retries: list[tuple[int, str, float]] | None = None
         """(attempt that failed, error type, backoff in seconds) for each retry."""
         self.span: Span | None = None
-        self.ticket: int | None = None
-        """The breaker's admission of the call (the breaker layer's)."""
-        self.held: Any = None
-        """The dead-letter layer's hold on a write's key: its call stamp, key slot, logical-time
-        token and key."""
-        self.slot: Any = None
-        """The key slot and call stamp a consume registered with (the stale-read layer's)."""
 
     def settle(self, outcome: Outcome, error: BaseException | None = None) -> None:
         """The call's outcome and, when there is one, the failure behind it: the one writer of

@@ -15,6 +15,7 @@ inner(call)``, ``ok`` with its result, ``failed`` in its ``except BaseException`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,11 @@ class Step:
     run: Service | None = None
     """The layer ends the call itself and never calls the layers inside it (the batching layer hands
     a write to the batcher); ``ok`` and ``failed`` then see what ``run`` answered or raised."""
+    counts_attempts: bool = False
+    """The layer counts the call's attempts (:attr:`Call.attempts`): the first is counted for it,
+    without a hook (one on every call costs as much as a layer's real work), the layer counts any
+    further one itself. The count is made as the call starts and withdrawn when a layer outside
+    this one refuses or answers the call, so the layers outside must not read it in ``enter``."""
 
 
 class Deferred(BaseException):
@@ -104,7 +110,7 @@ def build(
             continue
         if step.run is not None:
             # The layers inside never see this method's calls.
-            service, steps = step.run, [Step(enter=step.enter, ok=step.ok, failed=step.failed)]
+            service, steps = step.run, [dataclasses.replace(step, run=None)]
         else:
             steps.insert(0, step)
     if home is not None:
@@ -128,9 +134,23 @@ def run_steps(
         return inner
     steps = tuple(steps)
     count = len(steps)
-    enters = tuple(step.enter for step in steps if step.enter is not None)
-    entered_at = tuple(index for index, step in enumerate(steps) if step.enter is not None)
+    hooks: list[tuple[Callable[[Call], Any], int]] = []
+    count_at: int | None = None
+    """Where among the enters the call's first attempt is counted (:attr:`Step.counts_attempts`)."""
+    for index, step in enumerate(steps):
+        if step.enter is not None:
+            hooks.append((step.enter, index))
+        if step.counts_attempts:
+            if count_at is None:
+                count_at = len(hooks)
+            else:  # another layer that counts attempts (rare): a hook of its own
+                hooks.append((_count_attempt, index))
+    enters = tuple(hook for hook, _ in hooks)
+    entered_at = tuple(index for _, index in hooks)
     """How many steps a call has entered when the enter at that position fails."""
+    counts = count_at is not None
+    uncounted = count_at if count_at is not None else 0
+    """The enters before the count: a call they stop had no attempt."""
     oks = tuple(step.ok for step in reversed(steps) if step.ok is not None)
     ok_at = tuple(index for index in reversed(range(count)) if steps[index].ok is not None)
     """How many steps stand outside the ok at that position."""
@@ -190,6 +210,14 @@ def run_steps(
             return await finish(call, exc, None, below)
         return await finish(call, None, result, below)
 
+    def stopped(call: Call, enter: Callable[[Call], Any]) -> int:
+        """``enter`` failed or answered the call: how many steps the call entered. A call stopped
+        before its first attempt is counted has none (:attr:`Step.counts_attempts`)."""
+        position = enters.index(enter)
+        if position < uncounted:
+            call.attempts -= 1
+        return entered_at[position]
+
     setup, home = entry if entry is not None else (None, None)
     elsewhere = home.elsewhere if home is not None else None
     get_loop = asyncio.get_running_loop
@@ -202,37 +230,43 @@ def run_steps(
             if loop is not home.loop:  # type: ignore[union-attr]
                 return await elsewhere(run, setup, args, kwargs)  # type: ignore[misc]
             call = Call(setup, args, kwargs, loop, loop.time())
-        enter = None
-        handled = False
-        try:
-            for enter in enters:
+        if counts:
+            call.attempts += 1  # withdrawn by stopped() when the call stops before the count
+        for enter in enters:
+            try:
                 waiting = enter(call)
                 if waiting is not None:
                     if waiting.__class__ is Handled:
-                        handled = True
-                        result = await waiting.awaitable
                         break
                     await waiting
-            else:
-                enter = None
-                result = await inner(call)
-        except BaseException as exc:
-            return await finish(call, exc, None, count if enter is None else entered_at[enters.index(enter)])
-        if handled:
-            return await finish(call, None, result, entered_at[enters.index(enter)])
-        for ok in oks:
-            try:
-                result = ok(call, result)
-            except Deferred as deferred:
-                result = _waiting(deferred)
-                break
             except BaseException as exc:
-                return await finish(call, exc, None, ok_at[oks.index(ok)])
+                return await finish(call, exc, None, stopped(call, enter))
         else:
-            return result
-        return await resume(call, result.awaitable, ok_at[oks.index(ok)])
+            try:
+                result = await inner(call)
+            except BaseException as exc:
+                return await finish(call, exc, None, count)
+            for ok in oks:
+                try:
+                    result = ok(call, result)
+                except Deferred as deferred:
+                    result = _waiting(deferred)
+                    break
+                except BaseException as exc:
+                    return await finish(call, exc, None, ok_at[oks.index(ok)])
+            else:
+                return result
+            return await resume(call, result.awaitable, ok_at[oks.index(ok)])
+        # The layer of ``enter`` answers the call itself.
+        return await resume(call, waiting.awaitable, stopped(call, enter))
 
     return run
+
+
+def _count_attempt(call: Call) -> None:
+    """The count of a first attempt as a hook, for a second layer that counts attempts among the
+    steps one coroutine runs (the first is counted in place)."""
+    call.attempts += 1
 
 
 def _waiting(deferred: Deferred) -> Deferred:
