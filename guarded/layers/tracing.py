@@ -5,7 +5,8 @@ Attributes follow the database-client semantic conventions where they apply
 ``guarded.outcome``, ``guarded.attempts``, and the PenguiFlow ids of the call
 (``penguiflow.trace_id`` / ``session_id`` / ``task_id``) — ids belong on spans, never on metric
 labels. No payload contents: recorded exceptions carry only a safe message.
-When the span is not recording, nothing is attached to the context and no attribute is computed.
+When the span is not recording, nothing is attached to the context and no attribute is set after
+its start.
 """
 
 from __future__ import annotations
@@ -84,10 +85,14 @@ class TracingLayer(StepLayer):
             return Handled(spanned(call))
 
         async def spanned(call: Call) -> Any:
-            span = tracer.start_span(span_name, kind=SpanKind.CLIENT, attributes=static_attributes)
+            # The call's ids go in with the static attributes: one attribute set built, not two.
+            span = tracer.start_span(
+                span_name,
+                kind=SpanKind.CLIENT,
+                attributes={**static_attributes, **ids.extract(call.args, call.kwargs)},
+            )
             if not span.is_recording():
                 return await inner(call)
-            span.set_attributes(ids.extract(call.args, call.kwargs))
             call.span = span
             token = otel_context.attach(trace.set_span_in_context(span))
             try:
@@ -96,9 +101,13 @@ class TracingLayer(StepLayer):
                 _finish(span, call)
                 raise
             except BaseException as exc:
-                span.set_attribute(names.SPAN_ATTR_OUTCOME, "cancelled")
-                span.set_attribute(names.SPAN_ATTR_ATTEMPTS, call.attempts)
-                span.set_attribute("error.type", error_type(exc))
+                span.set_attributes(
+                    {
+                        names.SPAN_ATTR_OUTCOME: "cancelled",
+                        names.SPAN_ATTR_ATTEMPTS: call.attempts,
+                        "error.type": error_type(exc),
+                    }
+                )
                 raise
             else:
                 _finish(span, call)
@@ -111,8 +120,7 @@ class TracingLayer(StepLayer):
 
 
 def _finish(span: trace.Span, call: Call) -> None:
-    span.set_attribute(names.SPAN_ATTR_OUTCOME, call.outcome.value)
-    span.set_attribute(names.SPAN_ATTR_ATTEMPTS, call.attempts)
+    span.set_attributes({names.SPAN_ATTR_OUTCOME: call.outcome.value, names.SPAN_ATTR_ATTEMPTS: call.attempts})
     for attempt, failure_type, delay in call.retries or ():
         span.add_event(
             names.SPAN_EVENT_RETRY,
