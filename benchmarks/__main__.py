@@ -16,6 +16,8 @@ Sections run in order:
   session of 100,000 events and 100 MB of artifacts from and into ``PostgresStateStore``, time and
   peak RSS, each in a process of its own (target: peak RSS under 200 MB; ``--quick``: 20,000
   events and 20 MB).
+* ``workers``: 1, 2 and 4 worker processes writing and reading through ``guard(PostgresStateStore)``
+  against one server: events per second, scaling, p50/p99 from call to commit, server connections.
 
 Without ``--dsn`` an embedded PostgreSQL server (``guarded.testing.postgres``) is started for the
 PostgreSQL sections and removed afterwards; the durability section stops and restarts it (with
@@ -36,7 +38,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import durability_bench, guard_bench, postgres_bench, postgres_protocol, snapshot_bench
+from . import durability_bench, guard_bench, postgres_bench, postgres_protocol, snapshot_bench, workers_bench
 from .guard_report import Verdict, format_section
 from .side_by_side import format_table
 
@@ -48,8 +50,9 @@ PROTOCOL = "protocol"
 POSTGRES = postgres_bench.SECTION
 DURABILITY = durability_bench.SECTION
 SNAPSHOTS = snapshot_bench.SECTION
-SECTIONS = (GUARD, PROTOCOL, POSTGRES, DURABILITY, SNAPSHOTS)
-POSTGRES_SECTIONS = (PROTOCOL, POSTGRES, DURABILITY, SNAPSHOTS)
+WORKERS = workers_bench.SECTION
+SECTIONS = (GUARD, PROTOCOL, POSTGRES, DURABILITY, SNAPSHOTS, WORKERS)
+POSTGRES_SECTIONS = (PROTOCOL, POSTGRES, DURABILITY, SNAPSHOTS, WORKERS)
 
 
 def _say(text: str) -> None:
@@ -104,6 +107,15 @@ async def run_postgres(
         snapshots = await snapshot_bench.run(dsn, events=events, artifact_bytes=artifact_bytes)
         printed.append(snapshot_bench.format_report(snapshots))
         met &= snapshots.met
+    if WORKERS in sections:
+        _say(f"running {WORKERS} ...")
+        seconds = 0.5 if tiny else 2.0 if quick else workers_bench.SECONDS
+        counts = (1, 2) if tiny else workers_bench.WORKER_COUNTS
+        workers = await workers_bench.run(
+            dsn, worker_counts=counts, seconds=seconds, repeats=1 if quick else 3
+        )
+        printed.append(workers_bench.format_report(workers, seconds=seconds))
+        met &= all(not row.notes for row in workers)
     return printed, met, issue
 
 

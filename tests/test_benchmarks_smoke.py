@@ -48,8 +48,12 @@ def test_tiny_run_reports_every_method_and_target(capsys: pytest.CaptureFixture[
         "batched save_event >= 0.8x COPY (store encoding) at 10 writers, write-behind (opt-in ack='enqueue')",
         "caller latency, call to commit",
         "== targets, this run",
+        "== workers: ",
+        "x 1 worker",
     ):
         assert target in report, target
+    assert "rows stored for" not in report  # every write the workers were acknowledged is stored
+    assert "held by the guard" not in report
 
 
 def test_profile_runs(capsys: pytest.CaptureFixture[str]) -> None:
