@@ -121,9 +121,12 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigurationError(f"{PREFIX}{name}={raw!r} must be 1/0, true/false, yes/no or on/off")
 
 
-def _pooler(env: Mapping[str, str]) -> str:
+def _pooler(env: Mapping[str, str]) -> str | None:
+    raw = _get(env, "POOLER")
+    if raw is None:
+        return None
     try:
-        return check_pooler(_get(env, "POOLER"), f"{PREFIX}POOLER")
+        return check_pooler(raw, f"{PREFIX}POOLER")
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
 
