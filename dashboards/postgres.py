@@ -23,6 +23,7 @@ PROCESS_LEGEND = "{{store}}/{{schema}} @ {{instance}}"
 TABLE_LEGEND = "{{store}}/{{schema}} {{table}}"
 STATS_TIMESTAMP = names.GUARDED_PG_TABLE_STATS_TIMESTAMP
 CONNECTION_ERRORS = q.counter(names.GUARDED_PG_CONNECTION_ERRORS_TOTAL)
+POOLER_ERRORS = q.counter(names.GUARDED_PG_POOLER_ERRORS_TOTAL)
 BACKEND_ALERTS = (
     *PAUSE_ALERTS,
     names.ALERT_CIRCUIT_OPEN,
@@ -104,6 +105,27 @@ def _pool_panels() -> tuple[Panel, ...]:
             ),
             unit="ops",
             thresholds=(Threshold("red", 0.1),),
+        ),
+        Panel(
+            title="Connection pooler errors per second, by kind",
+            description=(
+                "Operations that failed because the store's connection settings do not suit the "
+                "connection pooler in front of PostgreSQL: a store in the default (session) mode behind "
+                "PgBouncer, RDS Proxy or Supavisor in transaction mode (prepared statements missing or "
+                "already present on the server connection, a refused start-up parameter). Any rate "
+                'needs an operator: set pooler="transaction" (GUARDED_PG_POOLER=transaction). '
+                "Writes that failed so are held and replayed once it is fixed."
+            ),
+            queries=(
+                Query(
+                    q.sum_by(
+                        (*STORE_SCHEMA, names.LABEL_POOLER_ERROR_KIND), q.rate(SCOPE.selector(POOLER_ERRORS))
+                    ),
+                    "{{store}}/{{schema}} {{kind}}",
+                ),
+            ),
+            unit="ops",
+            thresholds=(Threshold("red", 0.001),),
         ),
     )
 

@@ -70,6 +70,7 @@ TOO_MANY_CONNECTIONS = "too_many_connections"
 INSUFFICIENT_RESOURCES = "insufficient_resources"
 SCHEMA_MISMATCH = "schema_mismatch"
 SYSTEM_ERROR = "system_error"
+POOLER_MISMATCH = "pooler_mismatch"
 OPERATIONAL_CONDITIONS: tuple[str, ...] = (
     UNDEFINED_OBJECT,
     INSUFFICIENT_PRIVILEGE,
@@ -79,6 +80,7 @@ OPERATIONAL_CONDITIONS: tuple[str, ...] = (
     INSUFFICIENT_RESOURCES,
     SCHEMA_MISMATCH,
     SYSTEM_ERROR,
+    POOLER_MISMATCH,
 )
 """Every value of the ``condition`` label (the metric catalog,
 :mod:`guarded.observability.telemetry_names`, lists these)."""

@@ -36,7 +36,7 @@ from guarded.codec import ARTIFACT_REF, ARTIFACT_SCOPE, RecordTypes
 from guarded.errors import InvalidPayloadError
 from guarded.models import ArtifactRetentionConfig
 
-from .connection import Connection, Database
+from .connection import Connection, Database, transaction
 from .json_codec import (
     check_text,
     check_text_opt,
@@ -202,7 +202,7 @@ class PostgresArtifactStore:
         key, session_key, trace_key, size = row[0], row[1], row[2], row[3]
 
         async def put(conn: Connection) -> Any:
-            async with conn.transaction():
+            async with transaction(conn):
                 locks = sorted(self._lock_name(group) for group in groups)
                 for lock in locks:
                     await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", lock)

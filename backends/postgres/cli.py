@@ -199,10 +199,16 @@ async def _connect(target: Target, config: FactoryConfig) -> asyncpg.Connection:
             target.dsn,
             timeout=config.pool.connect_timeout,
             server_settings={"application_name": config.pool.application_name},
+            **_statement_cache(config),
         )
     except Exception as exc:
         raise connect_failure(exc, target) from exc
     return conn
+
+
+def _statement_cache(config: FactoryConfig) -> dict[str, Any]:
+    """No named prepared statements behind a pooler in transaction mode (``GUARDED_PG_POOLER``)."""
+    return {"statement_cache_size": 0} if config.pool.transaction_pooled else {}
 
 
 async def _pool(target: Target, config: FactoryConfig) -> asyncpg.Pool:
@@ -213,6 +219,7 @@ async def _pool(target: Target, config: FactoryConfig) -> asyncpg.Pool:
             max_size=1,
             timeout=config.pool.connect_timeout,
             server_settings={"application_name": config.pool.application_name},
+            **_statement_cache(config),
         )
     except Exception as exc:
         raise connect_failure(exc, target) from exc
@@ -283,7 +290,9 @@ async def _migrate(args: argparse.Namespace, target: Target, config: FactoryConf
                 f"schema {target.schema!r} is at migration version {before.current}, newer than this code "
                 f"({before.latest}); migrations are forward-only"
             )
-        applied = await _migrate_with_progress(conn, target.schema, len(before.pending))
+        applied = await _migrate_with_progress(
+            conn, target.schema, len(before.pending), transaction_scoped=config.pool.transaction_pooled
+        )
         after = await status(conn, target.schema)
     finally:
         await conn.close()
@@ -297,9 +306,11 @@ async def _migrate(args: argparse.Namespace, target: Target, config: FactoryConf
     return EXIT_OK
 
 
-async def _migrate_with_progress(conn: asyncpg.Connection, schema: str, pending: int) -> list[int]:
+async def _migrate_with_progress(
+    conn: asyncpg.Connection, schema: str, pending: int, *, transaction_scoped: bool
+) -> list[int]:
     if not pending:
-        return await migrate(conn, schema)
+        return await migrate(conn, schema, transaction_scoped=transaction_scoped)
     progress = Progress(f"migrate {schema}", total=pending, unit="migrations")
     collector = _AppliedLog(progress)
     logger = logging.getLogger("guarded.backends.postgres")
@@ -309,7 +320,7 @@ async def _migrate_with_progress(conn: asyncpg.Connection, schema: str, pending:
         logger.setLevel(logging.INFO)
     progress.start()
     try:
-        return await migrate(conn, schema)
+        return await migrate(conn, schema, transaction_scoped=transaction_scoped)
     except (KeyboardInterrupt, asyncio.CancelledError):
         done = ", ".join(f"{version:04d}" for version in collector.applied) or "none"
         progress.close()
@@ -351,7 +362,9 @@ async def _print_sql(args: argparse.Namespace, target: Target, config: FactoryCo
                 "run 'guarded pg status' and apply them with 'guarded pg migrate'",
             )
     pending = migrations_after(current)
-    script = migration_script(target.schema, pending, from_version=current)
+    script = migration_script(
+        target.schema, pending, from_version=current, transaction_scoped=config.pool.transaction_pooled
+    )
     if args.json:
         print(
             json.dumps(

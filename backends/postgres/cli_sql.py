@@ -6,7 +6,9 @@ its own transaction with ``search_path`` set to the store's schema, recorded in
 exactly that, so a DBA can review it and apply it through their own change process
 (``psql -v ON_ERROR_STOP=1 -f migrate.sql``); ``guarded pg status`` then reads the result like any
 other migrated schema. Like alembic's offline ``upgrade --sql``, it can be produced without a
-database (``--from VERSION``).
+database (``--from VERSION``). With ``GUARDED_PG_POOLER=transaction`` the script holds no session
+state, so it can be applied through a connection pooler in transaction mode: each transaction takes
+the lock itself (``pg_advisory_xact_lock``) instead of one session lock around the whole script.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ def migrations_after(version: int) -> tuple[Migration, ...]:
     return tuple(item for item in load_migrations() if item.version > version)
 
 
-def migration_script(schema: str, pending: Sequence[Migration], *, from_version: int) -> str:
+def migration_script(
+    schema: str, pending: Sequence[Migration], *, from_version: int, transaction_scoped: bool = False
+) -> str:
     """The SQL that brings ``schema`` from ``from_version`` to the latest version by applying
-    ``pending`` in order, as :func:`.migrations.migrate` would (empty statements when none)."""
+    ``pending`` in order, as :func:`.migrations.migrate` would (empty statements when none);
+    ``transaction_scoped``: under a transaction-scoped lock in each transaction (for a pooler)."""
     validate_schema_name(schema)
     quoted = quote_ident(schema)
     key = advisory_lock_key(schema)
@@ -48,8 +53,10 @@ def migration_script(schema: str, pending: Sequence[Migration], *, from_version:
     if not pending:
         lines.append("-- the schema is up to date: nothing to apply")
         return "\n".join(lines) + "\n"
+    # Behind a transaction pooler a session lock would stay on whichever server connection took it.
+    locked = [f"SELECT pg_advisory_xact_lock({key});"] if transaction_scoped else []
     lines += [
-        f"SELECT pg_advisory_lock({key});",
+        *(["BEGIN;", *locked] if transaction_scoped else [f"SELECT pg_advisory_lock({key});"]),
         f"CREATE SCHEMA IF NOT EXISTS {quoted};",
         f"""CREATE TABLE IF NOT EXISTS {quoted}.{MIGRATIONS_TABLE} (
     version     integer PRIMARY KEY,
@@ -57,6 +64,7 @@ def migration_script(schema: str, pending: Sequence[Migration], *, from_version:
     checksum    text NOT NULL,
     applied_at  timestamptz NOT NULL DEFAULT now()
 );""",
+        *(["COMMIT;"] if transaction_scoped else []),
     ]
     for migration in pending:
         body = migration.sql.rstrip()
@@ -64,13 +72,15 @@ def migration_script(schema: str, pending: Sequence[Migration], *, from_version:
             "",
             f"-- {migration.version:04d}_{migration.name}.sql (sha256 {migration.checksum})",
             "BEGIN;",
+            *locked,
             f"SET LOCAL search_path TO {quoted}, pg_catalog;",
             body if body.endswith(";") else body + "\n;",
             f"INSERT INTO {quoted}.{MIGRATIONS_TABLE} (version, name, checksum) VALUES "
             f"({migration.version}, {_literal(migration.name)}, {_literal(migration.checksum)});",
             "COMMIT;",
         ]
-    lines += ["", f"SELECT pg_advisory_unlock({key});"]
+    if not transaction_scoped:
+        lines += ["", f"SELECT pg_advisory_unlock({key});"]
     return "\n".join(lines) + "\n"
 
 

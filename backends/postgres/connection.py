@@ -21,6 +21,13 @@ only rolled back if a transaction is open (asyncpg does that on every release) a
 Any other release -- a statement cancelled or failed, a migration (which sets session state), a
 connection borrowed from :attr:`PostgresStateStore.pool` by the application -- gets asyncpg's full
 reset, as before.
+
+**Behind a transaction pooler** (``PoolSettings.pooler="transaction"``, see :mod:`.pooler`) the
+pool sends no ``statement_timeout`` start-up parameter and prepares no named statements, every
+operation runs in a transaction of its own that starts with ``SET LOCAL statement_timeout``, and a
+released connection gets no reset at all (asyncpg's rollback of an open transaction aside). In
+either mode an error that shows the settings do not suit the pooler in front of the server is
+raised as a :class:`~.pooler.PoolerMismatchError` naming the setting to change.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from .database_metrics import StoreMetrics
 from .options import check_options
+from .pooler import TRANSACTION, begin_statement, check_pooler, explain_pooler_error
 
 T = TypeVar("T")
 
@@ -73,6 +81,9 @@ class PoolSettings:
     the client is gone); ``command_timeout`` by asyncpg on the client. Both in seconds,
     ``None`` to disable. ``server_settings`` are extra PostgreSQL settings for every connection;
     ``init`` runs on each new connection (for type codecs, ``SET`` commands, ...).
+    ``pooler`` is ``"transaction"`` behind a connection pooler in transaction mode (PgBouncer,
+    RDS Proxy, Supavisor): the store then keeps no state in a session (see :mod:`.pooler`);
+    ``None`` (or ``"session"``) for a direct connection or a pooler in session mode.
     """
 
     min_size: int = 2
@@ -86,6 +97,15 @@ class PoolSettings:
     init: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Further keyword arguments for ``asyncpg.create_pool`` (``ssl``, ``statement_cache_size``...)."""
+    pooler: str | None = None
+
+    def __post_init__(self) -> None:
+        check_pooler(self.pooler, "PoolSettings.pooler")
+
+    @property
+    def transaction_pooled(self) -> bool:
+        """Whether the pool sits behind a connection pooler in transaction mode."""
+        return check_pooler(self.pooler) == TRANSACTION
 
 
 def pool_settings(caller: str, pool: PoolSettings | Mapping[str, Any] | None) -> PoolSettings:
@@ -106,10 +126,19 @@ def pool_settings(caller: str, pool: PoolSettings | Mapping[str, Any] | None) ->
     )
 
 
+def with_pooler(settings: PoolSettings, pooler: str | None) -> PoolSettings:
+    """``settings`` with ``pooler`` in force when given (``connect(..., pooler=...)``)."""
+    if pooler is None:
+        return settings
+    return dataclasses.replace(settings, pooler=check_pooler(pooler))
+
+
 async def create_pool(dsn: str | None, settings: PoolSettings) -> asyncpg.Pool:
-    """An asyncpg pool for ``dsn`` configured by ``settings``."""
+    """An asyncpg pool for ``dsn`` configured by ``settings``; a :class:`~.pooler.PoolerMismatchError`
+    when a pooler in front of the server refuses them."""
     server_settings = {"application_name": settings.application_name}
-    if settings.statement_timeout is not None:
+    transaction_pooled = settings.transaction_pooled
+    if settings.statement_timeout is not None and not transaction_pooled:
         server_settings["statement_timeout"] = str(int(settings.statement_timeout * 1000))
     server_settings.update(settings.server_settings)
     options: dict[str, Any] = {
@@ -122,11 +151,20 @@ async def create_pool(dsn: str | None, settings: PoolSettings) -> asyncpg.Pool:
     }
     if settings.init is not None:
         options["init"] = settings.init
-    if "connection_class" not in settings.extra and "reset" not in settings.extra:
+    if transaction_pooled:
+        options["statement_cache_size"] = 0
+        options["reset"] = keep_session
+    elif "connection_class" not in settings.extra and "reset" not in settings.extra:
         options["connection_class"] = StoreConnection
         options["reset"] = reset_session
     options.update(settings.extra)
-    pool: asyncpg.Pool = await asyncpg.create_pool(dsn, **options)
+    try:
+        pool: asyncpg.Pool = await asyncpg.create_pool(dsn, **options)
+    except Exception as exc:
+        mismatch = explain_pooler_error(exc)
+        if mismatch is not None:
+            raise mismatch from exc
+        raise
     return pool
 
 
@@ -159,6 +197,20 @@ async def reset_session(conn: asyncpg.Connection) -> None:
         await conn.execute(query)
 
 
+async def keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset on release behind a transaction pooler: nothing. asyncpg has rolled back
+    an open transaction; any session command would run on whichever server connection the pooler
+    lends next -- another client's session state, not this one's."""
+
+
+def transaction(conn: Connection) -> contextlib.AbstractAsyncContextManager[Any]:
+    """``conn.transaction()`` for an operation's statements that must commit together; nothing new
+    when the operation already runs in a transaction of its own (behind a transaction pooler)."""
+    if conn.is_in_transaction():
+        return contextlib.nullcontext()
+    return conn.transaction()
+
+
 def _vouch_clean(conn: Connection) -> None:
     vouch = getattr(conn, "vouch_session_clean", None)  # absent on an application's own pool
     if vouch is not None:
@@ -177,10 +229,20 @@ class Database:
         *,
         opener: Callable[[], Awaitable[asyncpg.Pool]] | None = None,
         metrics: StoreMetrics | None = None,
+        settings: PoolSettings | None = None,
     ) -> None:
+        """``settings`` are the pool's when this database created it (``None``: an application's
+        pool, taken as a direct connection's)."""
         if pool is None and opener is None:
             raise ValueError("Database needs a pool or an opener")
         self._pool = pool
+        self.transaction_pooled = settings is not None and settings.transaction_pooled
+        """Whether the pool sits behind a connection pooler in transaction mode."""
+        self._begin = (
+            begin_statement(settings.statement_timeout)
+            if settings is not None and settings.transaction_pooled
+            else None
+        )
         self._opener = opener
         self._open_lock = asyncio.Lock()
         self.metrics = metrics
@@ -248,6 +310,11 @@ class Database:
         try:
             return await self._run_once(operation)
         except Exception as exc:
+            mismatch = explain_pooler_error(exc)
+            if mismatch is not None:
+                if self.metrics is not None:
+                    self.metrics.pooler_error(mismatch.kind)
+                raise mismatch from exc
             if not is_connection_error(exc):
                 raise
             if self.metrics is not None:
@@ -261,9 +328,27 @@ class Database:
 
     async def _run_once(self, operation: Callable[[Connection], Awaitable[T]]) -> T:
         async with self.acquire() as conn:
+            if self._begin is not None:
+                return await self._in_transaction(conn, self._begin, operation)
             result = await operation(conn)
             _vouch_clean(conn)  # it ran to its end: no session state left behind
             return result
+
+    @staticmethod
+    async def _in_transaction(
+        conn: Connection, begin: str, operation: Callable[[Connection], Awaitable[T]]
+    ) -> T:
+        """``operation`` in a transaction that ``begin`` starts (behind a transaction pooler)."""
+        await conn.execute(begin)
+        try:
+            result = await operation(conn)
+        except Exception:
+            if not conn.is_closed() and conn.is_in_transaction():
+                with contextlib.suppress(Exception):  # the release rolls back (or drops) it then
+                    await conn.execute("ROLLBACK")
+            raise
+        await conn.execute("COMMIT")
+        return result
 
     async def _expire(self) -> None:
         with contextlib.suppress(TimeoutError, asyncpg.InterfaceError):
@@ -320,4 +405,7 @@ __all__ = [
     "PoolSettings",
     "create_pool",
     "is_connection_error",
+    "keep_session",
+    "transaction",
+    "with_pooler",
 ]

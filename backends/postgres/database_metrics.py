@@ -36,6 +36,7 @@ class PgMetricFamilies:
     pool_in_use: Gauge
     acquire_seconds: Histogram
     connection_errors: Counter
+    pooler_errors: Counter
     table_rows: Gauge
     table_size_bytes: Gauge
     table_stats_timestamp: Gauge
@@ -75,6 +76,13 @@ def _families(registry: CollectorRegistry) -> PgMetricFamilies:
             names.GUARDED_PG_CONNECTION_ERRORS_TOTAL,
             "Operations that lost their database connection.",
             _STORE_LABELS,
+            registry=registry,
+        ),
+        pooler_errors=Counter(
+            names.GUARDED_PG_POOLER_ERRORS_TOTAL,
+            "Operations that failed because the connection settings do not suit the pooler in front "
+            "of the server (set pooler=transaction).",
+            (*_STORE_LABELS, names.LABEL_POOLER_ERROR_KIND),
             registry=registry,
         ),
         table_rows=Gauge(
@@ -146,12 +154,18 @@ class StoreMetrics:
             families.pool_in_use.labels(*self.labels).set_function(pool_in_use)
         self._acquire = families.acquire_seconds.labels(*self.labels)
         self._connection_errors = families.connection_errors.labels(*self.labels)
+        self._pooler_error_kinds: set[str] = set()
 
     def observe_acquire(self, seconds: float) -> None:
         self._acquire.observe(seconds)
 
     def connection_error(self) -> None:
         self._connection_errors.inc()
+
+    def pooler_error(self, kind: str) -> None:
+        """An operation failed on a pooler mismatch of ``kind`` (one of the bounded set)."""
+        self._pooler_error_kinds.add(kind)
+        self.families.pooler_errors.labels(*self.labels, kind).inc()
 
     def set_schema_version(self, version: int, expected: int) -> None:
         """The schema's migration version as the store found (or left) it on connecting, beside
@@ -187,6 +201,9 @@ class StoreMetrics:
         ):
             with contextlib.suppress(KeyError):
                 family.remove(*self.labels)
+        for kind in self._pooler_error_kinds:
+            with contextlib.suppress(KeyError):
+                families.pooler_errors.remove(*self.labels, kind)
         for table in self._tables:
             for table_family in (families.table_rows, families.table_size_bytes, families.cleanup_deleted):
                 with contextlib.suppress(KeyError):

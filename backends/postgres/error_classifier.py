@@ -5,7 +5,10 @@ when :mod:`guarded.backends.postgres` is imported: any store whose driver raises
 exceptions (this one, or one of your own) is classified by it. asyncpg errors carry their SQLSTATE
 in a ``sqlstate`` attribute; a code is handled by its own entry, else by its class (its first two
 characters), else it is :attr:`~guarded.backend.ErrorClass.FATAL`. The table is in
-docs/durability.md ("What a failure means").
+docs/durability.md ("What a failure means"). An error showing that the connection settings do not
+suit a connection pooler in front of the server (:func:`~.pooler.pooler_error_kind`: asyncpg's
+prepared statements behind a pooler in transaction mode, a refused start-up parameter) is held as
+``pooler_mismatch`` whatever its SQLSTATE.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from guarded.backend import (
     INSUFFICIENT_PRIVILEGE,
     INSUFFICIENT_RESOURCES,
+    POOLER_MISMATCH,
     READ_ONLY,
     SCHEMA_MISMATCH,
     SERVER_UNAVAILABLE,
@@ -22,6 +26,8 @@ from guarded.backend import (
     ErrorClass,
     register_classifier,
 )
+
+from .pooler import POOLER_SETTING, PoolerMismatchError, pooler_error_kind
 
 Handling = tuple[ErrorClass, str | None]
 """How a SQLSTATE is handled, and the operational condition it is counted as (``None``: not counted)."""
@@ -49,6 +55,8 @@ SQLSTATE_HANDLING: dict[str, Handling] = {
     "57P04": (_HOLD, UNDEFINED_OBJECT),  # database_dropped
     "42501": (_HOLD, INSUFFICIENT_PRIVILEGE),  # insufficient_privilege (a missing grant)
     "25006": (_HOLD, READ_ONLY),  # read_only_sql_transaction (a standby, default_transaction_read_only)
+    "26000": (_HOLD, POOLER_MISMATCH),  # invalid_sql_statement_name (asyncpg's cache behind a pooler)
+    "42P05": (_HOLD, POOLER_MISMATCH),  # duplicate_prepared_statement (the same)
 }
 """SQLSTATEs handled apart from the rest of their class."""
 
@@ -94,12 +102,16 @@ class PostgresErrors:
     """The PostgreSQL backend's :class:`~guarded.backend.ErrorClassifier`."""
 
     def error_class(self, exc: BaseException) -> ErrorClass | None:
+        if pooler_error_kind(exc) is not None:
+            return _HOLD
         code = sqlstate(exc)
         if code is not None:
             return sqlstate_handling(code)[0]
         return ErrorClass.RETRYABLE if type(exc).__name__ in _CLIENT_ERRORS else None
 
     def condition(self, exc: BaseException) -> str | None:
+        if pooler_error_kind(exc) is not None:
+            return POOLER_MISMATCH
         code = sqlstate(exc)
         return sqlstate_handling(code)[1] if code is not None else None
 
@@ -108,6 +120,8 @@ class PostgresErrors:
         return False if code is not None and code in NOT_SENT_SQLSTATES else None
 
     def describe(self, exc: BaseException) -> str | None:
+        if isinstance(exc, PoolerMismatchError):
+            return f"pooler mismatch ({exc.kind}): set {POOLER_SETTING}"
         code = sqlstate(exc)
         return f"SQLSTATE {code}" if code is not None else None
 

@@ -25,6 +25,8 @@ Environment variables (all optional; durations as the command line takes them: `
 ``GUARDED_PG_STATEMENT_TIMEOUT``       server ``statement_timeout``, default 30
 ``GUARDED_PG_CONNECT_TIMEOUT``         connection timeout, default 10
 ``GUARDED_PG_APPLICATION_NAME``        ``application_name`` shown in ``pg_stat_activity``, default ``guarded``
+``GUARDED_PG_POOLER``                  ``transaction`` behind a connection pooler in transaction mode
+                                       (PgBouncer, RDS Proxy, Supavisor), default ``session``
 ``GUARDED_PG_MIGRATE``                 apply pending migrations on connect (``1``/``0``), default 1
 ``GUARDED_PG_PAUSE_TTL``               pause (planner state) time to live, default 3600
 ``GUARDED_PG_CONSUME_GRACE``           repeat window of a consumed pause for the same key, default 60
@@ -52,6 +54,7 @@ from guarded.models import ArtifactRetentionConfig
 
 from .connection import PoolSettings
 from .options import RetentionPolicy
+from .pooler import check_pooler
 from .schema_names import validate_schema_name
 from .snapshots import PostgresSnapshotStore
 from .store import PostgresStateStore, StoreOptions
@@ -118,6 +121,16 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigurationError(f"{PREFIX}{name}={raw!r} must be 1/0, true/false, yes/no or on/off")
 
 
+def _pooler(env: Mapping[str, str]) -> str | None:
+    raw = _get(env, "POOLER")
+    if raw is None:
+        return None
+    try:
+        return check_pooler(raw, f"{PREFIX}POOLER")
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
 def _artifact_retention(env: Mapping[str, str]) -> ArtifactRetentionConfig:
     values: dict[str, Any] = {}
     for field_name, info in ArtifactRetentionConfig.model_fields.items():
@@ -151,6 +164,7 @@ def config_from_env(env: Mapping[str, str] | None = None) -> FactoryConfig:
         statement_timeout=_number(env, "STATEMENT_TIMEOUT", defaults.statement_timeout, nullable=True),
         connect_timeout=_number(env, "CONNECT_TIMEOUT", defaults.connect_timeout) or defaults.connect_timeout,
         application_name=_get(env, "APPLICATION_NAME") or defaults.application_name,
+        pooler=_pooler(env),
     )
     options: StoreOptions = {
         "migrate": _flag(env, "MIGRATE", True),

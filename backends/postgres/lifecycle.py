@@ -55,7 +55,9 @@ class Lifecycle:
     async def prepare_schema(self, pool: asyncpg.Pool) -> None:
         async with pool.acquire() as conn:
             if self._migrate:
-                await migrations_module.migrate(conn, self._schema)
+                await migrations_module.migrate(
+                    conn, self._schema, transaction_scoped=self._db.transaction_pooled
+                )
                 version = migrations_module.latest_version()
             else:
                 version = await migrations_module.require_current(conn, self._schema)

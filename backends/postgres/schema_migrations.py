@@ -4,7 +4,10 @@ The SQL files ``sql/NNNN_name.sql`` ship inside the package. ``guarded_migration
 the store's schema records which versions are applied (with a checksum of each file).
 :func:`migrate` applies the pending ones in order, each in its own transaction, while holding a
 PostgreSQL advisory lock derived from the schema name -- so several workers starting at once do
-not race: one applies, the others wait and then find nothing to do.
+not race: one applies, the others wait and then find nothing to do. Behind a connection pooler
+in transaction mode (``transaction_scoped=True``) nothing may outlive a transaction: each
+migration's transaction takes the lock itself (``pg_advisory_xact_lock``) and lifts the timeout
+with ``SET LOCAL``, then applies the first migration still pending, if any.
 
 A database whose schema is at a *newer* version than this code knows is refused loudly with
 :class:`SchemaTooNewError` (running old code against a newer schema could corrupt data); there
@@ -189,11 +192,12 @@ async def status(conn: Connection, schema: str) -> MigrationStatus:
     )
 
 
-async def migrate(conn: Connection, schema: str) -> list[int]:
+async def migrate(conn: Connection, schema: str, *, transaction_scoped: bool = False) -> list[int]:
     """Apply the pending migrations of ``schema`` (creating it when needed); return the versions applied.
 
     Safe to call from many processes at once. Raises :class:`SchemaTooNewError` when the
-    database is newer than this code.
+    database is newer than this code. ``transaction_scoped``: keep the lock and the lifted timeout
+    inside each migration's transaction (behind a connection pooler in transaction mode).
     """
     validate_schema_name(schema)
     latest = latest_version()
@@ -204,6 +208,8 @@ async def migrate(conn: Connection, schema: str) -> list[int]:
     if current == latest:
         return []
     key = advisory_lock_key(schema)
+    if transaction_scoped:
+        return await _migrate_transaction_scoped(conn, schema, latest, key)
     # Waiting for another worker's migration, or running a long one, must not trip the pool's
     # statement_timeout / command_timeout: both are lifted for this session while it migrates.
     await conn.execute("SET statement_timeout = 0")
@@ -219,7 +225,34 @@ async def migrate(conn: Connection, schema: str) -> list[int]:
             await conn.execute("RESET statement_timeout")
 
 
+async def _migrate_transaction_scoped(conn: Connection, schema: str, latest: int, key: int) -> list[int]:
+    applied: list[int] = []
+    while True:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL statement_timeout = 0")
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", key, timeout=MIGRATION_TIMEOUT)
+            current = await _prepare_locked(conn, schema, latest, warn=not applied)
+            if not current.pending:
+                return applied
+            migration = current.pending[0]
+            await _apply(conn, schema, migration)
+        applied.append(migration.version)
+        _log_applied(schema, migration.version)
+
+
 async def _migrate_locked(conn: Connection, schema: str, latest: int) -> list[int]:
+    current = await _prepare_locked(conn, schema, latest, warn=True)
+    applied: list[int] = []
+    for migration in current.pending:
+        async with conn.transaction():
+            await _apply(conn, schema, migration)
+        applied.append(migration.version)
+        _log_applied(schema, migration.version)
+    return applied
+
+
+async def _prepare_locked(conn: Connection, schema: str, latest: int, *, warn: bool) -> MigrationStatus:
+    """Under the lock: the schema and its migrations table exist; where the schema stands."""
     quoted = quote_ident(schema)
     exists = await conn.fetchval(
         "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1)", schema
@@ -237,33 +270,37 @@ async def _migrate_locked(conn: Connection, schema: str, latest: int) -> list[in
     current = await status(conn, schema)
     if current.too_new:
         raise _too_new(schema, current.current, latest)
-    for version in current.checksum_mismatches:
+    for version in current.checksum_mismatches if warn else ():
         logger.warning(
             "guarded_migration_checksum_mismatch",
             extra={"event": "guarded_migration_checksum_mismatch", "schema": schema, "version": version},
         )
-    applied: list[int] = []
-    for migration in current.pending:
-        async with conn.transaction():
-            await conn.execute(f"SET LOCAL search_path TO {quoted}, pg_catalog")
-            try:
-                await conn.execute(migration.sql, timeout=MIGRATION_TIMEOUT)
-            except Exception as exc:
-                raise MigrationError(
-                    f"migration {migration.version:04d}_{migration.name} failed on schema {schema!r}: {exc}"
-                ) from exc
-            await conn.execute(
-                f"INSERT INTO {quoted}.{MIGRATIONS_TABLE} (version, name, checksum) VALUES ($1, $2, $3)",
-                migration.version,
-                migration.name,
-                migration.checksum,
-            )
-        applied.append(migration.version)
-        logger.info(
-            "guarded_migration_applied",
-            extra={"event": "guarded_migration_applied", "schema": schema, "version": migration.version},
-        )
-    return applied
+    return current
+
+
+async def _apply(conn: Connection, schema: str, migration: Migration) -> None:
+    """Run ``migration`` and record it (inside the caller's transaction)."""
+    quoted = quote_ident(schema)
+    await conn.execute(f"SET LOCAL search_path TO {quoted}, pg_catalog")
+    try:
+        await conn.execute(migration.sql, timeout=MIGRATION_TIMEOUT)
+    except Exception as exc:
+        raise MigrationError(
+            f"migration {migration.version:04d}_{migration.name} failed on schema {schema!r}: {exc}"
+        ) from exc
+    await conn.execute(
+        f"INSERT INTO {quoted}.{MIGRATIONS_TABLE} (version, name, checksum) VALUES ($1, $2, $3)",
+        migration.version,
+        migration.name,
+        migration.checksum,
+    )
+
+
+def _log_applied(schema: str, version: int) -> None:
+    logger.info(
+        "guarded_migration_applied",
+        extra={"event": "guarded_migration_applied", "schema": schema, "version": version},
+    )
 
 
 async def require_current(conn: Connection, schema: str) -> int:

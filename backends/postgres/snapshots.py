@@ -144,10 +144,15 @@ class PostgresSnapshotStore:
         """A store on a new pool for ``dsn``; applies the schema's pending migrations (all of the
         backend's, under their advisory lock) unless ``migrate=False``, which requires them."""
         validate_schema_name(schema)
-        created = await create_pool(dsn, pool_settings("PostgresSnapshotStore.connect()", pool))
+        settings = pool_settings("PostgresSnapshotStore.connect()", pool)
+        created = await create_pool(dsn, settings)
         try:
             store = cls(
-                Database(created), schema=schema, owns_pool=True, migrations=migrations, spool_dir=spool_dir
+                Database(created, settings=settings),
+                schema=schema,
+                owns_pool=True,
+                migrations=migrations,
+                spool_dir=spool_dir,
             )
             await store._prepare(migrate)
         except BaseException:
@@ -188,7 +193,9 @@ class PostgresSnapshotStore:
     async def _prepare(self, migrate: bool) -> None:
         async with self._db.acquire() as conn:
             if migrate:
-                await migrations_module.migrate(conn, self.schema)
+                await migrations_module.migrate(
+                    conn, self.schema, transaction_scoped=self._db.transaction_pooled
+                )
             else:
                 await migrations_module.require_current(conn, self.schema)
 

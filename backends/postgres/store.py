@@ -5,6 +5,7 @@ Lifecycle::
     store = await PostgresStateStore.connect(dsn, schema="tenant_a")     # pool + migrations
     store = await PostgresStateStore.from_pool(app_pool, schema="tenant_a")  # your pool
     store = PostgresStateStore.lazy(dsn)          # sync: the pool opens on first use
+    store = await PostgresStateStore.connect(dsn, pooler="transaction")  # behind PgBouncer & co.
     async with await PostgresStateStore.connect(dsn) as store: ...
     await store.close()
 
@@ -44,7 +45,7 @@ from guarded.codec import installed_types
 
 from . import schema_migrations as migrations_module
 from .artifact_store import PostgresArtifactStore
-from .connection import Database, PoolSettings, create_pool, pool_settings
+from .connection import Database, PoolSettings, create_pool, pool_settings, with_pooler
 from .database_metrics import StoreMetrics
 from .error_classifier import POSTGRES_ERRORS
 from .lifecycle import Lifecycle, server_target
@@ -139,20 +140,24 @@ class PostgresStateStore(ProtocolMethods):
         *,
         schema: str = "public",
         pool: PoolSettings | Mapping[str, Any] | None = None,
+        pooler: str | None = None,
         **options: Unpack[StoreOptions],
     ) -> Self:
         """Create a pool for ``dsn``, apply migrations to ``schema`` and return a ready store.
 
         ``dsn`` ``None`` lets asyncpg read the standard ``PG*`` environment variables.
         ``pool`` sets the pool size, ``command_timeout``, server ``statement_timeout`` and
-        connection setup (see :class:`~.connection.PoolSettings`).
+        connection setup (see :class:`~.connection.PoolSettings`). ``pooler="transaction"``
+        (short for ``PoolSettings.pooler``) when a connection pooler in transaction mode (PgBouncer,
+        RDS Proxy, Supavisor) sits in front of the server: the store then keeps nothing in a
+        session (see :mod:`.pooler`).
         """
         validate_schema_name(schema)
         check_options("PostgresStateStore.connect()", options, StoreOptions.__optional_keys__)
-        settings = pool_settings("PostgresStateStore.connect()", pool)
+        settings = with_pooler(pool_settings("PostgresStateStore.connect()", pool), pooler)
         created = await create_pool(dsn, settings)
         try:
-            store = cls(Database(created), schema=schema, owns_pool=True, **options)
+            store = cls(Database(created, settings=settings), schema=schema, owns_pool=True, **options)
         except BaseException:
             await created.close()
             raise
@@ -188,11 +193,13 @@ class PostgresStateStore(ProtocolMethods):
         *,
         schema: str = "public",
         pool: PoolSettings | Mapping[str, Any] | None = None,
+        pooler: str | None = None,
         **options: Unpack[StoreOptions],
     ) -> Self:
-        """A store built synchronously whose pool (and migrations) open on the first call."""
+        """A store built synchronously whose pool (and migrations) open on the first call
+        (``pooler`` as in :meth:`connect`)."""
         check_options("PostgresStateStore.lazy()", options, StoreOptions.__optional_keys__)
-        settings = pool_settings("PostgresStateStore.lazy()", pool)
+        settings = with_pooler(pool_settings("PostgresStateStore.lazy()", pool), pooler)
         holder: list[PostgresStateStore] = []
 
         async def opener() -> asyncpg.Pool:
@@ -205,7 +212,12 @@ class PostgresStateStore(ProtocolMethods):
             holder[0]._lifecycle.start_sampler()
             return created
 
-        store = cls(Database(opener=opener), schema=validate_schema_name(schema), owns_pool=True, **options)
+        store = cls(
+            Database(opener=opener, settings=settings),
+            schema=validate_schema_name(schema),
+            owns_pool=True,
+            **options,
+        )
         store.target_identity = target_identity(dsn, store.schema)
         store.max_concurrency = settings.max_size
         holder.append(store)

@@ -34,6 +34,18 @@ GUARDED_PG_POOL_ACQUIRE_SECONDS = "guarded_pg_pool_acquire_seconds"
 GUARDED_PG_CONNECTION_ERRORS_TOTAL = "guarded_pg_connection_errors_total"
 """Counter: operations that lost their connection and were re-run on a fresh one, or failed
 (labels: store, schema)."""
+GUARDED_PG_POOLER_ERRORS_TOTAL = "guarded_pg_pooler_errors_total"
+"""Counter: operations that failed because the connection settings do not suit the connection
+pooler in front of the server -- a store in session mode behind a pooler in transaction mode
+(labels: store, schema, kind: one of :data:`PG_POOLER_ERROR_KINDS`). Any increase needs an operator:
+set ``pooler="transaction"`` (``GUARDED_PG_POOLER=transaction``)."""
+LABEL_POOLER_ERROR_KIND = "kind"
+PG_POOLER_ERROR_KINDS = (
+    "prepared_statement_missing",
+    "prepared_statement_exists",
+    "startup_parameter_refused",
+)
+"""Every value of the ``kind`` label of :data:`GUARDED_PG_POOLER_ERRORS_TOTAL`."""
 GUARDED_PG_TABLE_ROWS = "guarded_pg_table_rows"
 """Gauge: estimated live rows per table, sampled periodically (labels: store, schema, table)."""
 GUARDED_PG_TABLE_SIZE_BYTES = "guarded_pg_table_size_bytes"
@@ -52,6 +64,7 @@ PG_METRIC_NAMES: tuple[str, ...] = (
     GUARDED_PG_POOL_IN_USE,
     GUARDED_PG_POOL_ACQUIRE_SECONDS,
     GUARDED_PG_CONNECTION_ERRORS_TOTAL,
+    GUARDED_PG_POOLER_ERRORS_TOTAL,
     GUARDED_PG_TABLE_ROWS,
     GUARDED_PG_TABLE_SIZE_BYTES,
     GUARDED_PG_TABLE_STATS_TIMESTAMP,
@@ -232,7 +245,8 @@ OPERATIONAL_CONDITIONS = error_classes.OPERATIONAL_CONDITIONS
 """Every value of the ``condition`` label (see :mod:`guarded.error_classes` and docs/durability.md,
 "What a failure means"): a missing table, column, function, schema or database; a missing grant or
 a refused login; a read-only transaction; a server shutting down or starting up; too many
-connections; a full disk or out of memory; a statement the schema does not match; an I/O error."""
+connections; a full disk or out of memory; a statement the schema does not match; an I/O error;
+connection settings that do not suit the connection pooler in front of the server."""
 
 # --- bulkhead ---------------------------------------------------------------------------------------
 BULKHEAD_LIMIT = "guarded_bulkhead_limit"

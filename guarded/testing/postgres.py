@@ -64,7 +64,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def _ensure_system_user(name: str) -> tuple[int, int]:
+def ensure_system_user(name: str) -> tuple[int, int]:
+    """The uid and gid of system user ``name``, created with ``useradd`` when missing (as root)."""
     import pwd
 
     try:
@@ -117,7 +118,7 @@ class EmbeddedPostgres:
         self._bin = binaries_dir()
         self._ids: tuple[int, int] | None = None
         if hasattr(os, "geteuid") and os.geteuid() == 0:
-            self._ids = _ensure_system_user(system_user)
+            self._ids = ensure_system_user(system_user)
         self._initialised = False
         self._running = False
 
@@ -279,5 +280,6 @@ __all__ = [
     "EmbeddedPostgresError",
     "binaries_dir",
     "embedded_postgres",
+    "ensure_system_user",
     "free_port",
 ]

@@ -6,11 +6,14 @@ time ``START_AT`` (so the processes start together), then runs ``MODE``:
 * ``migrate``: connect (applying migrations) and save one event.
 * ``write``: write the same keys as every other worker: events (single and bulk), updates,
   tasks with interleaved timestamps, memory state and bindings.
+
+The store connects with ``pooler=$GUARDED_PG_POOLER`` (unset: the default mode).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -92,7 +95,7 @@ async def main(mode: str, dsn: str, schema: str, start_at: float, worker: int) -
         schema=schema,
         registry=CollectorRegistry(),
         stats_interval=None,
-        pool=PoolSettings(min_size=1, max_size=4),
+        pool=PoolSettings(min_size=1, max_size=4, pooler=os.environ.get("GUARDED_PG_POOLER")),
     )
     try:
         await {"migrate": migrate, "write": write}[mode](store, worker)
