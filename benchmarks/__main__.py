@@ -16,6 +16,8 @@ Sections run in order:
   session of 100,000 events and 100 MB of artifacts from and into ``PostgresStateStore``, time and
   peak RSS, each in a process of its own (target: peak RSS under 200 MB; ``--quick``: 20,000
   events and 20 MB).
+* ``history``: ``load_history`` p50/p99 of one trace while ``flow_events`` grows to 10,000,
+  1,000,000 and 10,000,000 events (``--quick``: 10,000 to 1,000,000).
 * ``workers``: 1, 2 and 4 worker processes writing and reading through ``guard(PostgresStateStore)``
   against one server: events per second, scaling, p50/p99 from call to commit, server connections.
 
@@ -38,7 +40,15 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import durability_bench, guard_bench, postgres_bench, postgres_protocol, snapshot_bench, workers_bench
+from . import (
+    durability_bench,
+    guard_bench,
+    history_bench,
+    postgres_bench,
+    postgres_protocol,
+    snapshot_bench,
+    workers_bench,
+)
 from .guard_report import Verdict, format_section
 from .side_by_side import format_table
 
@@ -50,9 +60,10 @@ PROTOCOL = "protocol"
 POSTGRES = postgres_bench.SECTION
 DURABILITY = durability_bench.SECTION
 SNAPSHOTS = snapshot_bench.SECTION
+HISTORY = history_bench.SECTION
 WORKERS = workers_bench.SECTION
-SECTIONS = (GUARD, PROTOCOL, POSTGRES, DURABILITY, SNAPSHOTS, WORKERS)
-POSTGRES_SECTIONS = (PROTOCOL, POSTGRES, DURABILITY, SNAPSHOTS, WORKERS)
+SECTIONS = (GUARD, PROTOCOL, POSTGRES, DURABILITY, SNAPSHOTS, HISTORY, WORKERS)
+POSTGRES_SECTIONS = (PROTOCOL, POSTGRES, DURABILITY, SNAPSHOTS, HISTORY, WORKERS)
 
 
 def _say(text: str) -> None:
@@ -107,6 +118,12 @@ async def run_postgres(
         snapshots = await snapshot_bench.run(dsn, events=events, artifact_bytes=artifact_bytes)
         printed.append(snapshot_bench.format_report(snapshots))
         met &= snapshots.met
+    if HISTORY in sections:
+        _say(f"running {HISTORY} ...")
+        sizes = (1_000, 5_000) if tiny else (10_000, 100_000, 1_000_000) if quick else history_bench.SIZES
+        history = await history_bench.run(dsn, sizes=sizes, reads=20 if tiny else history_bench.READS)
+        printed.append(history_bench.format_report(history))
+        met &= all(passed for _, passed in history_bench.verdicts(history)) or tiny
     if WORKERS in sections:
         _say(f"running {WORKERS} ...")
         seconds = 0.5 if tiny else 2.0 if quick else workers_bench.SECONDS

@@ -49,6 +49,8 @@ def test_tiny_run_reports_every_method_and_target(capsys: pytest.CaptureFixture[
         "caller latency, call to commit",
         "== targets, this run",
         "== workers: ",
+        "== history: load_history",
+        "load_history p50 flat within 1.5x",
         "x 1 worker",
     ):
         assert target in report, target
