@@ -311,6 +311,10 @@ primary last had nothing the replica has not replayed (labels: store, schema, re
 GUARDED_PG_REPLICA_SKIPPED_TOTAL = "guarded_pg_replica_skipped_total"
 """Counter: checks that left a replica out of the reads, and reads it failed and the primary
 answered, by reason (labels: store, schema, replica, reason)."""
+ALERT_REPLICA_SKIPPED = "GuardedReplicaSkipped"
+"""A store has kept leaving one of its read replicas out of the reads (unreachable, too far behind,
+not a standby, or failing reads)."""
+ALERT_NAMES = (*ALERT_NAMES, ALERT_REPLICA_SKIPPED)
 PG_METRIC_NAMES = (
     *PG_METRIC_NAMES,
     GUARDED_PG_READS_TOTAL,
