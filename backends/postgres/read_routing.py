@@ -182,12 +182,13 @@ class ReadRouter:
     # -- checks ------------------------------------------------------------------------------------
 
     def _ensure_monitor(self) -> None:
-        monitor = self._monitor
-        if self._closed or (monitor is not None and not monitor.done()):
+        """The checks run on the loop of the reads: started on the first, again on a new loop."""
+        if self._closed:
             return
         loop = asyncio.get_running_loop()
-        if monitor is not None and monitor.get_loop() is loop and monitor.done() and not monitor.cancelled():
-            monitor.exception()  # retrieved: the loop below logs and goes on, so this is a bug's
+        monitor = self._monitor
+        if monitor is not None and not monitor.done() and monitor.get_loop() is loop:
+            return
         self._monitor = loop.create_task(self._check_forever(), name="guarded-pg-replica-checks")
 
     async def _check_forever(self) -> None:
@@ -218,6 +219,7 @@ class ReadRouter:
             async with asyncio.timeout(self.settings.read_timeout):
                 replayed = await replica.db.fetchval(REPLAYED_POSITION)
         except Exception as exc:
+            self._set_lag(replica)  # still growing while it cannot be asked
             self._leave_out(replica, UNREACHABLE, exc)
             return
         if replayed is None:
@@ -227,9 +229,7 @@ class ReadRouter:
             if position <= replayed:
                 replica.caught_up = max(replica.caught_up, sampled)
                 break
-        lag = time.monotonic() - replica.caught_up
-        if self.metrics is not None and math.isfinite(lag):
-            self.metrics.set_lag(replica.label, lag)
+        lag = self._set_lag(replica)
         if lag > self.settings.max_lag:
             self._leave_out(replica, LAGGING)
             return
@@ -239,6 +239,12 @@ class ReadRouter:
                 extra={"event": "guarded_pg_replica_in_use", "replica": replica.label},
             )
         replica.usable, replica.reason = True, None
+
+    def _set_lag(self, replica: Replica) -> float:
+        lag = time.monotonic() - replica.caught_up
+        if self.metrics is not None and math.isfinite(lag):
+            self.metrics.set_lag(replica.label, lag)
+        return lag
 
     def _forget_old(self, now: float) -> None:
         """Drop what no routing decision can need: writes and positions older than any replica in
