@@ -140,6 +140,15 @@ BATCH_QUEUE_FULL_FOR = "5m"
 their deadline passes; write-behind writes already acknowledged are at risk if the process dies."""
 BATCH_FAILURE_WINDOW = "15m"
 
+# --- PostgreSQL read replicas --------------------------------------------------------------------
+
+REPLICA_SKIPPED_WINDOW = "5m"
+REPLICA_SKIPPED_FOR = "10m"
+"""A replica left out at some check of every ``REPLICA_SKIPPED_WINDOW`` for ``REPLICA_SKIPPED_FOR``:
+longer than a failover or a restart of the replica, which its checks get over within seconds."""
+REPLICA_LABELS: tuple[str, ...] = (*PROCESS_LABELS, names.LABEL_SCHEMA)
+"""One store's replicas in one process (which replica: the dashboard's "Replicas left out")."""
+
 # --- PostgreSQL schema ---------------------------------------------------------------------------
 
 SCHEMA_LABELS: tuple[str, ...] = (LABEL_JOB, names.LABEL_SCHEMA)
@@ -740,6 +749,28 @@ def capacity_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, A
     ]
 
 
+def replica_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
+    """A read replica a store keeps leaving out of its reads."""
+    skipped = f"rate({names.GUARDED_PG_REPLICA_SKIPPED_TOTAL}[{REPLICA_SKIPPED_WINDOW}])"
+    return [
+        _alert(
+            names.ALERT_REPLICA_SKIPPED,
+            f"sum {_by(REPLICA_LABELS)} ({skipped})\n> 0",
+            for_=REPLICA_SKIPPED_FOR,
+            severity=WARNING,
+            summary="Store {{ $labels.store }} keeps leaving a read replica out of its reads",
+            description=(
+                "Store {{ $labels.store }} on {{ $labels.instance }} (schema {{ $labels.schema }}) has "
+                f"left a read replica out of its reads for {in_words(REPLICA_SKIPPED_FOR)}: it is "
+                "unreachable, further behind than replica_max_lag, not a standby, or failing reads "
+                '(which one and why: "Replicas left out" on the Postgres backend dashboard). Its '
+                "reads go to the primary, which carries the whole read load."
+            ),
+            runbook_base=runbook_base,
+        )
+    ]
+
+
 def schema_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
     """A process running code older than the schema another process migrated (version skew)."""
     newest = f"max {_by(SCHEMA_LABELS)} ({names.GUARDED_PG_MIGRATION_VERSION})"
@@ -783,6 +814,7 @@ def rule_file(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> dict[str, Any]:
             },
             {"name": "guarded.capacity", "rules": capacity_rules(runbook_base)},
             {"name": "guarded.schema", "rules": schema_rules(runbook_base)},
+            {"name": "guarded.replicas", "rules": replica_rules(runbook_base)},
             {"name": "guarded.memory", "rules": memory_rules(runbook_base)},
             {"name": "guarded.tasks", "rules": task_rules(runbook_base)},
         ]

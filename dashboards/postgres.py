@@ -1,4 +1,5 @@
-"""The Postgres backend dashboard: the asyncpg pool, table growth, cleanup and schema version.
+"""The Postgres backend dashboard: the asyncpg pool, read replicas, table growth, cleanup and
+schema version.
 
 Series come from ``guarded.backends.postgres`` (backends/postgres/database_metrics.py), labelled by store
 and schema (one schema per tenant); table series add the table.
@@ -26,6 +27,7 @@ CONNECTION_ERRORS = q.counter(names.GUARDED_PG_CONNECTION_ERRORS_TOTAL)
 POOLER_ERRORS = q.counter(names.GUARDED_PG_POOLER_ERRORS_TOTAL)
 BACKEND_ALERTS = (
     *PAUSE_ALERTS,
+    names.ALERT_REPLICA_SKIPPED,
     names.ALERT_CIRCUIT_OPEN,
     names.ALERT_ERROR_BUDGET_BURN,
     names.ALERT_LATENCY_P99,
@@ -130,6 +132,61 @@ def _pool_panels() -> tuple[Panel, ...]:
     )
 
 
+def _replica_panels() -> tuple[Panel, ...]:
+    per_replica = (*STORE_SCHEMA, names.LABEL_REPLICA)
+    reads = q.sum_by(
+        (*STORE_SCHEMA, names.LABEL_TARGET), q.rate(SCOPE.selector(q.counter(names.GUARDED_PG_READS_TOTAL)))
+    )
+    skipped = q.sum_by(
+        (*per_replica, names.LABEL_REASON),
+        q.increase(SCOPE.selector(q.counter(names.GUARDED_PG_REPLICA_SKIPPED_TOTAL))),
+    )
+    return (
+        Panel(
+            title="Reads by server",
+            description=(
+                "History and list reads per second by the server that answered them: the primary or a "
+                "replica (replica0, replica1... in the order of replica_dsn). A read goes to the primary "
+                "when this process wrote its trace or session more recently than the replicas have "
+                "replayed, when writes are held for replay, and whenever no replica is in use."
+            ),
+            queries=(Query(reads, "{{target}} {{store}}/{{schema}}"),),
+            unit="reqps",
+            width=8,
+        ),
+        Panel(
+            title="Replica lag",
+            description=(
+                "How far each replica is behind the primary, measured by WAL position at every check "
+                "(replica_check_interval): seconds since the primary last had nothing the replica has "
+                "not replayed. An idle primary costs no lag. Above replica_max_lag (10 s by default) the "
+                "replica is left out of the reads; a line that only climbs is a replica not replaying."
+            ),
+            queries=(
+                Query(
+                    q.max_by(per_replica, SCOPE.selector(names.GUARDED_PG_REPLICA_LAG_SECONDS)),
+                    "{{replica}} {{store}}/{{schema}}",
+                ),
+            ),
+            unit="s",
+            thresholds=(Threshold("yellow", 5), Threshold("red", 10)),
+            width=8,
+        ),
+        Panel(
+            title="Replicas left out",
+            description=(
+                "Checks that left a replica out of the reads, and reads it failed, per interval and by "
+                "reason: unreachable (no answer within replica_read_timeout), lagging (beyond "
+                "replica_max_lag), not_replica (the DSN names a primary), failed (a read failed or was "
+                "slow; the primary answered it). No call fails for it (GuardedReplicaSkipped)."
+            ),
+            queries=(Query(skipped, "{{replica}} {{reason}} {{store}}/{{schema}}"),),
+            decimals=0,
+            width=8,
+        ),
+    )
+
+
 def _table_panels() -> tuple[Panel, ...]:
     rows = q.max_by(PER_TABLE, SCOPE.selector(names.GUARDED_PG_TABLE_ROWS))
     deleted = q.sum_by(
@@ -216,7 +273,8 @@ def dashboard() -> Dashboard:
         uid=UID,
         title="guarded / Postgres backend",
         description=(
-            "asyncpg pool, acquire wait, connection errors, table rows and sizes, cleanup, schema version."
+            "asyncpg pool, acquire wait, connection errors, read replicas, table rows and sizes, cleanup, "
+            "schema version."
         ),
         tags=("guarded", "postgres"),
         variables=(
@@ -235,7 +293,11 @@ def dashboard() -> Dashboard:
                 color="orange",
             ),
         ),
-        rows=(Row("Connection pool", _pool_panels()), Row("Tables", _table_panels())),
+        rows=(
+            Row("Connection pool", _pool_panels()),
+            Row("Read replicas", _replica_panels()),
+            Row("Tables", _table_panels()),
+        ),
         default_datasource_uid=PROMETHEUS_UID,
         default_datasource_name=PROMETHEUS_NAME,
     )

@@ -23,6 +23,9 @@ backend call; the guard sets them, a backend only reads them):
   its writes store that write once.
 * :func:`current_logical_times` / :func:`current_logical_time`: the logical time of each item of
   the upsert in progress, and :func:`is_replay`: whether it replays an earlier write.
+* :func:`read_must_be_current`: for a backend that declares ``routes_reads`` (read replicas),
+  whether the read in progress must be answered by its primary: writes it must include are held
+  in the dead-letter buffer.
 
 **The rules of a last-write-wins upsert** (memory states, trajectories, remote bindings, pauses).
 A write held during an outage is replayed later, perhaps after another worker wrote the same key
@@ -155,6 +158,15 @@ restored): only then does the backend compare its time with the stored row's and
 alone (raising :class:`~guarded.errors.WriteSupersededError`). ``False`` for a direct write, which
 is always applied."""
 
+MUST_BE_CURRENT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "guarded_must_be_current", default=False
+)
+"""Whether the read in progress must be answered from the backend's most current copy, set by the
+guard around a read of a backend that declares ``routes_reads`` while writes the read's answer
+must include are held in its dead-letter buffer (their replay commits on the primary, and a copy
+that lags would miss what the buffer no longer shows). Queued writes need no mark: the guard
+flushes a read's scope before the read, and the backend sees those writes commit."""
+
 UNTIMED_REPLAY = 0
 """The logical time of a replay kept without one (by a version that did not keep times): older
 than any row written with a time, so it lands only where the key has none."""
@@ -169,6 +181,12 @@ def current_unanswered_keys() -> tuple[str, ...]:
     """The keys of unanswered consumes the current consume may recover (see
     :data:`UNANSWERED_KEYS`); empty when there are none."""
     return UNANSWERED_KEYS.get() or ()
+
+
+def read_must_be_current() -> bool:
+    """Whether the read in progress must not be answered from a copy that may lag (a read
+    replica): see :data:`MUST_BE_CURRENT`."""
+    return MUST_BE_CURRENT.get()
 
 
 def current_item_keys() -> tuple[str, ...] | None:
@@ -256,6 +274,9 @@ DURABLE_ACROSS_PROCESSES = "durable_across_processes"
 DB_SYSTEM_NAME = "db_system_name"
 """Attribute name of :attr:`BackendDeclarations.db_system_name`."""
 
+ROUTES_READS = "routes_reads"
+"""Attribute name of :attr:`BackendDeclarations.routes_reads`."""
+
 
 class BackendDeclarations(Protocol):
     """What a backend may declare to the guard, as class or instance attributes. Every one is
@@ -303,6 +324,12 @@ class BackendDeclarations(Protocol):
     """The ``db.system.name`` of the guard's spans (OpenTelemetry's name of the database system:
     ``"postgresql"``). Absent or not a string: the spans carry none."""
 
+    routes_reads: bool
+    """``True`` when the backend may answer some reads from a copy that lags (a read replica). The
+    guard then marks each read of a trace or session while writes for the store are held in its
+    dead-letter buffer (:func:`read_must_be_current`), and the backend answers it from its primary.
+    Absent or ``False``: no mark (and no cost)."""
+
 
 BULK_FORMS: Mapping[str, str] = {
     policy.name: policy.bulk_form for policy in PolicyTable.for_state_store() if policy.bulk_form is not None
@@ -329,11 +356,13 @@ __all__ = [
     "ITEM_KEYS",
     "LOGICAL_TIMES",
     "MAX_CONCURRENCY",
+    "MUST_BE_CURRENT",
     "OPERATIONAL_CONDITIONS",
     "READ_ONLY",
     "RECOVERS_UNANSWERED_CONSUMES",
     "REPLAYING",
     "POOLER_MISMATCH",
+    "ROUTES_READS",
     "SCHEMA_MISMATCH",
     "SERVER_UNAVAILABLE",
     "SYSTEM_ERROR",
@@ -368,6 +397,7 @@ __all__ = [
     "new_artifact_ref",
     "next_logical_time",
     "parse_duration",
+    "read_must_be_current",
     "ref_groups",
     "register_classifier",
     "sanitize_artifact_namespace",

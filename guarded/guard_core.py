@@ -18,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
-from .backend import ERROR_CLASSIFIER, HONOURS_IDEMPOTENCY_KEY, RECOVERS_UNANSWERED_CONSUMES
+from .backend import ERROR_CLASSIFIER, HONOURS_IDEMPOTENCY_KEY, RECOVERS_UNANSWERED_CONSUMES, ROUTES_READS
 from .batching.batching_layer import BatchingLayer
 from .builtin_policies import LIFECYCLE_METHODS
 from .config import GuardConfig
@@ -187,7 +187,11 @@ class GuardCore:
                 else None
             )
             stale_reads = StaleReadLayer(
-                ports, policies, cache=cache, answer_held_pauses=stale.answer_held_pauses
+                ports,
+                policies,
+                cache=cache,
+                answer_held_pauses=stale.answer_held_pauses,
+                routes_reads=getattr(target, ROUTES_READS, False) is True,
             )
             self.home.on_move(stale_reads.moved)
             degraded_layers = [

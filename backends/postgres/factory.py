@@ -36,6 +36,12 @@ Environment variables (all optional; durations as the command line takes them: `
 ``GUARDED_PG_RETENTION_UPDATES``       max age of ``state_updates`` rows, default keep
 ``GUARDED_PG_RETENTION_STEERING``      max age of ``steering_events`` rows, default keep
 ``GUARDED_PG_RETENTION_PLANNER_EVENTS`` max age of ``planner_events`` rows, default keep
+``GUARDED_PG_REPLICA_DSN``             read replicas: one connection string, or several separated by
+                                       commas, each beginning ``postgresql://`` (a multi-host
+                                       URI's own commas stay with it); default none
+``GUARDED_PG_REPLICA_MAX_LAG``         a replica further behind is left out of the reads, default 10
+``GUARDED_PG_REPLICA_CHECK_INTERVAL``  seconds between two measures of a replica's lag, default 1
+``GUARDED_PG_REPLICA_READ_TIMEOUT``    wait for a replica before the primary answers, default 0.5
 ``GUARDED_PG_ARTIFACT_<FIELD>``        any ``ArtifactRetentionConfig`` field, upper case, e.g.
                                        ``GUARDED_PG_ARTIFACT_TTL_SECONDS``,
                                        ``GUARDED_PG_ARTIFACT_CLEANUP_STRATEGY``
@@ -45,6 +51,7 @@ Environment variables (all optional; durations as the command line takes them: `
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +67,8 @@ from .snapshots import PostgresSnapshotStore
 from .store import PostgresStateStore, StoreOptions
 
 PREFIX = "GUARDED_PG_"
+_NEXT_URI = re.compile(r"\s*,\s*(?=postgres(?:ql)?://)")
+"""A comma that starts another connection URI (a multi-host URI's own commas do not)."""
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -178,6 +187,17 @@ def config_from_env(env: Mapping[str, str] | None = None) -> FactoryConfig:
             planner_events_max_age=_number(env, "RETENTION_PLANNER_EVENTS", None, nullable=True),
         ),
     }
+    replicas = _get(env, "REPLICA_DSN")
+    if replicas is not None:
+        options["replica_dsn"] = tuple(dsn for dsn in _NEXT_URI.split(replicas) if dsn.strip())
+    for setting, option in (
+        ("REPLICA_MAX_LAG", "replica_max_lag"),
+        ("REPLICA_CHECK_INTERVAL", "replica_check_interval"),
+        ("REPLICA_READ_TIMEOUT", "replica_read_timeout"),
+    ):
+        seconds = _number(env, setting, None)
+        if seconds is not None:
+            options[option] = seconds  # type: ignore[literal-required]
     name = _get(env, "STORE_NAME")
     if name is not None:
         options["name"] = name

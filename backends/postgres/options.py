@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -19,6 +19,12 @@ DEFAULT_CONSUME_GRACE_SECONDS = 60.0
 """How long a consumed pause can be consumed again by the same idempotency key."""
 DEFAULT_STATS_INTERVAL_SECONDS = 60.0
 """How often table row counts and sizes are sampled for the metrics."""
+DEFAULT_REPLICA_MAX_LAG_SECONDS = 10.0
+"""A replica further behind than this is left out of the reads."""
+DEFAULT_REPLICA_CHECK_INTERVAL_SECONDS = 1.0
+"""How often each replica's lag is measured."""
+DEFAULT_REPLICA_READ_TIMEOUT_SECONDS = 0.5
+"""How long a read (or a check) waits for a replica before the primary answers it."""
 DEFAULT_CLEANUP_BATCH = 5_000
 """Rows deleted per statement by :meth:`cleanup` (bounded transactions and lock times)."""
 
@@ -89,6 +95,17 @@ class StoreOptions(TypedDict, total=False):
     """Seconds between table row/size samples (default 60; ``None`` disables sampling)."""
     migrate: bool
     """Apply pending migrations when opening (default ``True``); else require an up-to-date schema."""
+    replica_dsn: str | Sequence[str] | None
+    """Read replicas (streaming standbys of the primary): one DSN or several. History and list
+    reads go to a replica that holds what they must see (``docs/postgres.md``, "Read replicas");
+    default none."""
+    replica_max_lag: float
+    """Seconds a replica may be behind before it is left out of the reads (default 10)."""
+    replica_check_interval: float
+    """Seconds between two measures of each replica's lag (default 1)."""
+    replica_read_timeout: float
+    """Seconds a read (or a check) waits for a replica before the primary answers it (default 0.5);
+    keep it well under the guard's ``timeout.attempt``."""
 
 
 __all__ = [
@@ -96,6 +113,9 @@ __all__ = [
     "DEFAULT_CLEANUP_BATCH",
     "DEFAULT_CONSUME_GRACE_SECONDS",
     "DEFAULT_PAUSE_TTL_SECONDS",
+    "DEFAULT_REPLICA_CHECK_INTERVAL_SECONDS",
+    "DEFAULT_REPLICA_MAX_LAG_SECONDS",
+    "DEFAULT_REPLICA_READ_TIMEOUT_SECONDS",
     "DEFAULT_STATS_INTERVAL_SECONDS",
     "RetentionPolicy",
     "check_options",

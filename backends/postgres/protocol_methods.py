@@ -3,7 +3,11 @@
 steering, trajectories and planner events, with their bulk forms and legacy aliases. Each checks
 its arguments before any I/O (:func:`~.json_codec.refusing`: an
 :class:`~guarded.errors.InvalidPayloadError` naming the method and the field path) and then makes
-one call on its table (:mod:`.tables`)."""
+one call on its table (:mod:`.tables`).
+
+With read replicas (:mod:`.read_routing`) the history and list reads go through the store's
+router, which picks the server, and every write of a trace or session tells the router it was
+made; without them both are one test of an attribute."""
 
 from __future__ import annotations
 
@@ -17,8 +21,9 @@ from guarded.errors import WriteSupersededError
 from .bindings import encode_binding, encode_binding_key
 from .bulk import encode_items
 from .event_log import encode_event, encode_events
-from .json_codec import check_text, refusing
+from .json_codec import check_text, refusing, to_db_text
 from .planner_events import call_keys, encode_planner_event, encode_planner_events
+from .read_routing import EVERY_ROUTER_SESSION, ROUTER_SESSION, SESSION, TRACE, ReadRouter, ReadScope
 from .tables import Tables
 from .task_states import encode_task
 
@@ -31,6 +36,8 @@ class ProtocolMethods:
 
     schema: str
     _tables: Tables
+    _router: ReadRouter | None = None
+    """Where reads go when the store has read replicas (``None``: always the primary)."""
 
     # ------------------------------------------------------------------------------------------------
     # Core audit log
@@ -40,19 +47,29 @@ class ProtocolMethods:
         """Persist a runtime event; idempotent by the event's fingerprint."""
         with refusing("save_event", "event"):
             row = encode_event(event)
-        await self._tables.events.save(row)
+        try:
+            await self._tables.events.save(row)
+        finally:
+            if self._router is not None:
+                self._router.wrote([(TRACE, row[0])])
 
     async def save_events(self, events: Sequence[Any]) -> None:
         """Persist many events in one statement; duplicates ignored exactly as in :meth:`save_event`."""
         with refusing("save_events"):
             rows = encode_events(list(events))
-        await self._tables.events.save_many(rows)
+        try:
+            await self._tables.events.save_many(rows)
+        finally:
+            if self._router is not None:
+                self._router.wrote({(TRACE, row[0]) for row in rows})
 
     async def load_history(self, trace_id: str) -> list[Any]:
         """The trace's events by ascending ``ts``, ties in insertion order; ``[]`` for an unknown trace."""
         with refusing("load_history"):
             check_text(trace_id, "trace_id")
-        return await self._tables.events.load(trace_id)
+        if self._router is None:
+            return await self._tables.events.load(trace_id)
+        return await self._router.read(_scopes(TRACE, trace_id), lambda tables: tables.events.load(trace_id))
 
     # ------------------------------------------------------------------------------------------------
     # Remote bindings
@@ -62,13 +79,21 @@ class ProtocolMethods:
         """Upsert the binding on ``(trace_id, context_id, task_id)``."""
         with refusing("save_remote_binding", "binding"):
             row = encode_binding(binding)
-        await self._tables.bindings.save(row)
+        try:
+            await self._tables.bindings.save(row)
+        finally:
+            if self._router is not None and row[4] is not None:
+                self._router.wrote([(ROUTER_SESSION, row[4])])
 
     async def save_remote_bindings(self, bindings: Sequence[Any]) -> None:
         """Upsert many bindings in one statement, as :meth:`save_remote_binding` for each in order."""
         with refusing("save_remote_bindings"):
             rows = encode_items(bindings, encode_binding, arity=1, shape="binding", name="bindings")
-        await self._tables.bindings.save_many(rows)
+        try:
+            await self._tables.bindings.save_many(rows)
+        finally:
+            if self._router is not None:
+                self._router.wrote({(ROUTER_SESSION, row[4]) for row in rows if row[4] is not None})
 
     async def find_binding(
         self,
@@ -92,21 +117,34 @@ class ProtocolMethods:
     async def list_bindings(self, *, router_session_id: str) -> list[Any]:
         """Every binding of a router session, in the order first saved."""
         with refusing("list_bindings"):
-            return await self._tables.bindings.list_bindings(router_session_id)
+            if self._router is None:
+                return await self._tables.bindings.list_bindings(router_session_id)
+            return await self._router.read(
+                (*_scopes(ROUTER_SESSION, router_session_id), EVERY_ROUTER_SESSION),
+                lambda tables: tables.bindings.list_bindings(router_session_id),
+            )
 
     async def mark_binding_terminal(self, *, trace_id: str, context_id: str | None, task_id: str) -> None:
         """Mark a binding terminal (never reused); a no-op for an unknown binding."""
         with refusing("mark_binding_terminal"):
-            await self._tables.bindings.mark_terminal(
-                trace_id=trace_id, context_id=context_id, task_id=task_id
-            )
+            try:
+                await self._tables.bindings.mark_terminal(
+                    trace_id=trace_id, context_id=context_id, task_id=task_id
+                )
+            finally:
+                if self._router is not None:
+                    self._router.wrote([EVERY_ROUTER_SESSION])
 
     async def mark_bindings_terminal(self, items: Sequence[tuple[str, str | None, str]]) -> None:
         """Mark many ``(trace_id, context_id, task_id)`` bindings terminal in one statement, as
         :meth:`mark_binding_terminal` for each; unknown bindings are skipped."""
         with refusing("mark_bindings_terminal"):
             keys = encode_items(items, encode_binding_key, arity=3, shape="(trace_id, context_id, task_id)")
-        await self._tables.bindings.mark_terminal_many(keys)
+        try:
+            await self._tables.bindings.mark_terminal_many(keys)
+        finally:
+            if self._router is not None:
+                self._router.wrote([EVERY_ROUTER_SESSION])
 
     # ------------------------------------------------------------------------------------------------
     # Planner pause state and memory
@@ -165,7 +203,12 @@ class ProtocolMethods:
         """Upsert a task unless the stored one has a newer ``updated_at`` (never goes backwards)."""
         with refusing("save_task", "state"):
             row = encode_task(state)
-        if not await self._tables.tasks.save(row):
+        try:
+            saved = await self._tables.tasks.save(row)
+        finally:
+            if self._router is not None:
+                self._router.wrote([(SESSION, row[0])])
+        if not saved:
             self._stale_tasks_refused("save_task", 1)
 
     async def save_tasks(self, states: Sequence[Any]) -> None:
@@ -174,7 +217,11 @@ class ProtocolMethods:
         equal ones)."""
         with refusing("save_tasks"):
             rows = encode_items(states, encode_task, arity=1, shape="state", name="states")
-        refused = await self._tables.tasks.save_many(rows)
+        try:
+            refused = await self._tables.tasks.save_many(rows)
+        finally:
+            if self._router is not None:
+                self._router.wrote({(SESSION, row[0]) for row in rows})
         if refused:
             self._stale_tasks_refused("save_tasks", refused)
 
@@ -190,7 +237,11 @@ class ProtocolMethods:
     async def list_tasks(self, session_id: str) -> list[Any]:
         """Every task of the session; ``[]`` when none."""
         with refusing("list_tasks"):
-            return await self._tables.tasks.list(session_id)
+            if self._router is None:
+                return await self._tables.tasks.list(session_id)
+            return await self._router.read(
+                _scopes(SESSION, session_id), lambda tables: tables.tasks.list(session_id)
+            )
 
     async def save_update(self, update: Any) -> None:
         """Append an update; idempotent by ``(session_id, update_id)``."""
@@ -199,13 +250,21 @@ class ProtocolMethods:
     async def _save_update(self, method: str, update: Any) -> None:
         with refusing(method, "update"):
             row = self._tables.updates.encode(update)
-        await self._tables.updates.save(row)
+        try:
+            await self._tables.updates.save(row)
+        finally:
+            if self._router is not None:
+                self._router.wrote([(SESSION, row[0])])
 
     async def save_updates(self, updates: Sequence[Any]) -> None:
         """Append many updates in one statement, with :meth:`save_update`'s idempotency."""
         with refusing("save_updates"):
             rows = self._tables.updates.encode_many(list(updates))
-        await self._tables.updates.save_many(rows)
+        try:
+            await self._tables.updates.save_many(rows)
+        finally:
+            if self._router is not None:
+                self._router.wrote({(SESSION, row[0]) for row in rows})
 
     async def list_updates(
         self,
@@ -222,8 +281,15 @@ class ProtocolMethods:
         self, method: str, session_id: str, task_id: str | None, since_id: str | None, limit: int
     ) -> list[Any]:
         with refusing(method):
-            return await self._tables.updates.list(
-                session_id, task_id=task_id, since_id=since_id, limit=limit
+            if self._router is None:
+                return await self._tables.updates.list(
+                    session_id, task_id=task_id, since_id=since_id, limit=limit
+                )
+            return await self._router.read(
+                _scopes(SESSION, session_id),
+                lambda tables: tables.updates.list(
+                    session_id, task_id=task_id, since_id=since_id, limit=limit
+                ),
             )
 
     async def save_task_update(self, update: Any) -> None:
@@ -252,7 +318,11 @@ class ProtocolMethods:
         sanitized = sanitize_steering_event(event)
         with refusing("save_steering", "event"):
             row = self._tables.steering.encode(sanitized)
-        await self._tables.steering.save(row)
+        try:
+            await self._tables.steering.save(row)
+        finally:
+            if self._router is not None:
+                self._router.wrote([(SESSION, row[0])])
 
     async def list_steering(
         self,
@@ -264,8 +334,15 @@ class ProtocolMethods:
     ) -> list[Any]:
         """Steering events with :meth:`list_updates`' cursor rules."""
         with refusing("list_steering"):
-            return await self._tables.steering.list(
-                session_id, task_id=task_id, since_id=since_id, limit=limit
+            if self._router is None:
+                return await self._tables.steering.list(
+                    session_id, task_id=task_id, since_id=since_id, limit=limit
+                )
+            return await self._router.read(
+                _scopes(SESSION, session_id),
+                lambda tables: tables.steering.list(
+                    session_id, task_id=task_id, since_id=since_id, limit=limit
+                ),
             )
 
     # ------------------------------------------------------------------------------------------------
@@ -276,7 +353,11 @@ class ProtocolMethods:
         """Upsert the trajectory of ``(trace_id, session_id)``."""
         with refusing("save_trajectory"):
             row = self._tables.trajectories.encode(trace_id, session_id, trajectory)
-        await self._tables.trajectories.save(row)
+        try:
+            await self._tables.trajectories.save(row)
+        finally:
+            if self._router is not None:
+                self._router.wrote([(TRACE, row[0]), (SESSION, row[1])])
 
     async def save_trajectories(self, items: Sequence[tuple[str, str, Any]]) -> None:
         """Upsert many ``(trace_id, session_id, trajectory)`` items in one statement, as
@@ -285,17 +366,30 @@ class ProtocolMethods:
             rows = encode_items(
                 items, self._tables.trajectories.encode, arity=3, shape="(trace_id, session_id, trajectory)"
             )
-        await self._tables.trajectories.save_many(rows)
+        try:
+            await self._tables.trajectories.save_many(rows)
+        finally:
+            if self._router is not None:
+                self._router.wrote({scope for row in rows for scope in ((TRACE, row[0]), (SESSION, row[1]))})
 
     async def get_trajectory(self, trace_id: str, session_id: str) -> Any:
         """The trajectory, or ``None`` when missing or saved under another session."""
         with refusing("get_trajectory"):
-            return await self._tables.trajectories.get(trace_id, session_id)
+            if self._router is None:
+                return await self._tables.trajectories.get(trace_id, session_id)
+            return await self._router.read(
+                _scopes(TRACE, trace_id), lambda tables: tables.trajectories.get(trace_id, session_id)
+            )
 
     async def list_traces(self, session_id: str, limit: int = 50) -> list[str]:
         """Trace ids of the session, most recently saved first."""
         with refusing("list_traces"):
-            return await self._tables.trajectories.list_traces(session_id, limit)
+            if self._router is None:
+                return await self._tables.trajectories.list_traces(session_id, limit)
+            return await self._router.read(
+                _scopes(SESSION, session_id),
+                lambda tables: tables.trajectories.list_traces(session_id, limit),
+            )
 
     # ------------------------------------------------------------------------------------------------
     # Planner events
@@ -305,23 +399,44 @@ class ProtocolMethods:
         """Append a planner event (a retry under the same idempotency key is not appended twice)."""
         with refusing("save_planner_event"):
             row = encode_planner_event(trace_id, event, call_keys(1)[0])
-        await self._tables.planner_events.save_many([row])
+        try:
+            await self._tables.planner_events.save_many([row])
+        finally:
+            if self._router is not None:
+                self._router.wrote([(TRACE, row[0])])
 
     async def save_planner_events(self, items: Sequence[tuple[str, Any]]) -> None:
         """Append many ``(trace_id, event)`` pairs in one statement, in order."""
         with refusing("save_planner_events"):
             rows = encode_planner_events(items)
-        await self._tables.planner_events.save_many(rows)
+        try:
+            await self._tables.planner_events.save_many(rows)
+        finally:
+            if self._router is not None:
+                self._router.wrote({(TRACE, row[0]) for row in rows})
 
     async def list_planner_events(self, trace_id: str) -> list[Any]:
         """Planner events of a trace in emission order."""
         with refusing("list_planner_events"):
-            return await self._tables.planner_events.list(trace_id)
+            return await self._list_planner_events(trace_id)
 
     async def get_events(self, trace_id: str) -> list[Any]:
         """Legacy alias of :meth:`list_planner_events`."""
         with refusing("get_events"):
+            return await self._list_planner_events(trace_id)
+
+    async def _list_planner_events(self, trace_id: str) -> list[Any]:
+        if self._router is None:
             return await self._tables.planner_events.list(trace_id)
+        return await self._router.read(
+            _scopes(TRACE, trace_id), lambda tables: tables.planner_events.list(trace_id)
+        )
+
+
+def _scopes(kind: str, value: Any) -> tuple[ReadScope, ...]:
+    """The scope a read of ``value`` shows, its id as stored (a value that is no string is refused by
+    the read itself, wherever it goes)."""
+    return ((kind, to_db_text(value) if isinstance(value, str) else ""),)
 
 
 __all__ = ["ProtocolMethods"]

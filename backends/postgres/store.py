@@ -59,6 +59,8 @@ from .options import (
     check_seconds,
 )
 from .protocol_methods import ProtocolMethods
+from .read_routing import ReplicaStatus
+from .replica_set import read_router
 from .retention import CleanupReport, cleanup
 from .schema_names import validate_schema_name
 from .tables import Tables
@@ -76,9 +78,16 @@ class PostgresStateStore(ProtocolMethods):
     """A consume recovers a pause consumed by a key whose answer was lost (see :mod:`.pauses`)."""
 
     def __init__(
-        self, db: Database, *, schema: str, owns_pool: bool, **options: Unpack[StoreOptions]
+        self,
+        db: Database,
+        *,
+        schema: str,
+        owns_pool: bool,
+        replica_pool: PoolSettings | None = None,
+        **options: Unpack[StoreOptions],
     ) -> None:
-        """Use :meth:`connect`, :meth:`from_pool` or :meth:`lazy` rather than this constructor."""
+        """Use :meth:`connect`, :meth:`from_pool` or :meth:`lazy` rather than this constructor
+        (``replica_pool``: the pool settings of the replicas' pools, default the defaults)."""
         self.schema = validate_schema_name(schema)
         self.name = options.get("name", "postgres")
         self.types = options.get("types") or installed_types()
@@ -101,14 +110,19 @@ class PostgresStateStore(ProtocolMethods):
                 pool_in_use=db.pool_in_use,
             )
         db.metrics = self._metrics
-        self._tables = Tables.of(
+        self._tables = self._tables_on(db, options)
+        self._router = read_router(
             db,
-            self.schema,
-            self.types,
-            pause_ttl=self.pause_ttl,
-            consume_grace=self.consume_grace,
-            artifact_retention=options.get("artifact_retention"),
+            self._tables,
+            lambda replica_db: self._tables_on(replica_db, options),
+            options,
+            pool=replica_pool or PoolSettings(),
+            store_name=self.name,
+            schema=self.schema,
         )
+        self.routes_reads = self._router is not None
+        """Reads may be answered by a replica: the guard marks the reads that must be current
+        (:data:`guarded.backend.ROUTES_READS`)."""
         self.max_concurrency: int | None = db.pool_max_size() or None
         """How many calls this store runs at once: its pool's maximum size (a lazy store's from its
         pool settings). The guard's bulkhead reads it (:data:`guarded.backend.MAX_CONCURRENCY`)
@@ -128,6 +142,16 @@ class PostgresStateStore(ProtocolMethods):
         """Which database and schema this store writes to, without credentials (recorded by the
         guard's spill file so held writes are replayed only here); set from the DSN by
         :meth:`connect` and :meth:`lazy`, from the server by :meth:`from_pool`."""
+
+    def _tables_on(self, db: Database, options: StoreOptions) -> Tables:
+        return Tables.of(
+            db,
+            self.schema,
+            self.types,
+            pause_ttl=self.pause_ttl,
+            consume_grace=self.consume_grace,
+            artifact_retention=options.get("artifact_retention"),
+        )
 
     # ------------------------------------------------------------------------------------------------
     # Lifecycle
@@ -157,7 +181,13 @@ class PostgresStateStore(ProtocolMethods):
         settings = with_pooler(pool_settings("PostgresStateStore.connect()", pool), pooler)
         created = await create_pool(dsn, settings)
         try:
-            store = cls(Database(created, settings=settings), schema=schema, owns_pool=True, **options)
+            store = cls(
+                Database(created, settings=settings),
+                schema=schema,
+                owns_pool=True,
+                replica_pool=settings,
+                **options,
+            )
         except BaseException:
             await created.close()
             raise
@@ -216,6 +246,7 @@ class PostgresStateStore(ProtocolMethods):
             Database(opener=opener, settings=settings),
             schema=validate_schema_name(schema),
             owns_pool=True,
+            replica_pool=settings,
             **options,
         )
         store.target_identity = target_identity(dsn, store.schema)
@@ -236,8 +267,16 @@ class PostgresStateStore(ProtocolMethods):
         return await self._lifecycle.sample_table_stats()
 
     async def close(self) -> None:
-        """Stop background sampling, drop this store's metrics and close the pool when the store owns it."""
+        """Stop background sampling, drop this store's metrics and close the pool when the store
+        owns it (the replicas' pools always)."""
+        if self._router is not None:
+            await self._router.close()
         await self._lifecycle.close()
+
+    async def check_replicas(self) -> list[ReplicaStatus]:
+        """Measure every replica's lag now and say which are in use (``[]`` without replicas); the
+        store also does this every ``replica_check_interval`` seconds while reads come."""
+        return [] if self._router is None else await self._router.check()
 
     async def __aenter__(self) -> Self:
         if not self._db.is_open:

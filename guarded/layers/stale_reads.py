@@ -46,6 +46,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from ..backend import MUST_BE_CURRENT
 from ..deadletter.buffer_ports import HeldWriteLookups, WaitingCount
 from ..durability.ports import DurabilityPorts
 from ..error_classes import is_programming_error
@@ -73,8 +74,12 @@ class StaleReadLayer(StepLayer):
         *,
         cache: StaleCache | None,
         answer_held_pauses: bool = True,
+        routes_reads: bool = False,
     ) -> None:
         self._ports = ports
+        self._routes_reads = routes_reads
+        """The backend may answer reads from a copy that lags: reads are marked while writes are held
+        (:func:`~guarded.backend.read_must_be_current`)."""
         self._cache = cache
         self._policies = policies
         self._answer_held_pauses = answer_held_pauses
@@ -100,8 +105,42 @@ class StaleReadLayer(StepLayer):
         if policy.merge is Merge.TAKE:
             return self._take(inner, policy.merge_from, policy.read_key, value_of)
         if policy.merge is Merge.LATEST:
-            return self._latest(policy.merge_from, policy.read_key, value_of)
-        return self._list(method, value_of)
+            read = self._latest(policy.merge_from, policy.read_key, value_of)
+        else:
+            read = self._list(method, value_of)
+        return self._marking_held(read) if self._routes_reads and read is not None else read
+
+    def _marking_held(self, read: Step) -> Step:
+        """``read``, marked one that must be current (:data:`~guarded.backend.MUST_BE_CURRENT`) while
+        writes are held: their replay commits on the backend's primary, and a copy that lags would
+        miss what the buffer no longer shows once the replay took them out."""
+        lookups = self._ports.lookups
+        if lookups is None:
+            return read
+        waiting = lookups.waiting
+        enter, ok, failed = read.enter, read.ok, read.failed
+        assert enter is not None
+        assert ok is not None
+        assert failed is not None
+        mark, marked = MUST_BE_CURRENT.set, MUST_BE_CURRENT.get
+
+        def marked_enter(call: Call) -> Any:
+            entered = enter(call)
+            if waiting.depth:
+                mark(True)
+            return entered
+
+        def unmarked_ok(call: Call, result: Any) -> Any:
+            if marked():
+                mark(False)
+            return ok(call, result)
+
+        def unmarked_failed(call: Call, exc: BaseException) -> Any:
+            if marked():
+                mark(False)
+            return failed(call, exc)
+
+        return Step(enter=marked_enter, ok=unmarked_ok, failed=unmarked_failed)
 
     def _latest_answered(
         self, write: str, key_of: ArgGetter, value_of: ArgGetter

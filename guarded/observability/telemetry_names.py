@@ -308,6 +308,33 @@ GUARDED_PG_SCHEMA_EXPECTED_VERSION = "guarded_pg_schema_expected_version"
 store, schema). A schema whose :data:`GUARDED_PG_MIGRATION_VERSION` is above this value on some
 process is being served by code older than its schema (version skew)."""
 PG_METRIC_NAMES = (*PG_METRIC_NAMES, GUARDED_PG_SCHEMA_EXPECTED_VERSION)
+LABEL_TARGET = "target"
+"""Which server answered a read: ``primary``, or a replica as ``replica0``, ``replica1``... in the
+order configured (bounded by the replicas configured)."""
+LABEL_REPLICA = "replica"
+"""A read replica of a backend store, ``replica0``, ``replica1``... in the order configured."""
+LABEL_REASON = "reason"
+"""Why a replica was left out of the reads: ``unreachable``, ``lagging``, ``not_replica``,
+``failed`` (a fixed set)."""
+GUARDED_PG_READS_TOTAL = "guarded_pg_reads_total"
+"""Counter: reads of the PostgreSQL store that can go to a replica, by the server that answered
+(labels: store, schema, target)."""
+GUARDED_PG_REPLICA_LAG_SECONDS = "guarded_pg_replica_lag_seconds"
+"""Gauge: how far a replica is behind, measured by WAL position at each check: seconds since the
+primary last had nothing the replica has not replayed (labels: store, schema, replica)."""
+GUARDED_PG_REPLICA_SKIPPED_TOTAL = "guarded_pg_replica_skipped_total"
+"""Counter: checks that left a replica out of the reads, and reads it failed and the primary
+answered, by reason (labels: store, schema, replica, reason)."""
+ALERT_REPLICA_SKIPPED = "GuardedReplicaSkipped"
+"""A store has kept leaving one of its read replicas out of the reads (unreachable, too far behind,
+not a standby, or failing reads)."""
+ALERT_NAMES = (*ALERT_NAMES, ALERT_REPLICA_SKIPPED)
+PG_METRIC_NAMES = (
+    *PG_METRIC_NAMES,
+    GUARDED_PG_READS_TOTAL,
+    GUARDED_PG_REPLICA_LAG_SECONDS,
+    GUARDED_PG_REPLICA_SKIPPED_TOTAL,
+)
 
 STALE_BYTES = "guarded_stale_cache_bytes"
 """Gauge: estimated bytes of the values held for stale-if-error reads (``stale.max_bytes`` bounds

@@ -8,6 +8,11 @@ context manager::
     with embedded_postgres() as server:
         store = await PostgresStateStore.connect(server.dsn)
 
+:meth:`EmbeddedPostgres.start_replica` makes a streaming replica of a running server (``pg_basebackup
+-R`` into a second cluster started on another free port); :meth:`EmbeddedPostgres.freeze` and
+:meth:`EmbeddedPostgres.thaw` stop and continue every process of a server (``SIGSTOP``/``SIGCONT``),
+a server that accepts connections but never answers.
+
 PostgreSQL refuses to run as root. When the current process is root the server runs as an
 unprivileged system user (``guarded_pg`` by default, created with ``useradd`` when missing);
 when that is impossible :class:`EmbeddedPostgresError` says so and what to do.
@@ -22,6 +27,7 @@ import contextlib
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -239,8 +245,74 @@ class EmbeddedPostgres:
         self.stop(mode)
         self.start()
 
+    def start_replica(self, **options: Any) -> EmbeddedPostgres:
+        """A streaming replica of this running server, started and returned: a base backup taken
+        with ``pg_basebackup -R`` (``standby.signal`` and ``primary_conninfo`` written) into a new
+        cluster on another free port. ``options`` are :class:`EmbeddedPostgres`'s. The replica
+        replays this server's WAL from then on; stop it (or :meth:`destroy` it) before this one."""
+        if not self._running:
+            raise EmbeddedPostgresError("start the primary before making a replica of it")
+        replica = EmbeddedPostgres(**options)
+        replica._prepare_dir()
+        replica._run(
+            "pg_basebackup",
+            [
+                "-D",
+                str(replica.data_dir),
+                "-h",
+                self.host,
+                "-p",
+                str(self.port),
+                "-U",
+                self.user,
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ],
+            timeout=120,
+        )
+        replica._initialised = True
+        replica.start()
+        return replica
+
+    def _server_pids(self) -> list[int]:
+        """The postmaster's process id and those of its children (the server's processes)."""
+        try:
+            postmaster = int((self.data_dir / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return []
+        pids = [postmaster]
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) == postmaster:
+                pids.append(int(entry.name))
+        return pids
+
+    def freeze(self) -> None:
+        """Stop every process of the server (``SIGSTOP``): connections stay open, nothing answers,
+        new connections wait in the listen queue. :meth:`thaw` continues them."""
+        for pid in self._server_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Continue the processes :meth:`freeze` stopped (``SIGCONT``)."""
+        for pid in self._server_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     def destroy(self) -> None:
         """Stop the server and delete its directory (when this object created it)."""
+        if self._running:
+            self.thaw()  # a frozen server would not stop
         with contextlib.suppress(EmbeddedPostgresError):
             self.stop("immediate" if self._running else "fast")
         if self._owned_dir:

@@ -1233,6 +1233,51 @@ def schema_version_skew() -> dict[str, Any]:
     )
 
 
+def _replica_skipped() -> dict[str, Any]:
+    return fired(
+        {**PROCESS, names.LABEL_SCHEMA: "tenant_a", "severity": "warning"},
+        "Store primary keeps leaving a read replica out of its reads",
+        "Store primary on worker-1:9464 (schema tenant_a) has left a read replica out of its reads for "
+        "10 minutes: it is unreachable, further behind than replica_max_lag, not a standby, or failing "
+        'reads (which one and why: "Replicas left out" on the Postgres backend dashboard). Its reads go '
+        "to the primary, which carries the whole read load.",
+        RUNBOOK + "#guardedreplicaskipped",
+    )
+
+
+def _skips(values: str, reason: str = "unreachable") -> Series:
+    return _gauge(
+        names.GUARDED_PG_REPLICA_SKIPPED_TOTAL,
+        values,
+        **{names.LABEL_SCHEMA: "tenant_a", names.LABEL_REPLICA: "replica0", names.LABEL_REASON: reason},
+    )
+
+
+def replica_skipped() -> dict[str, Any]:
+    alert = names.ALERT_REPLICA_SKIPPED
+    return unit_test_file(
+        case(
+            "a replica left out at every check from minute 5 warns after 10 minutes",
+            [_skips(steps((5, None)) + " " + counter((26, 60), start=60))],
+            [
+                *silent(alert, [4, 10, 14]),
+                at(17, alert, _replica_skipped()),
+                at(30, alert, _replica_skipped()),
+            ],
+        ),
+        case(
+            "a replica too far behind for three minutes, then back in use: silent",
+            [_skips(steps((5, None)) + " " + counter((3, 60), (23, 0), start=60), reason="lagging")],
+            silent(alert, [10, 14, 16, 20, 30]),
+        ),
+        case(
+            "a replica never left out: silent",
+            [_skips(counter((31, 0)))],
+            silent(alert, [10, 20, 30]),
+        ),
+    )
+
+
 # --- every alert through a 30 s database failover -------------------------------------------------
 
 BLIP_INTERVAL = "15s"
@@ -1296,6 +1341,12 @@ def failover_blip() -> list[Series]:
         _gauge(names.BATCH_PENDING, _during(5, 20000)),
         _gauge(names.GUARDED_PG_MIGRATION_VERSION, _flat(3), **schema),
         _gauge(names.GUARDED_PG_SCHEMA_EXPECTED_VERSION, _flat(3), **schema),
+        _gauge(
+            names.GUARDED_PG_REPLICA_SKIPPED_TOTAL,
+            _born_during(30, 40),
+            **schema,
+            **{names.LABEL_REPLICA: "replica0", names.LABEL_REASON: "lagging"},
+        ),
         _health("healthy", _flat(40)),
         _health("degraded", steps((BEFORE + 1, 0), (4, 2), (AFTER - 2, 0))),
         _tasks("task_completed", "background", _busy(5)),
@@ -1360,6 +1411,7 @@ _BUILDERS = {
     "batch-queue-full.yml": (names.ALERT_BATCH_QUEUE_FULL, batch_queue_full),
     "batch-writes-failed.yml": (names.ALERT_BATCH_WRITES_FAILED, batch_writes_failed),
     "schema-version-skew.yml": (names.ALERT_SCHEMA_VERSION_SKEW, schema_version_skew),
+    "replica-skipped.yml": (names.ALERT_REPLICA_SKIPPED, replica_skipped),
 }
 FILES = {name: (alert, with_failover(alert, build)) for name, (alert, build) in _BUILDERS.items()}
 """Test file name -> (the alert it proves, its builder, the 30 s failover case included)."""
