@@ -786,7 +786,8 @@ def pooler_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any
                 "Operations of store {{ $labels.store }} on {{ $labels.instance }} (schema "
                 "{{ $labels.schema }}) have kept failing on the connection pooler for "
                 f"{in_words(POOLER_ERRORS_FOR)} ({{{{ $labels.kind }}}}: {{{{ $value | humanize }}}} in the "
-                f"last {in_words(POOLER_ERRORS_WINDOW)}): a pooler in transaction mode sits in front of the server and the store "
+                f"last {in_words(POOLER_ERRORS_WINDOW)}): a pooler in transaction mode sits in front of "
+                "the server and the store "
                 'is not connected with pooler="transaction" (GUARDED_PG_POOLER=transaction). Its writes '
                 "are held and its reads answer stale or their fallback until the setting is changed."
             ),

@@ -1268,7 +1268,7 @@ def pooler_mismatch() -> dict[str, Any]:
     alert = names.ALERT_POOLER_MISMATCH
     return unit_test_file(
         case(
-            "a store in session mode behind a transaction pooler, failing every minute, warns after 10 minutes",
+            "session mode behind a transaction pooler, failing each minute: warns after 10 minutes",
             [_pooler_errors(joined(steps((5, None)), counter((25, 3), start=3)))],
             [*silent(alert, [4, 10, 15]), at(17, alert, _mismatch("15")), at(30, alert, _mismatch("15"))],
         ),
