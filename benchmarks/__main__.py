@@ -7,6 +7,9 @@ Sections run in order:
   breaker open (no PostgreSQL).
 * ``protocol``: every protocol method of ``guard(PostgresStateStore)`` and of the bare store
   against raw asyncpg running the same SQL.
+* ``pooling``: the cost of transaction pooling per call: ``guard(PostgresStateStore)`` with
+  ``pooler="transaction"`` against the default mode on a direct connection, and through a real
+  PgBouncer in transaction mode (target: at most 1.15x).
 * ``postgres``: bulk insert against ``COPY`` of rows built with the store's own encoding,
   ``load_history`` of 10,000 events, planner pauses; bare store and guard.
 * ``durability``: group commit of ``guard(store)`` at 1 to 1,000 writers against unbatched writes
@@ -19,7 +22,12 @@ Sections run in order:
 * ``history``: ``load_history`` p50/p99 of one trace while ``flow_events`` grows to 10,000,
   1,000,000 and 10,000,000 events (``--quick``: 10,000 to 1,000,000).
 * ``workers``: 1, 2 and 4 worker processes writing and reading through ``guard(PostgresStateStore)``
-  against one server: events per second, scaling, p50/p99 from call to commit, server connections.
+  against one server: events per second, scaling, p50/p99 from call to commit, server connections;
+  directly and through PgBouncer in transaction mode.
+
+PgBouncer (``guarded.testing.pgbouncer``; ``make tools`` installs it) runs in front of the embedded
+server for the ``pooling`` and ``workers`` sections; without it, or with ``--dsn``, their PgBouncer
+rows are left out (and the report says so).
 
 Without ``--dsn`` an embedded PostgreSQL server (``guarded.testing.postgres``) is started for the
 PostgreSQL sections and removed afterwards; the durability section stops and restarts it (with
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
 import sys
@@ -44,6 +53,7 @@ from . import (
     durability_bench,
     guard_bench,
     history_bench,
+    pooler_cost,
     postgres_bench,
     postgres_protocol,
     snapshot_bench,
@@ -57,13 +67,31 @@ if TYPE_CHECKING:
 
 GUARD = "guard"
 PROTOCOL = "protocol"
+POOLING = pooler_cost.SECTION
 POSTGRES = postgres_bench.SECTION
 DURABILITY = durability_bench.SECTION
 SNAPSHOTS = snapshot_bench.SECTION
 HISTORY = history_bench.SECTION
 WORKERS = workers_bench.SECTION
-SECTIONS = (GUARD, PROTOCOL, POSTGRES, DURABILITY, SNAPSHOTS, HISTORY, WORKERS)
-POSTGRES_SECTIONS = (PROTOCOL, POSTGRES, DURABILITY, SNAPSHOTS, HISTORY, WORKERS)
+SECTIONS = (GUARD, PROTOCOL, POOLING, POSTGRES, DURABILITY, SNAPSHOTS, HISTORY, WORKERS)
+POSTGRES_SECTIONS = (PROTOCOL, POOLING, POSTGRES, DURABILITY, SNAPSHOTS, HISTORY, WORKERS)
+PGBOUNCER_POOL_SIZE = 15
+"""PgBouncer's ``default_pool_size`` in front of the bench server: fewer server connections than the
+4 workers' pools of 10 (40 client connections) would open directly."""
+
+
+def _pgbouncer(stack: contextlib.ExitStack, server: EmbeddedPostgres | None) -> str | None:
+    """Start PgBouncer in front of ``server`` (closed with ``stack``); its DSN, or ``None`` without
+    an embedded server or a ``pgbouncer`` binary."""
+    from guarded.testing.pgbouncer import PgBouncerError, pgbouncer
+
+    if server is None:
+        return None
+    try:
+        return stack.enter_context(pgbouncer(server, pool_size=PGBOUNCER_POOL_SIZE)).dsn
+    except PgBouncerError as exc:
+        _say(f"no PgBouncer rows: {str(exc).splitlines()[0]}")
+        return None
 
 
 def _say(text: str) -> None:
@@ -81,6 +109,23 @@ async def run_postgres(
 ) -> tuple[list[str], bool, list[Verdict]]:
     """The PostgreSQL sections' printed tables, whether every target was met, and the verdicts on
     the targets."""
+    with contextlib.ExitStack() as stack:
+        bouncer = _pgbouncer(stack, server) if {POOLING, WORKERS} & set(sections) else None
+        return await _run_postgres(
+            sections, dsn, repeats=repeats, quick=quick, tiny=tiny, server=server, bouncer=bouncer
+        )
+
+
+async def _run_postgres(
+    sections: Sequence[str],
+    dsn: str,
+    *,
+    repeats: int,
+    quick: bool,
+    tiny: bool,
+    server: EmbeddedPostgres | None,
+    bouncer: str | None,
+) -> tuple[list[str], bool, list[Verdict]]:
     printed: list[str] = []
     met = True
     issue: list[Verdict] = []
@@ -91,6 +136,15 @@ async def run_postgres(
             rounds, per_round = (1, 2) if tiny else (3, 5)
         _, text = await postgres_protocol.run(dsn, rounds=rounds, per_round=per_round)
         printed.append(text)
+    if POOLING in sections:
+        _say(f"running {POOLING} ...")
+        rounds, per_round = (pooler_cost.ROUNDS, pooler_cost.CALLS_PER_ROUND)
+        if quick:
+            rounds, per_round = (1, 2) if tiny else (5, 10)
+        pooling = await pooler_cost.run(dsn, pgbouncer_dsn=bouncer, rounds=rounds, per_round=per_round)
+        printed.append(pooling.text)
+        met &= pooling.verdict.passed
+        issue.append(pooling.verdict)
     if POSTGRES in sections:
         _say(f"running {POSTGRES} ...")
         rows = await postgres_bench.run(
@@ -131,7 +185,19 @@ async def run_postgres(
         workers = await workers_bench.run(
             dsn, worker_counts=counts, seconds=seconds, repeats=1 if quick else 3
         )
+        if bouncer is not None:  # one run per count through PgBouncer: the bench's time budget
+            workers += await workers_bench.run(
+                dsn,
+                targets={"pgbouncer": (bouncer, {"pooler": "transaction"})},
+                worker_counts=counts,
+                seconds=seconds,
+            )
         printed.append(workers_bench.format_report(workers, seconds=seconds))
+        if bouncer is not None:
+            printed[-1] += (
+                f"\npgbouncer: PgBouncer {PGBOUNCER_POOL_SIZE} server connections (default_pool_size) in "
+                'transaction mode, workers connected with pooler="transaction"; one run per worker count.'
+            )
         met &= all(not row.notes for row in workers)
     return printed, met, issue
 

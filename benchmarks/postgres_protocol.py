@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,26 +159,46 @@ async def build(
     return built
 
 
-async def measure(series: Sequence[MethodSeries], *, rounds: int, per_round: int) -> None:
-    """Rounds of every (method, series), ``per_round`` calls each; one warm-up round untimed."""
+Interleaved = tuple[Mapping[str, AsyncCall], AsyncCall | None, dict[str, list[float]]]
+"""One method's named calls, what to run untimed before each call (or ``None``), and where each
+name's per-round means go."""
+
+
+async def time_rounds(entries: Sequence[Interleaved], *, rounds: int, per_round: int) -> None:
+    """Rounds of every (entry, named call) in turn, ``per_round`` calls each, so a busier stretch
+    hits every series alike; each round's mean time per call is appended to the entry's samples
+    under the call's name. One warm-up round untimed."""
     clock = time.perf_counter
     for round_number in range(rounds + 1):
-        for entry in series:
-            for name, call in (
-                ("raw", entry.raw),
-                ("raw_no_reset", entry.raw_no_reset),
-                ("bare", entry.bare),
-                ("guard", entry.guarded),
-            ):
+        for named_calls, prepare, samples in entries:
+            for name, call in named_calls.items():
                 spent = 0.0
                 for _ in range(per_round):
-                    if entry.prepare is not None:
-                        await entry.prepare()
+                    if prepare is not None:
+                        await prepare()
                     started = clock()
                     await call()
                     spent += clock() - started
                 if round_number:
-                    entry.samples[name].append(spent / per_round)
+                    samples.setdefault(name, []).append(spent / per_round)
+
+
+async def measure(series: Sequence[MethodSeries], *, rounds: int, per_round: int) -> None:
+    """Rounds of every (method, series), ``per_round`` calls each; one warm-up round untimed."""
+    entries: list[Interleaved] = [
+        (
+            {
+                "raw": entry.raw,
+                "raw_no_reset": entry.raw_no_reset,
+                "bare": entry.bare,
+                "guard": entry.guarded,
+            },
+            entry.prepare,
+            entry.samples,
+        )
+        for entry in series
+    ]
+    await time_rounds(entries, rounds=rounds, per_round=per_round)
 
 
 def format_table(series: Sequence[MethodSeries]) -> str:
@@ -258,4 +278,4 @@ async def run(
     return series, text
 
 
-__all__ = ["SECTION", "run"]
+__all__ = ["SECTION", "run", "time_rounds"]

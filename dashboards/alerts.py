@@ -156,6 +156,16 @@ SCHEMA_LABELS: tuple[str, ...] = (LABEL_JOB, names.LABEL_SCHEMA)
 SCHEMA_SKEW_FOR = "15m"
 """Longer than a rolling deployment: for a few minutes old and new code run side by side."""
 
+# --- a connection pooler in front of PostgreSQL ------------------------------------------------------
+
+POOLER_ERRORS_WINDOW = "5m"
+POOLER_ERRORS_FOR = "10m"
+"""Pooler errors within every ``POOLER_ERRORS_WINDOW`` for ``POOLER_ERRORS_FOR``: a mismatch of the
+store's ``pooler`` setting fails operations again and again; a single error (a pooler restarted
+with other settings, then fixed) stays quiet."""
+POOLER_LABELS: tuple[str, ...] = (*PROCESS_LABELS, names.LABEL_SCHEMA, names.LABEL_POOLER_ERROR_KIND)
+"""One store's schema in one process, and the kind of mismatch (a fixed set)."""
+
 # --- SLO and burn rates --------------------------------------------------------------------------
 
 SLO_TARGET = 0.999
@@ -793,6 +803,30 @@ def schema_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any
     ]
 
 
+def pooler_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
+    """A store whose connection settings keep failing on the pooler in front of PostgreSQL."""
+    errors = f"increase({names.GUARDED_PG_POOLER_ERRORS_TOTAL}[{POOLER_ERRORS_WINDOW}])"
+    return [
+        _alert(
+            names.ALERT_POOLER_MISMATCH,
+            f"sum {_by(POOLER_LABELS)} ({errors})\n> 0",
+            for_=POOLER_ERRORS_FOR,
+            severity=WARNING,
+            summary="Store {{ $labels.store }} does not suit the connection pooler in front of PostgreSQL",
+            description=(
+                "Operations of store {{ $labels.store }} on {{ $labels.instance }} (schema "
+                "{{ $labels.schema }}) have kept failing on the connection pooler for "
+                f"{in_words(POOLER_ERRORS_FOR)} ({{{{ $labels.kind }}}}: {{{{ $value | humanize }}}} in the "
+                f"last {in_words(POOLER_ERRORS_WINDOW)}): a pooler in transaction mode sits in front of "
+                "the server and the store "
+                'is not connected with pooler="transaction" (GUARDED_PG_POOLER=transaction). Its writes '
+                "are held and its reads answer stale or their fallback until the setting is changed."
+            ),
+            runbook_base=runbook_base,
+        )
+    ]
+
+
 RECORDING_GROUP = "guarded.recording"
 """The group of the recording rules the burn-rate and latency alerts read."""
 
@@ -817,6 +851,7 @@ def rule_file(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> dict[str, Any]:
             {"name": "guarded.replicas", "rules": replica_rules(runbook_base)},
             {"name": "guarded.memory", "rules": memory_rules(runbook_base)},
             {"name": "guarded.tasks", "rules": task_rules(runbook_base)},
+            {"name": "guarded.pooler", "rules": pooler_rules(runbook_base)},
         ]
     }
 

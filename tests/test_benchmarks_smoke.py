@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from benchmarks import guard_profile
+from benchmarks import guard_profile, pooler_cost
 from benchmarks.__main__ import main
 from benchmarks.workload import PROTOCOL_METHODS, NullStore, calls
 from guarded.protocol import CAPABILITIES
@@ -54,6 +54,14 @@ def test_tiny_run_reports_every_method_and_target(capsys: pytest.CaptureFixture[
         "x 1 worker",
     ):
         assert target in report, target
+    pooling = report.partition("== cost of transaction pooling per call")[2].partition("\n== ")[0]
+    for method in pooler_cost.METHODS:  # direct, pooler=transaction, no timeout, through PgBouncer
+        assert re.search(rf"^{method}\s+\d+(\s+\d+\s+[\d.]+){{3}}\s*$", pooling, flags=re.MULTILINE), method
+    assert re.search(
+        r"^\s*(met|NOT MET)\s+guard\(PostgresStateStore\) pooler=\"transaction\" <= 1.15x", report, re.M
+    )
+    for workers in (1, 2):
+        assert re.search(rf"^pgbouncer\s+{workers}\s+[\d,]+\s", report, flags=re.MULTILINE), workers
     assert "rows stored for" not in report  # every write the workers were acknowledged is stored
     assert "held by the guard" not in report
 

@@ -349,3 +349,9 @@ file at its memory caps). Nothing already kept is evicted to make room: any incr
 are being refused; alert on it."""
 ALERT_DEADLETTER_REFUSED = "GuardedDeadLetterRefusedWrites"
 ALERT_NAMES = (*ALERT_NAMES, ALERT_DEADLETTER_REFUSED)
+
+# --- a store whose settings do not suit the connection pooler in front of PostgreSQL ----------------
+ALERT_POOLER_MISMATCH = "GuardedPoolerMismatch"
+"""A store keeps failing operations on :data:`GUARDED_PG_POOLER_ERRORS_TOTAL`: its ``pooler`` setting
+does not suit the connection pooler in front of the server."""
+ALERT_NAMES = (*ALERT_NAMES, ALERT_POOLER_MISMATCH)

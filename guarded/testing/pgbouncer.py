@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -139,10 +140,12 @@ class PgBouncer:
                 time.sleep(0.05)
 
     def stop(self) -> None:
-        """Stop PgBouncer (SIGTERM, then SIGKILL after 10 s); its clients lose their connections."""
+        """Stop PgBouncer (SIGTERM, then SIGKILL after 10 s; a stalled one is resumed first to take
+        it); its clients lose their connections."""
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return
+        process.send_signal(signal.SIGCONT)
         process.terminate()
         try:
             process.wait(timeout=10)
@@ -154,6 +157,20 @@ class PgBouncer:
         """Stop and start again on the same port."""
         self.stop()
         self.start()
+
+    def stall(self) -> None:
+        """Freeze PgBouncer (SIGSTOP): it still accepts connections (the kernel completes them) but
+        answers nothing, as a pooler stuck on a frozen VM or a full queue. Always :meth:`resume`."""
+        os.kill(self._running().pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a stalled PgBouncer run again (SIGCONT)."""
+        os.kill(self._running().pid, signal.SIGCONT)
+
+    def _running(self) -> subprocess.Popen[bytes]:
+        if self._process is None or self._process.poll() is not None:
+            raise PgBouncerError("pgbouncer is not running")
+        return self._process
 
     def destroy(self) -> None:
         """Stop PgBouncer and delete its directory."""

@@ -1278,6 +1278,53 @@ def replica_skipped() -> dict[str, Any]:
     )
 
 
+# --- 14. a store that does not suit the connection pooler --------------------------------------------
+
+POOLER_KIND = "prepared_statement_missing"
+
+
+def _mismatch(errors: str) -> dict[str, Any]:
+    return fired(
+        {
+            **PROCESS,
+            names.LABEL_SCHEMA: "tenant_a",
+            names.LABEL_POOLER_ERROR_KIND: POOLER_KIND,
+            "severity": "warning",
+        },
+        "Store primary does not suit the connection pooler in front of PostgreSQL",
+        "Operations of store primary on worker-1:9464 (schema tenant_a) have kept failing on the connection "
+        f"pooler for 10 minutes ({POOLER_KIND}: {errors} in the last 5 minutes): a pooler in transaction "
+        'mode sits in front of the server and the store is not connected with pooler="transaction" '
+        "(GUARDED_PG_POOLER=transaction). Its writes are held and its reads answer stale or their "
+        "fallback until the setting is changed.",
+        RUNBOOK + "#guardedpoolermismatch",
+    )
+
+
+def _pooler_errors(values: str) -> Series:
+    return _gauge(
+        names.GUARDED_PG_POOLER_ERRORS_TOTAL,
+        values,
+        **{names.LABEL_SCHEMA: "tenant_a", names.LABEL_POOLER_ERROR_KIND: POOLER_KIND},
+    )
+
+
+def pooler_mismatch() -> dict[str, Any]:
+    alert = names.ALERT_POOLER_MISMATCH
+    return unit_test_file(
+        case(
+            "session mode behind a transaction pooler, failing each minute: warns after 10 minutes",
+            [_pooler_errors(joined(steps((5, None)), counter((25, 3), start=3)))],
+            [*silent(alert, [4, 10, 15]), at(17, alert, _mismatch("15")), at(30, alert, _mismatch("15"))],
+        ),
+        case(
+            "a few errors for three minutes (a pooler restarted with other settings, then fixed): silent",
+            [_pooler_errors(joined(steps((5, None)), counter((3, 1), start=1), steps((23, 4))))],
+            silent(alert, [7, 10, 14, 16, 20, 30]),
+        ),
+    )
+
+
 # --- every alert through a 30 s database failover -------------------------------------------------
 
 BLIP_INTERVAL = "15s"
@@ -1412,6 +1459,7 @@ _BUILDERS = {
     "batch-writes-failed.yml": (names.ALERT_BATCH_WRITES_FAILED, batch_writes_failed),
     "schema-version-skew.yml": (names.ALERT_SCHEMA_VERSION_SKEW, schema_version_skew),
     "replica-skipped.yml": (names.ALERT_REPLICA_SKIPPED, replica_skipped),
+    "pooler-mismatch.yml": (names.ALERT_POOLER_MISMATCH, pooler_mismatch),
 }
 FILES = {name: (alert, with_failover(alert, build)) for name, (alert, build) in _BUILDERS.items()}
 """Test file name -> (the alert it proves, its builder, the 30 s failover case included)."""

@@ -286,6 +286,7 @@ MUTATIONS = [
         "schema-version-skew.yml",
     ),
     Mutation("replica-skipped-no-for", names.ALERT_REPLICA_SKIPPED, _drop_for, "replica-skipped.yml"),
+    Mutation("pooler-mismatch-no-for", names.ALERT_POOLER_MISMATCH, _drop_for, "pooler-mismatch.yml"),
     Mutation(
         "tasks-count-cancelled-as-failed",
         names.ALERT_TASK_FAILURE_RATIO,

@@ -6,6 +6,10 @@ time ``START_AT`` (so the processes start together), then runs ``MODE``:
 * ``migrate``: connect (applying migrations) and save one event.
 * ``write``: write the same keys as every other worker: events (single and bulk), updates,
   tasks with interleaved timestamps, memory state and bindings.
+* ``consume``: load (consume) every one of the :data:`PAUSES` pauses the test saved, as every other
+  worker does at the same time (even workers in order, odd ones in reverse), and print the tokens
+  it was given as one JSON line. It connects before waiting for ``START_AT``, so the workers'
+  consumes overlap from the first.
 
 The store connects with ``pooler=$GUARDED_PG_POOLER`` (unset: the default mode).
 """
@@ -13,6 +17,7 @@ The store connects with ``pooler=$GUARDED_PG_POOLER`` (unset: the default mode).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -36,6 +41,7 @@ from tests.support import records
 EVENTS = 300
 UPDATES = 200
 TASK_WRITES = 40
+PAUSES = 600
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 
@@ -86,10 +92,30 @@ async def write(store: PostgresStateStore, worker: int) -> None:
         )
 
 
+def pause_token(index: int) -> str:
+    return f"pause-{index}"
+
+
+async def consume(store: PostgresStateStore, worker: int) -> None:
+    order = range(PAUSES) if worker % 2 == 0 else reversed(range(PAUSES))
+    tokens = [pause_token(index) for index in order]
+    given: list[str] = []
+    for start in range(0, PAUSES, 10):  # ten consumes in flight at a time
+        loaded = await asyncio.gather(
+            *(store.load_planner_state(token) for token in tokens[start : start + 10])
+        )
+        given += [state["token"] for state in loaded if state is not None]
+    print(json.dumps(given), flush=True)
+
+
 async def main(mode: str, dsn: str, schema: str, start_at: float, worker: int) -> None:
-    delay = start_at - time.time()
-    if delay > 0:
-        await asyncio.sleep(delay)
+    async def wait() -> None:
+        delay = start_at - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    if mode != "consume":
+        await wait()  # the connection (and its migration) is part of the race
     store = await PostgresStateStore.connect(
         dsn,
         schema=schema,
@@ -97,8 +123,10 @@ async def main(mode: str, dsn: str, schema: str, start_at: float, worker: int) -
         stats_interval=None,
         pool=PoolSettings(min_size=1, max_size=4, pooler=os.environ.get("GUARDED_PG_POOLER")),
     )
+    if mode == "consume":
+        await wait()
     try:
-        await {"migrate": migrate, "write": write}[mode](store, worker)
+        await {"migrate": migrate, "write": write, "consume": consume}[mode](store, worker)
     finally:
         await store.close()
 

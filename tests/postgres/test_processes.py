@@ -1,7 +1,9 @@
-"""Several processes at once: migrations raced on a fresh schema, the same keys written concurrently."""
+"""Several processes at once: migrations raced on a fresh schema, the same keys written concurrently,
+the same pauses consumed concurrently."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -18,7 +20,8 @@ from .conftest import StoreFactory
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_workers(mode: str, dsn: str, schema: str, count: int) -> None:
+def run_workers(mode: str, dsn: str, schema: str, count: int) -> list[str]:
+    """Run ``count`` worker processes of ``mode`` together; what each printed, in order."""
     start_at = time.time() + 2.5  # every process is up and waiting before the first one goes
     processes = [
         subprocess.Popen(
@@ -31,11 +34,14 @@ def run_workers(mode: str, dsn: str, schema: str, count: int) -> None:
         for worker in range(count)
     ]
     failures = []
+    outputs = []
     for process in processes:
         out, err = process.communicate(timeout=120)
+        outputs.append(out)
         if process.returncode != 0:
             failures.append(f"exit {process.returncode}\n{out}\n{err}")
     assert not failures, "\n---\n".join(failures)
+    return outputs
 
 
 @pytest.mark.asyncio
@@ -68,3 +74,20 @@ async def test_two_processes_writing_the_same_keys(
     assert memory["step"] in (_worker.TASK_WRITES - 1, _worker.TASK_WRITES - 2)
     bindings = await store.list_bindings(router_session_id="r")
     assert len(bindings) == 1
+
+
+@pytest.mark.asyncio
+async def test_two_processes_consuming_the_same_pauses(
+    pg_dsn: str, schema_name: str, make_store: StoreFactory
+) -> None:
+    store = await make_store()
+    for index in range(_worker.PAUSES):
+        token = _worker.pause_token(index)
+        await store.save_planner_state(token, {"token": token})
+    given = [
+        json.loads(output.strip().splitlines()[-1])
+        for output in run_workers("consume", pg_dsn, schema_name, 2)
+    ]
+    everything = [token for tokens in given for token in tokens]
+    assert sorted(everything) == sorted(_worker.pause_token(index) for index in range(_worker.PAUSES))
+    assert all(given), "both processes must have been given some pauses (they raced)"

@@ -40,6 +40,7 @@ from ..test_last_write_wins import (
 )
 from ..test_processes import (
     test_migrations_raced_by_several_processes,
+    test_two_processes_consuming_the_same_pauses,
     test_two_processes_writing_the_same_keys,
 )
 from ..test_tenancy import (
@@ -59,6 +60,7 @@ RERUN_HERE = (
     test_newer_and_equal_timestamps_win,
     test_migrations_raced_by_several_processes,
     test_two_processes_writing_the_same_keys,
+    test_two_processes_consuming_the_same_pauses,
     test_a_store_never_sees_another_schemas_rows,
     test_consume_with_the_same_key_in_another_schema_gets_nothing,
 )
