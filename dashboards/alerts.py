@@ -13,8 +13,7 @@ What counts as an error, a failed pause save or load and an ended task is decide
 reasoning is in docs/alerts.md):
 
 * A call fails when its outcome is in ``ERROR_OUTCOMES``; ``not_found`` is an answer ("pause
-  token expired"), not a failure, and ``cancelled`` is the caller's decision, counted neither way
-  (DESIGN.md "Failure vs not found").
+  token expired"), not a failure, and ``cancelled`` is the caller's decision, counted neither way.
 * A dead-lettered ``save_planner_state`` is a failed pause save: the write is acknowledged and
   kept on this host, but the pause is not in the database, so a resume handled by another
   worker does not find it (spec 002, "Planner pause/resume" across workers).

@@ -24,7 +24,7 @@ the error budget."""
 
 SUCCESS_OUTCOMES: tuple[Outcome, ...] = (Outcome.OK, Outcome.RETRIED, Outcome.NOT_FOUND)
 """Calls the backend served; ``not_found`` is an answer ("no such key", an expired pause token),
-not a failure (DESIGN.md "Failure vs not found")."""
+not a failure."""
 
 NEUTRAL_OUTCOMES: tuple[Outcome, ...] = (Outcome.CANCELLED,)
 """The caller cancelled: neither the backend's success nor its failure."""
