@@ -14,6 +14,7 @@ import asyncpg
 from . import schema_migrations as migrations_module
 from .connection import Database
 from .database_metrics import StoreMetrics
+from .partition_maintenance import PartitionMaintenance
 from .table_stats import table_stats
 
 logger = logging.getLogger("guarded.backends.postgres")
@@ -46,6 +47,8 @@ class Lifecycle:
         self._sampler: asyncio.Task[None] | None = None
         self._closed = False
         self.schema_version: int | None = None
+        self.partitions: PartitionMaintenance | None = None
+        """The partition upkeep of a store opened with ``partitioning=`` (run on open, then periodically)."""
 
     async def open(self) -> None:
         """The pool is open: prepare the schema and start sampling."""
@@ -59,11 +62,15 @@ class Lifecycle:
                 version = migrations_module.latest_version()
             else:
                 version = await migrations_module.require_current(conn, self._schema)
+            if self.partitions is not None:
+                await self.partitions.prepare(conn)
         self.schema_version = version
         if self._metrics is not None:
             self._metrics.set_schema_version(version, migrations_module.latest_version())
 
     def start_sampler(self) -> None:
+        if self.partitions is not None:
+            self.partitions.start()
         if self._metrics is None or self._stats_interval is None or self._sampler is not None:
             return
         self._sampler = asyncio.get_running_loop().create_task(
@@ -103,6 +110,8 @@ class Lifecycle:
         if self._closed:
             return
         self._closed = True
+        if self.partitions is not None:
+            await self.partitions.stop()
         if self._sampler is not None:
             self._sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -89,6 +89,10 @@ class StoreOptions(TypedDict, total=False):
     """Seconds between table row/size samples (default 60; ``None`` disables sampling)."""
     migrate: bool
     """Apply pending migrations when opening (default ``True``); else require an up-to-date schema."""
+    partitioning: str | None
+    """``"daily"``, ``"weekly"`` or ``"monthly"``: keep the history tables range-partitioned by time
+    with partitions of that period, created ahead on open and hourly (default ``None``: the store
+    works on either shape and creates no partitions). See :mod:`.partitioning`."""
 
 
 __all__ = [

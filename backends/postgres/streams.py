@@ -21,12 +21,18 @@ publish order, and a client resuming from its last update id would skip updates 
 it. Each stream therefore runs its inserts one at a time per store (an ``asyncio.Lock``, which is
 FIFO): a store's appends get ids in the order they were called. Appends from several processes to
 one session are not ordered with each other.
+
+**``created_at`` is the item's own** (``StateUpdate.created_at`` / ``SteeringEvent.created_at``;
+the insert time only for an item without one): identical on every retry and replay of the item,
+so on a partitioned schema (:mod:`.partitioning`, keyed by it) a retry lands in the partition of
+its first write and its unique key ``(session_id, id, created_at)`` skips it there.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from guarded.codec import RecordCodec, RecordTypes
@@ -36,8 +42,17 @@ from .connection import Database
 from .json_codec import check_text, check_text_opt, dump_json, loads_json, to_db_text, to_db_text_opt
 from .schema_names import qualified
 
-StreamRow = tuple[str, str, str, str, str]
-"""(session_id, task_id, item id, item type, doc)."""
+StreamRow = tuple[str, str, str, str, str, datetime | None]
+"""(session_id, task_id, item id, item type, doc, created_at)."""
+
+
+def _created_at(doc: dict[str, Any]) -> datetime | None:
+    """The item's ``created_at`` (a naive one read as UTC, as everywhere in guarded), if it has one."""
+    text = doc.get("created_at")
+    if not isinstance(text, str):
+        return None
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 class Stream:
@@ -63,11 +78,14 @@ class Stream:
         self.type_field = type_field
         name = qualified(schema, table)
         columns = f"session_id, task_id, {id_field}, {type_field}, doc"
-        self.insert_one = f"INSERT INTO {name} ({columns}) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING"
+        self.insert_one = (
+            f"INSERT INTO {name} ({columns}, created_at) "
+            "VALUES ($1, $2, $3, $4, $5, COALESCE($6::timestamptz, now())) ON CONFLICT DO NOTHING"
+        )
         self.insert_many = (
-            f"INSERT INTO {name} ({columns}) SELECT {columns} "
-            "FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::json[]) WITH ORDINALITY "
-            f"AS batch({columns}, ord) ORDER BY ord ON CONFLICT DO NOTHING"
+            f"INSERT INTO {name} ({columns}, created_at) SELECT {columns}, COALESCE(created_at, now()) "
+            "FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::json[], $6::timestamptz[]) "
+            f"WITH ORDINALITY AS batch({columns}, created_at, ord) ORDER BY ord ON CONFLICT DO NOTHING"
         )
         after = (
             f"id > COALESCE((SELECT cursor.id FROM {name} AS cursor "
@@ -88,6 +106,7 @@ class Stream:
             to_db_text(str(doc[self.id_field])),
             str(item_type),
             dump_json(doc),
+            _created_at(doc),
         )
 
     def encode_many(self, items: Sequence[Any]) -> list[StreamRow]:

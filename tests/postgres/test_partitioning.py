@@ -1,0 +1,289 @@
+"""Partitioned history on a real server: idempotency across partitions, rows far outside the
+partitions, maintenance, retention by dropping partitions, and converting a populated schema."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from prometheus_client import CollectorRegistry
+
+from guarded.backends.postgres import PostgresStateStore, RetentionPolicy
+from guarded.backends.postgres.partition_conversion import STEPS, convert_schema
+from guarded.backends.postgres.partitioning import (
+    PARTITIONED_TABLES,
+    PartitioningError,
+    create_partition,
+    ensure_partitions,
+    next_boundary,
+    period_start,
+    schema_layout,
+)
+from guarded.models import (
+    PlannerEvent,
+    StateUpdate,
+    SteeringEvent,
+    SteeringEventType,
+    StoredEvent,
+    UpdateType,
+)
+from guarded.observability import telemetry_names as names
+from guarded.pipeline.idempotency import idempotency_key
+from guarded.testing import StateStoreContract
+
+from .conftest import StoreFactory
+
+DAY = 86400.0
+TABLES = [table.name for table in PARTITIONED_TABLES]
+
+
+class TestPartitionedPostgresStore(StateStoreContract):
+    """Every contract on a schema whose history tables are partitioned by day."""
+
+    @pytest_asyncio.fixture
+    async def store(self, make_store: StoreFactory) -> PostgresStateStore:
+        return await make_store(partitioning="daily")
+
+
+def event(ts: float, index: int = 0, trace: str = "t") -> StoredEvent:
+    return StoredEvent(trace, ts, "k", "n", None, {"i": index})
+
+
+def update(index: int, at: datetime, session: str = "s") -> StateUpdate:
+    return StateUpdate(
+        session_id=session,
+        task_id="task",
+        update_id=f"u{index}",
+        update_type=UpdateType.PROGRESS,
+        content={"i": index},
+        created_at=at,
+    )
+
+
+def steering(index: int, at: datetime, session: str = "s") -> SteeringEvent:
+    return SteeringEvent(
+        session_id=session,
+        task_id="task",
+        event_id=f"e{index}",
+        event_type=SteeringEventType.USER_MESSAGE,
+        payload={"i": index},
+        created_at=at,
+    )
+
+
+async def counts(raw: asyncpg.Connection, schema: str) -> dict[str, int]:
+    return {table: await raw.fetchval(f'SELECT count(*) FROM "{schema}".{table}') for table in TABLES}
+
+
+async def where(raw: asyncpg.Connection, schema: str, table: str) -> dict[str, int]:
+    """Rows per partition of ``table``."""
+    records = await raw.fetch(
+        f'SELECT tableoid::regclass::text AS part, count(*) AS n FROM "{schema}".{table} GROUP BY 1'
+    )
+    return {record["part"].split(".")[-1].strip('"'): record["n"] for record in records}
+
+
+@pytest.mark.asyncio
+async def test_a_new_schema_is_partitioned_with_partitions_ahead(
+    make_store: StoreFactory, raw: asyncpg.Connection
+) -> None:
+    registry = CollectorRegistry()
+    store = await make_store(partitioning="daily", registry=registry)
+    async with store.pool.acquire() as conn:
+        layouts = await schema_layout(conn, store.schema)
+    now = time.time()
+    for layout in layouts:
+        assert layout.partitioned, layout.table.name
+        assert layout.default is not None
+        assert layout.horizon is not None
+        assert layout.horizon >= now + 7 * DAY
+        horizon = registry.get_sample_value(
+            names.GUARDED_PG_PARTITION_HORIZON,
+            {"store": "postgres", "schema": store.schema, "table": layout.table.name},
+        )
+        assert horizon == layout.horizon
+    assert await store.maintain() == {table: [] for table in TABLES}  # nothing left to create
+
+
+@pytest.mark.asyncio
+async def test_retried_writes_are_not_duplicated_across_a_partition_boundary(
+    make_store: StoreFactory, raw: asyncpg.Connection
+) -> None:
+    store = await make_store(partitioning="daily")
+    boundary = next_boundary("daily", time.time())
+    moment = datetime.fromtimestamp(boundary, UTC)
+    events = [event(boundary - 0.001, 0), event(boundary, 1), event(boundary + 0.5, 2)]
+    updates = [update(0, moment - timedelta(microseconds=1)), update(1, moment)]
+    steerings = [steering(0, moment - timedelta(microseconds=1)), steering(1, moment)]
+    planner = [PlannerEvent("step", boundary - 0.001), PlannerEvent("step", boundary + 1)]
+    for _attempt in range(2):  # the first write and its retry (or a replay of held writes)
+        for item in events:
+            await store.save_event(item)
+        await store.save_events(events)
+        for item in updates:
+            await store.save_update(item)
+        await store.save_updates(updates)
+        for item in steerings:
+            await store.save_steering(item)
+        with idempotency_key("call-1"):
+            await store.save_planner_events([("trace", item) for item in planner])
+    assert await counts(raw, store.schema) == {
+        "flow_events": 3,
+        "state_updates": 2,
+        "steering_events": 2,
+        "planner_events": 2,
+    }
+    for table in TABLES:  # each write met its first copy in a partition of its own day
+        assert len(await where(raw, store.schema, table)) == 2, table
+    assert [item.ts for item in await store.load_history("t")] == [item.ts for item in events]
+    assert [item.update_id for item in await store.list_updates("s")] == ["u0", "u1"]
+    assert [item.update_id for item in await store.list_updates("s", since_id="u0")] == ["u1"]
+    assert [item.event_id for item in await store.list_steering("s")] == ["e0", "e1"]
+
+
+@pytest.mark.asyncio
+async def test_rows_far_outside_the_partitions_are_stored_once_in_the_default_partition(
+    make_store: StoreFactory, raw: asyncpg.Connection
+) -> None:
+    store = await make_store(partitioning="daily")
+    far = [event(1.0, 0), event(4e10, 1), event(-5.0, 2)]
+    old, future = datetime(1990, 1, 1, tzinfo=UTC), datetime(2200, 1, 1, tzinfo=UTC)
+    for _attempt in range(2):
+        await store.save_events(far)
+        await store.save_update(update(0, old))
+        await store.save_update(update(1, future))
+        await store.save_steering(steering(0, future))
+        with idempotency_key("far"):
+            await store.save_planner_events([("trace", PlannerEvent("step", 3.0))])
+    assert await where(raw, store.schema, "flow_events") == {"flow_events_default": 3}
+    assert await where(raw, store.schema, "state_updates") == {"state_updates_default": 2}
+    assert await where(raw, store.schema, "steering_events") == {"steering_events_default": 1}
+    assert await where(raw, store.schema, "planner_events") == {"planner_events_default": 1}
+    assert [item.ts for item in await store.load_history("t")] == [-5.0, 1.0, 4e10]
+    assert [item.update_id for item in await store.list_updates("s")] == ["u0", "u1"]
+
+
+@pytest.mark.asyncio
+async def test_maintenance_moves_rows_out_of_the_default_partition_into_new_partitions(
+    make_store: StoreFactory, raw: asyncpg.Connection
+) -> None:
+    store = await make_store(partitioning="daily")
+    now = time.time()
+    ahead = now + 10 * DAY  # past the week the store created
+    await store.save_events([event(now, 0), event(ahead, 1), event(ahead + 0.25, 2)])
+    assert (await where(raw, store.schema, "flow_events")).get("flow_events_default") == 2
+    async with store.pool.acquire() as conn:
+        created = await ensure_partitions(conn, store.schema, "daily", now=now + 5 * DAY)
+    assert len(created["flow_events"]) >= 3
+    placed = await where(raw, store.schema, "flow_events")
+    assert "flow_events_default" not in placed
+    assert sum(placed.values()) == 3
+    await store.save_events([event(ahead, 1)])  # a retry after the move is still skipped
+    assert [item.ts for item in await store.load_history("t")] == [now, ahead, ahead + 0.25]
+
+
+@pytest.mark.asyncio
+async def test_retention_drops_whole_partitions_and_keeps_newer_rows_exact(
+    make_store: StoreFactory, raw: asyncpg.Connection
+) -> None:
+    registry = CollectorRegistry()
+    store = await make_store(
+        partitioning="daily",
+        registry=registry,
+        retention=RetentionPolicy(
+            events_max_age=3.5 * DAY, updates_max_age=3.5 * DAY, steering_max_age=3.5 * DAY
+        ),
+    )
+    today = period_start("daily", time.time())
+    async with store.pool.acquire() as conn:
+        for table in PARTITIONED_TABLES:
+            for day in range(-6, 0):
+                await create_partition(conn, store.schema, table, today + day * DAY, today + (day + 1) * DAY)
+    stamps = [today + day * DAY + 3600.0 + index for day in range(-6, 1) for index in range(3)]
+    await store.save_events([event(ts, index) for index, ts in enumerate(stamps)])
+    await store.save_updates(
+        [update(index, datetime.fromtimestamp(ts, UTC)) for index, ts in enumerate(stamps)]
+    )
+    horizon = time.time() - 3.5 * DAY
+    kept = [ts for ts in stamps if period_start("daily", ts) + DAY > horizon]
+    assert 0 < len(kept) < len(stamps)
+    report = await store.cleanup()
+    assert len(report.dropped["flow_events"]) == 3  # days -6, -5, -4 end before now - 3.5 days
+    assert report.dropped_bytes["flow_events"] > 0
+    assert [item.ts for item in await store.load_history("t")] == kept
+    listed = [item.update_id for item in await store.list_updates("s", limit=0)]
+    assert listed == [f"u{index}" for index, ts in enumerate(stamps) if ts in kept]
+    assert [item.update_id for item in await store.list_updates("s", since_id=listed[0], limit=0)] == listed[
+        1:
+    ]
+    labels = {"store": "postgres", "schema": store.schema, "table": "flow_events"}
+    assert registry.get_sample_value(names.GUARDED_PG_PARTITIONS_DROPPED_TOTAL, labels) == 3
+    assert (await store.cleanup()).dropped["flow_events"] == []
+
+
+async def populate(store: PostgresStateStore, start: int, count: int, at: float) -> None:
+    moment = datetime.fromtimestamp(at, UTC)
+    await store.save_events(
+        [event(at + index, index, trace=f"t{index % 3}") for index in range(start, start + count)]
+    )
+    await store.save_updates(
+        [update(index, moment + timedelta(seconds=index)) for index in range(start, start + count)]
+    )
+    for index in range(start, start + count):
+        await store.save_steering(steering(index, moment + timedelta(seconds=index)))
+    with idempotency_key(f"populate-{start}"):
+        await store.save_planner_events(
+            [(f"t{index % 3}", PlannerEvent("step", at + index)) for index in range(start, start + count)]
+        )
+
+
+async def snapshot(store: PostgresStateStore) -> dict[str, Any]:
+    return {
+        "history": {trace: await store.load_history(trace) for trace in ("t0", "t1", "t2")},
+        "planner": {trace: await store.list_planner_events(trace) for trace in ("t0", "t1", "t2")},
+        "updates": await store.list_updates("s", limit=0),
+        "steering": await store.list_steering("s", limit=0),
+    }
+
+
+@pytest.mark.asyncio
+async def test_converting_a_populated_schema_keeps_every_row_and_resumes_after_each_step(
+    make_store: StoreFactory, raw: asyncpg.Connection
+) -> None:
+    old_store = await make_store()
+    now = time.time()
+    await populate(old_store, 0, 40, now - 3 * DAY)
+    with pytest.raises(PartitioningError, match="guarded pg partition"):
+        await make_store(partitioning="daily")
+    conn = raw
+    for step_index, step in enumerate(STEPS[:-1]):  # a run killed after each step, resumed by the next
+        results = await convert_schema(conn, old_store.schema, "daily", now=now, until=step)
+        assert [item.ran for item in results if item.step == step] == [True] * len(TABLES)
+        assert all(not item.ran for item in results if STEPS.index(item.step) < step_index)
+        await populate(old_store, 100 * (step_index + 1), 5, now - DAY)  # writes go on meanwhile
+    expected = await snapshot(old_store)
+    before = await counts(raw, old_store.schema)
+    results = await convert_schema(conn, old_store.schema, "daily", now=now)
+    assert [item.step for item in results if item.ran] == ["swap"] * len(TABLES)
+    assert await counts(raw, old_store.schema) == before
+    assert await snapshot(old_store) == expected  # the store opened before the conversion reads on
+    for table in TABLES:
+        assert set(await where(raw, old_store.schema, table)) == {f"{table}_legacy"}
+    new_store = await make_store(partitioning="daily")
+    assert await snapshot(new_store) == expected
+    await populate(old_store, 0, 40, now - 3 * DAY)  # retries of everything: nothing duplicated
+    await populate(new_store, 500, 5, now + 3 * DAY)  # new rows go to the new partitions
+    assert await counts(raw, old_store.schema) == {table: before[table] + 5 for table in TABLES}
+    updates = [item.update_id for item in await new_store.list_updates("s", limit=0)]
+    assert updates[-5:] == [f"u{index}" for index in range(500, 505)]  # ids continue past the old ones
+    assert [item.update_id for item in await new_store.list_updates("s", since_id="u104", limit=0)] == (
+        [f"u{index}" for index in range(200, 205)]
+        + [f"u{index}" for index in range(300, 305)]
+        + [f"u{index}" for index in range(400, 405)]
+        + [f"u{index}" for index in range(500, 505)]
+    )
+    assert all(not item.ran for item in await convert_schema(conn, old_store.schema, "daily", now=now))
