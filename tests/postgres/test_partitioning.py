@@ -107,6 +107,9 @@ async def test_a_new_schema_is_partitioned_with_partitions_ahead(
         )
         assert horizon == layout.horizon
     assert await store.maintain() == {table: [] for table in TABLES}  # nothing left to create
+    await store.save_events([event(now, index) for index in range(20)])
+    stats = await store.sample_table_stats()  # a partitioned table's rows and bytes are its partitions'
+    assert stats["flow_events"][1] > 0
 
 
 @pytest.mark.asyncio
@@ -260,11 +263,19 @@ async def test_converting_a_populated_schema_keeps_every_row_and_resumes_after_e
     with pytest.raises(PartitioningError, match="guarded pg partition"):
         await make_store(partitioning="daily")
     conn = raw
+    schema = old_store.schema
     for step_index, step in enumerate(STEPS[:-1]):  # a run killed after each step, resumed by the next
-        results = await convert_schema(conn, old_store.schema, "daily", now=now, until=step)
+        results = await convert_schema(conn, schema, "daily", now=now, until=step)
         assert [item.ran for item in results if item.step == step] == [True] * len(TABLES)
         assert all(not item.ran for item in results if STEPS.index(item.step) < step_index)
         await populate(old_store, 100 * (step_index + 1), 5, now - DAY)  # writes go on meanwhile
+        if step == "index":  # as a build killed half-way leaves it: invalid, rebuilt by the next run
+            await raw.execute(
+                "UPDATE pg_index SET indisvalid = false WHERE indexrelid = $1::regclass",
+                f'"{schema}".flow_events_partition_key',
+            )
+            rerun = await convert_schema(conn, schema, "daily", now=now, until="index")
+            assert [item.table for item in rerun if item.ran] == ["flow_events"]
     expected = await snapshot(old_store)
     before = await counts(raw, old_store.schema)
     results = await convert_schema(conn, old_store.schema, "daily", now=now)
@@ -273,6 +284,16 @@ async def test_converting_a_populated_schema_keeps_every_row_and_resumes_after_e
     assert await snapshot(old_store) == expected  # the store opened before the conversion reads on
     for table in TABLES:
         assert set(await where(raw, old_store.schema, table)) == {f"{table}_legacy"}
+    legacy_indexes = await raw.fetch(
+        "SELECT indexrelid::regclass::text AS name FROM pg_index WHERE indrelid = $1::regclass ORDER BY 1",
+        f'"{schema}".flow_events_legacy',
+    )
+    assert [record["name"].split(".")[-1] for record in legacy_indexes] == [  # the attach built none
+        "flow_events_created_brin",
+        "flow_events_history",
+        "flow_events_partition_key",
+        "flow_events_pkey",
+    ]
     new_store = await make_store(partitioning="daily")
     assert await snapshot(new_store) == expected
     await populate(old_store, 0, 40, now - 3 * DAY)  # retries of everything: nothing duplicated
