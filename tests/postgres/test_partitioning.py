@@ -3,6 +3,8 @@ partitions, maintenance, retention by dropping partitions, and converting a popu
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,6 +15,7 @@ import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.postgres import PostgresStateStore, RetentionPolicy
+from guarded.backends.postgres.factory import ConfigurationError, config_from_env
 from guarded.backends.postgres.partition_conversion import STEPS, convert_schema
 from guarded.backends.postgres.partitioning import (
     PARTITIONED_TABLES,
@@ -36,6 +39,7 @@ from guarded.pipeline.idempotency import idempotency_key
 from guarded.testing import StateStoreContract
 
 from .conftest import StoreFactory
+from .test_factory_cli_penguiflow import run_cli
 
 DAY = 86400.0
 TABLES = [table.name for table in PARTITIONED_TABLES]
@@ -308,3 +312,60 @@ async def test_converting_a_populated_schema_keeps_every_row_and_resumes_after_e
         + [f"u{index}" for index in range(500, 505)]
     )
     assert all(not item.ran for item in await convert_schema(conn, old_store.schema, "daily", now=now))
+
+
+@pytest.mark.asyncio
+async def test_the_partition_maintain_and_cleanup_commands(
+    make_store: StoreFactory, pg_dsn: str, raw: asyncpg.Connection
+) -> None:
+    store = await make_store()
+    await populate(store, 0, 10, time.time() - 2 * DAY)
+    before = await counts(raw, store.schema)
+
+    def cli(*argv: str) -> tuple[int, str]:
+        return run_cli("pg", *argv, "--dsn", pg_dsn, "--schema", store.schema)
+
+    code, out = await asyncio.to_thread(cli, "maintain")
+    assert code == 1  # not partitioned: says which command to run
+    code, out = await asyncio.to_thread(cli, "partition", "--until", "validate")
+    assert code == 0
+    assert "stopped after step validate" in out
+    code, out = await asyncio.to_thread(cli, "partition", "--period", "weekly", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert all(report["partitioned"].values())
+    assert [item["step"] for item in report["steps"] if item["ran"]] == ["swap"] * len(TABLES)
+    assert await counts(raw, store.schema) == before
+    code, out = await asyncio.to_thread(cli, "maintain", "--json")
+    assert code == 0
+    assert json.loads(out)["created"] == {table: [] for table in TABLES}  # the conversion made them
+    assert all(horizon > time.time() + 7 * DAY for horizon in json.loads(out)["horizon"].values())
+    code, out = await asyncio.to_thread(cli, "cleanup", "--max-age-events", "1d", "--json")
+    assert code == 0
+    assert json.loads(out)["dropped_partitions"] == {"flow_events": []}  # the legacy heap ends in the future
+    assert json.loads(out)["deleted"]["flow_events"] == 0  # its rows were stored just now
+
+
+def test_the_partitioning_setting_is_checked_and_named() -> None:
+    assert config_from_env({"GUARDED_PG_PARTITIONING": "Weekly"}).options.get("partitioning") == "weekly"
+    assert "partitioning" not in config_from_env({"GUARDED_PG_PARTITIONING": "none"}).options
+    with pytest.raises(
+        ConfigurationError, match="GUARDED_PG_PARTITIONING must be one of daily, weekly, monthly"
+    ):
+        config_from_env({"GUARDED_PG_PARTITIONING": "hourly"})
+
+
+@pytest.mark.asyncio
+async def test_a_store_refuses_an_unknown_period_naming_the_option(make_store: StoreFactory) -> None:
+    with pytest.raises(ValueError, match="partitioning must be one of daily, weekly, monthly"):
+        await make_store(partitioning="hourly")
+
+
+@pytest.mark.parametrize("period", ["daily", "weekly", "monthly"])
+def test_periods_tile_time_without_gaps(period: str) -> None:
+    start = period_start(period, datetime(2024, 2, 28, 13, tzinfo=UTC).timestamp())
+    for _ in range(30):
+        end = next_boundary(period, start)
+        assert period_start(period, end) == end
+        assert period_start(period, end - 1) == start
+        start = end
