@@ -320,3 +320,8 @@ file at its memory caps). Nothing already kept is evicted to make room: any incr
 are being refused; alert on it."""
 ALERT_DEADLETTER_REFUSED = "GuardedDeadLetterRefusedWrites"
 ALERT_NAMES = (*ALERT_NAMES, ALERT_DEADLETTER_REFUSED)
+
+ALERT_PARTITION_HORIZON_NEAR = "GuardedPgPartitionHorizonNear"
+"""A partitioned table's newest partition ends soon: partition maintenance has stopped creating
+partitions ahead, and rows timed past the horizon would go to the default partition."""
+ALERT_NAMES = (*ALERT_NAMES, ALERT_PARTITION_HORIZON_NEAR)

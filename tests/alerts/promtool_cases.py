@@ -1233,6 +1233,65 @@ def schema_version_skew() -> dict[str, Any]:
     )
 
 
+# --- 14. partition horizon -----------------------------------------------------------------------
+
+HORIZON_NEAR = alerts.PARTITION_HORIZON_MIN_SECONDS + 600
+"""A horizon that comes within the threshold at minute 10 (``time()`` starts at 0)."""
+WEEK_AHEAD = 7 * 86400
+
+
+def _horizon(values: str, instance: str = INSTANCE, table: str = "flow_events") -> Series:
+    labels = {
+        **PROCESS,
+        alerts.LABEL_INSTANCE: instance,
+        names.LABEL_SCHEMA: "tenant_a",
+        names.LABEL_TABLE: table,
+    }
+    return series(names.GUARDED_PG_PARTITION_HORIZON, values, labels)
+
+
+def horizon_near(left: str, table: str = "flow_events") -> dict[str, Any]:
+    return fired(
+        {
+            alerts.LABEL_JOB: JOB,
+            names.LABEL_SCHEMA: "tenant_a",
+            names.LABEL_TABLE: table,
+            "severity": "warning",
+        },
+        f"Partitions of tenant_a.{table} end in less than 3 days",
+        f"The newest partition of table {table} in schema tenant_a ends in {left}: partition maintenance has "
+        "not created partitions ahead (it keeps a week) for 30 minutes and more. Past that time rows go to "
+        "the default partition: writes go on, but retention cannot drop those rows with a partition and "
+        "creating their partition later has to move them.",
+        RUNBOOK + "#guardedpgpartitionhorizonnear",
+    )
+
+
+def partition_horizon() -> dict[str, Any]:
+    alert = names.ALERT_PARTITION_HORIZON_NEAR
+    return unit_test_file(
+        case(
+            "maintenance stopped: the horizon comes within 3 days at minute 10 and it warns 30 minutes later",
+            [_horizon(steps((91, HORIZON_NEAR))), _horizon(steps((91, WEEK_AHEAD)), table="state_updates")],
+            [
+                *silent(alert, [5, 10, 30, 40]),
+                at(42, alert, horizon_near("2d 23h 28m 0s")),
+                at(90, alert, horizon_near("2d 22h 40m 0s")),
+            ],
+        ),
+        case(
+            "maintenance running on another process of the job: the newest horizon counts, silent",
+            [_horizon(steps((91, HORIZON_NEAR))), _horizon(steps((91, WEEK_AHEAD)), instance=INSTANCE_2)],
+            silent(alert, [30, 42, 90]),
+        ),
+        case(
+            "a horizon maintenance moves a day ahead now and then: silent",
+            [_horizon(steps((30, WEEK_AHEAD), (61, WEEK_AHEAD + 86400)))],
+            silent(alert, [10, 42, 90]),
+        ),
+    )
+
+
 # --- every alert through a 30 s database failover -------------------------------------------------
 
 BLIP_INTERVAL = "15s"
@@ -1360,6 +1419,7 @@ _BUILDERS = {
     "batch-queue-full.yml": (names.ALERT_BATCH_QUEUE_FULL, batch_queue_full),
     "batch-writes-failed.yml": (names.ALERT_BATCH_WRITES_FAILED, batch_writes_failed),
     "schema-version-skew.yml": (names.ALERT_SCHEMA_VERSION_SKEW, schema_version_skew),
+    "partition-horizon-near.yml": (names.ALERT_PARTITION_HORIZON_NEAR, partition_horizon),
 }
 FILES = {name: (alert, with_failover(alert, build)) for name, (alert, build) in _BUILDERS.items()}
 """Test file name -> (the alert it proves, its builder, the 30 s failover case included)."""
