@@ -41,10 +41,15 @@ class PartitionMaintenance:
         self._task: asyncio.Task[None] | None = None
 
     async def prepare(self, conn: Connection) -> None:
-        """On open: partition a new schema, refuse an unpartitioned populated one, create partitions."""
+        """On open: partition a new schema, refuse an unpartitioned populated one, create partitions
+        (a failure of that last step is logged, not raised: the default partition takes the rows
+        meanwhile, and the next run retries)."""
         if self.period is not None:
             await partition_empty_schema(conn, self._schema, self.period, now=time.time())
-        await self._maintain(conn)
+        try:
+            await self._maintain(conn)
+        except Exception as exc:
+            self._failed(exc)
 
     async def run(self) -> dict[str, list[str]]:
         """Create the partitions ahead now; return the names created per table."""
@@ -73,14 +78,17 @@ class PartitionMaintenance:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                logger.warning(
-                    "guarded_pg_partition_maintenance_failed",
-                    extra={
-                        "event": "guarded_pg_partition_maintenance_failed",
-                        "schema": self._schema,
-                        "exception": type(exc).__name__,
-                    },
-                )
+                self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        logger.warning(
+            "guarded_pg_partition_maintenance_failed",
+            extra={
+                "event": "guarded_pg_partition_maintenance_failed",
+                "schema": self._schema,
+                "exception": type(exc).__name__,
+            },
+        )
 
     async def stop(self) -> None:
         if self._task is not None:
