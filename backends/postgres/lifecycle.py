@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 import asyncpg
 
@@ -15,6 +16,7 @@ from . import schema_migrations as migrations_module
 from .connection import Database
 from .database_metrics import StoreMetrics
 from .partition_maintenance import PartitionMaintenance
+from .partitioning import is_partitioned
 from .table_stats import table_stats
 
 logger = logging.getLogger("guarded.backends.postgres")
@@ -49,6 +51,8 @@ class Lifecycle:
         self.schema_version: int | None = None
         self.partitions: PartitionMaintenance | None = None
         """The partition upkeep of a store opened with ``partitioning=`` (run on open, then periodically)."""
+        self.on_partitioned: Callable[[], None] | None = None
+        """Called when the schema, once prepared, has partitioned history tables."""
 
     async def open(self) -> None:
         """The pool is open: prepare the schema and start sampling."""
@@ -64,6 +68,8 @@ class Lifecycle:
                 version = await migrations_module.require_current(conn, self._schema)
             if self.partitions is not None:
                 await self.partitions.prepare(conn)
+            if self.on_partitioned is not None and await is_partitioned(conn, self._schema, "state_updates"):
+                self.on_partitioned()
         self.schema_version = version
         if self._metrics is not None:
             self._metrics.set_schema_version(version, migrations_module.latest_version())

@@ -128,6 +128,7 @@ class PostgresStateStore(ProtocolMethods):
         partitioning = options.get("partitioning")
         self.partitioning = None if partitioning is None else check_period(partitioning)
         """The partition period (``partitioning=``), or ``None``."""
+        self._lifecycle.on_partitioned = self._partitioned
         if self.partitioning is not None:
             self._lifecycle.partitions = PartitionMaintenance(
                 db, self.schema, self.partitioning, self._metrics
@@ -219,6 +220,10 @@ class PostgresStateStore(ProtocolMethods):
         store.max_concurrency = settings.max_size
         holder.append(store)
         return store
+
+    def _partitioned(self) -> None:
+        self._tables.updates.use_partitioned_table()
+        self._tables.steering.use_partitioned_table()
 
     async def _opened(self) -> None:
         await self._lifecycle.open()

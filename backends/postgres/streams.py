@@ -76,25 +76,57 @@ class Stream:
         """Held while an insert runs: appends commit in call order (see the module docstring)."""
         self.id_field = id_field
         self.type_field = type_field
-        name = qualified(schema, table)
-        columns = f"session_id, task_id, {id_field}, {type_field}, doc"
-        self.insert_one = (
-            f"INSERT INTO {name} ({columns}, created_at) "
-            "VALUES ($1, $2, $3, $4, $5, COALESCE($6::timestamptz, now())) ON CONFLICT DO NOTHING"
+        self._name = qualified(schema, table)
+        self.partitioned = False
+        """Whether the table is partitioned (:meth:`use_partitioned_table`)."""
+        self._statements(partitioned=False)
+
+    def _statements(self, *, partitioned: bool) -> None:
+        name, id_field = self._name, self.id_field
+        columns = f"session_id, task_id, {id_field}, {self.type_field}, doc"
+        # A partitioned table's unique key holds created_at too: an item saved again with another
+        # created_at (a new object with the same id) is skipped by looking for its id first.
+        unseen = (
+            f"NOT EXISTS (SELECT 1 FROM {name} AS stored "
+            f"WHERE stored.session_id = {{session}} AND stored.{id_field} = {{item}})"
+        )
+        if partitioned:
+            self.insert_one = (
+                f"INSERT INTO {name} ({columns}, created_at) "
+                "SELECT $1::text, $2::text, $3::text, $4::text, $5::json, COALESCE($6::timestamptz, now()) "
+                f"WHERE {unseen.format(session='$1', item='$3')} ON CONFLICT DO NOTHING"
+            )
+        else:
+            self.insert_one = (
+                f"INSERT INTO {name} ({columns}, created_at) "
+                "VALUES ($1, $2, $3, $4, $5, COALESCE($6::timestamptz, now())) ON CONFLICT DO NOTHING"
+            )
+        where = (
+            f"WHERE {unseen.format(session='batch.session_id', item=f'batch.{id_field}')} "
+            if partitioned
+            else ""
         )
         self.insert_many = (
             f"INSERT INTO {name} ({columns}, created_at) SELECT {columns}, COALESCE(created_at, now()) "
             "FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::json[], $6::timestamptz[]) "
-            f"WITH ORDINALITY AS batch({columns}, created_at, ord) ORDER BY ord ON CONFLICT DO NOTHING"
+            f"WITH ORDINALITY AS batch({columns}, created_at, ord) {where}ORDER BY ord ON CONFLICT DO NOTHING"
         )
+        # min(): on a partitioned table two writers in two processes may both store one id.
+        cursor = "min(cursor.id)" if partitioned else "cursor.id"
         after = (
-            f"id > COALESCE((SELECT cursor.id FROM {name} AS cursor "
+            f"id > COALESCE((SELECT {cursor} FROM {name} AS cursor "
             f"WHERE cursor.session_id = $1 AND cursor.{id_field} = $2), 0)"
         )
         self._list: dict[bool, str] = {}
         for with_task in (False, True):
-            where = f"session_id = $1 AND {after}" + (" AND task_id = $4" if with_task else "")
-            self._list[with_task] = f"SELECT doc FROM {name} WHERE {where} ORDER BY id DESC LIMIT $3"
+            condition = f"session_id = $1 AND {after}" + (" AND task_id = $4" if with_task else "")
+            self._list[with_task] = f"SELECT doc FROM {name} WHERE {condition} ORDER BY id DESC LIMIT $3"
+
+    def use_partitioned_table(self) -> None:
+        """The table is partitioned (its unique key includes ``created_at``): keep one item per id
+        whatever its ``created_at``, as on an unpartitioned table."""
+        self.partitioned = True
+        self._statements(partitioned=True)
 
     def encode(self, item: Any) -> StreamRow:
         """Validate ``item`` and return its row (``InvalidPayloadError`` names the field)."""
@@ -125,6 +157,14 @@ class Stream:
     async def save_many(self, rows: Sequence[StreamRow]) -> None:
         if not rows:
             return
+        if self.partitioned and len({(row[0], row[2]) for row in rows}) != len(rows):
+            seen: set[tuple[str, str]] = set()
+            unique = []
+            for row in rows:  # the first of one id wins, as ON CONFLICT DO NOTHING would
+                if (row[0], row[2]) not in seen:
+                    seen.add((row[0], row[2]))
+                    unique.append(row)
+            rows = unique
         if len(rows) == 1:
             await self.save(rows[0])
             return

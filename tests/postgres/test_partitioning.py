@@ -369,3 +369,27 @@ def test_periods_tile_time_without_gaps(period: str) -> None:
         assert period_start(period, end) == end
         assert period_start(period, end - 1) == start
         start = end
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("option", ["daily", None])
+async def test_an_id_saved_again_with_another_created_at_is_one_item(
+    make_store: StoreFactory, raw: asyncpg.Connection, option: str | None
+) -> None:
+    """As on an unpartitioned table (PenguiFlow's reference: idempotent by id), a new object with
+    an id already stored is skipped, even a day later; also by a store not told of the partitions."""
+    partitioned = await make_store(partitioning="daily")
+    store = partitioned if option else await make_store()
+    moment = datetime.now(UTC)
+    await store.save_update(update(0, moment))
+    await store.save_update(update(0, moment + timedelta(days=1)))
+    await store.save_updates([update(1, moment), update(1, moment + timedelta(days=1)), update(2, moment)])
+    await store.save_steering(steering(0, moment))
+    await store.save_steering(steering(0, moment - timedelta(days=1)))
+    assert await counts(raw, store.schema) == {
+        "flow_events": 0,
+        "state_updates": 3,
+        "steering_events": 1,
+        "planner_events": 0,
+    }
+    assert [item.update_id for item in await store.list_updates("s", since_id="u0")] == ["u1", "u2"]
