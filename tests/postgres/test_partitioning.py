@@ -14,6 +14,8 @@ import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
+from guarded import guard
+from guarded.backends.memory import InMemoryStateStore
 from guarded.backends.postgres import PostgresStateStore, RetentionPolicy
 from guarded.backends.postgres.factory import ConfigurationError, config_from_env
 from guarded.backends.postgres.partition_conversion import STEPS, convert_schema
@@ -26,6 +28,7 @@ from guarded.backends.postgres.partitioning import (
     period_start,
     schema_layout,
 )
+from guarded.codec import penguiflow_types
 from guarded.models import (
     PlannerEvent,
     StateUpdate,
@@ -37,8 +40,9 @@ from guarded.models import (
 from guarded.observability import telemetry_names as names
 from guarded.pipeline.idempotency import idempotency_key
 from guarded.testing import StateStoreContract
+from tests.interop import test_differential as differential
 
-from .conftest import StoreFactory
+from .conftest import StoreFactory, new_schema_name
 from .test_factory_cli_penguiflow import run_cli
 
 DAY = 86400.0
@@ -393,3 +397,20 @@ async def test_an_id_saved_again_with_another_created_at_is_one_item(
         "planner_events": 0,
     }
     assert [item.update_id for item in await store.list_updates("s", since_id="u0")] == ["u1", "u2"]
+
+
+@pytest.mark.asyncio
+async def test_random_calls_on_a_partitioned_schema_agree_with_penguiflows_reference(
+    make_store: StoreFactory,
+) -> None:
+    """The differential suite (tests/interop/test_differential.py) with the history partitioned."""
+    differences = []
+    for index in range(differential.SEQUENCES):
+        backend = await make_store(schema=new_schema_name(), types=penguiflow_types(), partitioning="daily")
+        guarded = guard(backend, name=f"partitioned-{index}", registry=CollectorRegistry())
+        stores = {"memory": InMemoryStateStore(record_types=penguiflow_types()), "postgres": guarded}
+        async with guarded:
+            differences += await differential.run_sequence(
+                differential.BASE_SEED + index, stores, differential.ReferenceWithExceptions()
+            )
+    assert not differences, differential.describe(differences)
