@@ -120,7 +120,9 @@ class TracingLayer(StepLayer):
 
 
 def _finish(span: trace.Span, call: Call) -> None:
-    span.set_attributes({names.SPAN_ATTR_OUTCOME: call.outcome.value, names.SPAN_ATTR_ATTEMPTS: call.attempts})
+    span.set_attributes(
+        {names.SPAN_ATTR_OUTCOME: call.outcome.value, names.SPAN_ATTR_ATTEMPTS: call.attempts}
+    )
     for attempt, failure_type, delay in call.retries or ():
         span.add_event(
             names.SPAN_EVENT_RETRY,
