@@ -292,25 +292,32 @@ async def partition_empty_schema(conn: Connection, schema: str, period: str, *, 
     Raises :class:`~.partitioning.PartitioningError` naming ``guarded pg partition`` when one
     holds rows.
     """
+
+    async def refuse_unless_empty(table: PartitionedTable) -> None:
+        live = relation(schema, table.name)
+        if await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {live})") or await _exists(
+            conn, schema, _names(table)[0]
+        ):
+            raise PartitioningError(
+                f"the store was opened with partitioning={period!r}, but {schema}.{table.name} "
+                "holds rows and is not partitioned: convert the schema with "
+                f"`{convert_command(schema, period)}` "
+                "(resumable, see docs/postgres.md, 'Partitioned history'), or open the store without "
+                "partitioning"
+            )
+
+    pending = [table for table in PARTITIONED_TABLES if not await is_partitioned(conn, schema, table.name)]
+    for table in pending:  # first without a lock: a live table is refused without being blocked
+        await refuse_unless_empty(table)
+    if not pending:
+        return False
     async with conn.transaction():
         await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         await conn.execute("SELECT pg_advisory_xact_lock($1)", maintenance_lock_key(schema))
-        pending = [
-            table for table in PARTITIONED_TABLES if not await is_partitioned(conn, schema, table.name)
-        ]
+        pending = [table for table in pending if not await is_partitioned(conn, schema, table.name)]
         for table in pending:
-            live = relation(schema, table.name)
-            await conn.execute(f"LOCK TABLE {live} IN ACCESS EXCLUSIVE MODE")
-            if await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {live})") or await _exists(
-                conn, schema, _names(table)[0]
-            ):
-                raise PartitioningError(
-                    f"the store was opened with partitioning={period!r}, but {schema}.{table.name} "
-                    "holds rows and is not partitioned: convert the schema with "
-                    f"`{convert_command(schema, period)}` "
-                    "(resumable, see docs/postgres.md, 'Partitioned history'), or open the store without "
-                    "partitioning"
-                )
+            await conn.execute(f"LOCK TABLE {relation(schema, table.name)} IN ACCESS EXCLUSIVE MODE")
+            await refuse_unless_empty(table)
         for table in pending:
             parent, _, _, _ = _names(table)
             first = period_start(period, now)
