@@ -48,6 +48,7 @@ from .semantics import (
     ERROR_OUTCOMES,
     LOAD_PAUSE_METHOD,
     NEUTRAL_OUTCOMES,
+    PARTITION_HORIZON_ALERT_SECONDS,
     PAUSE_LOAD_FAILURE_OUTCOMES,
     PAUSE_SAVE_FAILURE_OUTCOMES,
     SAVE_PAUSE_METHOD,
@@ -154,6 +155,12 @@ SCHEMA_LABELS: tuple[str, ...] = (LABEL_JOB, names.LABEL_SCHEMA)
 """One PostgreSQL schema (tenant) as the processes of one job see it."""
 SCHEMA_SKEW_FOR = "15m"
 """Longer than a rolling deployment: for a few minutes old and new code run side by side."""
+PARTITION_TABLE_LABELS: tuple[str, ...] = (*SCHEMA_LABELS, names.LABEL_TABLE)
+"""One partitioned table of one schema (the table label is a fixed set of four names)."""
+PARTITION_HORIZON_MIN_SECONDS = PARTITION_HORIZON_ALERT_SECONDS
+"""Maintenance keeps partitions a week ahead (hourly): a horizon closer than this means it has not
+run for four days, with three left before rows would go to the default partition."""
+PARTITION_HORIZON_FOR = "30m"
 
 # --- a connection pooler in front of PostgreSQL ------------------------------------------------------
 
@@ -826,6 +833,31 @@ def pooler_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any
     ]
 
 
+def partition_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
+    """A partitioned table whose newest partition ends within :data:`PARTITION_HORIZON_MIN_SECONDS`
+    (the latest horizon any process saw: one process whose maintenance fails is not the schema's)."""
+    horizon = f"max {_by(PARTITION_TABLE_LABELS)} ({names.GUARDED_PG_PARTITION_HORIZON})"
+    days = PARTITION_HORIZON_MIN_SECONDS // 86400
+    return [
+        _alert(
+            names.ALERT_PARTITION_HORIZON_NEAR,
+            f"{horizon}\n- time()\n< {PARTITION_HORIZON_MIN_SECONDS}",
+            for_=PARTITION_HORIZON_FOR,
+            severity=WARNING,
+            summary="Partitions of {{ $labels.schema }}.{{ $labels.table }} end in less than "
+            + f"{days} days",
+            description=(
+                "The newest partition of table {{ $labels.table }} in schema {{ $labels.schema }} ends in "
+                "{{ $value | humanizeDuration }}: partition maintenance has not created partitions ahead "
+                f"(it keeps a week) for {in_words(PARTITION_HORIZON_FOR)} and more. Past that time rows go "
+                "to the default partition: writes go on, but retention cannot drop those rows with a "
+                "partition and creating their partition later has to move them."
+            ),
+            runbook_base=runbook_base,
+        )
+    ]
+
+
 RECORDING_GROUP = "guarded.recording"
 """The group of the recording rules the burn-rate and latency alerts read."""
 
@@ -846,7 +878,10 @@ def rule_file(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> dict[str, Any]:
                 "rules": [*deadletter_rules(runbook_base), *parked_rules(runbook_base)],
             },
             {"name": "guarded.capacity", "rules": capacity_rules(runbook_base)},
-            {"name": "guarded.schema", "rules": schema_rules(runbook_base)},
+            {
+                "name": "guarded.schema",
+                "rules": [*schema_rules(runbook_base), *partition_rules(runbook_base)],
+            },
             {"name": "guarded.replicas", "rules": replica_rules(runbook_base)},
             {"name": "guarded.memory", "rules": memory_rules(runbook_base)},
             {"name": "guarded.tasks", "rules": task_rules(runbook_base)},

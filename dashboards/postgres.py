@@ -1,5 +1,5 @@
-"""The Postgres backend dashboard: the asyncpg pool, read replicas, table growth, cleanup and
-schema version.
+"""The Postgres backend dashboard: the asyncpg pool, read replicas, table growth, cleanup,
+schema version and partitions (horizon, retention by partition).
 
 Series come from ``guarded.backends.postgres`` (backends/postgres/database_metrics.py), labelled by store
 and schema (one schema per tenant); table series add the table.
@@ -12,6 +12,7 @@ from guarded.observability import telemetry_names as names
 from . import promql as q
 from .model import AlertAnnotation, Dashboard, Panel, Query, QueryVariable, Row, SeriesStyle, Threshold
 from .provisioning import PROMETHEUS_NAME, PROMETHEUS_UID
+from .semantics import PARTITION_HORIZON_ALERT_SECONDS
 from .store_overview import PAUSE_ALERTS
 
 UID = "guarded-postgres"
@@ -28,6 +29,7 @@ POOLER_ERRORS = q.counter(names.GUARDED_PG_POOLER_ERRORS_TOTAL)
 BACKEND_ALERTS = (
     *PAUSE_ALERTS,
     names.ALERT_REPLICA_SKIPPED,
+    names.ALERT_PARTITION_HORIZON_NEAR,
     names.ALERT_CIRCUIT_OPEN,
     names.ALERT_ERROR_BUDGET_BURN,
     names.ALERT_LATENCY_P99,
@@ -266,6 +268,55 @@ def _table_panels() -> tuple[Panel, ...]:
     )
 
 
+def _partition_panels() -> tuple[Panel, ...]:
+    dropped = q.sum_by(
+        PER_TABLE, q.increase(SCOPE.selector(q.counter(names.GUARDED_PG_PARTITIONS_DROPPED_TOTAL)))
+    )
+    returned = q.sum_by(
+        PER_TABLE, q.increase(SCOPE.selector(q.counter(names.GUARDED_PG_PARTITION_DROPPED_BYTES_TOTAL)))
+    )
+    horizon = q.max_by(PER_TABLE, SCOPE.selector(names.GUARDED_PG_PARTITION_HORIZON))
+    return (
+        Panel(
+            title="Partition horizon (time left)",
+            description=(
+                "How far ahead each partitioned table has partitions: where its newest partition ends, "
+                "minus now. Maintenance (every store opened with partitioning=, hourly; or `guarded pg "
+                "maintain`) keeps it about a week; a falling line means maintenance stopped. Rows timed "
+                "past the horizon go to the default partition (writes never fail), where retention can "
+                "only delete them row by row. The red line is GuardedPgPartitionHorizonNear's threshold. "
+                "No series: no store runs with partitioning=."
+            ),
+            queries=(Query(f"{horizon} - time()", TABLE_LEGEND),),
+            unit="s",
+            thresholds=(Threshold("red", PARTITION_HORIZON_ALERT_SECONDS),),
+        ),
+        Panel(
+            title="Partitions dropped by cleanup",
+            description=(
+                "Whole partitions cleanup() dropped per interval: a partition goes once it ends before now "
+                "minus the table's RetentionPolicy max age. Rows deleted one by one (the default "
+                "partition, a converted table's legacy partition, unpartitioned tables) are in 'Rows "
+                "deleted by cleanup'. Zero while partitions pile up: no max age set or cleanup not "
+                "scheduled."
+            ),
+            queries=(Query(q.or_zero(dropped, horizon), TABLE_LEGEND),),
+            decimals=0,
+            width=6,
+        ),
+        Panel(
+            title="Space returned by partition drops",
+            description=(
+                "Bytes (heap, indexes, TOAST) the dropped partitions held, per interval: returned to the "
+                "file system at once, unlike row deletes, whose space only autovacuum makes reusable."
+            ),
+            queries=(Query(q.or_zero(returned, horizon), TABLE_LEGEND),),
+            unit="bytes",
+            width=6,
+        ),
+    )
+
+
 def dashboard() -> Dashboard:
     """The Postgres backend dashboard."""
     source = q.histogram_count(names.GUARDED_PG_POOL_ACQUIRE_SECONDS)
@@ -274,7 +325,7 @@ def dashboard() -> Dashboard:
         title="guarded / Postgres backend",
         description=(
             "asyncpg pool, acquire wait, connection errors, read replicas, table rows and sizes, cleanup, "
-            "schema version."
+            "schema version, partitions."
         ),
         tags=("guarded", "postgres"),
         variables=(
@@ -297,6 +348,7 @@ def dashboard() -> Dashboard:
             Row("Connection pool", _pool_panels()),
             Row("Read replicas", _replica_panels()),
             Row("Tables", _table_panels()),
+            Row("Partitions", _partition_panels()),
         ),
         default_datasource_uid=PROMETHEUS_UID,
         default_datasource_name=PROMETHEUS_NAME,

@@ -100,4 +100,7 @@ TASK_TERMINAL_EVENTS: tuple[str, ...] = (TASK_COMPLETED, TASK_FAILED, TASK_CANCE
 TASK_FAILURE_RATIO_ALERT = 0.10
 DEADLETTER_AGE_WARNING_SECONDS = 15 * 60
 DEADLETTER_AGE_CRITICAL_SECONDS = 60 * 60
+PARTITION_HORIZON_ALERT_SECONDS = 3 * 86400
+"""A partitioned table's newest partition ending closer than this warns (partitions are kept a week
+ahead): the Postgres dashboard draws it on the horizon panel."""
 LATENCY_P99_ALERT_SECONDS = 1.0

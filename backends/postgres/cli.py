@@ -1,11 +1,15 @@
-"""``guarded pg migrate|status|cleanup``: operate the PostgreSQL backend's schema.
+"""``guarded pg migrate|status|cleanup|partition|maintain``: operate the PostgreSQL backend's schema.
 
 * ``migrate``: apply pending migrations (safe to run from several hosts at once: advisory lock),
   with progress; ``--sql`` prints the SQL instead of running it.
 * ``status``: the schema's migration version, pending migrations, checksum mismatches, and the
   row estimates and sizes of its tables.
 * ``cleanup``: delete expired pauses and artifacts and enforce the retention given by
-  ``--max-age-*`` durations (or the ``GUARDED_PG_RETENTION_*`` variables), with progress.
+  ``--max-age-*`` durations (or the ``GUARDED_PG_RETENTION_*`` variables), with progress; on a
+  partitioned schema by dropping whole partitions.
+* ``partition``: convert the history tables to time-partitioned ones, step by step, resumable
+  (:mod:`.partition_conversion`).
+* ``maintain``: create the partitions ahead on a partitioned schema (:mod:`.partitioning`).
 
 The connection comes from ``--dsn`` (else ``GUARDED_PG_DSN`` / ``DATABASE_URL`` / asyncpg's
 ``PG*`` variables and defaults) and the schema from ``--schema`` (else ``GUARDED_PG_SCHEMA``, else
@@ -22,8 +26,10 @@ import json
 import logging
 import re
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -52,6 +58,8 @@ from .cli_target import Target, connect_failure, is_unreachable, resolve_target
 from .connection import Database
 from .factory import ConfigurationError, FactoryConfig, config_from_env
 from .options import RetentionPolicy
+from .partition_conversion import STEPS, StepResult, convert_schema
+from .partitioning import PERIODS, PartitioningError, ensure_partitions, schema_layout
 from .retention import CleanupReport, cleanup
 from .schema_migrations import (
     MigrationError,
@@ -160,6 +168,44 @@ def register(subparsers: Subparsers) -> None:
     )
     cleanup_parser.set_defaults(handler=_run(_cleanup))
 
+    partition_parser = add(
+        "partition",
+        "convert the history tables to time-partitioned tables (resumable)",
+        "Convert flow_events, state_updates, steering_events and planner_events to tables range-partitioned "
+        "by time, copying no row: each table's heap becomes its '_legacy' partition. Steps per table: "
+        "prepare (the new partitioned table), index (CREATE UNIQUE INDEX CONCURRENTLY), constrain (a CHECK "
+        "... NOT VALID), validate (scans under a lock that lets writes go on), swap (one short "
+        "transaction under ACCESS EXCLUSIVE, waiting at most 5 s for it). Each step checks first and "
+        "skips what is done: run it again after an interruption and it resumes. See docs/postgres.md, "
+        "'Partitioned history'.",
+    )
+    partition_parser.add_argument(
+        "--period",
+        choices=PERIODS,
+        help="partition period (default: GUARDED_PG_PARTITIONING, else daily)",
+    )
+    partition_parser.add_argument(
+        "--until",
+        choices=STEPS,
+        metavar="STEP",
+        help=f"stop after this step ({', '.join(STEPS)}), e.g. prepare everything by day and swap later",
+    )
+    partition_parser.set_defaults(handler=_run(_partition))
+
+    maintain_parser = add(
+        "maintain",
+        "create the partitions ahead on a partitioned schema",
+        "Create the partitions a partitioned schema lacks up to a week ahead (moving any rows of their "
+        "range out of the default partition) and show where each table's newest partition ends. A store "
+        "opened with partitioning does this on open and hourly; run it from cron otherwise.",
+    )
+    maintain_parser.add_argument(
+        "--period",
+        choices=PERIODS,
+        help="partition period (default: GUARDED_PG_PARTITIONING, else each table's newest partition's)",
+    )
+    maintain_parser.set_defaults(handler=_run(_maintain))
+
 
 Command = Callable[[argparse.Namespace, Target, FactoryConfig], Coroutine[Any, Any, int]]
 
@@ -184,6 +230,8 @@ def _run(command: Command) -> Callable[[argparse.Namespace], int]:
             return report(ProblemError(str(exc), "upgrade guarded on this host"))
         except MigrationError as exc:
             return report(ProblemError(str(exc), "fix the cause and run 'guarded pg migrate' again"))
+        except PartitioningError as exc:
+            return report(ProblemError(str(exc), "see docs/postgres.md, 'Partitioned history'"))
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
             if is_unreachable(exc):
                 return report(connect_failure(exc, target, doing="keep a connection to"))
@@ -521,6 +569,8 @@ async def _cleanup(args: argparse.Namespace, target: Target, config: FactoryConf
                 {
                     "schema": schema,
                     "deleted": found.deleted,
+                    "dropped_partitions": found.dropped,
+                    "dropped_bytes": found.dropped_bytes,
                     "max_age_seconds": ages,
                     "grace_seconds": retention.grace,
                 }
@@ -531,10 +581,79 @@ async def _cleanup(args: argparse.Namespace, target: Target, config: FactoryConf
         print(f"schema {schema}: {found}")
         for table, age in ages.items():
             if age is not None:
-                print(f"  {table}: rows older than {format_duration(age)} deleted")
+                what = "partitions" if table in found.dropped else "rows"
+                print(f"  {table}: {what} older than {format_duration(age)} deleted")
         if kept:
             print(f"  kept (no max age): {', '.join(kept)}")
     return EXIT_OK
+
+
+# --- partition, maintain --------------------------------------------------------------------------
+
+
+async def _partition(args: argparse.Namespace, target: Target, config: FactoryConfig) -> int:
+    period = args.period or config.options.get("partitioning") or "daily"
+    schema = target.schema
+    conn = await _connect(target, config)
+    results: list[StepResult] = []
+
+    def show(result: StepResult) -> None:
+        results.append(result)
+        if not args.json:
+            print(f"  {result.table}: {result.step} {'done' if result.ran else 'already done'}", flush=True)
+
+    try:
+        _require_migrated(await status(conn, schema), await _schema_exists(conn, schema))
+        await conn.execute("SET statement_timeout = 0")  # index builds and validation scan whole tables
+        if not args.json:
+            print(f"schema {schema}: partitioning by {period}")
+        try:
+            await convert_schema(conn, schema, period, now=time.time(), until=args.until, on_step=show)
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            raise interrupted(
+                f"stopped after {sum(item.ran for item in results)} step(s); every step is resumable: run "
+                "'guarded pg partition' again to go on"
+            ) from None
+        layouts = await schema_layout(conn, schema)
+    finally:
+        await conn.close()
+    partitioned = {layout.table.name: layout.partitioned for layout in layouts}
+    if args.json:
+        steps = [{"table": item.table, "step": item.step, "ran": item.ran} for item in results]
+        print(json.dumps({"schema": schema, "period": period, "steps": steps, "partitioned": partitioned}))
+    elif all(partitioned.values()):
+        print(f"schema {schema}: every history table is partitioned")
+    else:
+        print(f"schema {schema}: stopped after step {args.until}; run the command again to go on")
+    return EXIT_OK
+
+
+async def _maintain(args: argparse.Namespace, target: Target, config: FactoryConfig) -> int:
+    schema = target.schema
+    conn = await _connect(target, config)
+    try:
+        _require_migrated(await status(conn, schema), await _schema_exists(conn, schema))
+        if not any(layout.partitioned for layout in await schema_layout(conn, schema)):
+            raise ProblemError(
+                f"schema {schema!r} is not partitioned", f"run 'guarded pg partition --schema {schema}' first"
+            )
+        period = args.period or config.options.get("partitioning")
+        created = await ensure_partitions(conn, schema, period, now=time.time())
+        horizons = {layout.table.name: layout.horizon for layout in await schema_layout(conn, schema)}
+    finally:
+        await conn.close()
+    if args.json:
+        print(json.dumps({"schema": schema, "created": created, "horizon": horizons}))
+        return EXIT_OK
+    for table, horizon in horizons.items():
+        ends = "not partitioned" if horizon is None else f"partitions up to {_utc(horizon)}"
+        made = len(created.get(table, []))
+        print(f"  {table}: {made} partition{'s' if made != 1 else ''} created, {ends}")
+    return EXIT_OK
+
+
+def _utc(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 __all__ = ["register"]

@@ -22,6 +22,7 @@ from guarded.cli.plugin import (
 from . import cli
 from .cli_target import is_unreachable, resolve_target
 from .factory import config_from_env
+from .partitioning import PartitioningError
 from .schema_migrations import SchemaNotMigratedError, SchemaTooNewError
 from .schema_names import quote_ident
 from .store import PostgresStateStore
@@ -44,6 +45,8 @@ class PostgresCommandLine(BackendCommandLine):
             return NotMigratedError(str(error), "run 'guarded pg migrate' for the store's schema")
         if isinstance(error, SchemaTooNewError):
             return ProblemError(str(error), "upgrade guarded")
+        if isinstance(error, PartitioningError):
+            return ProblemError(str(error), "run 'guarded pg partition' for the store's schema")
         return None
 
     def factory_target(self, factory_module: str) -> TargetTried | None:

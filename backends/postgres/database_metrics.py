@@ -43,6 +43,9 @@ class PgMetricFamilies:
     cleanup_deleted: Counter
     schema_version: Gauge
     schema_expected_version: Gauge
+    partition_horizon: Gauge
+    partitions_dropped: Counter
+    partition_dropped_bytes: Counter
 
 
 def _families(registry: CollectorRegistry) -> PgMetricFamilies:
@@ -121,6 +124,24 @@ def _families(registry: CollectorRegistry) -> PgMetricFamilies:
             _STORE_LABELS,
             registry=registry,
         ),
+        partition_horizon=Gauge(
+            names.GUARDED_PG_PARTITION_HORIZON,
+            "Unix time where the newest partition of a partitioned table ends.",
+            _TABLE_LABELS,
+            registry=registry,
+        ),
+        partitions_dropped=Counter(
+            names.GUARDED_PG_PARTITIONS_DROPPED_TOTAL,
+            "Whole partitions dropped by cleanup().",
+            _TABLE_LABELS,
+            registry=registry,
+        ),
+        partition_dropped_bytes=Counter(
+            names.GUARDED_PG_PARTITION_DROPPED_BYTES_TOTAL,
+            "Bytes held by the partitions cleanup() dropped.",
+            _TABLE_LABELS,
+            registry=registry,
+        ),
     )
     return families
 
@@ -186,6 +207,16 @@ class StoreMetrics:
         self._tables.add(table)
         self.families.cleanup_deleted.labels(*self.labels, table).inc(rows)
 
+    def set_partition_horizon(self, table: str, horizon: float) -> None:
+        """Where ``table``'s newest partition ends (Unix time)."""
+        self._tables.add(table)
+        self.families.partition_horizon.labels(*self.labels, table).set(horizon)
+
+    def partitions_dropped(self, table: str, count: int, size: int) -> None:
+        self._tables.add(table)
+        self.families.partitions_dropped.labels(*self.labels, table).inc(count)
+        self.families.partition_dropped_bytes.labels(*self.labels, table).inc(size)
+
     def close(self) -> None:
         """Remove this store's children so a closed store stops being exported."""
         families = self.families
@@ -205,7 +236,14 @@ class StoreMetrics:
             with contextlib.suppress(KeyError):
                 families.pooler_errors.remove(*self.labels, kind)
         for table in self._tables:
-            for table_family in (families.table_rows, families.table_size_bytes, families.cleanup_deleted):
+            for table_family in (
+                families.table_rows,
+                families.table_size_bytes,
+                families.cleanup_deleted,
+                families.partition_horizon,
+                families.partitions_dropped,
+                families.partition_dropped_bytes,
+            ):
                 with contextlib.suppress(KeyError):
                     table_family.remove(*self.labels, table)
 

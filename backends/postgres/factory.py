@@ -42,6 +42,9 @@ Environment variables (all optional; durations as the command line takes them: `
 ``GUARDED_PG_REPLICA_MAX_LAG``         a replica further behind is left out of the reads, default 10
 ``GUARDED_PG_REPLICA_CHECK_INTERVAL``  seconds between two measures of a replica's lag, default 1
 ``GUARDED_PG_REPLICA_READ_TIMEOUT``    wait for a replica before the primary answers, default 0.5
+``GUARDED_PG_PARTITIONING``            ``daily``, ``weekly`` or ``monthly``: keep the history tables
+                                       partitioned by time (see docs/postgres.md, "Partitioned
+                                       history"), default unset (``none``): no partition upkeep
 ``GUARDED_PG_ARTIFACT_<FIELD>``        any ``ArtifactRetentionConfig`` field, upper case, e.g.
                                        ``GUARDED_PG_ARTIFACT_TTL_SECONDS``,
                                        ``GUARDED_PG_ARTIFACT_CLEANUP_STRATEGY``
@@ -61,6 +64,7 @@ from guarded.models import ArtifactRetentionConfig
 
 from .connection import PoolSettings
 from .options import RetentionPolicy
+from .partitioning import check_period
 from .pooler import check_pooler
 from .schema_names import validate_schema_name
 from .snapshots import PostgresSnapshotStore
@@ -210,6 +214,12 @@ def config_from_env(env: Mapping[str, str] | None = None) -> FactoryConfig:
             options["consume_grace"] = float(grace)
         except ValueError:
             raise ConfigurationError(f"{PREFIX}CONSUME_GRACE={grace!r} is not a number of seconds") from None
+    partitioning = _get(env, "PARTITIONING")
+    if partitioning is not None and partitioning.lower() != "none":
+        try:
+            options["partitioning"] = check_period(partitioning.lower(), f"{PREFIX}PARTITIONING")
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
     return FactoryConfig(dsn=dsn, schema=schema, pool=pool, options=options)
 
 

@@ -8,12 +8,15 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 import asyncpg
 
 from . import schema_migrations as migrations_module
 from .connection import Database
 from .database_metrics import StoreMetrics
+from .partition_maintenance import PartitionMaintenance
+from .partitioning import is_partitioned
 from .table_stats import table_stats
 
 logger = logging.getLogger("guarded.backends.postgres")
@@ -46,6 +49,10 @@ class Lifecycle:
         self._sampler: asyncio.Task[None] | None = None
         self._closed = False
         self.schema_version: int | None = None
+        self.partitions: PartitionMaintenance | None = None
+        """The partition upkeep of a store opened with ``partitioning=`` (run on open, then periodically)."""
+        self.on_partitioned: Callable[[], None] | None = None
+        """Called when the schema, once prepared, has partitioned history tables."""
 
     async def open(self) -> None:
         """The pool is open: prepare the schema and start sampling."""
@@ -61,11 +68,17 @@ class Lifecycle:
                 version = migrations_module.latest_version()
             else:
                 version = await migrations_module.require_current(conn, self._schema)
+            if self.partitions is not None:
+                await self.partitions.prepare(conn)
+            if self.on_partitioned is not None and await is_partitioned(conn, self._schema, "state_updates"):
+                self.on_partitioned()
         self.schema_version = version
         if self._metrics is not None:
             self._metrics.set_schema_version(version, migrations_module.latest_version())
 
     def start_sampler(self) -> None:
+        if self.partitions is not None:
+            self.partitions.start()
         if self._metrics is None or self._stats_interval is None or self._sampler is not None:
             return
         self._sampler = asyncio.get_running_loop().create_task(
@@ -105,6 +118,8 @@ class Lifecycle:
         if self._closed:
             return
         self._closed = True
+        if self.partitions is not None:
+            await self.partitions.stop()
         if self._sampler is not None:
             self._sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -106,6 +106,10 @@ class StoreOptions(TypedDict, total=False):
     replica_read_timeout: float
     """Seconds a read (or a check) waits for a replica before the primary answers it (default 0.5);
     keep it well under the guard's ``timeout.attempt``."""
+    partitioning: str | None
+    """``"daily"``, ``"weekly"`` or ``"monthly"``: keep the history tables range-partitioned by time
+    with partitions of that period, created ahead on open and hourly (default ``None``: the store
+    works on either shape and creates no partitions). See :mod:`.partitioning`."""
 
 
 __all__ = [

@@ -58,6 +58,8 @@ from .options import (
     check_options,
     check_seconds,
 )
+from .partition_maintenance import PartitionMaintenance
+from .partitioning import check_period
 from .protocol_methods import ProtocolMethods
 from .read_routing import ReplicaStatus
 from .replica_set import read_router
@@ -138,6 +140,14 @@ class PostgresStateStore(ProtocolMethods):
             stats_interval=stats_interval,
             owns_pool=owns_pool,
         )
+        partitioning = options.get("partitioning")
+        self.partitioning = None if partitioning is None else check_period(partitioning)
+        """The partition period (``partitioning=``), or ``None``."""
+        self._lifecycle.on_partitioned = self._partitioned
+        if self.partitioning is not None:
+            self._lifecycle.partitions = PartitionMaintenance(
+                db, self.schema, self.partitioning, self._metrics
+            )
         self.target_identity = f"postgresql://(application pool)/?schema={self.schema}"
         """Which database and schema this store writes to, without credentials (recorded by the
         guard's spill file so held writes are replayed only here); set from the DSN by
@@ -254,6 +264,10 @@ class PostgresStateStore(ProtocolMethods):
         holder.append(store)
         return store
 
+    def _partitioned(self) -> None:
+        self._tables.updates.use_partitioned_table()
+        self._tables.steering.use_partitioned_table()
+
     async def _opened(self) -> None:
         await self._lifecycle.open()
 
@@ -302,12 +316,23 @@ class PostgresStateStore(ProtocolMethods):
             return await migrations_module.status(conn, self.schema)
 
     async def cleanup(self) -> CleanupReport:
-        """Delete expired pauses and artifacts and enforce the configured retention; report rows deleted."""
+        """Delete expired pauses and artifacts and enforce the configured retention (on a partitioned
+        schema by dropping whole partitions); report rows deleted and partitions dropped."""
         report = await cleanup(self._db, self.schema, grace=self.consume_grace, policy=self.retention)
         if self._metrics is not None:
             for table, rows in report.deleted.items():
                 self._metrics.cleanup_deleted(table, rows)
+            for table, dropped in report.dropped.items():
+                self._metrics.partitions_dropped(table, len(dropped), report.dropped_bytes.get(table, 0))
         return report
+
+    async def maintain(self) -> dict[str, list[str]]:
+        """Create the partitions ahead on a partitioned schema now (the store does it on open and
+        hourly when opened with ``partitioning=``); return the partitions created per table."""
+        maintenance = self._lifecycle.partitions
+        if maintenance is None:
+            maintenance = PartitionMaintenance(self._db, self.schema, None, self._metrics)
+        return await maintenance.run()
 
     def __repr__(self) -> str:
         return f"PostgresStateStore(name={self.name!r}, schema={self.schema!r})"

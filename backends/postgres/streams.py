@@ -21,12 +21,18 @@ publish order, and a client resuming from its last update id would skip updates 
 it. Each stream therefore runs its inserts one at a time per store (an ``asyncio.Lock``, which is
 FIFO): a store's appends get ids in the order they were called. Appends from several processes to
 one session are not ordered with each other.
+
+**``created_at`` is the item's own** (``StateUpdate.created_at`` / ``SteeringEvent.created_at``;
+the insert time only for an item without one): identical on every retry and replay of the item,
+so on a partitioned schema (:mod:`.partitioning`, keyed by it) a retry lands in the partition of
+its first write and its unique key ``(session_id, id, created_at)`` skips it there.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from guarded.codec import RecordCodec, RecordTypes
@@ -36,8 +42,19 @@ from .connection import Database
 from .json_codec import check_text, check_text_opt, dump_json, loads_json, to_db_text, to_db_text_opt
 from .schema_names import qualified
 
-StreamRow = tuple[str, str, str, str, str]
-"""(session_id, task_id, item id, item type, doc)."""
+StreamRow = tuple[str, str, str, str, str, float | None]
+"""(session_id, task_id, item id, item type, doc, created_at in Unix seconds)."""
+
+
+def _created_at(doc: dict[str, Any]) -> float | None:
+    """The item's ``created_at`` in Unix seconds (a naive one read as UTC), if it has one. Sent as a
+    number (``to_timestamp`` on the server: cheaper than a ``timestamptz`` parameter), identical for
+    every save of the item."""
+    text = doc.get("created_at")
+    if not isinstance(text, str):
+        return None
+    moment = datetime.fromisoformat(text)
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()
 
 
 class Stream:
@@ -61,22 +78,59 @@ class Stream:
         """Held while an insert runs: appends commit in call order (see the module docstring)."""
         self.id_field = id_field
         self.type_field = type_field
-        name = qualified(schema, table)
-        columns = f"session_id, task_id, {id_field}, {type_field}, doc"
-        self.insert_one = f"INSERT INTO {name} ({columns}) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING"
-        self.insert_many = (
-            f"INSERT INTO {name} ({columns}) SELECT {columns} "
-            "FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::json[]) WITH ORDINALITY "
-            f"AS batch({columns}, ord) ORDER BY ord ON CONFLICT DO NOTHING"
+        self._name = qualified(schema, table)
+        self.partitioned = False
+        """Whether the table is partitioned (:meth:`use_partitioned_table`)."""
+        self._statements(partitioned=False)
+
+    def _statements(self, *, partitioned: bool) -> None:
+        name, id_field = self._name, self.id_field
+        columns = f"session_id, task_id, {id_field}, {self.type_field}, doc"
+        # A partitioned table's unique key holds created_at too: an item saved again with another
+        # created_at (a new object with the same id) is skipped by looking for its id first.
+        unseen = (
+            f"NOT EXISTS (SELECT 1 FROM {name} AS stored "
+            f"WHERE stored.session_id = {{session}} AND stored.{id_field} = {{item}})"
         )
+        created_at = "COALESCE(to_timestamp($6::float8), now())"
+        if partitioned:
+            self.insert_one = (
+                f"INSERT INTO {name} ({columns}, created_at) "
+                f"SELECT $1::text, $2::text, $3::text, $4::text, $5::json, {created_at} "
+                f"WHERE {unseen.format(session='$1', item='$3')} ON CONFLICT DO NOTHING"
+            )
+        else:
+            self.insert_one = (
+                f"INSERT INTO {name} ({columns}, created_at) "
+                f"VALUES ($1, $2, $3, $4, $5, {created_at}) ON CONFLICT DO NOTHING"
+            )
+        where = (
+            f"WHERE {unseen.format(session='batch.session_id', item=f'batch.{id_field}')} "
+            if partitioned
+            else ""
+        )
+        self.insert_many = (
+            f"INSERT INTO {name} ({columns}, created_at) "
+            f"SELECT {columns}, COALESCE(to_timestamp(created_at), now()) "
+            "FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::json[], $6::float8[]) "
+            f"WITH ORDINALITY AS batch({columns}, created_at, ord) {where}ORDER BY ord ON CONFLICT DO NOTHING"
+        )
+        # min(): on a partitioned table two writers in two processes may both store one id.
+        cursor = "min(cursor.id)" if partitioned else "cursor.id"
         after = (
-            f"id > COALESCE((SELECT cursor.id FROM {name} AS cursor "
+            f"id > COALESCE((SELECT {cursor} FROM {name} AS cursor "
             f"WHERE cursor.session_id = $1 AND cursor.{id_field} = $2), 0)"
         )
         self._list: dict[bool, str] = {}
         for with_task in (False, True):
-            where = f"session_id = $1 AND {after}" + (" AND task_id = $4" if with_task else "")
-            self._list[with_task] = f"SELECT doc FROM {name} WHERE {where} ORDER BY id DESC LIMIT $3"
+            condition = f"session_id = $1 AND {after}" + (" AND task_id = $4" if with_task else "")
+            self._list[with_task] = f"SELECT doc FROM {name} WHERE {condition} ORDER BY id DESC LIMIT $3"
+
+    def use_partitioned_table(self) -> None:
+        """The table is partitioned (its unique key includes ``created_at``): keep one item per id
+        whatever its ``created_at``, as on an unpartitioned table."""
+        self.partitioned = True
+        self._statements(partitioned=True)
 
     def encode(self, item: Any) -> StreamRow:
         """Validate ``item`` and return its row (``InvalidPayloadError`` names the field)."""
@@ -88,6 +142,7 @@ class Stream:
             to_db_text(str(doc[self.id_field])),
             str(item_type),
             dump_json(doc),
+            _created_at(doc),
         )
 
     def encode_many(self, items: Sequence[Any]) -> list[StreamRow]:
@@ -106,6 +161,14 @@ class Stream:
     async def save_many(self, rows: Sequence[StreamRow]) -> None:
         if not rows:
             return
+        if self.partitioned and len({(row[0], row[2]) for row in rows}) != len(rows):
+            seen: set[tuple[str, str]] = set()
+            unique = []
+            for row in rows:  # the first of one id wins, as ON CONFLICT DO NOTHING would
+                if (row[0], row[2]) not in seen:
+                    seen.add((row[0], row[2]))
+                    unique.append(row)
+            rows = unique
         if len(rows) == 1:
             await self.save(rows[0])
             return

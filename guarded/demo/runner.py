@@ -202,6 +202,7 @@ async def _run_store(
             application_name=APPLICATION_NAME,
         ),
         artifact_retention=ArtifactRetentionConfig(max_artifact_bytes=MAX_ARTIFACT_BYTES),
+        partitioning="daily",  # as a high-volume deployment runs: the dashboard's partition panels show it
     )
     try:
         store = guard(backend, name=STORE_NAME, registry=registry, config=demo_guard_config(spill))

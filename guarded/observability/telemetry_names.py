@@ -57,6 +57,15 @@ GUARDED_PG_CLEANUP_DELETED_ROWS_TOTAL = "guarded_pg_cleanup_deleted_rows_total"
 """Counter: rows deleted by ``cleanup()`` (labels: store, schema, table)."""
 GUARDED_PG_MIGRATION_VERSION = "guarded_pg_schema_version"
 """Gauge: the migration version of the schema the store runs against (labels: store, schema)."""
+GUARDED_PG_PARTITION_HORIZON = "guarded_pg_partition_horizon_timestamp_seconds"
+"""Gauge: Unix time where the newest partition of a partitioned table ends -- rows timed later go
+to its default partition -- as the store's partition maintenance last saw it (labels: store,
+schema, table); alert when it comes near."""
+GUARDED_PG_PARTITIONS_DROPPED_TOTAL = "guarded_pg_partitions_dropped_total"
+"""Counter: whole partitions dropped by ``cleanup()`` (labels: store, schema, table)."""
+GUARDED_PG_PARTITION_DROPPED_BYTES_TOTAL = "guarded_pg_partition_dropped_bytes_total"
+"""Counter: bytes (heap, indexes, TOAST) the partitions dropped by ``cleanup()`` held (labels:
+store, schema, table)."""
 
 PG_METRIC_NAMES: tuple[str, ...] = (
     GUARDED_PG_POOL_SIZE,
@@ -70,6 +79,9 @@ PG_METRIC_NAMES: tuple[str, ...] = (
     GUARDED_PG_TABLE_STATS_TIMESTAMP,
     GUARDED_PG_CLEANUP_DELETED_ROWS_TOTAL,
     GUARDED_PG_MIGRATION_VERSION,
+    GUARDED_PG_PARTITION_HORIZON,
+    GUARDED_PG_PARTITIONS_DROPPED_TOTAL,
+    GUARDED_PG_PARTITION_DROPPED_BYTES_TOTAL,
 )
 """Every Postgres backend metric name."""
 
@@ -355,3 +367,7 @@ ALERT_POOLER_MISMATCH = "GuardedPoolerMismatch"
 """A store keeps failing operations on :data:`GUARDED_PG_POOLER_ERRORS_TOTAL`: its ``pooler`` setting
 does not suit the connection pooler in front of the server."""
 ALERT_NAMES = (*ALERT_NAMES, ALERT_POOLER_MISMATCH)
+ALERT_PARTITION_HORIZON_NEAR = "GuardedPgPartitionHorizonNear"
+"""A partitioned table's newest partition ends soon: partition maintenance has stopped creating
+partitions ahead, and rows timed past the horizon would go to the default partition."""
+ALERT_NAMES = (*ALERT_NAMES, ALERT_PARTITION_HORIZON_NEAR)

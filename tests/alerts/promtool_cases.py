@@ -1325,6 +1325,65 @@ def pooler_mismatch() -> dict[str, Any]:
     )
 
 
+# --- 14. partition horizon -----------------------------------------------------------------------
+
+HORIZON_NEAR = alerts.PARTITION_HORIZON_MIN_SECONDS + 600
+"""A horizon that comes within the threshold at minute 10 (``time()`` starts at 0)."""
+WEEK_AHEAD = 7 * 86400
+
+
+def _horizon(values: str, instance: str = INSTANCE, table: str = "flow_events") -> Series:
+    labels = {
+        **PROCESS,
+        alerts.LABEL_INSTANCE: instance,
+        names.LABEL_SCHEMA: "tenant_a",
+        names.LABEL_TABLE: table,
+    }
+    return series(names.GUARDED_PG_PARTITION_HORIZON, values, labels)
+
+
+def horizon_near(left: str, table: str = "flow_events") -> dict[str, Any]:
+    return fired(
+        {
+            alerts.LABEL_JOB: JOB,
+            names.LABEL_SCHEMA: "tenant_a",
+            names.LABEL_TABLE: table,
+            "severity": "warning",
+        },
+        f"Partitions of tenant_a.{table} end in less than 3 days",
+        f"The newest partition of table {table} in schema tenant_a ends in {left}: partition maintenance has "
+        "not created partitions ahead (it keeps a week) for 30 minutes and more. Past that time rows go to "
+        "the default partition: writes go on, but retention cannot drop those rows with a partition and "
+        "creating their partition later has to move them.",
+        RUNBOOK + "#guardedpgpartitionhorizonnear",
+    )
+
+
+def partition_horizon() -> dict[str, Any]:
+    alert = names.ALERT_PARTITION_HORIZON_NEAR
+    return unit_test_file(
+        case(
+            "maintenance stopped: the horizon comes within 3 days at minute 10 and it warns 30 minutes later",
+            [_horizon(steps((91, HORIZON_NEAR))), _horizon(steps((91, WEEK_AHEAD)), table="state_updates")],
+            [
+                *silent(alert, [5, 10, 30, 40]),
+                at(42, alert, horizon_near("2d 23h 28m 0s")),
+                at(90, alert, horizon_near("2d 22h 40m 0s")),
+            ],
+        ),
+        case(
+            "maintenance running on another process of the job: the newest horizon counts, silent",
+            [_horizon(steps((91, HORIZON_NEAR))), _horizon(steps((91, WEEK_AHEAD)), instance=INSTANCE_2)],
+            silent(alert, [30, 42, 90]),
+        ),
+        case(
+            "a horizon maintenance moves a day ahead now and then: silent",
+            [_horizon(steps((30, WEEK_AHEAD), (61, WEEK_AHEAD + 86400)))],
+            silent(alert, [10, 42, 90]),
+        ),
+    )
+
+
 # --- every alert through a 30 s database failover -------------------------------------------------
 
 BLIP_INTERVAL = "15s"
@@ -1452,6 +1511,7 @@ _BUILDERS = {
     "deadletter-replay-stalled.yml": (names.ALERT_REPLAY_STALLED, replay_stalled),
     "error-budget-burn.yml": (names.ALERT_ERROR_BUDGET_BURN, error_budget_burn),
     "latency-p99.yml": (names.ALERT_LATENCY_P99, latency_p99),
+    "partition-horizon-near.yml": (names.ALERT_PARTITION_HORIZON_NEAR, partition_horizon),
     "memory-degraded.yml": (names.ALERT_MEMORY_DEGRADED, memory_degraded),
     "task-failure-ratio.yml": (names.ALERT_TASK_FAILURE_RATIO, task_failure_ratio),
     "pool-saturated.yml": (names.ALERT_POOL_SATURATED, pool_saturated),

@@ -288,6 +288,18 @@ MUTATIONS = [
     Mutation("replica-skipped-no-for", names.ALERT_REPLICA_SKIPPED, _drop_for, "replica-skipped.yml"),
     Mutation("pooler-mismatch-no-for", names.ALERT_POOLER_MISMATCH, _drop_for, "pooler-mismatch.yml"),
     Mutation(
+        "partition-horizon-no-for",
+        names.ALERT_PARTITION_HORIZON_NEAR,
+        _drop_for,
+        "partition-horizon-near.yml",
+    ),
+    Mutation(
+        "partition-horizon-of-the-stalest-process",
+        names.ALERT_PARTITION_HORIZON_NEAR,
+        _replace("max by (", "min by ("),
+        "partition-horizon-near.yml",
+    ),
+    Mutation(
         "tasks-count-cancelled-as-failed",
         names.ALERT_TASK_FAILURE_RATIO,
         _replace('{event_type="task_failed"}', '{event_type=~"task_cancelled|task_failed"}'),

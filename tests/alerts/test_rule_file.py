@@ -192,6 +192,7 @@ def test_rules_aggregate_by_bounded_labels_only() -> None:
         names.LABEL_OUTCOME,
         names.LABEL_TASK_TYPE,
         names.LABEL_POOLER_ERROR_KIND,
+        names.LABEL_TABLE,
     }
     for rule in _rules():
         for group in re.findall(r"\b(?:by|on) \(([^)]*)\)", rule["expr"]):
