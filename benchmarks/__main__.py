@@ -21,6 +21,8 @@ Sections run in order:
   events and 20 MB).
 * ``history``: ``load_history`` p50/p99 of one trace while ``flow_events`` grows to 10,000,
   1,000,000 and 10,000,000 events (``--quick``: 10,000 to 1,000,000).
+* ``retention``: one day of 30 expired by ``cleanup()``: dropping its partition against the
+  batched ``DELETE`` (and ``VACUUM``) of an unpartitioned table, time and space returned.
 * ``workers``: 1, 2 and 4 worker processes writing and reading through ``guard(PostgresStateStore)``
   against one server: events per second, scaling, p50/p99 from call to commit, server connections;
   directly and through PgBouncer in transaction mode.
@@ -56,6 +58,7 @@ from . import (
     pooler_cost,
     postgres_bench,
     postgres_protocol,
+    retention_bench,
     snapshot_bench,
     workers_bench,
 )
@@ -72,9 +75,10 @@ POSTGRES = postgres_bench.SECTION
 DURABILITY = durability_bench.SECTION
 SNAPSHOTS = snapshot_bench.SECTION
 HISTORY = history_bench.SECTION
+RETENTION = retention_bench.SECTION
 WORKERS = workers_bench.SECTION
-SECTIONS = (GUARD, PROTOCOL, POOLING, POSTGRES, DURABILITY, SNAPSHOTS, HISTORY, WORKERS)
-POSTGRES_SECTIONS = (PROTOCOL, POOLING, POSTGRES, DURABILITY, SNAPSHOTS, HISTORY, WORKERS)
+SECTIONS = (GUARD, PROTOCOL, POOLING, POSTGRES, DURABILITY, SNAPSHOTS, HISTORY, RETENTION, WORKERS)
+POSTGRES_SECTIONS = (PROTOCOL, POOLING, POSTGRES, DURABILITY, SNAPSHOTS, HISTORY, RETENTION, WORKERS)
 PGBOUNCER_POOL_SIZE = 15
 """PgBouncer's ``default_pool_size`` in front of the bench server: fewer server connections than the
 4 workers' pools of 10 (40 client connections) would open directly."""
@@ -178,6 +182,12 @@ async def _run_postgres(
         history = await history_bench.run(dsn, sizes=sizes, reads=20 if tiny else history_bench.READS)
         printed.append(history_bench.format_report(history))
         met &= all(passed for _, passed in history_bench.verdicts(history)) or tiny
+    if RETENTION in sections:
+        _say(f"running {RETENTION} ...")
+        per_day = 1_000 if tiny else 20_000 if quick else retention_bench.EVENTS_PER_DAY
+        retention = await retention_bench.run(dsn, per_day=per_day)
+        printed.append(retention_bench.format_report(retention))
+        met &= retention_bench.speedup(retention) >= retention_bench.TARGET_SPEEDUP or quick
     if WORKERS in sections:
         _say(f"running {WORKERS} ...")
         seconds = 0.5 if tiny else 2.0 if quick else workers_bench.SECONDS

@@ -51,6 +51,8 @@ def test_tiny_run_reports_every_method_and_target(capsys: pytest.CaptureFixture[
         "== workers: ",
         "== history: load_history",
         "load_history p50 flat within 1.5x",
+        "== retention: one day of 30",
+        "by partition drop >= 100x faster than DELETE",
         "x 1 worker",
     ):
         assert target in report, target
