@@ -179,7 +179,17 @@ async def _run_postgres(
     if HISTORY in sections:
         _say(f"running {HISTORY} ...")
         sizes = (1_000, 5_000) if tiny else (10_000, 100_000, 1_000_000) if quick else history_bench.SIZES
-        history = await history_bench.run(dsn, sizes=sizes, reads=20 if tiny else history_bench.READS)
+        history = [
+            row
+            for layout, options in history_bench.LAYOUTS.items()
+            for row in await history_bench.run(
+                dsn,
+                sizes=sizes,
+                reads=20 if tiny else history_bench.READS,
+                layout=layout,
+                store_options=options,
+            )
+        ]
         printed.append(history_bench.format_report(history))
         met &= all(passed for _, passed in history_bench.verdicts(history)) or tiny
     if RETENTION in sections:

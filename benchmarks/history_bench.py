@@ -22,11 +22,15 @@ from prometheus_client import CollectorRegistry
 
 from guarded import controller, guard
 from guarded.backends.postgres import PostgresStateStore
+from guarded.backends.postgres.partitioning import PARTITIONED_TABLES, create_partition, period_start
 from guarded.models import StoredEvent
 
 SECTION = "history"
 SCHEMA = "bench_history"
 SIZES = (10_000, 1_000_000, 10_000_000)
+LAYOUTS = {"plain": {}, "daily": {"partitioning": "daily"}}
+"""Table layouts measured: unpartitioned, and a partition per day (30 of them hold the rows)."""
+DAYS = 30
 PROBES = 10
 PROBE_EVENTS = 100
 READS = 300
@@ -53,7 +57,7 @@ def _percentile(values: Sequence[float], fraction: float) -> float:
 async def _grow(conn: asyncpg.Connection, schema: str, start: int, stop: int, now: float) -> None:
     await conn.execute(
         f"INSERT INTO {schema}.flow_events (trace_id, ts, kind, node_name, node_id, event_fp, payload) "
-        "SELECT 'bulk-' || (g / 1000), $3::float8 - (g % (30 * 86400)), 'node', 'n', NULL, "
+        f"SELECT 'bulk-' || (g / 1000), $3::float8 - (g % ({DAYS} * 86400)), 'node', 'n', NULL, "
         "int8send(g), '{\"i\": 1}'::json FROM generate_series($1::bigint, $2::bigint - 1) AS g",
         start,
         stop,
@@ -83,6 +87,16 @@ async def run(
     )
     proxy = guard(store, name="history", registry=CollectorRegistry())
     now = time.time()
+    if (store_options or {}).get("partitioning") == "daily":
+        # The past days' partitions (the store keeps only today's and the week ahead).
+        events = next(table for table in PARTITIONED_TABLES if table.name == "flow_events")
+        today = period_start("daily", now)
+        ddl = await asyncpg.connect(dsn)
+        try:
+            for day in range(1, DAYS + 1):
+                await create_partition(ddl, schema, events, today - day * DAY, today - (day - 1) * DAY)
+        finally:
+            await ddl.close()
     probes = [f"probe-{index}" for index in range(PROBES)]
     for trace in probes:
         await proxy.save_events(
@@ -161,7 +175,11 @@ def main() -> int:
     from guarded.testing.postgres import embedded_postgres
 
     with embedded_postgres() as server:
-        rows = asyncio.run(run(server.dsn))
+        rows = [
+            row
+            for layout, options in LAYOUTS.items()
+            for row in asyncio.run(run(server.dsn, layout=layout, store_options=options))
+        ]
     print(format_report(rows))
     return 0
 
