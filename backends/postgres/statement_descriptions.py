@@ -11,6 +11,11 @@ A statement seen before goes out as Parse, Bind, Execute and Sync -- one message
 Sync, which a transaction pooler never splits, and one round trip. The statement stays unnamed and
 is parsed again by the server each time: nothing is kept on a server connection.
 
+asyncpg writes the Parse of such a statement on its own, then Bind, Execute and Sync: two TCP
+segments, each waking the pooler (and the server) -- about 25 µs per statement through PgBouncer
+on loopback. The connection holds a lone Parse and sends it with the next write, which asyncpg makes
+at once (a fallback sends it at the loop's next turn should nothing follow).
+
 A description is dropped with asyncpg's own statement cache (``reload_schema_state()``, a codec
 change, a statement that the server says changed its result type); at most
 :data:`DESCRIPTIONS_PER_CONNECTION` are kept, the least recently used dropped first.
@@ -36,6 +41,8 @@ class DescribedStatementConnection(asyncpg.Connection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._descriptions: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        asyncpg_side: Any = self
+        send_parse_with_next_write(asyncpg_side._transport, asyncpg_side._loop)
 
     async def _get_statement(
         self,
@@ -80,4 +87,37 @@ class DescribedStatementConnection(asyncpg.Connection):
         super()._drop_local_statement_cache()  # type: ignore[misc]
 
 
-__all__ = ["DESCRIPTIONS_PER_CONNECTION", "DescribedStatementConnection"]
+def _is_one_parse(data: Any) -> bool:
+    return data[:1] == b"P" and len(data) == 1 + int.from_bytes(data[1:5], "big")
+
+
+def send_parse_with_next_write(transport: Any, loop: Any) -> None:
+    """Make ``transport`` hold a write that is exactly one Parse message and send it together with
+    the next write (or at the loop's next turn). A transport whose ``write`` cannot be replaced
+    (uvloop's) is left as it is."""
+    write = transport.write
+    held: list[bytes] = []
+
+    def flush() -> None:
+        if held:
+            data = held[0]
+            held.clear()
+            write(data)
+
+    def write_with_parse(data: Any) -> None:
+        if held:
+            data = held[0] + bytes(data)
+            held.clear()
+        elif _is_one_parse(data):
+            held.append(bytes(data))
+            loop.call_soon(flush)
+            return
+        write(data)
+
+    try:
+        transport.write = write_with_parse
+    except AttributeError:
+        return
+
+
+__all__ = ["DESCRIPTIONS_PER_CONNECTION", "DescribedStatementConnection", "send_parse_with_next_write"]

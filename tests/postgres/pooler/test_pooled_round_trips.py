@@ -10,6 +10,7 @@ server.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +21,7 @@ import pytest
 import pytest_asyncio
 
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
+from guarded.backends.postgres.statement_descriptions import send_parse_with_next_write
 from guarded.testing.pgbouncer import PgBouncer
 
 from ..conftest import StoreFactory
@@ -160,3 +162,37 @@ async def test_a_changed_schema_state_drops_the_kept_descriptions(make_store: St
     sent.types.clear()
     assert await store.load_memory_state("k") == {"v": 1}
     assert "D" in sent.types  # described again
+
+
+class RecordingTransport:
+    """Records each write as the socket would get it."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+
+def _message(kind: bytes, body: bytes = b"") -> bytes:
+    return kind + (4 + len(body)).to_bytes(4, "big") + body
+
+
+@pytest.mark.asyncio
+async def test_a_lone_parse_goes_out_with_the_next_write() -> None:
+    transport = RecordingTransport()
+    send_parse_with_next_write(transport, asyncio.get_running_loop())
+    parse = _message(b"P", b"\x00SELECT 1\x00\x00\x00")
+    bind_execute_sync = _message(b"B", b"\x00\x00") + _message(b"E", b"\x00\x00\x00\x00\x00") + _message(b"S")
+    transport.write(parse)
+    assert transport.writes == []
+    transport.write(bind_execute_sync)
+    assert transport.writes == [parse + bind_execute_sync]
+    # Parse with Describe and Flush is not held; a lone Parse with nothing after goes out at the
+    # loop's next turn.
+    describe = parse + _message(b"D", b"S\x00") + _message(b"H")
+    transport.write(describe)
+    assert transport.writes[-1] == describe
+    transport.write(parse)
+    await asyncio.sleep(0)
+    assert transport.writes[-1] == parse
