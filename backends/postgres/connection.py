@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -62,6 +63,8 @@ from .pooler import (
 from .statement_descriptions import DescribedStatementConnection
 
 T = TypeVar("T")
+
+logger = logging.getLogger("guarded.backends.postgres")
 
 Connection = asyncpg.Connection | PoolConnectionProxy
 """What operations receive: a pooled connection."""
@@ -453,6 +456,14 @@ class Database:
             await release(pool, conn)
         if server_timeout_suffices(default, self._statement_timeout):
             self._begin = None
+        else:
+            logger.info(
+                "behind a transaction pooler each operation sets statement_timeout in a transaction "
+                "of its own (two more round trips per call): the server's default is %s ms; set the "
+                "role's or database's statement_timeout to at most %s ms to save them",
+                default,
+                int((self._statement_timeout or 0) * 1000),
+            )
         self._timeout_known = True
 
     @staticmethod
