@@ -269,7 +269,7 @@ def _release_needs_no_io(pool: Any, conn: Any) -> bool:
             and con._top_xact is None
             and not con._query_loggers
             and not con.is_closed()
-            and not pool._closing
+            and not pool.is_closing()
         )
     except AttributeError:  # an asyncpg whose pool works otherwise: release it the usual way
         return False

@@ -22,6 +22,7 @@ import pytest_asyncio
 
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
 from guarded.backends.postgres.statement_descriptions import send_parse_with_next_write
+from guarded.pipeline.idempotency import idempotency_key
 from guarded.testing.pgbouncer import PgBouncer
 
 from ..conftest import StoreFactory
@@ -196,3 +197,24 @@ async def test_a_lone_parse_goes_out_with_the_next_write() -> None:
     transport.write(parse)
     await asyncio.sleep(0)
     assert transport.writes[-1] == parse
+
+
+@pytest.mark.asyncio
+async def test_a_consume_of_two_statements_keeps_one_transaction_when_the_server_sets_the_timeout(
+    make_store: StoreFactory, pg_bouncer: PgBouncer, database_with_timeout: str
+) -> None:
+    sent = SentMessages()
+    dsn = _through(pg_bouncer, database_with_timeout)
+    store = await _store(make_store, sent, dsn=dsn, statement_timeout=1.0)
+    await store.save_planner_state("token", {"v": 1})
+    assert not store._db.wraps_operations
+    with idempotency_key("consumer"):
+        assert await store.load_planner_state("token") == {"v": 1}
+        sent.types.clear()
+        # Consumed by this key already: the mark finds nothing, the repeat check answers.
+        assert await store.load_planner_state("token") == {"v": 1}
+    # BEGIN, the mark, the repeat check, COMMIT: one transaction, so one server connection.
+    assert sent.types.count("Q") == 2
+    assert sent.types[0] == "Q"
+    assert sent.types[-1] == "Q"
+    assert sent.types.count("E") == 2
