@@ -60,9 +60,17 @@ class QueryRecorder:
     def __init__(self) -> None:
         self.recording = False
         self.statements: list[Statement] = []
+        self._connections: list[asyncpg.Connection] = []
 
     async def install(self, conn: asyncpg.Connection) -> None:
         conn.add_query_logger(self._logged)
+        self._connections.append(conn)
+
+    def uninstall(self) -> None:
+        """Stop logging (before timing: a query logger costs the store's calls, not the raw pools')."""
+        for conn in self._connections:
+            conn.remove_query_logger(self._logged)
+        self._connections.clear()
 
     def _logged(self, record: Any) -> None:
         if self.recording:
@@ -263,6 +271,7 @@ async def run(
     proxy = guard(store, name="bench-protocol", registry=CollectorRegistry())
     try:
         series = await build(store, proxy, raw, raw_no_reset, recorder, methods)
+        recorder.uninstall()
         await measure(series, rounds=rounds, per_round=per_round)
     finally:
         await controller(proxy).aclose()

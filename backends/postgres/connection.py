@@ -20,14 +20,19 @@ committed or rolled back, a lock is transaction-scoped), so a connection that ra
 only rolled back if a transaction is open (asyncpg does that on every release) and given back.
 Any other release -- a statement cancelled or failed, a migration (which sets session state), a
 connection borrowed from :attr:`PostgresStateStore.pool` by the application -- gets asyncpg's full
-reset, as before.
+reset, as before. A release that sends nothing at all runs in place (:func:`release`) rather than
+in the task of its own that ``Pool.release()`` starts for every release.
 
 **Behind a transaction pooler** (``PoolSettings.pooler="transaction"``, see :mod:`.pooler`) the
-pool sends no ``statement_timeout`` start-up parameter and prepares no named statements, every
-operation runs in a transaction of its own that starts with ``SET LOCAL statement_timeout``, and a
-released connection gets no reset at all (asyncpg's rollback of an open transaction aside). In
-either mode an error that shows the settings do not suit the pooler in front of the server is
-raised as a :class:`~.pooler.PoolerMismatchError` naming the setting to change.
+pool sends no ``statement_timeout`` start-up parameter and prepares no named statements (each
+statement is described once per connection and then sent unnamed in one round trip, see
+:mod:`.statement_descriptions`); every operation runs in a transaction of its own that starts with
+``SET LOCAL statement_timeout`` -- unless the server connections' own default already cancels
+within the store's timeout (checked once, on the first operation), and then the operation is its
+statements alone. A released connection gets no reset at all (asyncpg's rollback of an open
+transaction aside). In either mode an error that shows the settings do not suit the pooler in
+front of the server is raised as a :class:`~.pooler.PoolerMismatchError` naming the setting to
+change.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -46,9 +52,19 @@ from asyncpg.pool import PoolConnectionProxy
 
 from .database_metrics import StoreMetrics
 from .options import check_options
-from .pooler import TRANSACTION, begin_statement, check_pooler, explain_pooler_error
+from .pooler import (
+    SERVER_DEFAULT_TIMEOUT,
+    TRANSACTION,
+    begin_statement,
+    check_pooler,
+    explain_pooler_error,
+    server_timeout_suffices,
+)
+from .statement_descriptions import DescribedStatementConnection
 
 T = TypeVar("T")
+
+logger = logging.getLogger("guarded.backends.postgres")
 
 Connection = asyncpg.Connection | PoolConnectionProxy
 """What operations receive: a pooled connection."""
@@ -61,6 +77,11 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,  # reset, refused, broken pipe
 )
 """Errors that mean the connection, not the statement, failed."""
+
+
+MANY_ROWS = 1000
+"""An answer of this many rows or more is let go of before the operation returns (see
+:meth:`Database.run`); a smaller one when the caller next waits."""
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -154,6 +175,8 @@ async def create_pool(dsn: str | None, settings: PoolSettings) -> asyncpg.Pool:
     if transaction_pooled:
         options["statement_cache_size"] = 0
         options["reset"] = keep_session
+        if "connection_class" not in settings.extra:
+            options["connection_class"] = DescribedStatementConnection
     elif "connection_class" not in settings.extra and "reset" not in settings.extra:
         options["connection_class"] = StoreConnection
         options["reset"] = reset_session
@@ -180,6 +203,11 @@ class StoreConnection(asyncpg.Connection):
     def vouch_session_clean(self) -> None:
         """This connection's last user ran only statements that leave no session state."""
         self._session_clean = True
+
+    @property
+    def session_clean(self) -> bool:
+        """Whether the connection was vouched clean since it was acquired."""
+        return self._session_clean
 
     def take_session_clean(self) -> bool:
         """Whether the connection was vouched clean since it was acquired (and forget it)."""
@@ -209,6 +237,59 @@ def transaction(conn: Connection) -> contextlib.AbstractAsyncContextManager[Any]
     if conn.is_in_transaction():
         return contextlib.nullcontext()
     return conn.transaction()
+
+
+def one_transaction(db: Database, conn: Connection) -> contextlib.AbstractAsyncContextManager[Any]:
+    """For an operation of several statements: behind a transaction pooler they must share one
+    transaction (each statement could otherwise run on another server connection), which
+    :func:`transaction` opens unless the operation already runs in one of its own; on a direct
+    connection nothing (the statements share the connection)."""
+    if db.transaction_pooled:
+        return transaction(conn)
+    return contextlib.nullcontext()
+
+
+def _release_needs_no_io(pool: Any, conn: Any) -> bool:
+    """Whether asyncpg's release of ``conn`` would send nothing and wait for nothing: the same
+    connection generation, under its query limit, no cancellation or transaction to wait for or roll
+    back, a reset on release that sends nothing (behind a transaction pooler, or vouched clean),
+    and no query logger (asyncpg tells loggers in callbacks the loop runs after the statement: the
+    usual release lets the loop turn, so they have run when the call returns)."""
+    try:
+        con = conn._con
+        holder = conn._holder
+        reset = pool._reset
+        protocol = con._protocol
+        return (
+            (reset is keep_session or (reset is reset_session and con.session_clean))
+            and holder._generation == pool._generation
+            and protocol.queries_count < holder._max_queries
+            and not protocol._is_cancelling()
+            and not protocol.is_in_transaction()
+            and con._top_xact is None
+            and not con._query_loggers
+            and not con.is_closed()
+            and not pool.is_closing()
+        )
+    except AttributeError:  # an asyncpg whose pool works otherwise: release it the usual way
+        return False
+
+
+async def release(pool: asyncpg.Pool, conn: Any) -> None:
+    """Give ``conn`` back to ``pool``, without a task of its own when nothing is sent.
+
+    ``Pool.release()`` runs the release in a task behind ``asyncio.shield()`` (so a cancelled
+    caller cannot leave a reset half done): two more turns of the event loop per call, about a
+    tenth of a direct statement's time. When the release sends nothing and waits for nothing
+    (:func:`_release_needs_no_io`) there is nothing for a cancellation to interrupt, and the holder's
+    own release runs in place -- the same code, the same bookkeeping (listeners checked, the proxy
+    detached, the idle timer armed, the holder queued)."""
+    if _release_needs_no_io(pool, conn):
+        holder = conn._holder
+        conn._con._on_release()
+        await holder.release(holder._timeout)
+        return
+    await pool.release(conn)
 
 
 def _vouch_clean(conn: Connection) -> None:
@@ -243,6 +324,9 @@ class Database:
             if settings is not None and settings.transaction_pooled
             else None
         )
+        self._timeout_known = self._begin is None
+        """Whether how ``statement_timeout`` is enforced is settled (:meth:`_learn_server_timeout`)."""
+        self._statement_timeout = settings.statement_timeout if settings is not None else None
         self._opener = opener
         self._open_lock = asyncio.Lock()
         self.metrics = metrics
@@ -292,7 +376,7 @@ class Database:
             await pool.release(conn)
             raise
         else:
-            await pool.release(conn)
+            await release(pool, conn)
 
     def _release_later(self, pool: asyncpg.Pool, conn: PoolConnectionProxy[Any]) -> None:
         """Release ``conn`` in a task of its own (kept referenced until it ends)."""
@@ -327,12 +411,60 @@ class Database:
         return await self._run_once(operation)
 
     async def _run_once(self, operation: Callable[[Connection], Awaitable[T]]) -> T:
-        async with self.acquire() as conn:
+        # acquire() written out: the context manager's generator costs a few µs on every call.
+        pool = self._pool if self._pool is not None else await self.open()
+        if not self._timeout_known:
+            await self._learn_server_timeout(pool)
+        started = time.perf_counter()
+        conn = await pool.acquire()
+        try:
+            if self.metrics is not None:
+                self.metrics.observe_acquire(time.perf_counter() - started)
             if self._begin is not None:
-                return await self._in_transaction(conn, self._begin, operation)
-            result = await operation(conn)
-            _vouch_clean(conn)  # it ran to its end: no session state left behind
-            return result
+                result = await self._in_transaction(conn, self._begin, operation)
+            else:
+                result = await operation(conn)
+                _vouch_clean(conn)  # it ran to its end: no session state left behind
+        except (asyncio.CancelledError, TimeoutError):
+            self._release_later(pool, conn)  # as in acquire()
+            raise
+        except BaseException:
+            await pool.release(conn)
+            raise
+        await release(pool, conn)
+        if isinstance(result, list) and len(result) >= MANY_ROWS:
+            # The rows asyncpg answered with stay referenced by the event loop's callback that runs
+            # this task until it next waits (a release in place does not): let go of them now.
+            await asyncio.sleep(0)
+        return result
+
+    @property
+    def wraps_operations(self) -> bool:
+        """Whether each operation runs in a transaction of its own that sets the statement timeout
+        (behind a transaction pooler, until the server is known to enforce the timeout itself)."""
+        return self._begin is not None
+
+    async def _learn_server_timeout(self, pool: asyncpg.Pool) -> None:
+        """Behind a transaction pooler, once: when the server connections' own default (the role's,
+        the database's or the server's ``statement_timeout``) already cancels a statement within the
+        store's ``statement_timeout``, operations need no transaction of their own to set it -- two
+        round trips less per call. Otherwise each operation keeps its ``BEGIN; SET LOCAL``."""
+        conn = await pool.acquire()
+        try:
+            default = await conn.fetchval(SERVER_DEFAULT_TIMEOUT)
+        finally:
+            await release(pool, conn)
+        if server_timeout_suffices(default, self._statement_timeout):
+            self._begin = None
+        else:
+            logger.info(
+                "behind a transaction pooler each operation sets statement_timeout in a transaction "
+                "of its own (two more round trips per call): the server's default is %s ms; set the "
+                "role's or database's statement_timeout to at most %s ms to save them",
+                default,
+                int((self._statement_timeout or 0) * 1000),
+            )
+        self._timeout_known = True
 
     @staticmethod
     async def _in_transaction(
@@ -406,6 +538,8 @@ __all__ = [
     "create_pool",
     "is_connection_error",
     "keep_session",
+    "one_transaction",
+    "release",
     "transaction",
     "with_pooler",
 ]

@@ -61,7 +61,7 @@ from guarded.backend import (
 )
 
 from .bulk import last_per_key, last_write_wins, upsert_many, upsert_one, with_logical_times
-from .connection import Connection, Database
+from .connection import Connection, Database, one_transaction
 from .json_codec import check_text, dump_json_object, loads_json, to_db_text
 from .schema_names import qualified
 
@@ -169,9 +169,10 @@ class Pauses:
             [saved_at] = saved_by[:1]
 
             async def consume_held(conn: Connection) -> Any:
-                found = await conn.fetchval(self.take_saved_by, key, None, saved_at, ttl)
-                if found is None:
-                    await conn.execute(self.tombstone, key, ttl, saved_at)
+                async with one_transaction(self._db, conn):
+                    found = await conn.fetchval(self.take_saved_by, key, None, saved_at, ttl)
+                    if found is None:
+                        await conn.execute(self.tombstone, key, ttl, saved_at)
                 return found
 
             text = await self._db.run(consume_held, repeat_safe=False)
@@ -183,14 +184,15 @@ class Pauses:
             time = current_logical_time()
 
             async def consume(conn: Connection) -> Any:
-                if unanswered:
-                    found = await conn.fetchval(
-                        self.recover, key, consumer_key, time, ttl, unanswered, self.grace
-                    )
-                else:
-                    found = await conn.fetchval(self.mark, key, consumer_key, time, ttl)
-                if found is None:
-                    found = await conn.fetchval(self.repeat, key, consumer_key, self.grace)
+                async with one_transaction(self._db, conn):
+                    if unanswered:
+                        found = await conn.fetchval(
+                            self.recover, key, consumer_key, time, ttl, unanswered, self.grace
+                        )
+                    else:
+                        found = await conn.fetchval(self.mark, key, consumer_key, time, ttl)
+                    if found is None:
+                        found = await conn.fetchval(self.repeat, key, consumer_key, self.grace)
                 return found
 
             text = await self._db.run(consume)

@@ -9,9 +9,15 @@ the next transaction may run on another server connection, so nothing may live i
   track unless it is listed in its ``ignore_startup_parameters``);
 * timeouts: ``statement_timeout`` is set with ``SET LOCAL`` in each operation's transaction
   (:func:`begin_statement`): ``BEGIN`` and the ``SET LOCAL`` go in one round trip, ``COMMIT`` in
-  another. With ``statement_timeout=None`` operations run without a transaction of their own;
+  another. When the server connections start their sessions with a ``statement_timeout`` of their
+  own (the role's or the database's, ``ALTER ROLE app SET statement_timeout = '30s'``) no longer
+  than the store's, the server already enforces it and operations run without a transaction of
+  their own (:func:`server_timeout_suffices`, checked once on the first operation); so do they with
+  ``statement_timeout=None``;
 * no named prepared statements (asyncpg's ``statement_cache_size=0``): each statement is parsed
-  unnamed and executed in the same message flow, which a transaction pooler never splits;
+  unnamed and executed in the same message flow, which a transaction pooler never splits; its
+  description is kept per connection, so that flow is one round trip
+  (:mod:`.statement_descriptions`);
 * migrations under transaction-scoped advisory locks, nothing set on the session;
 * no reset on release (asyncpg still rolls back an open transaction): a session command would run
   on whichever server connection the pooler picked, another client's perhaps.
@@ -82,6 +88,23 @@ def begin_statement(statement_timeout: float | None) -> str | None:
     return f"BEGIN; SET LOCAL statement_timeout = {int(statement_timeout * 1000)}"
 
 
+SERVER_DEFAULT_TIMEOUT = "SELECT reset_val FROM pg_settings WHERE name = 'statement_timeout'"
+"""The ``statement_timeout`` a server connection starts each session with (milliseconds, as text):
+the role's, the database's or the server's setting, whatever a client ``SET`` on the session."""
+
+
+def server_timeout_suffices(default_ms: object, statement_timeout: float | None) -> bool:
+    """Whether a server whose sessions start with ``statement_timeout = default_ms`` cancels every
+    statement within ``statement_timeout`` seconds already (``0``, no limit, never does)."""
+    if statement_timeout is None:
+        return True
+    try:
+        default = int(str(default_ms))
+    except ValueError:
+        return False
+    return 0 < default <= int(statement_timeout * 1000)
+
+
 def pooler_error_kind(exc: BaseException) -> str | None:
     """Which :data:`POOLER_ERROR_KINDS` ``exc`` is, or ``None`` when it is no pooler mismatch.
 
@@ -116,6 +139,7 @@ __all__ = [
     "POOLER_SETTING",
     "PREPARED_STATEMENT_EXISTS",
     "PREPARED_STATEMENT_MISSING",
+    "SERVER_DEFAULT_TIMEOUT",
     "SESSION",
     "STARTUP_PARAMETER_REFUSED",
     "TRANSACTION",
@@ -124,4 +148,5 @@ __all__ = [
     "check_pooler",
     "explain_pooler_error",
     "pooler_error_kind",
+    "server_timeout_suffices",
 ]
