@@ -175,7 +175,11 @@ class StoreMetrics:
             families.pool_in_use.labels(*self.labels).set_function(pool_in_use)
         self._acquire = families.acquire_seconds.labels(*self.labels)
         self._connection_errors = families.connection_errors.labels(*self.labels)
-        self._pooler_error_kinds: set[str] = set()
+        # Every kind exported from the start at zero: a panel shows a rate of none, and an
+        # increase() sees the first error (a series born at 1 has no increase to show).
+        self._pooler_error_kinds = set(names.PG_POOLER_ERROR_KINDS)
+        for kind in self._pooler_error_kinds:
+            families.pooler_errors.labels(*self.labels, kind)
 
     def observe_acquire(self, seconds: float) -> None:
         self._acquire.observe(seconds)
@@ -185,7 +189,6 @@ class StoreMetrics:
 
     def pooler_error(self, kind: str) -> None:
         """An operation failed on a pooler mismatch of ``kind`` (one of the bounded set)."""
-        self._pooler_error_kinds.add(kind)
         self.families.pooler_errors.labels(*self.labels, kind).inc()
 
     def set_schema_version(self, version: int, expected: int) -> None:

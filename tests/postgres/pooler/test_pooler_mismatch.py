@@ -99,6 +99,13 @@ async def test_named_prepared_statements_fail_across_transactions_with_several_c
         pool=PoolSettings(min_size=4, max_size=4, statement_timeout=None, command_timeout=30.0),
         types=DEFAULT_TYPES,
     )
+    # Every kind is exported at zero before any error: the first one shows as an increase.
+    assert [
+        registry.get_sample_value(
+            names.GUARDED_PG_POOLER_ERRORS_TOTAL, {"store": "postgres", "schema": schema_name, "kind": kind}
+        )
+        for kind in POOLER_ERROR_KINDS
+    ] == [0.0] * len(POOLER_ERROR_KINDS)
     failures: list[BaseException] = []
     for _ in range(50):  # rounds of concurrent reads until the clients have swapped server connections
         results = await asyncio.gather(
