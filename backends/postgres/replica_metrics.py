@@ -83,6 +83,9 @@ class ReplicaMetrics:
             target: reads.labels(store, schema, target) for target in (PRIMARY, *self._replicas)
         }
         """The read counter of each target (``primary``, ``replica0``, ...)."""
+        for replica in self._replicas:  # at zero from the start: the first skip shows as an increase
+            for reason in SKIP_REASONS:
+                self._families.skipped.labels(store, schema, replica, reason)
 
     def set_lag(self, replica: str, seconds: float) -> None:
         self._families.lag_seconds.labels(*self._labels, replica).set(seconds)

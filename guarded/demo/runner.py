@@ -2,7 +2,8 @@
 
 1. Start an embedded PostgreSQL (``synchronous_commit`` on, so a crash loses no commit the store
    saw) unless one is given.
-2. Open ``PostgresStateStore`` and wrap it with ``guard()``: short deadlines so faults show
+2. Start a streaming replica of it, open ``PostgresStateStore`` (partitioned daily, history and
+   list reads routed to the replica) and wrap it with ``guard()``: short deadlines so faults show
    quickly, a dead-letter spill file, every metric on one registry served on ``/metrics``.
 3. Run the sessions of :mod:`~guarded.demo.workload` (and a real PenguiFlow flow when installed)
    while :class:`~guarded.demo.faults.FaultInjector` runs the fault schedule, with a live view.
@@ -164,10 +165,17 @@ async def run_demo(
             out.write("starting PostgreSQL ...\n")
             out.flush()
             await asyncio.to_thread(server.start)
-        with tempfile.TemporaryDirectory(prefix="guarded-demo-") as scratch, LogCapture() as logs:
-            spill = options.spill_path or str(Path(scratch) / "dlq-{name}.sqlite")
-            result = await _run_store(options, schedule, server, spill, out, registry, metrics, logs)
-            gc.collect()  # driver futures of killed connections report "never retrieved" when collected
+        replica = await _start_replica(server, out)
+        try:
+            with tempfile.TemporaryDirectory(prefix="guarded-demo-") as scratch, LogCapture() as logs:
+                spill = options.spill_path or str(Path(scratch) / "dlq-{name}.sqlite")
+                result = await _run_store(
+                    options, schedule, server, replica, spill, out, registry, metrics, logs
+                )
+                gc.collect()  # driver futures of killed connections report "never retrieved" when collected
+        finally:
+            if replica is not None:
+                await asyncio.to_thread(replica.destroy)
         result.log_records = dict(logs.counts)
         result.verdict.info["log_records"] = result.log_records
         return result
@@ -178,10 +186,23 @@ async def run_demo(
             metrics.close()
 
 
+async def _start_replica(server: EmbeddedPostgres, out: TextIO) -> EmbeddedPostgres | None:
+    """A streaming replica of ``server`` for the history and list reads (as a deployment with read
+    replicas runs); ``None``, said, when one cannot be made (the demo goes on on the primary)."""
+    out.write("starting a streaming replica ...\n")
+    out.flush()
+    try:
+        return await asyncio.to_thread(server.start_replica)
+    except EmbeddedPostgresError as exc:
+        out.write(f"no replica ({str(exc).splitlines()[0]}): every read goes to the primary\n")
+        return None
+
+
 async def _run_store(
     options: DemoOptions,
     schedule: list[PlannedFault],
     server: EmbeddedPostgres,
+    replica: EmbeddedPostgres | None,
     spill: str,
     out: TextIO,
     registry: CollectorRegistry,
@@ -203,6 +224,7 @@ async def _run_store(
         ),
         artifact_retention=ArtifactRetentionConfig(max_artifact_bytes=MAX_ARTIFACT_BYTES),
         partitioning="daily",  # as a high-volume deployment runs: the dashboard's partition panels show it
+        replica_dsn=None if replica is None else replica.dsn,
     )
     try:
         store = guard(backend, name=STORE_NAME, registry=registry, config=demo_guard_config(spill))
