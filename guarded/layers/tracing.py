@@ -47,6 +47,9 @@ class TracingLayer(StepLayer):
         self._provider = tracer_provider
         self.off_until = float("-inf")
         """Until this ``time.monotonic()`` no span could record (see :data:`RECHECK_SECONDS`)."""
+        self.on = False
+        """A span could record: an SDK provider whose sampler does not drop all. It stays so (a
+        provider's sampler is fixed, and the global provider is set once)."""
 
     def _tracing_off(self) -> bool:
         """Whether no span could record: no SDK provider at all, or one whose sampler drops all.
@@ -63,6 +66,7 @@ class TracingLayer(StepLayer):
         if type(provider) is ProxyTracerProvider or getattr(provider, "sampler", None) is ALWAYS_OFF:
             self.off_until = now + RECHECK_SECONDS
             return True
+        self.on = True
         return False
 
     def step(self, method: MethodSetup, inner: Service) -> Step:
@@ -79,8 +83,8 @@ class TracingLayer(StepLayer):
         layer = self
 
         def begin(call: Call) -> Handled | None:
-            # tracing_off()'s usual answer, inlined: no span could record, nothing to do.
-            if _monotonic() < layer.off_until or tracing_off():
+            # tracing_off()'s usual answers, inlined: no span could record, nothing to do.
+            if not layer.on and (_monotonic() < layer.off_until or tracing_off()):
                 return None
             return Handled(spanned(call))
 

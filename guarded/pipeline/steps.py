@@ -258,7 +258,15 @@ def run_steps(
                 return result
             return await resume(call, result.awaitable, ok_at[oks.index(ok)])
         # The layer of ``enter`` answers the call itself.
-        return await resume(call, waiting.awaitable, stopped(call, enter))
+        below = stopped(call, enter)
+        if below:
+            return await resume(call, waiting.awaitable, below)
+        # No step outside it (the tracing layer's span): its answer is the call's.
+        try:
+            return await waiting.awaitable
+        finally:
+            if answers:
+                call.answered()
 
     return run
 
