@@ -84,10 +84,12 @@ def outage_config(
     batching: BatchConfig | None = None,
     breaker: BreakerConfig | None = None,
     dead_letter: DeadLetterConfig | None = None,
+    timeout: TimeoutConfig | None = None,
 ) -> GuardConfig:
     """Short timeouts, quick retries, a breaker that reopens for probes fast, a fast replay."""
     return GuardConfig(
-        timeout=TimeoutConfig(attempt=ATTEMPT, deadline=DEADLINE, critical_deadline=CRITICAL_DEADLINE),
+        timeout=timeout
+        or TimeoutConfig(attempt=ATTEMPT, deadline=DEADLINE, critical_deadline=CRITICAL_DEADLINE),
         retry=RetryConfig(initial_backoff=0.01, max_backoff=0.05, jitter=0.01),
         breaker=breaker or BreakerConfig(window_size=50, minimum_calls=10, open_duration=0.2),
         batching=batching or BatchConfig(max_delay=0.005),

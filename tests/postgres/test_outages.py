@@ -27,7 +27,7 @@ import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guarded.config import BatchConfig, BreakerConfig, DeadLetterConfig
+from guarded.config import BatchConfig, BreakerConfig, DeadLetterConfig, TimeoutConfig
 from guarded.deadletter import DeadLetterBuffer
 from guarded.errors import WriteNotKeptError
 from guarded.guard import controller, guard
@@ -352,7 +352,11 @@ async def test_a_long_outage_keeps_memory_bounded_and_spills_to_disk(
                 max_memory_bytes=max_bytes,
                 replay_rate=1_000_000,
                 replay_batch=1_000,
-            )
+            ),
+            # The default deadlines: 20 MB go into the spill file while the server is down, and a
+            # call's commit must land within its deadline plus the dead-letter grace; with the
+            # short test deadline (1 s) that budget was missed once on a loaded 2-core machine.
+            timeout=TimeoutConfig(),
         ),
     )
     buffer = dead_letters(store)
