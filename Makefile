@@ -23,11 +23,10 @@ demo: $(STAMP)
 	$(PY) -m guarded demo $(DEMO_ARGS)
 
 ## tools: promtool and prometheus for the alert and dashboard tests, pgbouncer for the connection-pooler
-## tests (apt-get when missing, as root); TypeScript and @grafana/schema for the dashboard schema check
-## (npm ci in tools/grafana-schema)
+## tests, redis-server for the Redis tests (apt-get when missing, as root); TypeScript and
+## @grafana/schema for the dashboard schema check (npm ci in tools/grafana-schema)
 tools:
-	@scripts/ensure-prometheus.sh
-	@scripts/ensure-pgbouncer.sh
+	@scripts/ensure-apt-tools.sh
 	@scripts/ensure-node-tools.sh
 
 ## assets: regenerate grafana/ from dashboards/, then refresh the package's copy in guarded/assets/
