@@ -86,7 +86,8 @@ async def test_a_busy_server_is_retried(own_server: RedisServer) -> None:
                 error = exc
                 break
             await asyncio.sleep(0.02)
-        assert error is not None and str(error).startswith("BUSY")
+        assert error is not None
+        assert str(error).startswith("BUSY")
         assert classify(error) is ErrorClass.RETRYABLE
         assert operational_condition(error) == "server_unavailable"
         await admin.script_kill()
