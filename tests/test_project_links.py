@@ -18,6 +18,7 @@ import yaml
 from markdown.extensions.toc import slugify
 
 from dashboards.alerts import PROJECT_URL
+from guarded.cli.support import DOCUMENTATION_URL
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -87,6 +88,7 @@ def test_metadata_site_and_rules_name_one_repository() -> None:
     config = mkdocs_config()
     assert config["repo_url"] == PROJECT_URL
     assert config["site_url"] == SITE_URL
+    assert DOCUMENTATION_URL == SITE_URL, "the command line's help links another documentation site"
 
 
 @pytest.mark.parametrize("rules", SHIPPED_RULES, ids=lambda path: str(path.relative_to(REPO)))
