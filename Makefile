@@ -12,10 +12,10 @@ REQUIREMENTS := requirements/penguiflow.txt requirements/penguiflow-support.txt
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := test
-.PHONY: test lint format install bench demo tools assets clean distclean
+.PHONY: test lint docs format install bench demo tools assets clean distclean
 
-## test: install if needed, lint, type-check, run the test suite
-test: lint tools
+## test: install if needed, lint, type-check, build the documentation site, run the test suite
+test: lint docs tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ## demo: the guarded store under a PenguiFlow-shaped workload and injected faults, with a verdict
@@ -42,6 +42,11 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy --strict guarded backends
 
+## docs: the documentation site (MkDocs, Material, the API reference from the docstrings) in site/;
+## --strict: a broken link, anchor or API reference fails the build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 ## bench: print the benchmark figures the README quotes (side by side with their references)
 bench: $(STAMP)
 	$(PY) -m benchmarks $(BENCH_ARGS)
@@ -66,7 +71,7 @@ $(STAMP): pyproject.toml $(REQUIREMENTS) | $(PY)
 
 ## clean: remove build outputs and tool caches (keeps the virtualenv)
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 ## distclean: clean, and remove the virtualenv too

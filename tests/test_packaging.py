@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import configparser
 import contextlib
+import email.message
 import email.parser
 import json
 import os
@@ -242,6 +243,41 @@ def test_wheel_contents(installed: Installed) -> None:
         assert f"{path}.py" in names or f"{path}/__init__.py" in names, (
             f"script {script!r}: {module} not in wheel"
         )
+
+
+def wheel_metadata(wheel: Path) -> email.message.Message:
+    """The wheel's METADATA, parsed."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        return email.parser.Parser().parsestr(archive.read(name).decode())
+
+
+def test_the_wheel_ships_the_license(wheel: Path) -> None:
+    """The Apache-2.0 text is in the wheel's dist-info, byte for byte, and the metadata names it."""
+    with zipfile.ZipFile(wheel) as archive:
+        licenses = [n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert licenses, "the wheel has no dist-info/licenses/LICENSE"
+        assert archive.read(licenses[0]) == (REPO / "LICENSE").read_bytes()
+    metadata = wheel_metadata(wheel)
+    assert metadata["License-Expression"] == "Apache-2.0"
+    assert metadata.get_all("License-File") == ["LICENSE"]
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in text
+    assert "Version 2.0" in text
+
+
+def test_the_wheel_metadata_leads_to_the_docs_the_changelog_and_the_runbooks(wheel: Path) -> None:
+    """Every project URL of the wheel is under the one repository the alert rules' runbooks name."""
+    from dashboards.alerts import PROJECT_URL
+
+    urls = dict(entry.split(", ", 1) for entry in wheel_metadata(wheel).get_all("Project-URL") or [])
+    assert set(urls) == {"Homepage", "Documentation", "Repository", "Issues", "Changelog"}
+    assert urls["Repository"] == urls["Homepage"] == PROJECT_URL
+    assert urls["Issues"] == f"{PROJECT_URL}/issues"
+    assert urls["Changelog"] == f"{PROJECT_URL}/blob/main/CHANGELOG.md"
+    owner, name = PROJECT_URL.removeprefix("https://github.com/").split("/")
+    assert urls["Documentation"] == f"https://{owner}.github.io/{name}/", "the repository's own Pages site"
+    assert (REPO / "CHANGELOG.md").is_file()
 
 
 def test_editable_install_maps_backends_to_the_repository(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from typing import TypeAlias
 
 from .. import __version__
 from .plugin import Subparsers, backend_command_lines
-from .support import EXIT_CODES, EXIT_INTERRUPTED, ArgumentParser, CommandError, report
+from .support import DOCUMENTATION_URL, EXIT_CODES, EXIT_INTERRUPTED, ArgumentParser, CommandError, report
 
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
 
@@ -39,7 +39,9 @@ TOOL_COMMANDS: tuple[str, ...] = ("guarded.demo.command", "guarded.cli.assets")
 """Modules that each register a command of guarded's own tools, listed last."""
 
 EPILOG = (
-    "exit codes: " + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES) + ". See docs/cli.md."
+    "exit codes: "
+    + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES)
+    + f". See {DOCUMENTATION_URL}cli/."
 )
 
 

@@ -20,7 +20,7 @@ from ..assets import (
     AssetError,
     export_assets,
 )
-from .support import UsageError
+from .support import DOCUMENTATION_URL, UsageError
 
 if TYPE_CHECKING:
     from . import Subparsers
@@ -49,7 +49,7 @@ def register(subparsers: Subparsers) -> None:
         epilog=(
             "Mount DIR/grafana at /etc/grafana/guarded and the two provisioning files into "
             "/etc/grafana/provisioning/{datasources,dashboards}/guarded.yaml, beside your own: "
-            "see docs/dashboards.md."
+            f"see {DOCUMENTATION_URL}dashboards/."
         ),
     )
     export.add_argument("directory", type=Path, metavar="DIR", help="where to write the files")

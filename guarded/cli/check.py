@@ -44,6 +44,7 @@ from ..protocol import CapabilityReport, capabilities
 from ..testing.contract import CONTRACTS, DEFAULT_TIMEOUT, ContractReport, run_contracts, select_contracts
 from .plugin import BackendCommandLine, ScratchPlace, backend_command_lines, is_unreachable
 from .support import (
+    DOCUMENTATION_URL,
     EXIT_OK,
     EXIT_PROBLEM,
     CommandError,
@@ -90,7 +91,7 @@ def register(subparsers: Subparsers) -> None:
             "contract passed, 1 when any failed, 2 for usage or import errors, 3 when the store's backend "
             "cannot be reached."
         ),
-        epilog="See docs/cli.md for the exit codes every guarded command shares.",
+        epilog=f"See {DOCUMENTATION_URL}cli/ for the exit codes every guarded command shares.",
     )
     parser.add_argument(
         "factory",

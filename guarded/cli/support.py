@@ -49,6 +49,9 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
 )
 """Every exit code, for ``--help`` epilogs and docs/cli.md."""
 
+DOCUMENTATION_URL = "https://guarded-dev.github.io/guarded/"
+"""The published documentation (the wheel ships none); help texts link its pages, e.g. ``cli/``."""
+
 HINT_SEPARATOR = "; hint: "
 
 
@@ -240,6 +243,7 @@ def positive_number(text: str) -> float:
 
 
 __all__ = [
+    "DOCUMENTATION_URL",
     "DURATION_EXAMPLES",
     "DURATION_UNITS",
     "EXIT_CODES",

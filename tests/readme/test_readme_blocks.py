@@ -1,4 +1,4 @@
-"""Every Python block of README.md runs, so a snippet cannot rot.
+"""Every Python block of README.md and of the guides in :data:`PAGES` runs, so a snippet cannot rot.
 
 Each ```` ```python ```` block (``py``, ``python3`` and ``pycon`` too) is preceded by a marker
 naming how it runs::
@@ -53,6 +53,15 @@ from tests.otlp.receiver import OtlpReceiver
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+PAGES = (
+    README,
+    REPO / "docs" / "getting-started.md",
+    REPO / "docs" / "guide.md",
+    REPO / "docs" / "penguiflow.md",
+    REPO / "docs" / "observability.md",
+)
+"""The documents whose every Python block is run or marked not run (the README's long material
+moved to these guides, with its blocks)."""
 PYTHON = frozenset({"python", "py", "python3", "pycon"})
 MARKER = re.compile(r"^\s*<!--\s*readme-test:\s*(?P<body>.*?)\s*-->\s*$")
 RUN = re.compile(r"^run (?P<name>\w+)\b")
@@ -61,11 +70,12 @@ NOT_RUN = re.compile(r"^not run:\s*(?P<reason>\S.*)$")
 
 @dataclass(frozen=True)
 class Block:
-    """A Python block of the README: where its opening fence is, its code, its marker."""
+    """A Python block of a document: where its opening fence is, its code, its marker."""
 
     line: int
     source: str
     marker: str | None
+    document: str = "README.md"
 
     @property
     def runner(self) -> str | None:
@@ -79,10 +89,10 @@ class Block:
 
     @property
     def id(self) -> str:
-        return f"line-{self.line}-{self.runner or 'not-run'}"
+        return f"{self.document}-line-{self.line}-{self.runner or 'not-run'}"
 
 
-def python_blocks(text: str) -> list[Block]:
+def python_blocks(text: str, document: str = "README.md") -> list[Block]:
     """Every fenced Python block of ``text`` (indented ones in list items too), in order."""
     lines = text.splitlines()
     found: list[Block] = []
@@ -100,18 +110,22 @@ def python_blocks(text: str) -> list[Block]:
             before = next((line for line in reversed(lines[:index]) if line.strip()), "")
             marker = MARKER.match(before)
             source = textwrap.dedent("\n".join(lines[index + 1 : end]))
-            found.append(Block(index + 1, source, marker["body"] if marker else None))
+            found.append(Block(index + 1, source, marker["body"] if marker else None, document))
         index = end + 1
     return found
 
 
-BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
+BLOCKS = [
+    block
+    for page in PAGES
+    for block in python_blocks(page.read_text(encoding="utf-8"), str(page.relative_to(REPO)))
+]
 
 
 async def execute(block: Block, namespace: dict[str, Any], *, source: str | None = None) -> None:
     """Run the block's code (or ``source``, a version of it) in ``namespace``."""
     code = compile(
-        source or block.source, f"README.md:{block.line}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        source or block.source, f"{block.document}:{block.line}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     )
     result = eval(code, namespace)
     if inspect.iscoroutine(result):
@@ -156,6 +170,22 @@ async def _answer(message: Message, ctx: Any) -> str:
 
 
 # --- the runners -------------------------------------------------------------------------------------
+
+
+async def first_steps(block: Block, env: Env) -> None:
+    """A whole program (``asyncio.run``): run in a process of its own, its printed lines checked."""
+    completed = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", block.source],
+        cwd=env.tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines() == ["{'turns': ['hi']}", "['node_success']", "1"]
 
 
 async def intro(block: Block, env: Env) -> None:
@@ -289,7 +319,8 @@ async def otlp(block: Block, env: Env) -> None:
 
 
 RUNNERS: dict[str, Callable[[Block, Env], Awaitable[None]]] = {
-    runner.__name__: runner for runner in (intro, using_guard, nothing_lost, penguiflow, contract_suite, otlp)
+    runner.__name__: runner
+    for runner in (first_steps, intro, using_guard, nothing_lost, penguiflow, contract_suite, otlp)
 }
 
 
@@ -297,15 +328,16 @@ RUNNERS: dict[str, Callable[[Block, Env], Awaitable[None]]] = {
 
 
 def test_every_python_block_is_run_or_marked_not_run_with_a_reason() -> None:
-    assert BLOCKS, "README.md has no Python block: the parser is broken"
+    assert any(block.document == "README.md" for block in BLOCKS), "README.md has no Python block"
     problems = []
     for block in BLOCKS:
+        where = f"{block.document} line {block.line}"
         if block.marker is None:
-            problems.append(f"line {block.line}: no '<!-- readme-test: ... -->' marker before the block")
+            problems.append(f"{where}: no '<!-- readme-test: ... -->' marker before the block")
         elif block.runner is None and block.not_run_reason is None:
-            problems.append(f"line {block.line}: the marker says neither 'run NAME' nor 'not run: REASON'")
+            problems.append(f"{where}: the marker says neither 'run NAME' nor 'not run: REASON'")
         elif block.runner is not None and block.runner not in RUNNERS:
-            problems.append(f"line {block.line}: no runner {block.runner!r} (known: {', '.join(RUNNERS)})")
+            problems.append(f"{where}: no runner {block.runner!r} (known: {', '.join(RUNNERS)})")
     named = [block.runner for block in BLOCKS if block.runner is not None]
     problems += [f"runner {name!r} is named by no block" for name in RUNNERS if name not in named]
     problems += [
@@ -330,7 +362,7 @@ async def test_readme_block_runs(
     if block.runner is None:
         reason = block.not_run_reason
         assert reason, f"line {block.line}: neither run nor marked not run with a reason"
-        pytest.skip(f"README.md line {block.line} is marked not run: {reason}")
+        pytest.skip(f"{block.document} line {block.line} is marked not run: {reason}")
     runner = RUNNERS.get(block.runner)
     assert runner is not None, f"line {block.line}: no runner {block.runner!r}"
     await runner(block, Env(request, tmp_path, monkeypatch))
