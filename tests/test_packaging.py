@@ -486,3 +486,20 @@ def test_the_demo_runs_from_the_wheel_with_only_the_demo_extra(demo_install: Fre
     assert verdict["fault_schedule"] == "quick"  # the default schedule of a run under 30 s
     assert len(verdict["faults"]) == 7
     assert verdict["penguiflow_runs"] == 0  # PenguiFlow is not part of the demo extra
+
+
+def test_without_the_redis_extra_the_redis_store_says_what_to_install(base_install: Fresh) -> None:
+    """``pip install guarded`` has no redis-py: the package imports (the command line reads its
+    backend's command line from it) and the store's name raises an ImportError naming the extra."""
+    program = (
+        "import guarded.backends.redis as package\n"
+        "try:\n"
+        "    package.RedisStateStore\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run(
+        [str(base_install.python), "-c", program], cwd=base_install.scratch, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'guarded[redis]'" in result.stdout
