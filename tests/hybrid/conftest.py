@@ -78,3 +78,9 @@ def outage_config(spill: Path | None) -> GuardConfig:
 
 
 __all__ = ["make_hot", "make_store", "outage_pg", "pg_dsn", "pg_server", "record_server", "schema_name"]
+
+
+async def forget_hot(hot: Any) -> None:
+    """Make the hot store lose everything it holds, behind the hybrid's back (a TTL that expired,
+    a Redis restarted without its data)."""
+    hot.clear()
