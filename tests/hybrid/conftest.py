@@ -12,10 +12,17 @@ import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
-from guarded.backends.redis import RedisStateStore
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
+from guarded.backends.redis import RedisStateStore
 from guarded.codec import DEFAULT_TYPES
-from guarded.config import BatchConfig, BreakerConfig, DeadLetterConfig, GuardConfig, RetryConfig, TimeoutConfig
+from guarded.config import (
+    BatchConfig,
+    BreakerConfig,
+    DeadLetterConfig,
+    GuardConfig,
+    RetryConfig,
+    TimeoutConfig,
+)
 from guarded.testing.postgres import EmbeddedPostgres, embedded_postgres
 from guarded.testing.redis import RedisServer
 from tests.postgres.conftest import make_store, new_schema_name, pg_dsn, pg_server, schema_name
@@ -42,8 +49,6 @@ async def make_hot(redis_server: RedisServer) -> AsyncIterator[HotFactory]:
     yield make
     for store in opened:
         await store.close()
-
-
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from guarded import BreakerState, controller, guard
 from guarded.backends.hybrid_store import HOT, RECORD, HybridStateStore
-from guarded.models import StoredEvent
-from guarded.models import StateUpdate, UpdateType
+from guarded.models import StateUpdate, StoredEvent, UpdateType
 from guarded.testing.postgres import EmbeddedPostgres
 from guarded.testing.redis import RedisServer
 from tests.postgres.conftest import StoreFactory
@@ -35,7 +34,12 @@ WAIT = 60.0
 
 def event(trace_id: str, index: int) -> StoredEvent:
     return StoredEvent(
-        trace_id=trace_id, ts=float(index), kind="node_start", node_name="n", node_id=str(index), payload={"i": index}
+        trace_id=trace_id,
+        ts=float(index),
+        kind="node_start",
+        node_name="n",
+        node_id=str(index),
+        payload={"i": index},
     )
 
 
@@ -56,7 +60,9 @@ async def test_postgres_down_pauses_keep_working_and_record_writes_land_later(
 ) -> None:
     record = await record_store(record_server.dsn)
     hybrid = HybridStateStore(hot=await make_hot(), record=record)
-    store = guard(hybrid, name="hybrid", registry=CollectorRegistry(), config=outage_config(tmp_path / "dlq.sqlite"))
+    store = guard(
+        hybrid, name="hybrid", registry=CollectorRegistry(), config=outage_config(tmp_path / "dlq.sqlite")
+    )
     control = controller(store)
     hot, rec = control.parts[HOT], control.parts[RECORD]
     saved: list[StoredEvent] = []
@@ -70,7 +76,11 @@ async def test_postgres_down_pauses_keep_working_and_record_writes_land_later(
             await store.save_event(item)  # acknowledged: held in the record part's spill file
             saved.append(item)
 
-        await until(lambda: rec.breaker.state is BreakerState.OPEN, "the record part's breaker opens", each=record_write)
+        await until(
+            lambda: rec.breaker.state is BreakerState.OPEN,
+            "the record part's breaker opens",
+            each=record_write,
+        )
         for index in range(30):
             token, payload = f"pause-{index}", {"step": index, "note": "awaiting approval"}
             await store.save_planner_state(token, payload)
@@ -101,7 +111,9 @@ async def test_redis_down_record_writes_keep_being_acknowledged_and_landing(
     hot_server: RedisServer, make_hot: HotFactory, make_store: StoreFactory, tmp_path: Path
 ) -> None:
     hybrid = HybridStateStore(hot=await make_hot(url=hot_server.url), record=await make_store())
-    store = guard(hybrid, name="hybrid", registry=CollectorRegistry(), config=outage_config(tmp_path / "dlq.sqlite"))
+    store = guard(
+        hybrid, name="hybrid", registry=CollectorRegistry(), config=outage_config(tmp_path / "dlq.sqlite")
+    )
     control = controller(store)
     hot, rec = control.parts[HOT], control.parts[RECORD]
     record = rec.store
@@ -110,9 +122,13 @@ async def test_redis_down_record_writes_keep_being_acknowledged_and_landing(
         hot_server.pause()
 
         async def hot_writes() -> None:
-            await asyncio.gather(*(store.save_memory_state(f"acme:u1:s{index}", {"turns": index}) for index in range(12)))
+            await asyncio.gather(
+                *(store.save_memory_state(f"acme:u1:s{index}", {"turns": index}) for index in range(12))
+            )
 
-        await until(lambda: hot.breaker.state is BreakerState.OPEN, "the hot part's breaker opens", each=hot_writes)
+        await until(
+            lambda: hot.breaker.state is BreakerState.OPEN, "the hot part's breaker opens", each=hot_writes
+        )
         loop = asyncio.get_running_loop()
         slowest = 0.0
         for index in range(30):
@@ -120,7 +136,11 @@ async def test_redis_down_record_writes_keep_being_acknowledged_and_landing(
             await store.save_event(event("t1", index))
             await store.save_update(
                 StateUpdate(
-                    session_id="s1", task_id="k1", update_id=f"u{index}", update_type=UpdateType.PROGRESS, content=index
+                    session_id="s1",
+                    task_id="k1",
+                    update_id=f"u{index}",
+                    update_type=UpdateType.PROGRESS,
+                    content=index,
                 )
             )
             slowest = max(slowest, loop.time() - started)

@@ -129,7 +129,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--schema", required=True)
     parser.add_argument("--spill", default=None, help="dead-letter spill file (none: memory only)")
     parser.add_argument("--token", help="resume: the pause token")
-    parser.add_argument("--redis-url", default=None, help="guard(HybridStateStore), its hot part on this Redis")
+    parser.add_argument(
+        "--redis-url", default=None, help="guard(HybridStateStore), its hot part on this Redis"
+    )
     parser.add_argument("--prefix", default="planner", help="the hybrid's Redis key prefix")
     parser.add_argument("--user-input", default=support.APPROVAL, help="resume: the human's answer")
     args = parser.parse_args(argv)
