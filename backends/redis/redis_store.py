@@ -216,6 +216,15 @@ class RedisStateStore:
         if self._owns_client:
             await self._client.aclose()
 
+    async def drop_everything(self) -> int:
+        """Delete every key under the store's prefix (``SCAN`` of ``<prefix>:*``, then ``UNLINK`` key by
+        key: on a cluster they are in many slots); how many were deleted. For scratch prefixes and
+        tests: the data of the prefix is gone."""
+        deleted = 0
+        async for key in self._client.scan_iter(match=self.keys.everything(), count=1000):
+            deleted += int(await self._client.unlink(key))
+        return deleted
+
     async def __aenter__(self) -> Self:
         return self
 
