@@ -95,6 +95,9 @@ async def test_postgres_down_pauses_keep_working_and_record_writes_land_later(
         assert hot.stats()[("save_planner_state", "ok")] == 30
         assert rec.dead_letters is not None
         assert rec.dead_letters.depth > 0
+        # Each part spills to a file of its own beside the configured one.
+        assert (tmp_path / "dlq-record.sqlite").exists()
+        assert not (tmp_path / "dlq.sqlite").exists()
         assert hot.dead_letters is not None
         assert hot.dead_letters.depth == 0
 
