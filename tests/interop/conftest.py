@@ -7,11 +7,13 @@ suite's.
 
 from __future__ import annotations
 
+from tests.hybrid.conftest import make_hot
 from tests.postgres.conftest import make_store, pg_dsn, pg_server, raw, schema_name, store
 from tests.redis.conftest import key_prefix, make_redis_store, redis_server
 
 __all__ = [
     "key_prefix",
+    "make_hot",
     "make_redis_store",
     "make_store",
     "pg_dsn",

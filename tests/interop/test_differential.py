@@ -9,7 +9,9 @@ PenguiFlow itself would pass them), to three stores:
   sequence, PenguiFlow's record types);
 * ``redis``: ``guard(RedisStateStore)`` on a real ``redis-server`` (a fresh key prefix per
   sequence, PenguiFlow's record types), in a test of its own with :data:`REDIS_SEQUENCES`
-  sequences.
+  sequences;
+* ``hybrid``: ``guard(HybridStateStore)`` with memory written through (its hot store on that Redis,
+  its record store on the same PostgreSQL), in the first :data:`HYBRID_SEQUENCES` sequences.
 
 Every protocol method is called, the legacy aliases included (``save_task_update``,
 ``list_task_updates``, ``get_events``): the audit log (retried events, ``trace_id=None``), remote
@@ -82,6 +84,7 @@ import math
 import os
 import random
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,14 +107,19 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from guarded import guard
+from guarded.backends.hybrid_store import HybridStateStore
 from guarded.backends.memory import InMemoryStateStore
 from guarded.codec import penguiflow_types
+from tests.hybrid.conftest import HotFactory
 from tests.postgres.conftest import StoreFactory, new_schema_name
 from tests.redis.conftest import RedisStoreFactory, new_prefix
 
 SEQUENCES = 24
 REDIS_SEQUENCES = 8
 CALLS_PER_SEQUENCE = 150
+HYBRID_SEQUENCES = 6
+"""Sequences also made against ``guard(HybridStateStore)``: each of its calls goes to a store the
+other sequences cover; what it adds is the routing, the per-part guards and the write-through."""
 BASE_SEED = int(os.environ.get("GUARDED_DIFFERENTIAL_SEED", "20240614"))
 
 SESSIONS = ("s1", "s2")
@@ -209,7 +217,7 @@ class ReferenceWithExceptions(ReferenceStore):
         await super().save_task(state)
 
 
-GUARDED_STORES = ("postgres", "redis")
+GUARDED_STORES = ("postgres", "redis", "hybrid")
 """The stores compared under ``guard()``."""
 
 
@@ -609,12 +617,30 @@ def describe(differences: Sequence[Difference]) -> str:
     return "\n".join(lines)
 
 
+async def guarded_hybrid(make_hot: HotFactory, make_store: StoreFactory, index: int) -> Any:
+    """``guard(HybridStateStore)``, memory written through, on a fresh schema, PenguiFlow's types."""
+    types = penguiflow_types()
+    hybrid = HybridStateStore(
+        hot=await make_hot(types=types),
+        record=await make_store(schema=new_schema_name(), types=types),
+        memory_write_through=True,
+    )
+    return guard(hybrid, name=f"differential-hybrid-{index}", registry=CollectorRegistry())
+
+
 @pytest.mark.asyncio
-async def test_random_calls_agree_with_penguiflows_reference(make_store: StoreFactory) -> None:
+async def test_random_calls_agree_with_penguiflows_reference(
+    make_store: StoreFactory, make_hot: HotFactory
+) -> None:
     differences: list[Difference] = []
     for index in range(SEQUENCES):
         stores = await three_stores(make_store, index)
-        async with stores["postgres"]:
+        if index < HYBRID_SEQUENCES:
+            stores["hybrid"] = await guarded_hybrid(make_hot, make_store, index)
+        async with AsyncExitStack() as stack:
+            for name in GUARDED_STORES:
+                if name in stores:
+                    await stack.enter_async_context(stores[name])
             differences += await run_sequence(BASE_SEED + index, stores, ReferenceWithExceptions())
     assert not differences, describe(differences)
 
