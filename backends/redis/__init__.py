@@ -1,0 +1,1 @@
+"""The Redis backend (``guarded.backends.redis``)."""
