@@ -77,7 +77,9 @@ when it closes.
 
 **What a backend may declare**: the attributes of :class:`BackendDeclarations`, each optional, each
 read once when the guard is built; and the bulk forms of :data:`BULK_FORMS`, which the guard uses
-when the backend has a method of that name.
+when the backend has a method of that name. A store made of other stores (a hybrid) declares
+:class:`ComposedStore`: the guard then guards each part on its own. :data:`LEGACY_ALIASES` names
+the protocol's legacy method names and the method each stands for.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ from __future__ import annotations
 import contextvars
 import time
 from collections.abc import Mapping, Sequence
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, Self
 
 from .config import UnknownSettingError, closest_hint
 from .durations import DURATION_EXAMPLES, parse_duration
@@ -120,6 +122,7 @@ from .local_artifacts import (
 from .observability import telemetry_names as metric_names
 from .observability.per_registry import PerRegistry
 from .policy_table import PolicyTable
+from .protocol import LEGACY_ALIASES
 from .steering import sanitize_steering_event
 
 # What a backend reads of the call in progress.
@@ -277,6 +280,9 @@ DB_SYSTEM_NAME = "db_system_name"
 ROUTES_READS = "routes_reads"
 """Attribute name of :attr:`BackendDeclarations.routes_reads`."""
 
+STORE_PARTS = "store_parts"
+"""Attribute name of :attr:`ComposedStore.store_parts`."""
+
 
 class BackendDeclarations(Protocol):
     """What a backend may declare to the guard, as class or instance attributes. Every one is
@@ -331,6 +337,34 @@ class BackendDeclarations(Protocol):
     Absent or ``False``: no mark (and no cost)."""
 
 
+class ComposedStore(Protocol):
+    """A store made of other stores, each a backend of its own (``HybridStateStore``: Redis for
+    pauses and memory, PostgreSQL for the record). :func:`guarded.guard` guards each part on its
+    own -- its own breaker, bulkhead, error classifier, dead-letter buffer and spill file, metrics
+    and spans under the store name ``"<name>.<part>"`` -- and returns :meth:`with_parts` of the
+    guarded parts, so one part failing never stops the calls routed to another.
+    ``guarded.controller`` of the result controls every part (``parts``; ``flush``, ``drain`` and
+    ``aclose`` cover them all). A store declares itself composed by having both members."""
+
+    @property
+    def store_parts(self) -> Mapping[str, object]:
+        """The parts by name (a name is a lowercase identifier: it names the part's metrics and
+        spill file)."""
+        ...
+
+    def with_parts(self, parts: Mapping[str, object]) -> Self:
+        """The same store (its routing and options) over ``parts``, which has the same names."""
+        ...
+
+
+def store_parts_of(store: object) -> Mapping[str, object] | None:
+    """The parts of a composed store (:class:`ComposedStore`), ``None`` for any other store."""
+    parts: Any = getattr(store, STORE_PARTS, None)
+    if isinstance(parts, Mapping) and callable(getattr(store, "with_parts", None)):
+        return parts
+    return None
+
+
 BULK_FORMS: Mapping[str, str] = {
     policy.name: policy.bulk_form for policy in PolicyTable.for_state_store() if policy.bulk_form is not None
 }
@@ -354,6 +388,7 @@ __all__ = [
     "INSUFFICIENT_PRIVILEGE",
     "INSUFFICIENT_RESOURCES",
     "ITEM_KEYS",
+    "LEGACY_ALIASES",
     "LOGICAL_TIMES",
     "MAX_CONCURRENCY",
     "MUST_BE_CURRENT",
@@ -365,6 +400,7 @@ __all__ = [
     "ROUTES_READS",
     "SCHEMA_MISMATCH",
     "SERVER_UNAVAILABLE",
+    "STORE_PARTS",
     "SYSTEM_ERROR",
     "TARGET_IDENTITY",
     "TOO_MANY_CONNECTIONS",
@@ -375,6 +411,7 @@ __all__ = [
     "ArtifactTooLargeError",
     "BackendDeclarations",
     "BackendNotReachedError",
+    "ComposedStore",
     "ErrorClass",
     "ErrorClassifier",
     "GroupLimit",
@@ -402,5 +439,6 @@ __all__ = [
     "register_classifier",
     "sanitize_artifact_namespace",
     "sanitize_steering_event",
+    "store_parts_of",
     "ttl_left",
 ]

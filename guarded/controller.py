@@ -3,6 +3,12 @@ statistics, policies), kept off the proxy so they never collide with store metho
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import overload
+
+from .backend import ComposedStore, store_parts_of
 from .config import GuardConfig
 from .deadletter import DeadLetterBuffer
 from .guard_core import GuardCore, core_of
@@ -11,12 +17,26 @@ from .layers.bulkhead import Bulkhead
 from .policy import MethodPolicy
 
 
-def controller(proxy: object) -> GuardController:
-    """The controls of a guard proxy: flush, close, breaker, statistics, policies."""
+@overload
+def controller(proxy: ComposedStore) -> ComposedController: ...  # type: ignore[overload-overlap]
+
+
+@overload
+def controller(proxy: object) -> GuardController: ...
+
+
+def controller(proxy: object) -> GuardController | ComposedController:
+    """The controls of a guard proxy: flush, close, breaker, statistics, policies. For a guarded
+    composed store (:class:`~guarded.backend.ComposedStore`), the controls of every part."""
     core = core_of(proxy)
-    if core is None:
-        raise TypeError(f"{type(proxy).__qualname__} is not a guarded store (use guarded.guard(store))")
-    return GuardController(core)
+    if core is not None:
+        return GuardController(core)
+    parts = store_parts_of(proxy)
+    if parts is not None:
+        unguarded = [name for name, part in parts.items() if core_of(part) is None]
+        if not unguarded:
+            return ComposedController({name: controller(part) for name, part in parts.items()})
+    raise TypeError(f"{type(proxy).__qualname__} is not a guarded store (use guarded.guard(store))")
 
 
 class GuardController:
@@ -92,4 +112,45 @@ class GuardController:
         await self._core.aclose()
 
 
-__all__ = ["GuardController", "controller"]
+class ComposedController:
+    """Operator controls of a guarded composed store: one :class:`GuardController` per part
+    (``parts["hot"].breaker``); flushing, draining and closing cover every part at once."""
+
+    def __init__(self, parts: Mapping[str, GuardController]) -> None:
+        self._parts = MappingProxyType(dict(parts))
+
+    @property
+    def parts(self) -> Mapping[str, GuardController]:
+        """The controls of each part, by the part's name."""
+        return self._parts
+
+    def stats(self) -> dict[tuple[str, str], int]:
+        """Calls made through the parts' guards so far, by (method, outcome), summed over the
+        parts (a memory write written through to two parts counts once in each)."""
+        total: dict[tuple[str, str], int] = {}
+        for part in self._parts.values():
+            for key, count in part.stats().items():
+                total[key] = total.get(key, 0) + count
+        return total
+
+    def guarded_methods(self) -> list[str]:
+        """Names of the store methods the parts' guards wrap."""
+        return sorted({method for part in self._parts.values() for method in part.guarded_methods()})
+
+    async def flush(self) -> None:
+        """Hand every part's batched writes to its backend now."""
+        await asyncio.gather(*(part.flush() for part in self._parts.values()))
+
+    async def drain(self, timeout: float | None = None) -> int:  # noqa: ASYNC109 - a budget
+        """Drain every part at once (see :meth:`GuardController.drain`); how many writes remain
+        held in all."""
+        left = await asyncio.gather(*(part.drain(timeout) for part in self._parts.values()))
+        return sum(left)
+
+    async def aclose(self) -> None:
+        """Close every part's guard at once (see :meth:`GuardController.aclose`): a part whose
+        backend is down spends its drain budget without delaying the others."""
+        await asyncio.gather(*(part.aclose() for part in self._parts.values()))
+
+
+__all__ = ["ComposedController", "GuardController", "controller"]

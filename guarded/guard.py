@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -16,8 +17,10 @@ from .artifact_side import (
     artifact_spill_path,
     guarded_artifact_property,
 )
+from .backend import store_parts_of
 from .config import GuardConfig, build_config
 from .controller import GuardController, controller
+from .deadletter.slots import sibling_spill_path
 from .guard_core import GuardCore, GuardedArtifactStore, GuardedStore, make_proxy
 from .pipeline.call import Layer
 from .pipeline.proxy import CallShape, call_shape
@@ -77,7 +80,10 @@ def guard(
             section by section over those ``config`` was given (docs/configuration.md).
 
     A :class:`~guarded.snapshots.SnapshotStore` is guarded by
-    :func:`~guarded.snapshots.guarded.guard_snapshots` (same arguments; docs/snapshots.md).
+    :func:`~guarded.snapshots.guarded.guard_snapshots` (same arguments; docs/snapshots.md). A
+    composed store (:class:`~guarded.backend.ComposedStore`, such as ``HybridStateStore``) comes
+    back rebuilt over its parts, each guarded on its own as ``"<name>.<part>"``
+    (docs/architecture.md, "Composed stores").
     """
     if is_snapshot_store(store):
         return guard_snapshots(  # type: ignore[return-value]
@@ -92,13 +98,47 @@ def guard(
         )
     _check_store(store)
     base = build_config(config, overrides)
+    parts = store_parts_of(store)
+    if parts is not None:
+        return _guard_parts(  # type: ignore[no-any-return]
+            store,
+            parts,
+            name=name,
+            config=base,
+            policies=policies,
+            registry=registry,
+            tracer_provider=tracer_provider,
+            extra_layers=extra_layers,
+        )
+    return _guard_state_store(
+        store,
+        name=name,
+        config=base,
+        policies=policies,
+        registry=registry,
+        tracer_provider=tracer_provider,
+        extra_layers=extra_layers,
+    )
+
+
+def _guard_state_store(
+    store: S,
+    *,
+    name: str,
+    config: GuardConfig,
+    policies: Mapping[str, Mapping[str, Any] | MethodPolicy] | None,
+    registry: CollectorRegistry,
+    tracer_provider: TracerProvider | None,
+    extra_layers: Sequence[Layer],
+) -> S:
+    """The guard of one backend (its own core, breaker, bulkhead and durability) and its proxy."""
     table = PolicyTable.for_state_store()
     if policies:
         table = table.with_overrides(policies)
     core = GuardCore(
         store,
         name=name,
-        config=base,
+        config=config,
         policies=table,
         registry=registry,
         tracer_provider=tracer_provider,
@@ -116,6 +156,56 @@ def guard(
         # the interpreter exits (its event loop's shutdown is watched by the durability itself).
         weakref.finalize(proxy, core.durability.report_unclosed, "was garbage-collected")
     return proxy  # type: ignore[return-value]
+
+
+_PART_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+
+
+def _guard_parts(
+    store: Any,
+    parts: Mapping[str, object],
+    *,
+    name: str,
+    config: GuardConfig,
+    policies: Mapping[str, Mapping[str, Any] | MethodPolicy] | None,
+    registry: CollectorRegistry,
+    tracer_provider: TracerProvider | None,
+    extra_layers: Sequence[Layer],
+) -> Any:
+    """A composed store (:class:`~guarded.backend.ComposedStore`) over its parts, each guarded on
+    its own as the store ``"<name>.<part>"``: a breaker, bulkhead, error classifier, dead-letter
+    buffer, metrics and spans of its own, so one part failing never stops another. Each part's
+    spill file is its own: a configured path without ``{name}`` gets ``-<part>`` before its
+    extension (a path with ``{name}`` already differs by the part's name). The composed store
+    was checked whole; a part need only have the methods routed to it."""
+    for part in parts:
+        if not (isinstance(part, str) and _PART_NAME.fullmatch(part)):
+            raise ValueError(
+                f"{type(store).__qualname__} names a part {part!r}: a part's name is a lowercase "
+                "identifier of at most 32 characters (it names the part's metrics and spill file)"
+            )
+    guarded = {
+        part: _guard_state_store(
+            inner,
+            name=f"{name}.{part}",
+            config=_part_config(config, part),
+            policies=policies,
+            registry=registry,
+            tracer_provider=tracer_provider,
+            extra_layers=extra_layers,
+        )
+        for part, inner in parts.items()
+    }
+    return store.with_parts(guarded)
+
+
+def _part_config(config: GuardConfig, part: str) -> GuardConfig:
+    """``config`` for the guard of the part ``part``: its own spill file beside the configured one."""
+    path = config.dead_letter.path
+    if path is None or "{name}" in path:
+        return config
+    own = config.dead_letter.model_copy(update={"path": sibling_spill_path(path, f"-{part}")})
+    return config.model_copy(update={"dead_letter": own})
 
 
 def _check_store(store: object) -> None:

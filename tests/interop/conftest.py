@@ -6,6 +6,7 @@ this directory, a fresh schema per test).
 
 from __future__ import annotations
 
+from tests.hybrid.conftest import make_hot
 from tests.postgres.conftest import make_store, pg_dsn, pg_server, raw, schema_name, store
 
-__all__ = ["make_store", "pg_dsn", "pg_server", "raw", "schema_name", "store"]
+__all__ = ["make_hot", "make_store", "pg_dsn", "pg_server", "raw", "schema_name", "store"]

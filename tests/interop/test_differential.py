@@ -6,7 +6,9 @@ PenguiFlow itself would pass them), to three stores:
 * ``penguiflow``: PenguiFlow 3.11's own ``penguiflow.state.InMemoryStateStore``, the oracle;
 * ``memory``: our :class:`guarded.backends.memory.InMemoryStateStore` (PenguiFlow's record types);
 * ``postgres``: ``guard(PostgresStateStore)`` on a real embedded PostgreSQL (a fresh schema per
-  sequence, PenguiFlow's record types).
+  sequence, PenguiFlow's record types);
+* ``hybrid``: ``guard(HybridStateStore)`` with memory written through, its record store on the same
+  PostgreSQL, in the first :data:`HYBRID_SEQUENCES` sequences.
 
 Every protocol method is called, the legacy aliases included (``save_task_update``,
 ``list_task_updates``, ``get_events``): the audit log (retried events, ``trace_id=None``), remote
@@ -78,6 +80,7 @@ import enum
 import math
 import os
 import random
+from contextlib import AsyncExitStack
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,12 +104,17 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from guarded import guard
+from guarded.backends.hybrid_store import HybridStateStore
 from guarded.backends.memory import InMemoryStateStore
 from guarded.codec import penguiflow_types
+from tests.hybrid.conftest import HotFactory
 from tests.postgres.conftest import StoreFactory, new_schema_name
 
 SEQUENCES = 24
 CALLS_PER_SEQUENCE = 150
+HYBRID_SEQUENCES = 6
+"""Sequences also made against ``guard(HybridStateStore)``: each of its calls goes to a store the
+other sequences cover; what it adds is the routing, the per-part guards and the write-through."""
 BASE_SEED = int(os.environ.get("GUARDED_DIFFERENTIAL_SEED", "20240614"))
 
 SESSIONS = ("s1", "s2")
@@ -204,9 +212,13 @@ class ReferenceWithExceptions(ReferenceStore):
         await super().save_task(state)
 
 
+GUARDED = ("postgres", "hybrid")
+"""The stores behind ``guard()``."""
+
+
 def guard_exception(store: str, call: Call, expected: Observation) -> Observation:
     """E4: under ``guard()`` a pause whose payload is ``{}`` loads as ``None``."""
-    if store == "postgres" and call.method == "load_planner_state" and expected == ("returned", {}):
+    if store in GUARDED and call.method == "load_planner_state" and expected == ("returned", {}):
         return ("returned", None)
     return expected
 
@@ -600,12 +612,28 @@ def describe(differences: Sequence[Difference]) -> str:
     return "\n".join(lines)
 
 
+async def guarded_hybrid(make_hot: HotFactory, make_store: StoreFactory, index: int) -> Any:
+    """``guard(HybridStateStore)``, memory written through, on a fresh schema, PenguiFlow's types."""
+    types = penguiflow_types()
+    hybrid = HybridStateStore(
+        hot=await make_hot(types=types),
+        record=await make_store(schema=new_schema_name(), types=types),
+        memory_write_through=True,
+    )
+    return guard(hybrid, name=f"differential-hybrid-{index}", registry=CollectorRegistry())
+
+
 @pytest.mark.asyncio
-async def test_random_calls_agree_with_penguiflows_reference(make_store: StoreFactory) -> None:
+async def test_random_calls_agree_with_penguiflows_reference(make_store: StoreFactory, make_hot: HotFactory) -> None:
     differences: list[Difference] = []
     for index in range(SEQUENCES):
         stores = await three_stores(make_store, index)
-        async with stores["postgres"]:
+        if index < HYBRID_SEQUENCES:
+            stores["hybrid"] = await guarded_hybrid(make_hot, make_store, index)
+        async with AsyncExitStack() as stack:
+            for name in GUARDED:
+                if name in stores:
+                    await stack.enter_async_context(stores[name])
             differences += await run_sequence(BASE_SEED + index, stores, ReferenceWithExceptions())
     assert not differences, describe(differences)
 
