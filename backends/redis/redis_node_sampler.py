@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -180,11 +181,67 @@ class RedisNodeSampler:
         self._task = None
 
 
+class StoreSampling:
+    """A store's metrics and its node sampler together: what :class:`RedisStateStore` holds.
+
+    ``metrics=False`` exports nothing (every method is then a no-op); ``interval=None`` exports
+    the pause counters without sampling the nodes. The sampler starts with :meth:`start`, at
+    once when built inside a running event loop.
+    """
+
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        store: str,
+        registry: CollectorRegistry | None = None,
+        metrics: bool = True,
+        interval: float | None = DEFAULT_SAMPLE_INTERVAL_SECONDS,
+    ) -> None:
+        self.metrics = RedisStoreMetrics(store=store, registry=registry) if metrics else None
+        self.sampler = (
+            RedisNodeSampler(client, self.metrics, interval=interval)
+            if self.metrics is not None and interval is not None
+            else None
+        )
+        self._single_node = None if isinstance(client, RedisCluster) else single_node_name(client)
+        with contextlib.suppress(RuntimeError):  # no running loop: start() later
+            asyncio.get_running_loop()
+            self.start()
+
+    def start(self) -> None:
+        """Sample the nodes in the background from now on (needs a running event loop)."""
+        if self.sampler is not None:
+            self.sampler.start()
+
+    def pauses_saved(self, count: int) -> None:
+        if self.metrics is not None and count:
+            self.metrics.pause_saved(count)
+
+    def pause_consumed(self) -> None:
+        if self.metrics is not None:
+            self.metrics.pause_consumed()
+
+    def command_failed(self, exc: BaseException) -> None:
+        """A store command raised ``exc``: counted against its node when the store can tell which
+        (a single server; a cluster client does not say which node failed a command)."""
+        if self.metrics is not None and self._single_node is not None:
+            self.metrics.node_error(self._single_node, error_kind(exc))
+
+    async def close(self) -> None:
+        """Stop sampling and stop exporting this store's series."""
+        if self.sampler is not None:
+            await self.sampler.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+
 __all__ = [
     "DEFAULT_SAMPLE_INTERVAL_SECONDS",
     "DEFAULT_SAMPLE_TIMEOUT_SECONDS",
     "RedisClient",
     "RedisNodeSampler",
+    "StoreSampling",
     "error_kind",
     "node_name",
     "single_node_name",
