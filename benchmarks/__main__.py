@@ -23,6 +23,10 @@ Sections run in order:
   1,000,000 and 10,000,000 events (``--quick``: 10,000 to 1,000,000).
 * ``retention``: one day of 30 expired by ``cleanup()``: dropping its partition against the
   batched ``DELETE`` (and ``VACUUM``) of an unpartitioned table, time and space returned.
+* ``redis``: ``guard(RedisStateStore)`` per call against raw redis-py running the same commands
+  (same Lua scripts, same pipelines; target: at most 1.15x), and a pause saved then resumed through
+  ``guard(RedisStateStore)`` against ``guard(PostgresStateStore)`` (p50/p99), on a ``redis-server``
+  started for it (``make tools`` installs it) and the embedded PostgreSQL (or ``--dsn``).
 * ``workers``: 1, 2 and 4 worker processes writing and reading through ``guard(PostgresStateStore)``
   against one server: events per second, scaling, p50/p99 from call to commit, server connections;
   directly and through PgBouncer in transaction mode.
@@ -58,6 +62,7 @@ from . import (
     pooler_cost,
     postgres_bench,
     postgres_protocol,
+    redis_bench,
     retention_bench,
     snapshot_bench,
     workers_bench,
@@ -77,7 +82,8 @@ SNAPSHOTS = snapshot_bench.SECTION
 HISTORY = history_bench.SECTION
 RETENTION = retention_bench.SECTION
 WORKERS = workers_bench.SECTION
-SECTIONS = (GUARD, PROTOCOL, POOLING, POSTGRES, DURABILITY, SNAPSHOTS, HISTORY, RETENTION, WORKERS)
+REDIS = redis_bench.SECTION
+SECTIONS = (GUARD, PROTOCOL, POOLING, POSTGRES, DURABILITY, SNAPSHOTS, HISTORY, RETENTION, WORKERS, REDIS)
 POSTGRES_SECTIONS = (PROTOCOL, POOLING, POSTGRES, DURABILITY, SNAPSHOTS, HISTORY, RETENTION, WORKERS)
 PGBOUNCER_POOL_SIZE = 15
 """PgBouncer's ``default_pool_size`` in front of the bench server: fewer server connections than the
@@ -222,6 +228,23 @@ async def _run_postgres(
     return printed, met, issue
 
 
+def _run_redis(dsn: str | None, *, quick: bool, tiny: bool) -> tuple[bool, list[Verdict]]:
+    """Run the Redis section (its pause comparison on ``dsn``, else on an embedded server of its own)
+    and print it; whether its target was met, and its verdict."""
+    _say(f"running {REDIS} ...")
+    rounds, per_round, pairs = redis_bench.ROUNDS, redis_bench.CALLS_PER_ROUND, redis_bench.PAIRS
+    if quick:
+        rounds, per_round, pairs = (1, 2, 10) if tiny else (5, 10, 100)
+    result = redis_bench.run_with_servers(
+        dsn=dsn, rounds=rounds, per_round=per_round, pairs=pairs, embedded_postgres=True
+    )
+    if isinstance(result, str):
+        print(result, end="\n\n", flush=True)
+        return True, []
+    print(result.text, end="\n\n", flush=True)
+    return result.verdict.passed, [result.verdict]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--dsn", help="PostgreSQL to use (default: start an embedded server)")
@@ -263,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         met &= all(verdict.passed for verdict in result.verdicts)
         issue += result.verdicts
     wanted = [section for section in POSTGRES_SECTIONS if section in sections]
+    redis_dsn = args.dsn
     if wanted:
         if args.dsn:
             printed, pg_met, pg_issue = asyncio.run(
@@ -278,11 +302,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                         wanted, server.dsn, repeats=repeats, quick=args.quick, tiny=args.tiny, server=server
                     )
                 )
+                if REDIS in sections:  # the pause comparison on this server: no second start
+                    redis_met, redis_issue = _run_redis(server.dsn, quick=args.quick, tiny=args.tiny)
+                    met &= redis_met
+                    issue += redis_issue
+                    sections = [section for section in sections if section != REDIS]
             where = "embedded server, " + ("durable" if args.durable else "fsync=off synchronous_commit=off")
         print(f"PostgreSQL: {where}", end="\n\n")
         print("\n\n".join(printed), flush=True)
         met &= pg_met
         issue += pg_issue
+    if REDIS in sections:
+        redis_met, redis_issue = _run_redis(redis_dsn, quick=args.quick, tiny=args.tiny)
+        met &= redis_met
+        issue += redis_issue
     if issue:
         print("\n== targets, this run (medians) ==\n")
         for verdict in issue:

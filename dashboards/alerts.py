@@ -51,6 +51,7 @@ from .semantics import (
     PARTITION_HORIZON_ALERT_SECONDS,
     PAUSE_LOAD_FAILURE_OUTCOMES,
     PAUSE_SAVE_FAILURE_OUTCOMES,
+    REDIS_MEMORY_ALERT_RATIO,
     SAVE_PAUSE_METHOD,
     TASK_FAILED,
     TASK_TERMINAL_EVENTS,
@@ -171,6 +172,23 @@ store's ``pooler`` setting fails operations again and again; a single error (a p
 with other settings, then fixed) stays quiet."""
 POOLER_LABELS: tuple[str, ...] = (*PROCESS_LABELS, names.LABEL_SCHEMA, names.LABEL_POOLER_ERROR_KIND)
 """One store's schema in one process, and the kind of mismatch (a fixed set)."""
+
+# --- Redis nodes ----------------------------------------------------------------------------------
+
+REDIS_NODE_LABELS: tuple[str, ...] = (LABEL_JOB, names.LABEL_STORE, names.LABEL_NODE)
+"""One Redis node of one store as the processes of a job see it: every process samples the same
+nodes, so a node incident alerts once, not once per process."""
+REDIS_NODE_DOWN_FOR = "2m"
+"""No process reached the node for this long: longer than a cluster failover (the failed master
+leaves the topology once its replica is promoted) or a restart with an append-only file to load."""
+REDIS_ERRORS_WINDOW = "5m"
+REDIS_ERRORS_FOR = "10m"
+"""Errors on a node within every ``REDIS_ERRORS_WINDOW`` for ``REDIS_ERRORS_FOR``: a failover's
+READONLY and connection errors are over within a window; OOM or BUSY that keep coming are not."""
+REDIS_MEMORY_FOR = "15m"
+"""Memory above :data:`REDIS_MEMORY_ALERT_RATIO` of maxmemory this long: not a burst being expired."""
+REDIS_EVICTION_WINDOW = "10m"
+"""Any eviction in this window alerts at once, and the alert stays this long after the last one."""
 
 # --- SLO and burn rates --------------------------------------------------------------------------
 
@@ -858,6 +876,77 @@ def partition_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, 
     ]
 
 
+def redis_rules(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[dict[str, Any]]:
+    """A Redis node no process reaches, commands failing on one node, memory near maxmemory, and a
+    node evicting keys (every key a store writes has a TTL, so any eviction policy but noeviction
+    may evict pauses)."""
+    by_node = _by(REDIS_NODE_LABELS)
+    up = f"max {by_node} ({names.GUARDED_REDIS_NODE_UP})"
+    errors = f"increase({names.GUARDED_REDIS_NODE_ERRORS_TOTAL}[{REDIS_ERRORS_WINDOW}])"
+    used = f"max {by_node} ({names.GUARDED_REDIS_MEMORY_USED_BYTES})"
+    maxmemory = f"max {by_node} ({names.GUARDED_REDIS_MAXMEMORY_BYTES}) > 0"
+    evicted = f"increase({names.GUARDED_REDIS_EVICTED_KEYS_TOTAL}[{REDIS_EVICTION_WINDOW}])"
+    return [
+        _alert(
+            names.ALERT_REDIS_NODE_DOWN,
+            f"{up}\n== 0",
+            for_=REDIS_NODE_DOWN_FOR,
+            severity=CRITICAL,
+            summary="Redis node {{ $labels.node }} of store {{ $labels.store }} does not answer",
+            description=(
+                "No process of job {{ $labels.job }} has reached Redis node {{ $labels.node }} of store "
+                f"{{{{ $labels.store }}}} for {in_words(REDIS_NODE_DOWN_FOR)}: the calls it serves time "
+                "out, reads answer stale or their fallback and writes are held on the processes' hosts "
+                "until it is back (a single server), or until a replica takes over its slots (a cluster)."
+            ),
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            names.ALERT_REDIS_NODE_ERRORS,
+            f"sum {_by([*REDIS_NODE_LABELS, names.LABEL_REDIS_ERROR_KIND])} ({errors})\n> 0",
+            for_=REDIS_ERRORS_FOR,
+            severity=WARNING,
+            summary="Commands keep failing on Redis node {{ $labels.node }} of store {{ $labels.store }}",
+            description=(
+                "Commands of store {{ $labels.store }} have kept failing on Redis node {{ $labels.node }} "
+                f"for {in_words(REDIS_ERRORS_FOR)} ({{{{ $labels.kind }}}}: {{{{ $value | humanize }}}} in "
+                f"the last {in_words(REDIS_ERRORS_WINDOW)}). Writes that fail so are held and replayed; "
+                "oom means the node is at maxmemory under noeviction, busy a script over its time limit, "
+                "readonly writes sent to a replica (a failover not yet seen), loading a restart that does "
+                "not end."
+            ),
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            names.ALERT_REDIS_MEMORY_NEAR_MAX,
+            f"{used}\n/ on ({', '.join(REDIS_NODE_LABELS)})\n({maxmemory})\n> {REDIS_MEMORY_ALERT_RATIO}",
+            for_=REDIS_MEMORY_FOR,
+            severity=WARNING,
+            summary="Redis node {{ $labels.node }} of store {{ $labels.store }} is near its maxmemory",
+            description=(
+                "Redis node {{ $labels.node }} of store {{ $labels.store }} has used "
+                "{{ $value | humanizePercentage }} of its maxmemory for "
+                f"{in_words(REDIS_MEMORY_FOR)}. At maxmemory it refuses writes (noeviction: they are "
+                "held and replayed) or evicts keys, pauses among them."
+            ),
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            names.ALERT_REDIS_EVICTING,
+            f"sum {by_node} ({evicted})\n> 0",
+            severity=CRITICAL,
+            summary="Redis node {{ $labels.node }} of store {{ $labels.store }} is evicting keys",
+            description=(
+                "Redis node {{ $labels.node }} of store {{ $labels.store }} evicted "
+                f"{{{{ $value | humanize }}}} key(s) in the last {in_words(REDIS_EVICTION_WINDOW)}: it is "
+                "at maxmemory under an evicting maxmemory-policy, and every key the store writes has a "
+                "TTL, so planner pauses and memory states may be gone before their resume or read."
+            ),
+            runbook_base=runbook_base,
+        ),
+    ]
+
+
 RECORDING_GROUP = "guarded.recording"
 """The group of the recording rules the burn-rate and latency alerts read."""
 
@@ -886,6 +975,7 @@ def rule_file(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> dict[str, Any]:
             {"name": "guarded.memory", "rules": memory_rules(runbook_base)},
             {"name": "guarded.tasks", "rules": task_rules(runbook_base)},
             {"name": "guarded.pooler", "rules": pooler_rules(runbook_base)},
+            {"name": "guarded.redis", "rules": redis_rules(runbook_base)},
         ]
     }
 

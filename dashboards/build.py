@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from . import postgres, store_overview, tasks
+from . import postgres, redis_backend, store_overview, tasks
 from .model import DATASOURCE_VARIABLE, Dashboard
 
 MATCH_ALL = ".+"
@@ -24,7 +24,7 @@ _REFERENCE = re.compile(r"\$(?:\{(?P<braced>\w+)(?::\w+)?\}|(?P<plain>\w+))")
 
 def dashboard_models() -> tuple[Dashboard, ...]:
     """The typed dashboards, in a fixed order."""
-    return (store_overview.dashboard(), tasks.dashboard(), postgres.dashboard())
+    return (store_overview.dashboard(), tasks.dashboard(), postgres.dashboard(), redis_backend.dashboard())
 
 
 def all_dashboards() -> list[dict[str, Any]]:

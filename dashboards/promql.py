@@ -92,6 +92,10 @@ def max_by(labels: Sequence[str], expr: str) -> str:
     return f"max by ({by(labels)}) ({expr})"
 
 
+def min_by(labels: Sequence[str], expr: str) -> str:
+    return f"min by ({by(labels)}) ({expr})"
+
+
 def quantile(q: float, labels: Sequence[str], bucket_selector: str) -> str:
     """``histogram_quantile`` of the ``_bucket`` series ``bucket_selector``, keeping ``labels``."""
     if not 0 < q < 1:

@@ -104,3 +104,6 @@ PARTITION_HORIZON_ALERT_SECONDS = 3 * 86400
 """A partitioned table's newest partition ending closer than this warns (partitions are kept a week
 ahead): the Postgres dashboard draws it on the horizon panel."""
 LATENCY_P99_ALERT_SECONDS = 1.0
+REDIS_MEMORY_ALERT_RATIO = 0.9
+"""A Redis node's ``used_memory`` over its ``maxmemory`` above which GuardedRedisMemoryNearMax
+fires (and the dashboard's memory panel turns red)."""

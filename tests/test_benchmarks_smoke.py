@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from benchmarks import guard_profile, pooler_cost
+from benchmarks import guard_profile, pooler_cost, redis_bench
 from benchmarks.__main__ import main
 from benchmarks.workload import PROTOCOL_METHODS, NullStore, calls
 from guarded.protocol import CAPABILITIES
@@ -84,3 +84,15 @@ def test_snapshot_section_reports_capture_and_restore(capsys: pytest.CaptureFixt
                 backend,
             )
     assert "target peak RSS < 200.0 MB" in report
+
+
+def test_redis_section_reports_every_method_and_the_pause_pairs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--tiny", "--section", "redis"]) == 0
+    report = capsys.readouterr().out
+    table = report.partition("== guard(RedisStateStore) against raw redis-py")[2].partition("\n== ")[0]
+    for method in redis_bench.METHODS:  # commands, raw, bare, x raw, guard, x raw
+        assert re.search(rf"^{method}\s+\d+\s+\d+\s+\d+\s+[\d.]+\s+\d+\s+[\d.]+\s*$", table, re.M), method
+    assert re.search(r"^\s*(met|NOT MET)\s+guard\(RedisStateStore\) <= 1.15x raw redis-py", report, re.M)
+    for store in ("redis", "postgresql"):
+        assert re.search(rf"^{store}\s+10\s+[\d.]+\s+[\d.]+\s*$", report, re.M), store
+    assert "postgresql / redis: p50 " in report

@@ -50,6 +50,7 @@ from time import time as wall_clock
 from types import TracebackType
 from typing import Any, Self
 
+from prometheus_client import CollectorRegistry
 from redis import asyncio as redis_asyncio
 from redis.asyncio.cluster import RedisCluster
 
@@ -85,6 +86,7 @@ from guarded.models import GLOBAL_TRACE_ID, ArtifactRetentionConfig
 from .redis_artifacts import RedisArtifactStore
 from .redis_errors import REDIS_ERRORS, ReplicasNotAcknowledgedError
 from .redis_keys import KeyLayout, check_prefix, memory_group
+from .redis_node_sampler import DEFAULT_SAMPLE_INTERVAL_SECONDS, StoreSampling
 from .redis_options import SETTING_NAMES, RedisSettings, check_settings
 from .redis_records import (
     decoded,
@@ -134,6 +136,9 @@ class RedisStateStore:
         owns_client: bool = False,
         settings: RedisSettings | None = None,
         artifact_retention: ArtifactRetentionConfig | None = None,
+        registry: CollectorRegistry | None = None,
+        metrics: bool = True,
+        sample_interval: float | None = DEFAULT_SAMPLE_INTERVAL_SECONDS,
         **options: Any,
     ) -> None:
         """A store on ``client`` (``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster``),
@@ -141,7 +146,9 @@ class RedisStateStore:
         :class:`~.redis_options.RedisSettings`' fields (``pause_ttl=600``, ``replicas_to_ack=1``);
         ``owns_client``: :meth:`close` closes the client; ``artifact_retention``: the limits of
         :attr:`artifact_store`. The client must not decode responses (redis-py's default):
-        artifacts are bytes."""
+        artifacts are bytes. Metrics (:mod:`.redis_metrics`) go to ``registry`` (the default
+        Prometheus registry when ``None``; ``metrics=False``: none); every node is sampled each
+        ``sample_interval`` seconds (``None``: not sampled) from the first running event loop."""
         if _decodes_responses(client):
             raise ValueError("RedisStateStore reads bytes: create the client with decode_responses=False")
         unknown = sorted(set(options) - set(SETTING_NAMES))
@@ -164,6 +171,10 @@ class RedisStateStore:
         self.max_concurrency: int | None = _pool_size(client)
         """How many calls the store runs at once: its connection pool's size when bounded."""
         self._artifacts = RedisArtifactStore(self, artifact_retention)
+        self.sampling = StoreSampling(
+            client, store=name, registry=registry, metrics=metrics, interval=sample_interval
+        )
+        """The store's metrics and node sampler (:mod:`.redis_node_sampler`)."""
 
     # ------------------------------------------------------------------------------------------------
     # Lifecycle
@@ -201,6 +212,7 @@ class RedisStateStore:
             store = cls(client, owns_client=True, **options)
             store.max_concurrency = max_connections
             await client.ping()
+            store.sampling.start()
         except BaseException:
             await client.aclose()
             raise
@@ -212,7 +224,8 @@ class RedisStateStore:
         return self._client
 
     async def close(self) -> None:
-        """Close the client when the store made it (:meth:`connect`)."""
+        """Stop sampling, drop the metrics and close the client when the store made it (:meth:`connect`)."""
+        await self.sampling.close()
         if self._owns_client:
             await self._client.aclose()
 
@@ -251,12 +264,16 @@ class RedisStateStore:
         :class:`~.redis_errors.ReplicasNotAcknowledgedError`."""
         registered = self._scripts.by_name[script]
         wanted = self.settings.replicas_to_ack
-        if not wanted:
-            return await registered(keys=list(keys), args=list(args))
-        pipe = self._client.pipeline(transaction=False)
-        await registered(keys=list(keys), args=list(args), client=pipe)
-        pipe.execute_command("WAIT", wanted, self.settings.ms("ack_timeout"))
-        result, acknowledged = await pipe.execute()
+        try:
+            if not wanted:
+                return await registered(keys=list(keys), args=list(args))
+            pipe = self._client.pipeline(transaction=False)
+            await registered(keys=list(keys), args=list(args), client=pipe)
+            pipe.execute_command("WAIT", wanted, self.settings.ms("ack_timeout"))
+            result, acknowledged = await pipe.execute()
+        except Exception as exc:
+            self.sampling.command_failed(exc)
+            raise
         if int(acknowledged) < wanted:
             raise ReplicasNotAcknowledgedError(wanted, int(acknowledged))
         return result
@@ -575,6 +592,7 @@ class RedisStateStore:
             return [int(value) for value in results[0::2]].count(0)
 
         refused = await self._each([save(group) for group in grouped(living, lambda item: item[0])])
+        self.sampling.pauses_saved(len(living) - sum(refused))
         _superseded(sum(refused), method)
 
     async def load_planner_state(self, token: str) -> dict[str, Any] | None:
@@ -602,6 +620,7 @@ class RedisStateStore:
         found = await self.run("pause_take", [self.keys.pause(key)], args)
         if found is None or found is False:
             return None
+        self.sampling.pause_consumed()
         payload: dict[str, Any] = json.loads(found)
         return payload
 

@@ -371,3 +371,71 @@ ALERT_PARTITION_HORIZON_NEAR = "GuardedPgPartitionHorizonNear"
 """A partitioned table's newest partition ends soon: partition maintenance has stopped creating
 partitions ahead, and rows timed past the horizon would go to the default partition."""
 ALERT_NAMES = (*ALERT_NAMES, ALERT_PARTITION_HORIZON_NEAR)
+
+# --- Redis backend ----------------------------------------------------------------------------------
+LABEL_NODE = "node"
+"""A Redis server as ``host:port``: the one server of a single-node store, or a node of a cluster
+(bounded by the cluster's size; never a key or an id)."""
+LABEL_REDIS_ERROR_KIND = "kind"
+REDIS_NODE_ERROR_KINDS = ("connection", "timeout", "loading", "busy", "readonly", "oom", "other")
+"""Every value of the ``kind`` label of :data:`GUARDED_REDIS_NODE_ERRORS_TOTAL`: the connection
+lost or refused, no answer in time, a server loading its data set (``LOADING``), a script running
+too long (``BUSY``), a replica that cannot take writes (``READONLY``, during a failover), memory at
+``maxmemory`` under ``noeviction`` (``OOM``), anything else."""
+GUARDED_REDIS_MEMORY_USED_BYTES = "guarded_redis_memory_used_bytes"
+"""Gauge: ``used_memory`` of each Redis node the store uses, from ``INFO`` (labels: store, node)."""
+GUARDED_REDIS_MAXMEMORY_BYTES = "guarded_redis_maxmemory_bytes"
+"""Gauge: ``maxmemory`` of each node (0: no limit; labels: store, node)."""
+GUARDED_REDIS_EVICTED_KEYS_TOTAL = "guarded_redis_evicted_keys_total"
+"""Counter: keys each node evicted to stay under ``maxmemory`` since the store began sampling it
+(``INFO`` ``evicted_keys``; a server restart's reset is not counted backwards; labels: store, node).
+Every key the store writes has a TTL, so a ``volatile-*`` policy may evict pauses and memory."""
+GUARDED_REDIS_EXPIRED_KEYS_TOTAL = "guarded_redis_expired_keys_total"
+"""Counter: keys each node expired (their TTL ran out) since the store began sampling it (``INFO``
+``expired_keys``; every key of the node, not only this store's; labels: store, node)."""
+GUARDED_REDIS_CONNECTED_CLIENTS = "guarded_redis_connected_clients"
+"""Gauge: client connections open on each node, every client's (labels: store, node)."""
+GUARDED_REDIS_PING_SECONDS = "guarded_redis_ping_seconds"
+"""Histogram: the round trip of a sampled ``PING`` to each node (labels: store, node)."""
+GUARDED_REDIS_NODE_UP = "guarded_redis_node_up"
+"""Gauge: 1 when the node answered the last sample, 0 when it did not (labels: store, node)."""
+GUARDED_REDIS_NODE_ERRORS_TOTAL = "guarded_redis_node_errors_total"
+"""Counter: failed commands by the node that failed them and :data:`REDIS_NODE_ERROR_KINDS`, the
+sampler's own and the store's when it can tell the node (labels: store, node, kind)."""
+GUARDED_REDIS_SAMPLE_TIMESTAMP = "guarded_redis_sample_timestamp_seconds"
+"""Gauge: Unix time of the last sample in which every node answered (label: store)."""
+GUARDED_REDIS_PAUSES_SAVED_TOTAL = "guarded_redis_pauses_saved_total"
+"""Counter: planner pauses the store saved to Redis (label: store)."""
+GUARDED_REDIS_PAUSES_CONSUMED_TOTAL = "guarded_redis_pauses_consumed_total"
+"""Counter: planner pauses a resume consumed from Redis (label: store). Saves that are never
+consumed wait until their TTL expires them (they count among the node's expired keys) or, under
+a ``volatile-*`` policy at ``maxmemory``, until they are evicted."""
+REDIS_METRIC_NAMES: tuple[str, ...] = (
+    GUARDED_REDIS_MEMORY_USED_BYTES,
+    GUARDED_REDIS_MAXMEMORY_BYTES,
+    GUARDED_REDIS_EVICTED_KEYS_TOTAL,
+    GUARDED_REDIS_EXPIRED_KEYS_TOTAL,
+    GUARDED_REDIS_CONNECTED_CLIENTS,
+    GUARDED_REDIS_PING_SECONDS,
+    GUARDED_REDIS_NODE_UP,
+    GUARDED_REDIS_NODE_ERRORS_TOTAL,
+    GUARDED_REDIS_SAMPLE_TIMESTAMP,
+    GUARDED_REDIS_PAUSES_SAVED_TOTAL,
+    GUARDED_REDIS_PAUSES_CONSUMED_TOTAL,
+)
+"""Every metric of the Redis backend (the Redis dashboard has a panel for each)."""
+ALERT_REDIS_NODE_DOWN = "GuardedRedisNodeDown"
+"""A Redis node a store uses has not answered its samples for minutes."""
+ALERT_REDIS_NODE_ERRORS = "GuardedRedisNodeErrors"
+"""Commands keep failing on one Redis node (OOM, READONLY, BUSY, LOADING, timeouts)."""
+ALERT_REDIS_MEMORY_NEAR_MAX = "GuardedRedisMemoryNearMax"
+"""A Redis node's memory is close to its ``maxmemory``."""
+ALERT_REDIS_EVICTING = "GuardedRedisEvictingKeys"
+"""A Redis node a store keeps its pauses and memory on is evicting keys."""
+ALERT_NAMES = (
+    *ALERT_NAMES,
+    ALERT_REDIS_NODE_DOWN,
+    ALERT_REDIS_NODE_ERRORS,
+    ALERT_REDIS_MEMORY_NEAR_MAX,
+    ALERT_REDIS_EVICTING,
+)

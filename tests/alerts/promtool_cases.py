@@ -1384,6 +1384,193 @@ def partition_horizon() -> dict[str, Any]:
     )
 
 
+# --- 15. Redis nodes ----------------------------------------------------------------------------
+
+NODE = "redis-1:6379"
+NODE_2 = "redis-2:6379"
+GIB = 1024**3
+
+
+def _node(metric: str, values: str, node: str = NODE, instance: str = INSTANCE, **extra: str) -> Series:
+    return series(
+        metric, values, {**PROCESS, alerts.LABEL_INSTANCE: instance, names.LABEL_NODE: node, **extra}
+    )
+
+
+def _node_alert(severity: str, node: str = NODE, **extra: str) -> dict[str, str]:
+    return {
+        alerts.LABEL_JOB: JOB,
+        names.LABEL_STORE: STORE,
+        names.LABEL_NODE: node,
+        **extra,
+        "severity": severity,
+    }
+
+
+def _node_down(node: str = NODE) -> dict[str, Any]:
+    return fired(
+        _node_alert("critical", node),
+        f"Redis node {node} of store primary does not answer",
+        f"No process of job agents has reached Redis node {node} of store primary for 2 minutes: the calls "
+        "it serves time out, reads answer stale or their fallback and writes are held on the processes' "
+        "hosts until it is back (a single server), or until a replica takes over its slots (a cluster).",
+        RUNBOOK + "#guardedredisnodedown",
+    )
+
+
+def redis_node_down() -> dict[str, Any]:
+    alert = names.ALERT_REDIS_NODE_DOWN
+    return unit_test_file(
+        case(
+            "a node no process reaches from minute 5 pages after 2 minutes, and stops once it is back",
+            [
+                _node(names.GUARDED_REDIS_NODE_UP, steps((5, 1), (10, 0), (16, 1))),
+                _node(names.GUARDED_REDIS_NODE_UP, steps((5, 1), (10, 0), (16, 1)), instance=INSTANCE_2),
+                _node(names.GUARDED_REDIS_NODE_UP, steps((31, 1)), node=NODE_2),
+            ],
+            [
+                *silent(alert, [4, 5, 6]),
+                at(7, alert, _node_down()),
+                at(14, alert, _node_down()),
+                *silent(alert, [15, 20]),
+            ],
+        ),
+        case(
+            "one process cut off from a node the other still reaches: silent",
+            [
+                _node(names.GUARDED_REDIS_NODE_UP, steps((5, 1), (26, 0))),
+                _node(names.GUARDED_REDIS_NODE_UP, steps((31, 1)), instance=INSTANCE_2),
+            ],
+            silent(alert, [7, 15, 30]),
+        ),
+        case(
+            "a restart down for one minute: silent",
+            [_node(names.GUARDED_REDIS_NODE_UP, steps((5, 1), (1, 0), (25, 1)))],
+            silent(alert, [5, 6, 7, 8, 10]),
+        ),
+    )
+
+
+def _node_errors(kind: str, count: str) -> dict[str, Any]:
+    return fired(
+        _node_alert("warning", **{names.LABEL_REDIS_ERROR_KIND: kind}),
+        f"Commands keep failing on Redis node {NODE} of store primary",
+        f"Commands of store primary have kept failing on Redis node {NODE} for 10 minutes ({kind}: {count} "
+        "in the last 5 minutes). Writes that fail so are held and replayed; oom means the node is at "
+        "maxmemory under noeviction, busy a script over its time limit, readonly writes sent to a replica "
+        "(a failover not yet seen), loading a restart that does not end.",
+        RUNBOOK + "#guardedredisnodeerrors",
+    )
+
+
+def _errors(kind: str, values: str) -> Series:
+    return _node(names.GUARDED_REDIS_NODE_ERRORS_TOTAL, values, **{names.LABEL_REDIS_ERROR_KIND: kind})
+
+
+def redis_node_errors() -> dict[str, Any]:
+    alert = names.ALERT_REDIS_NODE_ERRORS
+    return unit_test_file(
+        case(
+            "OOM on every write from minute 5 (noeviction at maxmemory): warns after 10 minutes",
+            [
+                _errors("oom", joined(steps((5, 0)), counter((26, 6), start=6))),
+                _errors("busy", steps((31, 0))),
+            ],
+            [
+                *silent(alert, [4, 10, 14]),
+                at(15, alert, _node_errors("oom", "30")),
+                at(30, alert, _node_errors("oom", "30")),
+            ],
+        ),
+        case(
+            "READONLY for two minutes during a failover: silent",
+            [_errors("readonly", joined(steps((5, 0)), counter((2, 20), start=20), steps((24, 60))))],
+            silent(alert, [6, 10, 15, 20, 30]),
+        ),
+        case(
+            "no errors: silent",
+            [_errors("oom", steps((31, 0)))],
+            silent(alert, [10, 20, 30]),
+        ),
+    )
+
+
+def _near_max(percent: str, node: str = NODE) -> dict[str, Any]:
+    return fired(
+        _node_alert("warning", node),
+        f"Redis node {node} of store primary is near its maxmemory",
+        f"Redis node {node} of store primary has used {percent} of its maxmemory for 15 minutes. At "
+        "maxmemory it refuses writes (noeviction: they are held and replayed) or evicts keys, pauses "
+        "among them.",
+        RUNBOOK + "#guardedredismemorynearmax",
+    )
+
+
+def redis_memory_near_max() -> dict[str, Any]:
+    alert = names.ALERT_REDIS_MEMORY_NEAR_MAX
+    memory = [
+        _node(names.GUARDED_REDIS_MAXMEMORY_BYTES, steps((41, GIB))),
+        _node(names.GUARDED_REDIS_MAXMEMORY_BYTES, steps((41, 0)), node=NODE_2),
+        _node(names.GUARDED_REDIS_MEMORY_USED_BYTES, steps((41, 4 * GIB)), node=NODE_2),
+    ]
+    return unit_test_file(
+        case(
+            "a node at 95% of maxmemory from minute 5 warns after 15 minutes; a node without a limit never",
+            [*memory, _node(names.GUARDED_REDIS_MEMORY_USED_BYTES, steps((5, GIB // 2), (36, 0.95 * GIB)))],
+            [*silent(alert, [4, 10, 19]), at(21, alert, _near_max("95%")), at(40, alert, _near_max("95%"))],
+        ),
+        case(
+            "a burst to 95% for ten minutes, expired back to half: silent",
+            [
+                *memory,
+                _node(
+                    names.GUARDED_REDIS_MEMORY_USED_BYTES,
+                    steps((5, GIB // 2), (10, 0.95 * GIB), (26, GIB // 2)),
+                ),
+            ],
+            silent(alert, [10, 15, 20, 30]),
+        ),
+    )
+
+
+def _evicting(count: str, node: str = NODE) -> dict[str, Any]:
+    return fired(
+        _node_alert("critical", node),
+        f"Redis node {node} of store primary is evicting keys",
+        f"Redis node {node} of store primary evicted {count} key(s) in the last 10 minutes: it is at "
+        "maxmemory under an evicting maxmemory-policy, and every key the store writes has a TTL, so planner "
+        "pauses and memory states may be gone before their resume or read.",
+        RUNBOOK + "#guardedredisevictingkeys",
+    )
+
+
+def redis_evicting() -> dict[str, Any]:
+    alert = names.ALERT_REDIS_EVICTING
+    return unit_test_file(
+        case(
+            "a node evicting 100 keys a minute from minute 5 to 7 pages at once, and for 10 minutes after",
+            [
+                _node(names.GUARDED_REDIS_EVICTED_KEYS_TOTAL, steps((5, 0), (1, 100), (1, 200), (24, 300))),
+                _node(names.GUARDED_REDIS_EVICTED_KEYS_TOTAL, steps((31, 0)), node=NODE_2),
+            ],
+            [
+                *silent(alert, [4]),
+                at(8, alert, _evicting("300")),
+                at(12, alert, _evicting("300")),
+                *silent(alert, [17, 30]),
+            ],
+        ),
+        case(
+            "no evictions, keys expiring: silent",
+            [
+                _node(names.GUARDED_REDIS_EVICTED_KEYS_TOTAL, steps((31, 0))),
+                _node(names.GUARDED_REDIS_EXPIRED_KEYS_TOTAL, counter((31, 500))),
+            ],
+            silent(alert, [5, 15, 30]),
+        ),
+    )
+
+
 # --- every alert through a 30 s database failover -------------------------------------------------
 
 BLIP_INTERVAL = "15s"
@@ -1457,6 +1644,12 @@ def failover_blip() -> list[Series]:
         _health("degraded", steps((BEFORE + 1, 0), (4, 2), (AFTER - 2, 0))),
         _tasks("task_completed", "background", _busy(5)),
         _tasks("task_failed", "background", _born_during(1, 1)),
+        _node(names.GUARDED_REDIS_NODE_UP, _during(1, 0)),
+        _errors("readonly", steps((BEFORE + 1, 0), (1, 4), (DURING - 1 + AFTER, 9))),
+        _errors("connection", steps((BEFORE + 1, 0), (1, 2), (DURING - 1 + AFTER, 3))),
+        _node(names.GUARDED_REDIS_MAXMEMORY_BYTES, _flat(GIB)),
+        _node(names.GUARDED_REDIS_MEMORY_USED_BYTES, _flat(GIB // 2)),
+        _node(names.GUARDED_REDIS_EVICTED_KEYS_TOTAL, _flat(0)),
     ]
 
 
@@ -1520,6 +1713,10 @@ _BUILDERS = {
     "schema-version-skew.yml": (names.ALERT_SCHEMA_VERSION_SKEW, schema_version_skew),
     "replica-skipped.yml": (names.ALERT_REPLICA_SKIPPED, replica_skipped),
     "pooler-mismatch.yml": (names.ALERT_POOLER_MISMATCH, pooler_mismatch),
+    "redis-node-down.yml": (names.ALERT_REDIS_NODE_DOWN, redis_node_down),
+    "redis-node-errors.yml": (names.ALERT_REDIS_NODE_ERRORS, redis_node_errors),
+    "redis-memory-near-max.yml": (names.ALERT_REDIS_MEMORY_NEAR_MAX, redis_memory_near_max),
+    "redis-evicting-keys.yml": (names.ALERT_REDIS_EVICTING, redis_evicting),
 }
 FILES = {name: (alert, with_failover(alert, build)) for name, (alert, build) in _BUILDERS.items()}
 """Test file name -> (the alert it proves, its builder, the 30 s failover case included)."""

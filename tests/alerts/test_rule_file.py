@@ -193,6 +193,8 @@ def test_rules_aggregate_by_bounded_labels_only() -> None:
         names.LABEL_TASK_TYPE,
         names.LABEL_POOLER_ERROR_KIND,
         names.LABEL_TABLE,
+        names.LABEL_NODE,  # a Redis server of the deployment: bounded by the cluster's size
+        names.LABEL_REDIS_ERROR_KIND,
     }
     for rule in _rules():
         for group in re.findall(r"\b(?:by|on) \(([^)]*)\)", rule["expr"]):

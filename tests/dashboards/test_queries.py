@@ -17,7 +17,7 @@ from guarded.observability import telemetry_names as names
 
 from .support import METRIC, SELECTOR, dashboards_by_uid, exposed_names, raw_expressions
 
-EXPECTED_UIDS = {"guarded-store-overview", "guarded-tasks", "guarded-postgres"}
+EXPECTED_UIDS = {"guarded-store-overview", "guarded-tasks", "guarded-postgres", "guarded-redis"}
 """Links and bookmarks point at these: changing one breaks them."""
 DASHBOARDS = build.all_dashboards()
 IDS = [dashboard["uid"] for dashboard in DASHBOARDS]
@@ -79,6 +79,7 @@ def test_store_dashboards_filter_on_store_and_tasks_on_instance_only() -> None:
     by_uid = dashboards_by_uid()
     assert _query_variables(by_uid["guarded-store-overview"]) == ["instance", names.LABEL_STORE]
     assert _query_variables(by_uid["guarded-postgres"]) == ["instance", names.LABEL_STORE, names.LABEL_SCHEMA]
+    assert _query_variables(by_uid["guarded-redis"]) == ["instance", names.LABEL_STORE]
     # Task metrics carry no store label (telemetry_names.TASK_EVENTS): filtering on one would empty them.
     assert _query_variables(by_uid["guarded-tasks"]) == ["instance"]
 
@@ -213,6 +214,7 @@ def test_every_required_signal_has_a_panel() -> None:
         ("guarded-store-overview", overview),
         ("guarded-tasks", tasks),
         ("guarded-postgres", names.PG_METRIC_NAMES),
+        ("guarded-redis", names.REDIS_METRIC_NAMES),
     ):
         missing = [metric for metric in metrics if metric not in used[uid]]
         assert not missing, f"{uid} has no panel for {missing}"

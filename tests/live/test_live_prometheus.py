@@ -11,6 +11,10 @@ embedded PostgreSQL with Prometheus scraping it every second, and meanwhile
   panel query of every dashboard until each has returned a finite value, and reads every rule's
   health and every annotation query's answer.
 
+Beside it a guarded Redis store (tests/live/redis_workload.py) saves and resumes pauses and
+writes memory on a real ``redis-server``, served on a second ``/metrics`` target, so the Redis
+dashboard's panels have series too.
+
 The tests judge what it saw: every panel returned data, every rule evaluated without error, the
 pause-save alert fired (and only after the pause saves were made to fail), and every annotation
 query is valid PromQL, the pause-save one showing the firing alert.
@@ -38,8 +42,10 @@ from guarded.demo import DemoOptions, DemoResult, parse_schedule, run_demo
 from guarded.demo.runner import STORE_NAME
 from guarded.observability import telemetry_names as names
 from guarded.testing.postgres import EmbeddedPostgres
+from guarded.testing.redis import RedisServer
 
 from .prometheus_server import PrometheusError, PrometheusServer, free_port, prometheus_server
+from .redis_workload import redis_workload
 
 RULE_FILE = Path(__file__).resolve().parents[2] / "grafana" / "alerts" / "guarded-rules.yml"
 DURATION = 28.0
@@ -190,30 +196,34 @@ def live_run() -> Iterator[LiveRun]:
     faults = parse_schedule(SCHEDULE, DURATION)
     server = EmbeddedPostgres(settings={"synchronous_commit": "on"})
     server.start()
+    redis = RedisServer()
+    redis.start()
     try:
-        port = free_port()
+        port, redis_port = free_port(), free_port()
         target = f"127.0.0.1:{port}"
         options = DemoOptions(
             duration=DURATION, concurrency=8, faults=SCHEDULE, metrics_port=port, live=False, seed=3
         )
         out = DemoOutput()
-        with prometheus_server([target], [RULE_FILE]) as prometheus:
+        with prometheus_server([target, f"127.0.0.1:{redis_port}"], [RULE_FILE]) as prometheus:
 
             async def run_and_observe() -> tuple[DemoResult, Observed]:
                 demo_over = threading.Event()
-                demo = asyncio.create_task(run_demo(options, server=server, out=out))
-                demo.add_done_callback(lambda _: demo_over.set())
-                try:
-                    observed = await asyncio.to_thread(
-                        observe, prometheus, target, demo_over, lambda: out.faults_over >= len(faults)
-                    )
-                finally:
-                    result = await demo
+                async with redis_workload(redis, redis_port):  # the Redis dashboard's series
+                    demo = asyncio.create_task(run_demo(options, server=server, out=out))
+                    demo.add_done_callback(lambda _: demo_over.set())
+                    try:
+                        observed = await asyncio.to_thread(
+                            observe, prometheus, target, demo_over, lambda: out.faults_over >= len(faults)
+                        )
+                    finally:
+                        result = await demo
                 return result, observed
 
             result, observed = asyncio.run(run_and_observe())
         yield LiveRun(observed, result, out.getvalue(), out.started)
     finally:
+        redis.stop()
         server.destroy()
 
 
