@@ -6,7 +6,10 @@ PenguiFlow itself would pass them), to three stores:
 * ``penguiflow``: PenguiFlow 3.11's own ``penguiflow.state.InMemoryStateStore``, the oracle;
 * ``memory``: our :class:`guarded.backends.memory.InMemoryStateStore` (PenguiFlow's record types);
 * ``postgres``: ``guard(PostgresStateStore)`` on a real embedded PostgreSQL (a fresh schema per
-  sequence, PenguiFlow's record types).
+  sequence, PenguiFlow's record types);
+* ``redis``: ``guard(RedisStateStore)`` on a real ``redis-server`` (a fresh key prefix per
+  sequence, PenguiFlow's record types), in a test of its own with :data:`REDIS_SEQUENCES`
+  sequences.
 
 Every protocol method is called, the legacy aliases included (``save_task_update``,
 ``list_task_updates``, ``get_events``): the audit log (retried events, ``trace_id=None``), remote
@@ -104,8 +107,10 @@ from guarded import guard
 from guarded.backends.memory import InMemoryStateStore
 from guarded.codec import penguiflow_types
 from tests.postgres.conftest import StoreFactory, new_schema_name
+from tests.redis.conftest import RedisStoreFactory, new_prefix
 
 SEQUENCES = 24
+REDIS_SEQUENCES = 8
 CALLS_PER_SEQUENCE = 150
 BASE_SEED = int(os.environ.get("GUARDED_DIFFERENTIAL_SEED", "20240614"))
 
@@ -204,9 +209,13 @@ class ReferenceWithExceptions(ReferenceStore):
         await super().save_task(state)
 
 
+GUARDED_STORES = ("postgres", "redis")
+"""The stores compared under ``guard()``."""
+
+
 def guard_exception(store: str, call: Call, expected: Observation) -> Observation:
     """E4: under ``guard()`` a pause whose payload is ``{}`` loads as ``None``."""
-    if store == "postgres" and call.method == "load_planner_state" and expected == ("returned", {}):
+    if store in GUARDED_STORES and call.method == "load_planner_state" and expected == ("returned", {}):
         return ("returned", None)
     return expected
 
@@ -607,6 +616,21 @@ async def test_random_calls_agree_with_penguiflows_reference(make_store: StoreFa
         stores = await three_stores(make_store, index)
         async with stores["postgres"]:
             differences += await run_sequence(BASE_SEED + index, stores, ReferenceWithExceptions())
+    assert not differences, describe(differences)
+
+
+@pytest.mark.asyncio
+async def test_random_calls_agree_with_penguiflows_reference_on_redis(
+    make_redis_store: RedisStoreFactory,
+) -> None:
+    differences: list[Difference] = []
+    for index in range(REDIS_SEQUENCES):
+        backend = await make_redis_store(prefix=new_prefix(), types=penguiflow_types())
+        guarded = guard(backend, name=f"differential-redis-{index}", registry=CollectorRegistry())
+        async with guarded:
+            differences += await run_sequence(
+                BASE_SEED + index, {"redis": guarded}, ReferenceWithExceptions()
+            )
     assert not differences, describe(differences)
 
 
