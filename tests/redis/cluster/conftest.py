@@ -1,5 +1,6 @@
 """A real Redis Cluster for the cluster tests: one cluster of three masters with one replica each
-per session (see :mod:`guarded.testing.redis_cluster`), a fresh key prefix per test.
+per session (see :mod:`guarded.testing.redis_cluster`); a fresh key prefix per test is the parent
+directory's ``key_prefix``.
 
 A test that fails a master over brings the killed node back before it ends (it rejoins as a
 replica), so the next test finds three masters with a replica each again; the roles and ports of
@@ -8,7 +9,6 @@ the masters may have changed, so tests ask the cluster (``master_for_slot``) rat
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -31,11 +31,6 @@ def healthy_cluster(cluster: RedisCluster) -> Iterator[RedisCluster]:
     for node in cluster.nodes:
         if not node.running:
             cluster.restart(node)
-
-
-@pytest.fixture
-def key_prefix() -> str:
-    return f"t{uuid.uuid4().hex[:12]}"
 
 
 @pytest_asyncio.fixture
