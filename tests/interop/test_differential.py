@@ -9,7 +9,8 @@ PenguiFlow itself would pass them), to three stores:
   sequence, PenguiFlow's record types);
 * ``redis``: ``guard(RedisStateStore)`` on a real ``redis-server`` (a fresh key prefix per
   sequence, PenguiFlow's record types), in a test of its own with :data:`REDIS_SEQUENCES`
-  sequences.
+  sequences, and on a real Redis Cluster of three masters with a replica each
+  (:data:`REDIS_CLUSTER_SEQUENCES` sequences).
 
 Every protocol method is called, the legacy aliases included (``save_task_update``,
 ``list_task_updates``, ``get_events``): the audit log (retried events, ``trace_id=None``), remote
@@ -105,12 +106,15 @@ from pydantic import BaseModel
 
 from guarded import guard
 from guarded.backends.memory import InMemoryStateStore
+from guarded.backends.redis import RedisStateStore
 from guarded.codec import penguiflow_types
+from guarded.testing.redis_cluster import RedisCluster
 from tests.postgres.conftest import StoreFactory, new_schema_name
 from tests.redis.conftest import RedisStoreFactory, new_prefix
 
 SEQUENCES = 24
 REDIS_SEQUENCES = 8
+REDIS_CLUSTER_SEQUENCES = 4
 CALLS_PER_SEQUENCE = 150
 BASE_SEED = int(os.environ.get("GUARDED_DIFFERENTIAL_SEED", "20240614"))
 
@@ -631,6 +635,24 @@ async def test_random_calls_agree_with_penguiflows_reference_on_redis(
             differences += await run_sequence(
                 BASE_SEED + index, {"redis": guarded}, ReferenceWithExceptions()
             )
+    assert not differences, describe(differences)
+
+
+@pytest.mark.asyncio
+async def test_random_calls_agree_with_penguiflows_reference_on_a_redis_cluster(
+    redis_cluster: RedisCluster,
+) -> None:
+    differences: list[Difference] = []
+    for index in range(REDIS_CLUSTER_SEQUENCES):
+        backend = RedisStateStore(
+            redis_cluster.async_client(), prefix=new_prefix(), types=penguiflow_types(), owns_client=True
+        )
+        guarded = guard(backend, name=f"differential-cluster-{index}", registry=CollectorRegistry())
+        async with guarded:
+            differences += await run_sequence(
+                BASE_SEED + index, {"redis": guarded}, ReferenceWithExceptions()
+            )
+        await backend.close()
     assert not differences, describe(differences)
 
 

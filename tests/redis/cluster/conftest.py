@@ -1,6 +1,6 @@
-"""A real Redis Cluster for the cluster tests: one cluster of three masters with one replica each
-per session (see :mod:`guarded.testing.redis_cluster`); a fresh key prefix per test is the parent
-directory's ``key_prefix``.
+"""A real Redis Cluster for the cluster tests: the session's cluster of three masters with one
+replica each (``redis_cluster`` in tests/conftest.py, see :mod:`guarded.testing.redis_cluster`);
+a fresh key prefix per test is the parent directory's ``key_prefix``.
 
 A test that fails a master over brings the killed node back before it ends (it rejoins as a
 replica), so the next test finds three masters with a replica each again; the roles and ports of
@@ -15,13 +15,13 @@ import pytest
 import pytest_asyncio
 from redis.asyncio.cluster import RedisCluster as ClusterClient
 
-from guarded.testing.redis_cluster import RedisCluster, redis_cluster
+from guarded.testing.redis_cluster import RedisCluster
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[RedisCluster]:
-    with redis_cluster() as started:
-        yield started
+@pytest.fixture
+def cluster(redis_cluster: RedisCluster) -> RedisCluster:
+    """The session's cluster (tests/conftest.py)."""
+    return redis_cluster
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from guarded.backends.redis import RedisStateStore
 from prometheus_client import CollectorRegistry
 
+from guarded.backends.redis import RedisStateStore
 from guarded.guard import controller, guard
 from guarded.testing.redis_cluster import RedisCluster
 from tests.postgres._outages import (
