@@ -1,17 +1,19 @@
 """A throwaway real Redis Cluster for tests: three masters with one replica each, as processes.
 
-:class:`RedisCluster` starts Debian's ``redis-server`` (``make tools`` installs it) once per node on
-free loopback ports, each in its own directory of one temporary directory, with ``cluster-enabled
-yes``, a low ``cluster-node-timeout`` (a failover takes a second or two, not fifteen) and
-``appendonly yes`` / ``appendfsync always`` (a node killed with ``SIGKILL`` and restarted loses
-nothing it acknowledged). ``redis-cli --cluster create ... --cluster-replicas 1`` joins them, and
-:meth:`RedisCluster.start` returns once every node says ``cluster_state:ok``, every node sees the
-same owner for every slot and every replica's link to its master is up::
+:class:`RedisCluster` starts Debian's ``redis-server`` (``make tools`` installs it;
+``GUARDED_REDIS_SERVER`` names another, as for :class:`~guarded.testing.redis.RedisServer`) once
+per node on free loopback ports, each node in its own directory of one temporary directory, with
+``cluster-enabled yes``, a low ``cluster-node-timeout`` (a failover takes a second or two, not
+fifteen) and ``appendonly yes`` / ``appendfsync always`` (a node killed with ``SIGKILL`` and
+restarted loses nothing it acknowledged). ``redis-cli --cluster create ... --cluster-replicas 1``
+joins them, and :meth:`RedisCluster.start` returns once every node says ``cluster_state:ok``, every
+node sees the same owner for every slot and every replica's link to its master is up::
 
     with redis_cluster() as cluster:
-        client = cluster.async_client()          # redis.asyncio.cluster.RedisCluster
-        new_master = cluster.fail_over(cluster.master_for_slot(0))   # SIGKILL, replica promoted
-        cluster.restart(old_master)                                   # rejoins as a replica
+        client = cluster.async_client()         # redis.asyncio.cluster.RedisCluster
+        master = cluster.master_for_slot(0)
+        promoted = cluster.fail_over(master)    # SIGKILL; its replica promoted
+        cluster.restart(master)                 # back, as a replica of ``promoted``
 
 The topology changes under a test (a failover swaps roles): :meth:`RedisCluster.masters`,
 :meth:`RedisCluster.master_for_slot` and :meth:`RedisCluster.replicas_of` ask the cluster each time.
@@ -35,7 +37,7 @@ import redis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncClusterClient
 
-from .postgres import free_port
+from .redis import free_port, server_binary
 
 SLOTS = 16384
 """Hash slots of a Redis Cluster."""
@@ -47,16 +49,15 @@ class RedisClusterError(RuntimeError):
     """A node of the cluster could not be started, the cluster did not form, or it did not settle."""
 
 
-def redis_binary(name: str) -> str:
-    """The path of ``redis-server`` or ``redis-cli``, or a :class:`RedisClusterError` saying how to
-    get it."""
-    found = shutil.which(name) or next(
-        (path for path in (f"/usr/bin/{name}", f"/usr/local/bin/{name}") if os.access(path, os.X_OK)), None
-    )
+def cli_binary() -> str:
+    """The ``redis-cli`` beside the ``redis-server`` the tests run (:func:`~.redis.server_binary`),
+    else the one on ``PATH``; :class:`RedisClusterError` saying how to get it."""
+    beside = Path(server_binary()).with_name("redis-cli")
+    found = str(beside) if os.access(beside, os.X_OK) else shutil.which("redis-cli")
     if found is None:
         raise RedisClusterError(
-            f"{name} is not installed: run `make tools` (as root it installs the Debian package "
-            "'redis-server'), or `apt-get install redis-server`, or put the Redis binaries on PATH"
+            "redis-cli is not installed: run scripts/ensure-apt-tools.sh (Debian's 'redis-server' "
+            "package, which has redis-cli too), or put redis-cli beside redis-server or on PATH"
         )
     return found
 
@@ -123,8 +124,8 @@ class RedisCluster:
         self.node_timeout_ms = node_timeout_ms
         self.settle_timeout = settle_timeout
         self.base_dir = Path(tempfile.mkdtemp(prefix="guarded-redis-cluster-"))
-        self._server = redis_binary("redis-server")
-        self._cli = redis_binary("redis-cli")
+        self._server = server_binary()
+        self._cli = cli_binary()
         self.nodes: list[ClusterNode] = []
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -148,7 +149,7 @@ class RedisCluster:
         for _attempt in range(3):  # a port picked free may be taken before the server binds it
             directory = self.base_dir / f"node{index}"
             directory.mkdir(exist_ok=True)
-            node = ClusterNode(self.host, free_port(self.host), free_port(self.host), directory)
+            node = ClusterNode(self.host, free_port(), free_port(), directory)
             try:
                 self._launch(node)
                 return node
@@ -422,6 +423,6 @@ __all__ = [
     "ClusterNode",
     "RedisCluster",
     "RedisClusterError",
-    "redis_binary",
+    "cli_binary",
     "redis_cluster",
 ]
