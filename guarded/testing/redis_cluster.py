@@ -138,7 +138,7 @@ class RedisCluster:
             for index in range(self.master_count * (1 + self.replicas_per_master)):
                 self.nodes.append(self._start_new_node(index))
             self._create()
-            self._wait_settled()
+            self.wait_settled()
         except BaseException:
             self.stop()
             raise
@@ -298,7 +298,7 @@ class RedisCluster:
             lambda: next((node for node in replicas if node.running and self._role(node) == "master"), None),
             f"no replica of {master.address} was promoted",
         )
-        self._wait_settled()
+        self.wait_settled()
         return promoted
 
     def restart(self, node: ClusterNode) -> None:
@@ -308,7 +308,7 @@ class RedisCluster:
         if node.running:
             raise RedisClusterError(f"{node.address} is still running")
         self._launch(node)
-        self._wait_settled()
+        self.wait_settled()
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -374,7 +374,9 @@ class RedisCluster:
             return "the nodes do not agree on which master serves which slots"
         return None
 
-    def _wait_settled(self) -> None:
+    def wait_settled(self) -> None:
+        """Wait until the cluster is settled (see :meth:`start`): every running node says
+        ``cluster_state:ok``, all agree on the master of every slot, every replica's link is up."""
         problem: list[str | None] = [None]
 
         def settled() -> bool | None:

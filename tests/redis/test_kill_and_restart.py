@@ -16,12 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from guarded.backends.redis import RedisStateStore
-from guarded.testing.redis import RedisServer
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
+from guarded.backends.redis import RedisStateStore
 from guarded.guard import controller, guard
+from guarded.testing.redis import RedisServer
 from tests.postgres._outages import (
     Ledger,
     differences,

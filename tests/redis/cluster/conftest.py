@@ -20,7 +20,9 @@ from guarded.testing.redis_cluster import RedisCluster
 
 @pytest.fixture
 def cluster(redis_cluster: RedisCluster) -> RedisCluster:
-    """The session's cluster (tests/conftest.py)."""
+    """The session's cluster (tests/conftest.py), settled: a node starved on a loaded machine past
+    the node timeout may have been failed over by the cluster itself since the last test."""
+    redis_cluster.wait_settled()
     return redis_cluster
 
 
