@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import pytest
 
 from guarded.testing import strict
+from guarded.testing.redis_cluster import RedisCluster
+from guarded.testing.redis_cluster import redis_cluster as started_redis_cluster
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -34,3 +36,12 @@ def _private_state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     (``$XDG_STATE_HOME/guarded/``), and no test adopts another test's held writes."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
     monkeypatch.delenv("GUARDED_DLQ_PATH", raising=False)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """One real Redis Cluster (three masters with a replica each) for the whole session: the
+    cluster suite (tests/redis/cluster) and the differential test share it, each test under a key
+    prefix of its own."""
+    with started_redis_cluster() as cluster:
+        yield cluster

@@ -53,6 +53,7 @@ from typing import Any, Self
 from prometheus_client import CollectorRegistry
 from redis import asyncio as redis_asyncio
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError
 
 from guarded.backend import (
     LOGICAL_TIMES,
@@ -267,16 +268,28 @@ class RedisStateStore:
         try:
             if not wanted:
                 return await registered(keys=list(keys), args=list(args))
-            pipe = self._client.pipeline(transaction=False)
-            await registered(keys=list(keys), args=list(args), client=pipe)
-            pipe.execute_command("WAIT", wanted, self.settings.ms("ack_timeout"))
-            result, acknowledged = await pipe.execute()
+            try:
+                result, acknowledged = await self._run_then_wait(registered, keys, args)
+            except NoScriptError:
+                # redis-py's cluster pipeline never loads a script the node lacks, and a promoted
+                # replica or a restarted server starts with an empty script cache: load it (on every
+                # master of a cluster) and run again.
+                await self._client.script_load(registered.script)
+                result, acknowledged = await self._run_then_wait(registered, keys, args)
         except Exception as exc:
             self.sampling.command_failed(exc)
             raise
         if int(acknowledged) < wanted:
             raise ReplicasNotAcknowledgedError(wanted, int(acknowledged))
         return result
+
+    async def _run_then_wait(self, registered: Any, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
+        """The script's reply and how many replicas acknowledged it (one pipeline, one connection)."""
+        pipe = self._client.pipeline(transaction=False)
+        await registered(keys=list(keys), args=list(args), client=pipe)
+        pipe.execute_command("WAIT", self.settings.replicas_to_ack, self.settings.ms("ack_timeout"))
+        replies: list[Any] = await pipe.execute()
+        return replies
 
     async def acknowledged(self, *commands: Sequence[Any]) -> list[Any]:
         """Run plain commands (``("ZREM", key, member)``) on keys of one tag in one pipeline and,

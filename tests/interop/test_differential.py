@@ -1,7 +1,7 @@
 """PenguiFlow's reference store is the semantic oracle.
 
 Random sequences of calls go, in the same order and with the same PenguiFlow model instances (as
-PenguiFlow itself would pass them), to three stores:
+PenguiFlow itself would pass them), to these stores:
 
 * ``penguiflow``: PenguiFlow 3.11's own ``penguiflow.state.InMemoryStateStore``, the oracle;
 * ``memory``: our :class:`guarded.backends.memory.InMemoryStateStore` (PenguiFlow's record types);
@@ -9,7 +9,8 @@ PenguiFlow itself would pass them), to three stores:
   sequence, PenguiFlow's record types);
 * ``redis``: ``guard(RedisStateStore)`` on a real ``redis-server`` (a fresh key prefix per
   sequence, PenguiFlow's record types), in a test of its own with :data:`REDIS_SEQUENCES`
-  sequences;
+  sequences, and on a real Redis Cluster of three masters with a replica each
+  (:data:`REDIS_CLUSTER_SEQUENCES` sequences);
 * ``hybrid``: ``guard(HybridStateStore)`` with memory written through (its hot store on that Redis,
   its record store on the same PostgreSQL), in the first :data:`HYBRID_SEQUENCES` sequences.
 
@@ -109,13 +110,16 @@ from pydantic import BaseModel
 from guarded import guard
 from guarded.backends.hybrid_store import HybridStateStore
 from guarded.backends.memory import InMemoryStateStore
+from guarded.backends.redis import RedisStateStore
 from guarded.codec import penguiflow_types
+from guarded.testing.redis_cluster import RedisCluster
 from tests.hybrid.conftest import HotFactory
 from tests.postgres.conftest import StoreFactory, new_schema_name
 from tests.redis.conftest import RedisStoreFactory, new_prefix
 
 SEQUENCES = 24
 REDIS_SEQUENCES = 8
+REDIS_CLUSTER_SEQUENCES = 4
 CALLS_PER_SEQUENCE = 150
 HYBRID_SEQUENCES = 6
 """Sequences also made against ``guard(HybridStateStore)``: each of its calls goes to a store the
@@ -657,6 +661,24 @@ async def test_random_calls_agree_with_penguiflows_reference_on_redis(
             differences += await run_sequence(
                 BASE_SEED + index, {"redis": guarded}, ReferenceWithExceptions()
             )
+    assert not differences, describe(differences)
+
+
+@pytest.mark.asyncio
+async def test_random_calls_agree_with_penguiflows_reference_on_a_redis_cluster(
+    redis_cluster: RedisCluster,
+) -> None:
+    differences: list[Difference] = []
+    for index in range(REDIS_CLUSTER_SEQUENCES):
+        backend = RedisStateStore(
+            redis_cluster.async_client(), prefix=new_prefix(), types=penguiflow_types(), owns_client=True
+        )
+        guarded = guard(backend, name=f"differential-cluster-{index}", registry=CollectorRegistry())
+        async with guarded:
+            differences += await run_sequence(
+                BASE_SEED + index, {"redis": guarded}, ReferenceWithExceptions()
+            )
+        await backend.close()
     assert not differences, describe(differences)
 
 
