@@ -265,7 +265,9 @@ class HybridStateStore:
         try:
             found = await self._parts[HOT].load_memory_state(key)  # type: ignore[attr-defined]
         except Exception as exc:  # the hot store failed: the record store has the durable copy
-            logger.debug("hot store failed to load a memory state (%s); reading the record", type(exc).__name__)
+            logger.debug(
+                "hot store failed to load a memory state (%s); reading the record", type(exc).__name__
+            )
             found = None
         if found is not None:
             return found
@@ -292,7 +294,11 @@ class HybridStateStore:
         traceback: TracebackType | None,
     ) -> None:
         await _each(
-            [part.__aexit__(exc_type, exc, traceback) for part in self._parts.values() if hasattr(part, "__aexit__")]
+            [
+                part.__aexit__(exc_type, exc, traceback)
+                for part in self._parts.values()
+                if hasattr(part, "__aexit__")
+            ]
         )
 
     async def aclose(self) -> None:

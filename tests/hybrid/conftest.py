@@ -1,7 +1,6 @@
 """Real parts for the hybrid store's tests: the PostgreSQL suite's embedded server (a fresh schema
-per test) as the record store, and the hot store on the same terms (a fresh store per test).
-
-The hot store is the in-memory backend until the Redis backend lands here."""
+per test) as the record store, the Redis suite's ``redis-server`` (a fresh key prefix per test) as
+the hot store; and a server of each kind of this suite's own, which the outage tests stop."""
 
 from __future__ import annotations
 
@@ -13,26 +12,59 @@ import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
-from guarded.backends.memory import InMemoryStateStore
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
+from guarded.backends.redis import RedisStateStore
 from guarded.codec import DEFAULT_TYPES
-from guarded.config import BatchConfig, BreakerConfig, DeadLetterConfig, GuardConfig, RetryConfig, TimeoutConfig
+from guarded.config import (
+    BatchConfig,
+    BreakerConfig,
+    DeadLetterConfig,
+    GuardConfig,
+    RetryConfig,
+    TimeoutConfig,
+)
 from guarded.testing.postgres import EmbeddedPostgres, embedded_postgres
+from guarded.testing.redis import RedisServer
 from tests.postgres.conftest import make_store, new_schema_name, pg_dsn, pg_server, schema_name
+from tests.redis.conftest import new_prefix, redis_server
 
 HotFactory = Callable[..., Awaitable[Any]]
 
 
 @pytest_asyncio.fixture
-async def make_hot() -> AsyncIterator[HotFactory]:
-    """Open hot stores (each with keys of its own); all are closed after the test."""
+async def make_hot(redis_server: RedisServer) -> AsyncIterator[HotFactory]:
+    """Open Redis stores (each under a key prefix of its own, on ``url``: the shared server unless
+    told otherwise); all are closed after the test."""
+    opened: list[RedisStateStore] = []
 
-    async def make(**options: Any) -> Any:
-        return InMemoryStateStore(record_types=options.get("types", DEFAULT_TYPES))
+    async def make(**options: Any) -> RedisStateStore:
+        options.setdefault("prefix", new_prefix())
+        options.setdefault("types", DEFAULT_TYPES)
+        options.setdefault("socket_timeout", 2.0)
+        url = options.pop("url", redis_server.url)
+        store = await RedisStateStore.connect(url, **options)
+        opened.append(store)
+        return store
 
     yield make
+    for store in opened:
+        await store.close()
 
 
+@pytest.fixture(scope="session")
+def outage_redis() -> Iterator[RedisServer]:
+    """A Redis server the outage tests stop or SIGSTOP."""
+    with RedisServer.started() as server:
+        yield server
+
+
+@pytest.fixture
+def hot_server(outage_redis: RedisServer) -> Iterator[RedisServer]:
+    """The outage Redis server, running (and not stopped) after the test whatever happened."""
+    yield outage_redis
+    outage_redis.resume()
+    if not outage_redis.running:
+        outage_redis.restart()
 
 
 @pytest.fixture(scope="session")
@@ -77,10 +109,24 @@ def outage_config(spill: Path | None) -> GuardConfig:
     )
 
 
-__all__ = ["make_hot", "make_store", "outage_pg", "pg_dsn", "pg_server", "record_server", "schema_name"]
+__all__ = [
+    "hot_server",
+    "make_hot",
+    "make_store",
+    "outage_pg",
+    "outage_redis",
+    "pg_dsn",
+    "pg_server",
+    "record_server",
+    "redis_server",
+    "schema_name",
+]
 
 
 async def forget_hot(hot: Any) -> None:
     """Make the hot store lose everything it holds, behind the hybrid's back (a TTL that expired,
     a Redis restarted without its data)."""
-    hot.clear()
+    client = hot.client
+    keys = [key async for key in client.scan_iter(match=f"{hot.prefix}:*", count=1000)]
+    if keys:
+        await client.delete(*keys)

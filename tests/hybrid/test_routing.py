@@ -34,7 +34,9 @@ def test_the_default_is_spec_000s_split() -> None:
         "save_memory_states",
         "list_memory_keys",
     }
-    assert DEFAULT_ROUTES == {group: HOT if group in ("pauses", "memory") else RECORD for group in METHOD_GROUPS}
+    assert {
+        group: HOT if group in ("pauses", "memory") else RECORD for group in METHOD_GROUPS
+    } == DEFAULT_ROUTES
 
 
 def test_every_protocol_method_bulk_form_and_alias_is_routed() -> None:
@@ -61,7 +63,10 @@ def test_a_group_is_routed_whole_by_its_name_or_method_by_method() -> None:
 @pytest.mark.parametrize(
     ("routes", "says"),
     [
-        ({"save_planner_state": RECORD}, "the pauses group is split (save_planner_state -> record, load_planner_state -> hot)"),
+        (
+            {"save_planner_state": RECORD},
+            "the pauses group is split (save_planner_state -> record, load_planner_state -> hot)",
+        ),
         ({"list_memory_keys": RECORD}, "the memory group is split"),
         ({"pauses": "redis"}, "routes['pauses'] = 'redis': no such part; parts: hot, record"),
         ({"tasks": "recrod"}, "no such part (did you mean 'record'?)"),
@@ -80,7 +85,10 @@ def test_a_table_it_cannot_follow_is_refused_naming_what(routes: dict[str, str],
 def test_write_through_needs_memory_on_the_hot_part() -> None:
     with pytest.raises(RoutingError, match="memory is routed to 'record'"):
         HybridStateStore(
-            hot=InMemoryStateStore(), record=InMemoryStateStore(), routes={"memory": RECORD}, memory_write_through=True
+            hot=InMemoryStateStore(),
+            record=InMemoryStateStore(),
+            routes={"memory": RECORD},
+            memory_write_through=True,
         )
 
 

@@ -13,15 +13,21 @@ from guarded.backends.hybrid_store import HOT, RECORD, HybridStateStore
 from guarded.errors import WriteSupersededError
 from guarded.logical_time import logical_times, replaying
 from guarded.testing.postgres import EmbeddedPostgres
-from tests.postgres.conftest import StoreFactory
+from guarded.testing.redis import RedisServer
+from tests.postgres.conftest import StoreFactory, new_schema_name
+from tests.redis.conftest import new_prefix
 
 from .conftest import HotFactory, forget_hot, record_store
 
 KEY = "acme:u1:s1"
 
 
-async def guarded_hybrid(make_hot: HotFactory, make_store: StoreFactory, *, write_through: bool = True) -> Any:
-    hybrid = HybridStateStore(hot=await make_hot(), record=await make_store(), memory_write_through=write_through)
+async def guarded_hybrid(
+    make_hot: HotFactory, make_store: StoreFactory, *, write_through: bool = True
+) -> Any:
+    hybrid = HybridStateStore(
+        hot=await make_hot(), record=await make_store(), memory_write_through=write_through
+    )
     return guard(hybrid, registry=CollectorRegistry(), spill_path=None, strict=True)
 
 
@@ -83,7 +89,11 @@ async def test_both_copies_order_a_replay_by_the_calls_logical_time(
         with logical_times((1,)), replaying(), pytest.raises(WriteSupersededError):
             await store.save_memory_state(KEY, {"by": "an old replay"})
         hot, record = parts(store)
-        assert await hot.load_memory_state(KEY) == await record.load_memory_state(KEY) == {"by": "a direct write"}
+        assert (
+            await hot.load_memory_state(KEY)
+            == await record.load_memory_state(KEY)
+            == {"by": "a direct write"}
+        )
 
 
 @pytest.mark.asyncio
@@ -98,10 +108,52 @@ async def test_the_record_is_written_first_so_the_hot_copy_is_never_the_newer(
     try:
         await hybrid.save_memory_state(KEY, {"turns": 1})
         record_server.stop()
-        with pytest.raises(OSError):
+        with pytest.raises(ConnectionRefusedError):
             await hybrid.save_memory_state(KEY, {"turns": 2})
         assert await hot.load_memory_state(KEY) == {"turns": 1}
         assert await hybrid.load_memory_state(KEY) == {"turns": 1}
     finally:
         record_server.start()
         await hybrid.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_read_falls_back_to_the_record_when_the_hot_store_is_down(
+    hot_server: RedisServer, make_hot: HotFactory, make_store: StoreFactory
+) -> None:
+    prefix, schema = new_prefix(), new_schema_name()
+    writer = guard(
+        HybridStateStore(
+            hot=await make_hot(url=hot_server.url, prefix=prefix),
+            record=await make_store(schema=schema),
+            memory_write_through=True,
+        ),
+        name="writer",
+        registry=CollectorRegistry(),
+        spill_path=None,
+    )
+    async with writer:
+        await writer.save_memory_state(KEY, {"turns": 1})
+    hot = await make_hot(url=hot_server.url, prefix=prefix, socket_timeout=0.5)
+    unguarded = HybridStateStore(
+        hot=await make_hot(url=hot_server.url, prefix=prefix, socket_timeout=0.5),
+        record=await make_store(schema=schema),
+        memory_write_through=True,
+    )
+    record = await make_store(schema=schema)
+    hot_server.pause()  # SIGSTOP: every call to it hangs until its attempt times out
+    # Another guard (as another process would): it never saw the state, so nothing stale to serve.
+    reader = guard(
+        HybridStateStore(hot=hot, record=record, memory_write_through=True),
+        name="reader",
+        registry=CollectorRegistry(),
+        spill_path=None,
+        timeout={"attempt": 0.5, "deadline": 1.0},
+    )
+    async with reader:
+        assert await reader.load_memory_state(KEY) == {"turns": 1}
+        hot_outcomes = {outcome for (method, outcome) in controller(reader).parts[HOT].stats()}
+        assert hot_outcomes & {"timeout", "fallback", "circuit_open"}, controller(reader).parts[HOT].stats()
+    # Unguarded, the hot store's failure itself sends the read to the record store.
+    assert await unguarded.load_memory_state(KEY) == {"turns": 1}
+    hot_server.resume()

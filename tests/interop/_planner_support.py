@@ -24,7 +24,9 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from guarded import guard
+from guarded.backends.hybrid_store import HybridStateStore
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
+from guarded.backends.redis import RedisStateStore
 from guarded.config import DeadLetterConfig, GuardConfig, RetryConfig, TimeoutConfig
 
 ORDER_ID = "A-17"
@@ -185,6 +187,23 @@ def guarded_postgres(dsn: str, schema: str, *, spill: str | None, registry: Coll
         stats_interval=None,
     )
     return guard(backend, name="planner", config=guard_config(spill), registry=registry)
+
+
+async def guarded_hybrid(
+    dsn: str, schema: str, redis_url: str, prefix: str, *, spill: str | None, registry: CollectorRegistry
+) -> Any:
+    """``guard(HybridStateStore)``: pauses (and memory) in Redis under ``prefix``, the rest in the
+    lazy PostgreSQL store of :func:`guarded_postgres`; each part guarded on its own."""
+    hot = await RedisStateStore.connect(redis_url, prefix=prefix, socket_timeout=2.0)
+    record = PostgresStateStore.lazy(
+        dsn,
+        schema=schema,
+        pool=PoolSettings(min_size=1, max_size=2, connect_timeout=2.0, command_timeout=5.0),
+        registry=CollectorRegistry(),
+        stats_interval=None,
+    )
+    hybrid = HybridStateStore(hot=hot, record=record)
+    return guard(hybrid, name="planner", config=guard_config(spill), registry=registry)
 
 
 def final_answer(payload: Any) -> str | None:

@@ -3,7 +3,8 @@
 ``python -m tests.interop._planner_worker pause --dsn DSN --schema SCHEMA [--spill FILE]``
 runs the refund-desk ``ReactPlanner`` (tests/interop/_planner_support.py) until it pauses for
 approval; ``... resume --token TOKEN [--user-input TEXT]`` resumes a run some other process
-paused. Both open ``guard(PostgresStateStore.lazy(DSN))`` with their own Prometheus registry,
+paused. Both open ``guard(PostgresStateStore.lazy(DSN))`` (with ``--redis-url URL [--prefix P]``:
+``guard(HybridStateStore)``, the pauses in that Redis) with their own Prometheus registry,
 leave through ``async with`` (flush, drain, spill what is left) and print one JSON line on
 stdout: the planner's result, the guard's ``stats()``, its metrics in the Prometheus text format
 and the log records of the ``guarded`` and ``penguiflow`` loggers. Everything else goes to stderr.
@@ -91,7 +92,12 @@ async def resume(store: Any, token: str, user_input: str) -> dict[str, Any]:
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     keeper = keep_logs()
     registry = CollectorRegistry()
-    store = support.guarded_postgres(args.dsn, args.schema, spill=args.spill, registry=registry)
+    if args.redis_url:
+        store = await support.guarded_hybrid(
+            args.dsn, args.schema, args.redis_url, args.prefix, spill=args.spill, registry=registry
+        )
+    else:
+        store = support.guarded_postgres(args.dsn, args.schema, spill=args.spill, registry=registry)
     async with store:
         if args.mode == "pause":
             report = await pause(store)
@@ -108,8 +114,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def held(store: Any) -> int | None:
-    buffer = controller(store).dead_letters
-    return None if buffer is None else buffer.depth
+    control = controller(store)
+    parts = getattr(control, "parts", None)
+    buffers = [part.dead_letters for part in parts.values()] if parts else [control.dead_letters]
+    if all(buffer is None for buffer in buffers):
+        return None
+    return sum(buffer.depth for buffer in buffers if buffer is not None)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -119,6 +129,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--schema", required=True)
     parser.add_argument("--spill", default=None, help="dead-letter spill file (none: memory only)")
     parser.add_argument("--token", help="resume: the pause token")
+    parser.add_argument(
+        "--redis-url", default=None, help="guard(HybridStateStore), its hot part on this Redis"
+    )
+    parser.add_argument("--prefix", default="planner", help="the hybrid's Redis key prefix")
     parser.add_argument("--user-input", default=support.APPROVAL, help="resume: the human's answer")
     args = parser.parse_args(argv)
     if args.mode == "resume" and not args.token:

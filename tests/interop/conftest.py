@@ -8,5 +8,6 @@ from __future__ import annotations
 
 from tests.hybrid.conftest import make_hot
 from tests.postgres.conftest import make_store, pg_dsn, pg_server, raw, schema_name, store
+from tests.redis.conftest import redis_server
 
-__all__ = ["make_hot", "make_store", "pg_dsn", "pg_server", "raw", "schema_name", "store"]
+__all__ = ["make_hot", "make_store", "redis_server", "pg_dsn", "pg_server", "raw", "schema_name", "store"]

@@ -80,8 +80,8 @@ import enum
 import math
 import os
 import random
-from contextlib import AsyncExitStack
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -624,7 +624,9 @@ async def guarded_hybrid(make_hot: HotFactory, make_store: StoreFactory, index: 
 
 
 @pytest.mark.asyncio
-async def test_random_calls_agree_with_penguiflows_reference(make_store: StoreFactory, make_hot: HotFactory) -> None:
+async def test_random_calls_agree_with_penguiflows_reference(
+    make_store: StoreFactory, make_hot: HotFactory
+) -> None:
     differences: list[Difference] = []
     for index in range(SEQUENCES):
         stores = await three_stores(make_store, index)

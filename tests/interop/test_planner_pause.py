@@ -22,7 +22,7 @@ import logging
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +68,11 @@ def run_process(args: list[str], *, what: str) -> tuple[str, str]:
 
 
 async def worker(
-    mode: str, dsn: str, schema: str, *, spill: Path | None = None, token: str = ""
+    mode: str, dsn: str, schema: str, *, spill: Path | None = None, token: str = "", extra: Sequence[str] = ()
 ) -> dict[str, Any]:
-    """One planner process (``pause`` or ``resume``); its JSON report plus ``stderr``."""
-    args = ["tests.interop._planner_worker", mode, "--dsn", dsn, "--schema", schema]
+    """One planner process (``pause`` or ``resume``, ``extra`` arguments); its JSON report plus
+    ``stderr``."""
+    args = ["tests.interop._planner_worker", mode, "--dsn", dsn, "--schema", schema, *extra]
     if spill is not None:
         args += ["--spill", str(spill)]
     if token:
