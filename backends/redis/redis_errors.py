@@ -116,6 +116,8 @@ def handling(exc: BaseException) -> Handling | None:
     """How the guard handles ``exc`` and the condition it is counted as, when it is Redis's."""
     if isinstance(exc, ReplicasNotAcknowledgedError):
         return _HOLD, SERVER_UNAVAILABLE
+    if isinstance(exc, redis_exceptions.BusyLoadingError):  # a ConnectionError in redis-py
+        return CODE_HANDLING["LOADING"]
     if isinstance(exc, redis_exceptions.AuthenticationError | redis_exceptions.AuthorizationError):
         return _HOLD, INSUFFICIENT_PRIVILEGE
     if isinstance(exc, redis_exceptions.MaxConnectionsError | redis_exceptions.MaxClientsReachedError):

@@ -53,6 +53,7 @@ from typing import Any, Self
 from prometheus_client import CollectorRegistry
 from redis import asyncio as redis_asyncio
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError
 
 from guarded.backend import (
     LOGICAL_TIMES,
@@ -229,6 +230,15 @@ class RedisStateStore:
         if self._owns_client:
             await self._client.aclose()
 
+    async def drop_everything(self) -> int:
+        """Delete every key under the store's prefix (``SCAN`` of ``<prefix>:*``, then ``UNLINK`` key by
+        key: on a cluster they are in many slots); how many were deleted. For scratch prefixes and
+        tests: the data of the prefix is gone."""
+        deleted = 0
+        async for key in self._client.scan_iter(match=self.keys.everything(), count=1000):
+            deleted += int(await self._client.unlink(key))
+        return deleted
+
     async def __aenter__(self) -> Self:
         return self
 
@@ -258,16 +268,28 @@ class RedisStateStore:
         try:
             if not wanted:
                 return await registered(keys=list(keys), args=list(args))
-            pipe = self._client.pipeline(transaction=False)
-            await registered(keys=list(keys), args=list(args), client=pipe)
-            pipe.execute_command("WAIT", wanted, self.settings.ms("ack_timeout"))
-            result, acknowledged = await pipe.execute()
+            try:
+                result, acknowledged = await self._run_then_wait(registered, keys, args)
+            except NoScriptError:
+                # redis-py's cluster pipeline never loads a script the node lacks, and a promoted
+                # replica or a restarted server starts with an empty script cache: load it (on every
+                # master of a cluster) and run again.
+                await self._client.script_load(registered.script)
+                result, acknowledged = await self._run_then_wait(registered, keys, args)
         except Exception as exc:
             self.sampling.command_failed(exc)
             raise
         if int(acknowledged) < wanted:
             raise ReplicasNotAcknowledgedError(wanted, int(acknowledged))
         return result
+
+    async def _run_then_wait(self, registered: Any, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
+        """The script's reply and how many replicas acknowledged it (one pipeline, one connection)."""
+        pipe = self._client.pipeline(transaction=False)
+        await registered(keys=list(keys), args=list(args), client=pipe)
+        pipe.execute_command("WAIT", self.settings.replicas_to_ack, self.settings.ms("ack_timeout"))
+        replies: list[Any] = await pipe.execute()
+        return replies
 
     async def acknowledged(self, *commands: Sequence[Any]) -> list[Any]:
         """Run plain commands (``("ZREM", key, member)``) on keys of one tag in one pipeline and,

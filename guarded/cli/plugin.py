@@ -66,6 +66,7 @@ ENTRY_POINT_GROUP = "guarded.command_lines"
 BUILT_IN: tuple[str, ...] = (
     "guarded.backends.postgres.command_line:COMMAND_LINE",
     "guarded.backends.memory_command_line:COMMAND_LINE",
+    "guarded.backends.redis.redis_command_line:COMMAND_LINE",
 )
 """The command lines of the backends shipped with guarded, as ``module:attribute``."""
 

@@ -9,6 +9,9 @@ PenguiFlow itself would pass them), to three stores:
   sequence, PenguiFlow's record types);
 * ``hybrid``: ``guard(HybridStateStore)`` with memory written through, its record store on the same
   PostgreSQL, in the first :data:`HYBRID_SEQUENCES` sequences.
+* ``redis``: ``guard(RedisStateStore)`` on a real ``redis-server`` (a fresh key prefix per
+  sequence, PenguiFlow's record types), in a test of its own with :data:`REDIS_SEQUENCES`
+  sequences.
 
 Every protocol method is called, the legacy aliases included (``save_task_update``,
 ``list_task_updates``, ``get_events``): the audit log (retried events, ``trace_id=None``), remote
@@ -109,8 +112,10 @@ from guarded.backends.memory import InMemoryStateStore
 from guarded.codec import penguiflow_types
 from tests.hybrid.conftest import HotFactory
 from tests.postgres.conftest import StoreFactory, new_schema_name
+from tests.redis.conftest import RedisStoreFactory, new_prefix
 
 SEQUENCES = 24
+REDIS_SEQUENCES = 8
 CALLS_PER_SEQUENCE = 150
 HYBRID_SEQUENCES = 6
 """Sequences also made against ``guard(HybridStateStore)``: each of its calls goes to a store the
@@ -212,7 +217,7 @@ class ReferenceWithExceptions(ReferenceStore):
         await super().save_task(state)
 
 
-GUARDED = ("postgres", "hybrid")
+GUARDED = ("postgres", "hybrid", "redis")
 """The stores behind ``guard()``."""
 
 
@@ -637,6 +642,21 @@ async def test_random_calls_agree_with_penguiflows_reference(
                 if name in stores:
                     await stack.enter_async_context(stores[name])
             differences += await run_sequence(BASE_SEED + index, stores, ReferenceWithExceptions())
+    assert not differences, describe(differences)
+
+
+@pytest.mark.asyncio
+async def test_random_calls_agree_with_penguiflows_reference_on_redis(
+    make_redis_store: RedisStoreFactory,
+) -> None:
+    differences: list[Difference] = []
+    for index in range(REDIS_SEQUENCES):
+        backend = await make_redis_store(prefix=new_prefix(), types=penguiflow_types())
+        guarded = guard(backend, name=f"differential-redis-{index}", registry=CollectorRegistry())
+        async with guarded:
+            differences += await run_sequence(
+                BASE_SEED + index, {"redis": guarded}, ReferenceWithExceptions()
+            )
     assert not differences, describe(differences)
 
 

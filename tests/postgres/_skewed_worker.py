@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -48,16 +49,10 @@ def counted(before: dict[str, float], after: dict[str, float]) -> str:
     return ",".join(sorted(changed)) or "none"
 
 
-async def main(dsn: str, schema: str, skew: float, name: str, spill: str) -> None:
-    skew_clock(skew)
+async def serve(backend: Any, name: str, spill: str) -> None:
+    """Answer the commands on stdin (see the module docs) through ``guard(backend)``; any backend
+    with the memory and trajectory methods (the Redis suite's worker serves its store with it)."""
     registry = CollectorRegistry()
-    backend = await PostgresStateStore.connect(
-        dsn,
-        schema=schema,
-        registry=CollectorRegistry(),
-        stats_interval=None,
-        pool=PoolSettings(min_size=1, max_size=2),
-    )
     store = guard(backend, name=name, registry=registry, dead_letter={"path": spill})
     loop = asyncio.get_running_loop()
     async with store:
@@ -78,6 +73,18 @@ async def main(dsn: str, schema: str, skew: float, name: str, spill: str) -> Non
             applied = "yes" if stored == value else "no"
             print("done", counted(before, outcomes(registry, method)), applied, flush=True)
     print("closed", flush=True)
+
+
+async def main(dsn: str, schema: str, skew: float, name: str, spill: str) -> None:
+    skew_clock(skew)
+    backend = await PostgresStateStore.connect(
+        dsn,
+        schema=schema,
+        registry=CollectorRegistry(),
+        stats_interval=None,
+        pool=PoolSettings(min_size=1, max_size=2),
+    )
+    await serve(backend, name, spill)
 
 
 if __name__ == "__main__":

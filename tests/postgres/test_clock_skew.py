@@ -39,10 +39,18 @@ METHODS = ("save_memory_state", "save_trajectory")
 class Worker:
     """A running :mod:`tests.postgres._skewed_worker` process."""
 
-    def __init__(self, dsn: str, schema: str, skew: float, name: str, spill: Path) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        schema: str,
+        skew: float,
+        name: str,
+        spill: Path,
+        module: str = "tests.postgres._skewed_worker",
+    ) -> None:
         self.name = name
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.postgres._skewed_worker", dsn, schema, str(skew), name, str(spill)],
+            [sys.executable, "-m", module, dsn, schema, str(skew), name, str(spill)],
             cwd=REPO,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -103,39 +111,7 @@ async def test_a_clock_ahead_never_drops_another_workers_acknowledged_write(
     behind = Worker(pg_dsn, schema_name, 0.0, "behind", tmp_path / "behind.sqlite")
     workers.append(behind)
 
-    answered_ok = 0
-    not_applied: list[tuple[str, str, int]] = []
-    other_outcomes: list[str] = []
-    for index in range(KEYS):
-        key = f"key{index}"
-        for method in METHODS:
-            for round_ in range(ROUNDS):
-                writer = ahead if round_ % 2 == 0 else behind  # each write after the other's returned
-                outcome, applied = writer.write(method, key, round_)
-                if outcome != "ok":
-                    other_outcomes.append(f"{method}:{outcome}")
-                    continue
-                answered_ok += 1
-                if not applied:
-                    not_applied.append((method, key, round_))
-    for worker in (ahead, behind):
-        worker.close()
-
-    last = {"round": ROUNDS - 1, "by": "behind"}
-    memory_final = [await reader.load_memory_state(f"key{index}") for index in range(KEYS)]
-    trajectory_final = [await reader.get_trajectory(f"key{index}", "s") for index in range(KEYS)]
-    stale_memory = sum(state != last for state in memory_final)
-    stale_trajectories = sum(trajectory != last for trajectory in trajectory_final)
-    summary = (
-        f"skew {skew}s: {answered_ok} of {2 * KEYS * ROUNDS} writes answered ok, {len(not_applied)} of them "
-        f"never applied (first: {not_applied[:3]}); {stale_memory} of {KEYS} memory keys and "
-        f"{stale_trajectories} of {KEYS} trajectories end with a causally older value; "
-        f"other outcomes: {sorted(set(other_outcomes))}"
-    )
-    assert not other_outcomes, summary
-    assert answered_ok == 2 * KEYS * ROUNDS, summary
-    assert not not_applied, summary
-    assert stale_memory == stale_trajectories == 0, summary
+    await assert_alternating_writes_all_kept(ahead, behind, reader, skew)
 
 
 @pytest.mark.asyncio
@@ -204,3 +180,42 @@ async def test_a_write_held_by_an_older_version_never_overwrites_a_newer_write(
     assert await reader.get_trajectory("uncontested", "s") == {"by": "held before the upgrade"}
     assert await reader.load_planner_state("paused") == {"by": "held before the upgrade"}
     assert (stats.replayed_total, stats.superseded_total) == (3, 2)
+
+
+async def assert_alternating_writes_all_kept(ahead: Worker, behind: Worker, reader: Any, skew: float) -> None:
+    """``ahead`` and ``behind`` write every key alternately, each write after the other's returned:
+    every write answered ``ok`` is held by the store right after it returned, and every key ends
+    with the causally last value (read through ``reader``). The Redis suite runs it too."""
+    answered_ok = 0
+    not_applied: list[tuple[str, str, int]] = []
+    other_outcomes: list[str] = []
+    for index in range(KEYS):
+        key = f"key{index}"
+        for method in METHODS:
+            for round_ in range(ROUNDS):
+                writer = ahead if round_ % 2 == 0 else behind  # each write after the other's returned
+                outcome, applied = writer.write(method, key, round_)
+                if outcome != "ok":
+                    other_outcomes.append(f"{method}:{outcome}")
+                    continue
+                answered_ok += 1
+                if not applied:
+                    not_applied.append((method, key, round_))
+    for worker in (ahead, behind):
+        worker.close()
+
+    last = {"round": ROUNDS - 1, "by": "behind"}
+    memory_final = [await reader.load_memory_state(f"key{index}") for index in range(KEYS)]
+    trajectory_final = [await reader.get_trajectory(f"key{index}", "s") for index in range(KEYS)]
+    stale_memory = sum(state != last for state in memory_final)
+    stale_trajectories = sum(trajectory != last for trajectory in trajectory_final)
+    summary = (
+        f"skew {skew}s: {answered_ok} of {2 * KEYS * ROUNDS} writes answered ok, {len(not_applied)} of them "
+        f"never applied (first: {not_applied[:3]}); {stale_memory} of {KEYS} memory keys and "
+        f"{stale_trajectories} of {KEYS} trajectories end with a causally older value; "
+        f"other outcomes: {sorted(set(other_outcomes))}"
+    )
+    assert not other_outcomes, summary
+    assert answered_ok == 2 * KEYS * ROUNDS, summary
+    assert not not_applied, summary
+    assert stale_memory == stale_trajectories == 0, summary

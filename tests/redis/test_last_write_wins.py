@@ -1,0 +1,152 @@
+"""Last-write-wins on Redis, enforced in the server's scripts: a direct write is applied with
+``max(its time, the stored time + 1)``, a replay only when not older (else
+``WriteSupersededError``), every stored time merged into the process clock; a task never goes back
+to an older ``updated_at``."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from redis import asyncio as redis_asyncio
+
+from guarded.backend import next_logical_time
+from guarded.backends.redis import RedisStateStore
+from guarded.errors import WriteSupersededError
+from guarded.logical_time import logical_times, replaying
+from guarded.models import RemoteBinding, TaskContextSnapshot, TaskState, TaskStatus, TaskType
+
+T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
+
+
+def task(status: TaskStatus, updated_at: datetime, session: str = "s", **changes: Any) -> TaskState:
+    fields: dict[str, Any] = {
+        "task_id": "task",
+        "session_id": session,
+        "status": status,
+        "task_type": TaskType.BACKGROUND,
+        "priority": 1,
+        "context_snapshot": TaskContextSnapshot(session_id=session, task_id="task"),
+        "updated_at": updated_at,
+    }
+    fields.update(changes)
+    return TaskState(**fields)
+
+
+async def status_of(store: RedisStateStore, session: str = "s") -> str:
+    [only] = await store.list_tasks(session)
+    return str(only.status.value)
+
+
+@pytest.mark.asyncio
+async def test_an_older_task_never_replaces_a_newer_one(store: RedisStateStore) -> None:
+    await store.save_task(task(TaskStatus.COMPLETE, T0 + timedelta(seconds=10)))
+    await store.save_task(task(TaskStatus.RUNNING, T0))  # a late write
+    assert await status_of(store) == "COMPLETE"
+    with replaying(), pytest.raises(WriteSupersededError):
+        await store.save_task(task(TaskStatus.RUNNING, T0))  # a late replay is reported
+    assert await status_of(store) == "COMPLETE"
+
+
+@pytest.mark.asyncio
+async def test_newer_and_equal_timestamps_win(store: RedisStateStore) -> None:
+    await store.save_task(task(TaskStatus.PENDING, T0))
+    await store.save_task(task(TaskStatus.RUNNING, T0 + timedelta(microseconds=1)))
+    assert await status_of(store) == "RUNNING"
+    await store.save_task(task(TaskStatus.PAUSED, T0 + timedelta(microseconds=1)))
+    assert await status_of(store) == "PAUSED"
+
+
+@pytest.mark.asyncio
+async def test_naive_timestamps_compare_as_utc(store: RedisStateStore) -> None:
+    await store.save_task(task(TaskStatus.COMPLETE, T0 + timedelta(hours=1)))
+    await store.save_task(task(TaskStatus.RUNNING, (T0 + timedelta(minutes=30)).replace(tzinfo=None)))
+    assert await status_of(store) == "COMPLETE"
+    await store.save_task(task(TaskStatus.FAILED, (T0 + timedelta(hours=2)).replace(tzinfo=None)))
+    assert await status_of(store) == "FAILED"
+
+
+@pytest.mark.asyncio
+async def test_a_stale_task_does_not_move_to_another_session(store: RedisStateStore) -> None:
+    await store.save_task(task(TaskStatus.RUNNING, T0 + timedelta(seconds=5), session="a"))
+    await store.save_task(task(TaskStatus.RUNNING, T0, session="b"))
+    assert [item.session_id for item in await store.list_tasks("a")] == ["a"]
+    assert await store.list_tasks("b") == []
+    await store.save_task(task(TaskStatus.RUNNING, T0 + timedelta(seconds=6), session="b"))
+    assert await store.list_tasks("a") == []
+    assert [item.session_id for item in await store.list_tasks("b")] == ["b"]
+
+
+@pytest.mark.asyncio
+async def test_concurrent_task_writes_converge_on_the_newest(make_redis_store: Any) -> None:
+    stores = [await make_redis_store() for _ in range(3)]
+    writes = [
+        task(TaskStatus.RUNNING, T0 + timedelta(seconds=second), priority=second) for second in range(30)
+    ]
+    shuffled = writes[1::2] + writes[::2]
+    await asyncio.gather(*(stores[index % 3].save_task(item) for index, item in enumerate(shuffled)))
+    [stored] = await stores[0].list_tasks("s")
+    assert stored.priority == writes[-1].priority
+
+
+@pytest.mark.asyncio
+async def test_a_direct_memory_write_is_applied_over_a_newer_time(
+    store: RedisStateStore, raw_redis: redis_asyncio.Redis
+) -> None:
+    later = next_logical_time() + 60_000_000  # another host's clock, a minute ahead
+    with logical_times((later,)):
+        await store.save_memory_state("t:u:s", {"v": "ahead"})
+    earlier = later - 120_000_000
+    with logical_times((earlier,)):
+        await store.save_memory_state("t:u:s", {"v": "behind"})  # direct: applied all the same
+    assert await store.load_memory_state("t:u:s") == {"v": "behind"}
+    record, _ = store.keys.memory("t:u:s")
+    assert int(await raw_redis.hget(record, "lt") or 0) == later + 1  # its time only grows
+    assert next_logical_time() > later + 1  # the process clock moved past what it saw
+
+
+@pytest.mark.asyncio
+async def test_a_replay_older_than_the_stored_write_is_refused_and_reported(store: RedisStateStore) -> None:
+    held = next_logical_time()
+    await store.save_memory_state("t:u:s", {"v": "newer"})
+    await store.save_trajectory("trace", "s", {"steps": ["newer"]})
+    await store.save_remote_binding(RemoteBinding("trace", None, "k", "http://a", router_session_id="r"))
+    await store.mark_binding_terminal(trace_id="trace", context_id=None, task_id="k")
+    with logical_times((held,)), replaying():
+        with pytest.raises(WriteSupersededError):
+            await store.save_memory_state("t:u:s", {"v": "older"})
+        with pytest.raises(WriteSupersededError):
+            await store.save_trajectory("trace", "s", {"steps": ["older"]})
+        with pytest.raises(WriteSupersededError):
+            await store.save_remote_binding(
+                RemoteBinding("trace", None, "k", "http://b", router_session_id="r")
+            )
+        with pytest.raises(WriteSupersededError):
+            await store.mark_binding_terminal(trace_id="trace", context_id=None, task_id="k")
+    assert await store.load_memory_state("t:u:s") == {"v": "newer"}
+    assert await store.get_trajectory("trace", "s") == {"steps": ["newer"]}
+    [binding] = await store.list_bindings(router_session_id="r")
+    assert (binding.agent_url, binding.is_terminal) == ("http://a", True)
+
+
+@pytest.mark.asyncio
+async def test_a_replay_not_older_replaces_and_a_bulk_reports_each_refusal(store: RedisStateStore) -> None:
+    first = next_logical_time()
+    with logical_times((first,)):
+        await store.save_memory_state("t:u:s", {"v": 1})
+    with logical_times((first,)), replaying():
+        await store.save_memory_state("t:u:s", {"v": "same time"})  # an equal time wins
+    assert await store.load_memory_state("t:u:s") == {"v": "same time"}
+    newer = next_logical_time()
+    with (
+        logical_times((first - 1, newer, first - 2)),
+        replaying(),
+        pytest.raises(WriteSupersededError) as caught,
+    ):
+        await store.save_memory_states([("t:u:s", {"v": "a"}), ("x:y:s", {"v": "b"}), ("t:u:s", {"v": "c"})])
+    assert caught.value.refused == 2
+    assert await store.load_memory_state("t:u:s") == {"v": "same time"}
+    assert await store.load_memory_state("x:y:s") == {"v": "b"}
+    assert await store.list_memory_keys("s") == ["t:u:s", "x:y:s"]
