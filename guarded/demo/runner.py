@@ -25,6 +25,7 @@ import importlib
 import importlib.util
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -386,13 +387,14 @@ async def _run_store(
             await _workload(store, ledger, options, registry, injector, schedule, started + options.duration)
             phase[0] = "draining"
             left = await _drain(control, options.drain_timeout)
-            parked: list[ParkedWrite] = []
+            parked_by_part: list[list[ParkedWrite]] = []
             held_by_part: dict[str, DeadLetterStats] = {}
             for name, part in guards.items():
                 buffer = part.dead_letters
                 if buffer is not None:
-                    parked += await buffer.parked()
+                    parked_by_part.append(list(await buffer.parked()))
                     held_by_part[name] = await buffer.stats()
+            parked = _one_per_call(parked_by_part)
             held = _summed(list(held_by_part.values()))
             counts = control.stats()
             phase[0] = "closing"
@@ -447,6 +449,20 @@ async def _run_store(
         rejection_reasons=dict(logs.rejections),
         metrics_url=metrics.url if metrics else None,
     )
+
+
+def _one_per_call(parked_by_part: list[list[ParkedWrite]]) -> list[ParkedWrite]:
+    """The parked writes of every part, a write parked by several parts once: a call written to
+    two parts (memory written through) is refused by both with the same reason."""
+    kept: list[ParkedWrite] = []
+    for entries in parked_by_part:
+        earlier = Counter((entry.method, entry.reason) for entry in kept)
+        for entry in entries:
+            if earlier[(entry.method, entry.reason)] > 0:
+                earlier[(entry.method, entry.reason)] -= 1
+            else:
+                kept.append(entry)
+    return kept
 
 
 async def _close(backend: Any) -> None:
