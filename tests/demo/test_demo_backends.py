@@ -19,7 +19,7 @@ import redis
 from guarded.cli import main
 from guarded.demo import DemoOptions, DemoResult, parse_schedule, run_demo
 from guarded.demo import runner as demo_runner
-from guarded.demo.demo_stores import REDIS_PREFIX, open_redis
+from guarded.demo.demo_stores import open_redis
 from guarded.demo.ledger import WriteKind
 from guarded.demo.redis_readback import read_back_redis
 from guarded.demo.verdict import Verdict, compute_verdict
@@ -136,9 +136,11 @@ def test_redis_faults_were_injected_into_the_server(redis_run: BackendRun) -> No
     effects = {record.kind: record.effect for record in records}
     assert "store connections killed (CLIENT KILL TYPE normal)" in effects["kill"]
     assert int(effects["kill"].split()[0]) > 0
-    assert effects["crash"].startswith("redis down") and "SIGKILL" in effects["crash"]
+    assert effects["crash"].startswith("redis down")
+    assert "SIGKILL" in effects["crash"]
     assert "clean shutdown" in effects["restart"]
-    assert effects["slow"].startswith("redis stalled") and "SIGSTOP" in effects["slow"]
+    assert effects["slow"].startswith("redis stalled")
+    assert "SIGSTOP" in effects["slow"]
     assert "fault: redis down" in redis_run.output
 
 
@@ -180,9 +182,9 @@ def test_redis_the_verdict_notices_a_write_missing_from_redis(
 
     damaged = asyncio.run(damage_and_judge())
     assert not damaged.passed
-    assert damaged.writes[WriteKind.TRAJECTORY].lost == len(result.ledger.upserts[WriteKind.TRAJECTORY][trace])
-    assert damaged.writes[WriteKind.TRAJECTORY].examples == [f"missing {trace!r}"]
-    assert REDIS_PREFIX == "demo"
+    trajectories = damaged.writes[WriteKind.TRAJECTORY]
+    assert trajectories.lost == len(result.ledger.upserts[WriteKind.TRAJECTORY][trace])
+    assert trajectories.examples == [f"missing {trace!r}"]
 
 
 def test_hybrid_every_acknowledged_write_is_in_its_part(hybrid_run: BackendRun) -> None:
@@ -192,7 +194,8 @@ def test_hybrid_every_acknowledged_write_is_in_its_part(hybrid_run: BackendRun) 
     assert verdict.info["stored_in"] == "PostgreSQL and Redis"
     parts = verdict.info["parts"]
     assert set(parts) == {"hot", "record"}
-    assert parts["hot"]["held"] > 0 and parts["record"]["held"] > 0
+    assert parts["hot"]["held"] > 0
+    assert parts["record"]["held"] > 0
     assert parts["hot"]["left_after_drain"] == parts["record"]["left_after_drain"] == 0
 
 
@@ -229,7 +232,7 @@ def test_hybrid_metrics_name_each_part(hybrid_run: BackendRun) -> None:
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--backend", "redis", "--faults", "pause-fail@1"], "pause-fail is not a fault of the redis backend"),
+        (["--backend", "redis", "--faults", "pause-fail@1"], "pause-fail is not a fault of the redis"),
         (["--backend", "hybrid", "--faults", "crash@1"], "name one: postgres-crash or redis-crash"),
         (["--backend", "postgres", "--faults", "redis-kill@1"], "the postgres backend runs no redis server"),
         (["--cluster"], "--cluster runs the redis backend on a Redis Cluster"),
