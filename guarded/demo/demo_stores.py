@@ -26,7 +26,7 @@ from guarded.testing.postgres import EmbeddedPostgres
 
 from .ledger import Ledger, WriteKind
 from .readback import KIND_METHODS, Snapshot, merge_snapshots, read_back
-from .redis_readback import read_back_redis
+from .redis_readback import CONCURRENT_READS, read_back_redis
 
 STORE_NAME = "demo"
 """The ``store`` label of every metric the demo exports (``demo.hot`` / ``demo.record`` for the
@@ -109,9 +109,10 @@ async def open_redis(
     cluster: bool,
     name: str = STORE_NAME,
     metrics: bool = True,
+    max_connections: int = POOL_SIZE,
 ) -> Any:
     """The demo's ``RedisStateStore`` on ``url`` (``cluster``: a Redis Cluster reached through that
-    node, every write waiting for one replica)."""
+    node, every write waiting for one replica), ``max_connections`` per node."""
     from guarded.backends.redis import RedisStateStore  # redis-py is the optional extra REDIS_EXTRA
 
     return await RedisStateStore.connect(
@@ -122,7 +123,7 @@ async def open_redis(
         registry=registry,
         metrics=metrics,
         sample_interval=2.0 if metrics else None,
-        max_connections=POOL_SIZE,
+        max_connections=max_connections,
         socket_timeout=2.0,
         artifact_retention=ArtifactRetentionConfig(max_artifact_bytes=MAX_ARTIFACT_BYTES),
         replicas_to_ack=1 if cluster else 0,
@@ -133,7 +134,14 @@ def _redis_reader(
     url: str, *, cluster: bool, kinds: tuple[WriteKind, ...]
 ) -> Callable[[Ledger], Awaitable[Snapshot]]:
     async def read(ledger: Ledger) -> Snapshot:
-        reader = await open_redis(url, None, cluster=cluster, name="demo-readback", metrics=False)
+        reader = await open_redis(
+            url,
+            None,
+            cluster=cluster,
+            name="demo-readback",
+            metrics=False,
+            max_connections=2 * CONCURRENT_READS,
+        )
         try:
             return await read_back_redis(reader, ledger, kinds)
         finally:

