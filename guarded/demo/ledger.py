@@ -64,6 +64,8 @@ class Ledger:
         default_factory=lambda: {kind: {} for kind in UPSERT_KINDS}
     )
     """Per upsert kind: key -> acknowledged values in call order."""
+    task_sessions: dict[str, str] = field(default_factory=dict)
+    """Task id -> its session (a store that lists tasks by session is read back by it)."""
     pauses: dict[str, Any] = field(default_factory=dict)
     """Pause token -> the payload acknowledged by ``save_planner_state``."""
     resumed: dict[str, Any] = field(default_factory=dict)

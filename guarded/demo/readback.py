@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,36 @@ class Snapshot:
     def put(self, kind: WriteKind, key: Hashable, content: Any) -> None:
         self.appends[kind][key] = content
         self.copies[kind][key] += 1
+
+
+KIND_METHODS: dict[WriteKind, str] = {
+    WriteKind.EVENT: "save_event",
+    WriteKind.UPDATE: "save_update",
+    WriteKind.STEERING: "save_steering",
+    WriteKind.PLANNER_EVENT: "save_planner_event",
+    WriteKind.TASK: "save_task",
+    WriteKind.MEMORY: "save_memory_state",
+    WriteKind.PAUSE: "save_planner_state",
+    WriteKind.TRAJECTORY: "save_trajectory",
+    WriteKind.ARTIFACT: "artifact_store",
+}
+"""The store method that writes each kind (what a composed store routes)."""
+
+
+def merge_snapshots(sources: Mapping[WriteKind, Snapshot]) -> Snapshot:
+    """One snapshot taking each kind from its source (a composed store keeps each kind in one part)."""
+    merged = Snapshot()
+    for kind, source in sources.items():
+        if kind in APPEND_KINDS:
+            merged.appends[kind] = source.appends[kind]
+            merged.copies[kind] = source.copies[kind]
+        elif kind in UPSERT_KINDS:
+            merged.upserts[kind] = source.upserts[kind]
+        elif kind is WriteKind.PAUSE:
+            merged.pauses = source.pauses
+        else:
+            merged.artifacts = source.artifacts
+    return merged
 
 
 def _text(value: str | None) -> str | None:
@@ -101,4 +131,4 @@ async def read_back(dsn: str, schema: str) -> Snapshot:
     return found
 
 
-__all__ = ["Snapshot", "StoredPause", "read_back", "task_summary"]
+__all__ = ["KIND_METHODS", "Snapshot", "StoredPause", "merge_snapshots", "read_back", "task_summary"]

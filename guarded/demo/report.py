@@ -34,7 +34,8 @@ def render_verdict(verdict: Verdict) -> str:
     lines: list[str] = []
     if verdict.passed:
         headline = (
-            f"PASS: {verdict.acknowledged} writes acknowledged, all {verdict.persisted} in PostgreSQL, 0 lost"
+            f"PASS: {verdict.acknowledged} writes acknowledged, all {verdict.persisted} in "
+            f"{verdict.info.get('stored_in', 'PostgreSQL')}, 0 lost"
         )
     else:
         problems = [f"{verdict.lost} lost", f"{verdict.mismatched} mismatched"]
@@ -44,6 +45,8 @@ def render_verdict(verdict: Verdict) -> str:
             problems.append(f"{verdict.unaccounted_bad_payloads} bad payloads neither parked nor rejected")
         headline = f"FAIL: {', '.join(problems)} (of {verdict.acknowledged} acknowledged writes)"
     lines.append(f"verdict  {headline}")
+    if verdict.info.get("store"):
+        lines.append(f"backend  {verdict.info.get('backend', 'postgres')}: {verdict.info['store']}")
     lines += [f"warning  {warning}" for warning in verdict.warnings]
     lines.append("")
     lines.append(f"  {'write':<16}{'acknowledged':>13}{'persisted':>11}{'lost':>6}   notes")
@@ -100,6 +103,11 @@ def render_verdict(verdict: Verdict) -> str:
             f"{held['replayed_total']} replayed, {held['superseded_total']} superseded, "
             f"{held['dropped_total']} dropped, "
             f"{held['left_after_drain']} left after the drain"
+        )
+    for name, part in verdict.info.get("parts", {}).items():
+        lines.append(
+            f"    part {name} ({part['server']}): {part['held']} held, {part['replayed']} replayed, "
+            f"{part['left_after_drain']} left"
         )
     if verdict.outcomes:
         outcomes = ", ".join(f"{outcome} {count}" for outcome, count in verdict.outcomes.items())

@@ -1,25 +1,31 @@
-"""``run_demo``: the whole demo, from starting PostgreSQL to the verdict.
+"""``run_demo``: the whole demo, from starting the servers to the verdict.
 
-1. Start an embedded PostgreSQL (``synchronous_commit`` on, so a crash loses no commit the store
-   saw) unless one is given.
-2. Start a streaming replica of it, open ``PostgresStateStore`` (partitioned daily, history and
-   list reads routed to the replica) and wrap it with ``guard()``: short deadlines so faults show
-   quickly, a dead-letter spill file, every metric on one registry served on ``/metrics``.
+1. Start the backend's servers unless given: an embedded PostgreSQL (``synchronous_commit`` on,
+   so a crash loses no commit the store saw) for ``postgres`` and ``hybrid``, a ``redis-server``
+   (``appendfsync always``: a SIGKILL loses nothing it acknowledged) or a Redis Cluster for
+   ``redis`` and ``hybrid``.
+2. Open the store (:mod:`~guarded.demo.demo_stores`; for ``postgres`` with a streaming replica
+   serving the history and list reads) and wrap it with ``guard()``: short deadlines so faults
+   show quickly, a dead-letter spill file, every metric on one registry served on ``/metrics``.
+   The hybrid is guarded part by part (``demo.hot``, ``demo.record``).
 3. Run the sessions of :mod:`~guarded.demo.workload` (and a real PenguiFlow flow when installed)
    while :class:`~guarded.demo.faults.FaultInjector` runs the fault schedule, with a live view.
 4. Stop the workload, drain the guard (flush batches, replay dead letters), collect what it
-   parked, close it, read the database back with a plain connection and judge
+   parked, close it, read the servers back behind the store's back and judge
    (:func:`~guarded.demo.verdict.compute_verdict`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import gc
 import importlib
 import importlib.util
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +33,6 @@ from typing import Any, TextIO
 
 from prometheus_client import CollectorRegistry
 
-from guarded.backends.postgres import PoolSettings, PostgresStateStore
 from guarded.config import (
     BreakerConfig,
     DeadLetterConfig,
@@ -36,31 +41,37 @@ from guarded.config import (
     RetryConfig,
     TimeoutConfig,
 )
+from guarded.controller import ComposedController
 from guarded.deadletter import DeadLetterStats, ParkedWrite
 from guarded.guard import GuardController, controller, guard
 from guarded.layers.metrics import guard_instruments
-from guarded.models import ArtifactRetentionConfig, TaskTelemetrySink
+from guarded.models import TaskTelemetrySink
 from guarded.testing.postgres import EmbeddedPostgres, EmbeddedPostgresError
+from guarded.testing.redis import RedisServer, RedisServerError, server_binary
 
+from .demo_stores import (
+    APPLICATION_NAME,
+    MAX_ARTIFACT_BYTES,
+    REDIS_EXTRA,
+    REDIS_PACKAGE,
+    SCHEMA,
+    STORE_NAME,
+    DemoStore,
+    hybrid_store,
+    postgres_store,
+    redis_store,
+)
 from .faults import FaultInjector
 from .ledger import Ledger
 from .live import LineView, LiveView
 from .logs import LogCapture
 from .metrics_server import MetricsServer, start_metrics_server
 from .penguiflow_flow import PenguiFlowWorkload, penguiflow_available
-from .readback import read_back
 from .schedule import PlannedFault, effective_schedule, parse_schedule
 from .status import StatusSampler
 from .verdict import Verdict, compute_verdict
 from .workload import Session, WorkloadSettings
 
-STORE_NAME = "demo"
-"""The ``store`` label of every metric the demo exports."""
-SCHEMA = "demo"
-APPLICATION_NAME = "guarded-demo"
-"""``application_name`` of the store's connections (what a ``kill`` fault terminates)."""
-MAX_ARTIFACT_BYTES = 256 * 1024
-"""The demo store's ``max_artifact_bytes``: the ``bad`` fault's oversized artifact is twice this."""
 DEFAULT_METRICS_PORT = 9464
 
 
@@ -85,6 +96,10 @@ class DemoOptions:
     """Also run a real PenguiFlow flow when ``penguiflow`` is installed."""
     drain_timeout: float = 60.0
     """Seconds the end of the run may spend replaying dead letters before judging."""
+    backend: str = "postgres"
+    """``postgres``, ``redis`` or ``hybrid`` (:mod:`~guarded.demo.demo_stores`)."""
+    cluster: bool = False
+    """With ``redis``: a Redis Cluster of three masters with a replica each instead of one server."""
 
 
 def demo_guard_config(spill_path: str) -> GuardConfig:
@@ -139,51 +154,119 @@ def require_embedded_postgres() -> None:
         )
 
 
+def require_redis() -> None:
+    """Raise :class:`RedisServerError` naming the Debian package :data:`REDIS_PACKAGE` and the
+    extra :data:`REDIS_EXTRA` when ``redis-server`` or redis-py is missing."""
+    missing: list[str] = []
+    try:
+        server_binary()
+    except RedisServerError:
+        missing.append(f"redis-server is not on PATH (Debian: apt-get install {REDIS_PACKAGE})")
+    if importlib.util.find_spec("redis") is None:
+        missing.append(f"redis-py is not installed (pip install '{REDIS_EXTRA}')")
+    if missing:
+        raise RedisServerError("; ".join(missing))
+
+
 async def run_demo(
     options: DemoOptions,
     *,
     server: EmbeddedPostgres | None = None,
+    redis: RedisServer | None = None,
     out: TextIO | None = None,
 ) -> DemoResult:
-    """Run the demo and return its result; ``server`` (kept running) replaces the embedded one.
+    """Run the demo and return its result; ``server`` (kept running) replaces the embedded
+    PostgreSQL, ``redis`` (kept running) the demo's own ``redis-server``.
 
     Progress goes to ``out`` (default stdout, or stderr with ``options.json``).
-    Raises :class:`~guarded.demo.schedule.ScheduleError` for a schedule that does not fit.
+    Raises :class:`~guarded.demo.schedule.ScheduleError` for a schedule that does not fit,
+    :class:`EmbeddedPostgresError` or :class:`RedisServerError` for a server that cannot start.
     """
-    schedule = parse_schedule(options.faults, options.duration)
+    schedule = parse_schedule(options.faults, options.duration, options.backend)
     if out is None:
         out = sys.stderr if options.json else sys.stdout
+    uses_postgres = options.backend in ("postgres", "hybrid")
+    uses_redis = options.backend in ("redis", "hybrid")
+    if options.cluster and options.backend != "redis":
+        raise ValueError("cluster=True runs the redis backend on a Redis Cluster: use backend='redis'")
+    if uses_postgres and server is None:
+        require_embedded_postgres()
+    if uses_redis and (redis is None or options.cluster):
+        require_redis()
     registry = CollectorRegistry()
     metrics: MetricsServer | None = None
     if options.metrics_port is not None:
         metrics = start_metrics_server(registry, options.metrics_port, options.metrics_host)
-    own = server is None
-    try:
-        if server is None:
-            require_embedded_postgres()
-            server = EmbeddedPostgres(settings={"synchronous_commit": "on"})
-            out.write("starting PostgreSQL ...\n")
-            out.flush()
-            await asyncio.to_thread(server.start)
-        replica = await _start_replica(server, out)
+    async with contextlib.AsyncExitStack() as servers:
         try:
+            if uses_postgres and server is None:
+                server = EmbeddedPostgres(settings={"synchronous_commit": "on"})
+                servers.push_async_callback(asyncio.to_thread, server.destroy)
+                _say(out, "starting PostgreSQL ...")
+                await asyncio.to_thread(server.start)
+            cluster: Any = None
+            if options.cluster:
+                cluster = await _start_cluster(servers, out)
+            elif uses_redis and redis is None:
+                redis = RedisServer()
+                servers.push_async_callback(asyncio.to_thread, redis.stop)
+                _say(out, "starting redis-server ...")
+                await asyncio.to_thread(redis.start)
+            replica = await _start_replica(server, out) if options.backend == "postgres" and server else None
+            if replica is not None:
+                servers.push_async_callback(asyncio.to_thread, replica.destroy)
+            demo_store = await _open_store(options, server, replica, redis, cluster, registry)
             with tempfile.TemporaryDirectory(prefix="guarded-demo-") as scratch, LogCapture() as logs:
                 spill = options.spill_path or str(Path(scratch) / "dlq-{name}.sqlite")
                 result = await _run_store(
-                    options, schedule, server, replica, spill, out, registry, metrics, logs
+                    options, schedule, demo_store, server, redis, cluster, spill, out, registry, metrics, logs
                 )
                 gc.collect()  # driver futures of killed connections report "never retrieved" when collected
+            result.log_records = dict(logs.counts)
+            result.verdict.info["log_records"] = result.log_records
+            return result
         finally:
-            if replica is not None:
-                await asyncio.to_thread(replica.destroy)
-        result.log_records = dict(logs.counts)
-        result.verdict.info["log_records"] = result.log_records
-        return result
-    finally:
-        if own and server is not None:
-            await asyncio.to_thread(server.destroy)
-        if metrics is not None:
-            metrics.close()
+            if metrics is not None:
+                metrics.close()
+
+
+def _say(out: TextIO, line: str) -> None:
+    out.write(line + "\n")
+    out.flush()
+
+
+async def _start_cluster(servers: contextlib.AsyncExitStack, out: TextIO) -> Any:
+    """A Redis Cluster (three masters, one replica each), stopped when ``servers`` closes."""
+    from guarded.testing.redis_cluster import RedisCluster
+
+    cluster = RedisCluster()
+    servers.push_async_callback(asyncio.to_thread, cluster.stop)
+    _say(out, "starting a Redis Cluster (three masters, one replica each) ...")
+    await asyncio.to_thread(cluster.start)
+    return cluster
+
+
+async def _open_store(
+    options: DemoOptions,
+    server: EmbeddedPostgres | None,
+    replica: EmbeddedPostgres | None,
+    redis: RedisServer | None,
+    cluster: Any,
+    registry: CollectorRegistry,
+) -> DemoStore:
+    if options.backend == "postgres":
+        assert server is not None
+        return await postgres_store(server, replica, registry)
+    if cluster is not None:
+        return await redis_store(
+            cluster.url, registry, cluster=True, where=f"a Redis Cluster of {len(cluster.nodes)} nodes"
+        )
+    assert redis is not None
+    where = f"redis-server at 127.0.0.1:{redis.port}"
+    if options.backend == "redis":
+        return await redis_store(redis.url, registry, cluster=False, where=where)
+    assert server is not None
+    return await hybrid_store(server, redis.url, registry, where=where)
 
 
 async def _start_replica(server: EmbeddedPostgres, out: TextIO) -> EmbeddedPostgres | None:
@@ -198,40 +281,46 @@ async def _start_replica(server: EmbeddedPostgres, out: TextIO) -> EmbeddedPostg
         return None
 
 
+def _guards(control: GuardController | ComposedController) -> dict[str, GuardController]:
+    """Each guard of ``control`` by its part's name (``""`` for a store guarded whole)."""
+    if isinstance(control, ComposedController):
+        return dict(control.parts)
+    return {"": control}
+
+
+def _summed(stats: list[DeadLetterStats]) -> DeadLetterStats | None:
+    """One :class:`DeadLetterStats` for several buffers: their counts summed (the rest the first's)."""
+    if not stats:
+        return None
+    values: dict[str, Any] = {}
+    for item in dataclasses.fields(stats[0]):
+        found = [getattr(entry, item.name) for entry in stats]
+        numbers = all(isinstance(value, int | float) and not isinstance(value, bool) for value in found)
+        values[item.name] = sum(found) if numbers else found[0]
+    return DeadLetterStats(**values)
+
+
 async def _run_store(
     options: DemoOptions,
     schedule: list[PlannedFault],
-    server: EmbeddedPostgres,
-    replica: EmbeddedPostgres | None,
+    demo_store: DemoStore,
+    server: EmbeddedPostgres | None,
+    redis: RedisServer | None,
+    cluster: Any,
     spill: str,
     out: TextIO,
     registry: CollectorRegistry,
     metrics: MetricsServer | None,
     logs: LogCapture,
 ) -> DemoResult:
-    backend = await PostgresStateStore.connect(
-        server.dsn,
-        schema=SCHEMA,
-        name=STORE_NAME,
-        registry=registry,
-        stats_interval=2.0,
-        pool=PoolSettings(
-            min_size=2,
-            max_size=10,
-            connect_timeout=2.0,
-            command_timeout=10.0,
-            application_name=APPLICATION_NAME,
-        ),
-        artifact_retention=ArtifactRetentionConfig(max_artifact_bytes=MAX_ARTIFACT_BYTES),
-        partitioning="daily",  # as a high-volume deployment runs: the dashboard's partition panels show it
-        replica_dsn=None if replica is None else replica.dsn,
-    )
+    backend = demo_store.backend
     try:
         store = guard(backend, name=STORE_NAME, registry=registry, config=demo_guard_config(spill))
     except BaseException:
-        await backend.close()
+        await _close(backend)
         raise
     control = controller(store)
+    guards = _guards(control)
     ledger = Ledger()
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -245,7 +334,16 @@ async def _run_store(
     def count_change(old: object, new: object) -> None:
         breaker_changes[0] += 1
 
-    control.breaker.add_listener(count_change)
+    for part in guards.values():
+        part.breaker.add_listener(count_change)
+
+    def part_calls() -> dict[str, dict[tuple[str, str], int]]:
+        return {
+            f"{name} ({demo_store.parts[name]})": part.stats()
+            for name, part in guards.items()
+            if name in demo_store.parts
+        }
+
     injector = FaultInjector(
         server,
         schema=SCHEMA,
@@ -256,6 +354,9 @@ async def _run_store(
         outcomes=control.stats,
         max_artifact_bytes=MAX_ARTIFACT_BYTES,
         breaker_changes=lambda: breaker_changes[0],
+        redis=redis,
+        redis_cluster=cluster,
+        part_calls=part_calls if demo_store.parts else None,
     )
     sampler = StatusSampler(
         stats=guard_instruments(registry).stats,
@@ -270,6 +371,7 @@ async def _run_store(
     use_penguiflow = options.penguiflow and penguiflow_available()
     header = (
         f"guarded demo: {options.concurrency} sessions{' + a PenguiFlow flow' if use_penguiflow else ''}, "
+        f"backend {options.backend}, "
         f"faults {effective_schedule(options.faults, options.duration)!r} ({len(schedule)}), "
         f"seed {options.seed}; "
         f"metrics {metrics.url if metrics else 'off'}; spill file {spill}"
@@ -285,16 +387,49 @@ async def _run_store(
             await _workload(store, ledger, options, registry, injector, schedule, started + options.duration)
             phase[0] = "draining"
             left = await _drain(control, options.drain_timeout)
-            buffer = control.dead_letters
-            parked = list(await buffer.parked()) if buffer is not None else []
-            held = await buffer.stats() if buffer is not None else None
+            parked_by_part: list[list[ParkedWrite]] = []
+            held_by_part: dict[str, DeadLetterStats] = {}
+            for name, part in guards.items():
+                buffer = part.dead_letters
+                if buffer is not None:
+                    parked_by_part.append(list(await buffer.parked()))
+                    held_by_part[name] = await buffer.stats()
+            parked = _one_per_call(parked_by_part)
+            held = _summed(list(held_by_part.values()))
             counts = control.stats()
             phase[0] = "closing"
         phase[0] = "verifying"
-        snapshot = await read_back(server.dsn, SCHEMA)
+        snapshot = await demo_store.read_back(ledger)
     finally:
         stop_view.set()
         await view_task
+    info: dict[str, Any] = {
+        "backend": options.backend,
+        "store": demo_store.description,
+        "stored_in": demo_store.stored_in,
+        "duration_s": options.duration,
+        "sessions": options.concurrency,
+        "seed": options.seed,
+        "fault_schedule": effective_schedule(options.faults, options.duration),
+        "penguiflow_runs": ledger.penguiflow_runs,
+        "penguiflow_events": ledger.penguiflow_events,
+        "nul_writes": ledger.nul_writes,
+        "resume_retries": ledger.resume_retries,
+        "reads": sum(ledger.reads.values()),
+        "left_after_drain": left,
+        "metrics_url": metrics.url if metrics else None,
+    }
+    if demo_store.parts:
+        info["parts"] = {
+            name: {
+                "server": demo_store.parts[name],
+                "held": stats.enqueued_total,
+                "replayed": stats.replayed_total,
+                "left_after_drain": stats.depth,
+            }
+            for name, stats in held_by_part.items()
+            if name in demo_store.parts
+        }
     verdict = compute_verdict(
         ledger,
         snapshot,
@@ -303,19 +438,7 @@ async def _run_store(
         rejection_reasons=logs.rejections,
         dead_letters=held,
         faults=injector.records,
-        info={
-            "duration_s": options.duration,
-            "sessions": options.concurrency,
-            "seed": options.seed,
-            "fault_schedule": effective_schedule(options.faults, options.duration),
-            "penguiflow_runs": ledger.penguiflow_runs,
-            "penguiflow_events": ledger.penguiflow_events,
-            "nul_writes": ledger.nul_writes,
-            "resume_retries": ledger.resume_retries,
-            "reads": sum(ledger.reads.values()),
-            "left_after_drain": left,
-            "metrics_url": metrics.url if metrics else None,
-        },
+        info=info,
     )
     return DemoResult(
         verdict=verdict,
@@ -326,6 +449,25 @@ async def _run_store(
         rejection_reasons=dict(logs.rejections),
         metrics_url=metrics.url if metrics else None,
     )
+
+
+def _one_per_call(parked_by_part: list[list[ParkedWrite]]) -> list[ParkedWrite]:
+    """The parked writes of every part, a write parked by several parts once: a call written to
+    two parts (memory written through) is refused by both with the same reason."""
+    kept: list[ParkedWrite] = []
+    for entries in parked_by_part:
+        earlier = Counter((entry.method, entry.reason) for entry in kept)
+        for entry in entries:
+            if earlier[(entry.method, entry.reason)] > 0:
+                earlier[(entry.method, entry.reason)] -= 1
+            else:
+                kept.append(entry)
+    return kept
+
+
+async def _close(backend: Any) -> None:
+    closing = getattr(backend, "aclose", None) or backend.close
+    await closing()
 
 
 async def _workload(
@@ -351,7 +493,7 @@ async def _workload(
     await asyncio.gather(*jobs)
 
 
-async def _drain(control: GuardController, budget: float) -> int:
+async def _drain(control: GuardController | ComposedController, budget: float) -> int:
     """Flush and replay until nothing is held (waiting out an open breaker) or ``budget`` seconds
     pass; returns how many writes are still held."""
     loop = asyncio.get_running_loop()
@@ -368,12 +510,15 @@ __all__ = [
     "DEFAULT_METRICS_PORT",
     "DEMO_EXTRA",
     "MAX_ARTIFACT_BYTES",
+    "REDIS_EXTRA",
+    "REDIS_PACKAGE",
     "SCHEMA",
     "STORE_NAME",
     "DemoOptions",
     "DemoResult",
     "demo_guard_config",
     "require_embedded_postgres",
+    "require_redis",
     "run_demo",
     "task_telemetry_sink",
 ]

@@ -18,6 +18,14 @@ Kinds (see :mod:`guarded.demo.faults` for what each does):
                  of the keys it holds; its replay must not bring the older values back
 
 Faults may overlap; each must end before the run does.
+
+The kinds above are those of ``--backend postgres``. On ``--backend redis`` the server faults
+act on the ``redis-server`` (see :mod:`guarded.demo.redis_faults`): ``restart`` a clean shutdown
+and start, ``crash`` a SIGKILL and start, ``kill`` ``CLIENT KILL TYPE normal``, ``slow`` the
+server stalled (SIGSTOP, SIGCONT after DURATION); ``pause-fail`` and ``cross-worker`` are
+PostgreSQL's only. On ``--backend hybrid`` a server fault names its server with a prefix,
+``redis-crash@40%`` or ``postgres-kill@2:1`` (:data:`TARGETS`); ``bad`` and ``overload`` act on
+the whole store. :data:`BACKEND_SCHEDULES` holds each backend's named schedules.
 """
 
 from __future__ import annotations
@@ -74,6 +82,59 @@ run given ``default`` gets ``quick``: the same kinds, one at a time, each lastin
 run, so ``guarded demo --duration 10`` fits and every fault has room to show its effect."""
 
 
+BACKENDS = ("postgres", "redis", "hybrid")
+"""The stores ``guarded demo --backend`` runs on."""
+
+TARGETS = ("postgres", "redis")
+"""The servers a fault can name (``redis-crash``): the hybrid runs both."""
+
+SERVER_FAULTS = frozenset({FaultKind.RESTART, FaultKind.CRASH, FaultKind.KILL, FaultKind.SLOW})
+"""Kinds that act on a server: on the hybrid they name which one."""
+
+BACKEND_FAULTS: Mapping[str, frozenset[FaultKind]] = {
+    "postgres": frozenset(FaultKind),
+    "redis": SERVER_FAULTS | {FaultKind.BAD, FaultKind.OVERLOAD},
+    "hybrid": SERVER_FAULTS | {FaultKind.BAD, FaultKind.OVERLOAD},
+}
+"""The kinds each backend can inject (``pause-fail`` locks PostgreSQL's pause table and
+``cross-worker`` runs a second PostgreSQL worker: neither exists elsewhere)."""
+
+REDIS_SCHEDULES: Mapping[str, str] = {
+    "none": "",
+    "default": "kill@8%,slow@15%,bad@30%,crash@40%,restart@55%,bad@65%,kill@70%,overload@80%",
+    "quick": "bad@5%,kill@12%:8%,crash@25%:15%,slow@45%:10%,restart@60%:10%,overload@76%:10%",
+    "restart-only": "crash@40%",
+    "kills-only": "kill@20%:2,kill@50%:2,kill@80%:1",
+    "slow-only": "slow@30%,slow@60%",
+    "load-only": "overload@20%:5",
+}
+"""``--backend redis``: the kinds mean the Redis faults (the server SIGKILLed, stalled ...)."""
+
+HYBRID_SCHEDULES: Mapping[str, str] = {
+    "none": "",
+    "default": (
+        "postgres-kill@8%,redis-slow@15%,bad@30%,redis-crash@40%,postgres-slow@55%,"
+        "postgres-restart@65%,overload@80%,redis-kill@90%"
+    ),
+    "quick": (
+        "bad@5%,redis-crash@10%:12%,postgres-restart@26%:12%,redis-slow@42%:10%,postgres-kill@56%:8%,"
+        "postgres-slow@68%:8%,redis-kill@80%:8%,overload@90%:8%"
+    ),
+    "restart-only": "redis-crash@30%,postgres-restart@60%",
+    "kills-only": "redis-kill@20%:2,postgres-kill@50%:2,redis-kill@80%:1",
+    "slow-only": "redis-slow@30%,postgres-slow@60%",
+    "load-only": "overload@20%:5",
+}
+"""``--backend hybrid``: each server fault names its server; one part down, the other goes on."""
+
+BACKEND_SCHEDULES: Mapping[str, Mapping[str, str]] = {
+    "postgres": NAMED_SCHEDULES,
+    "redis": REDIS_SCHEDULES,
+    "hybrid": HYBRID_SCHEDULES,
+}
+"""The named schedules of each backend (the same names on every backend)."""
+
+
 class ScheduleError(ValueError):
     """A fault schedule that cannot be parsed or does not fit the run."""
 
@@ -85,18 +146,25 @@ class PlannedFault:
     kind: FaultKind
     at: float
     duration: float
+    target: str | None = None
+    """The server a server fault acts on (:data:`TARGETS`); ``None``: the backend's one server."""
 
     @property
     def ends(self) -> float:
         return self.at + self.duration
 
+    @property
+    def label(self) -> str:
+        """The fault as a spec names it: ``crash``, or ``redis-crash`` with a target."""
+        return self.kind.value if self.target is None else f"{self.target}-{self.kind.value}"
+
     def describe(self) -> str:
         if self.duration:
-            return f"{self.kind.value} at {self.at:.1f}s for {self.duration:.1f}s"
-        return f"{self.kind.value} at {self.at:.1f}s"
+            return f"{self.label} at {self.at:.1f}s for {self.duration:.1f}s"
+        return f"{self.label} at {self.at:.1f}s"
 
 
-_ITEM = re.compile(r"^(?P<kind>[a-z-]+)@(?P<at>[^:]+)(?::(?P<duration>.+))?$")
+_ITEM = re.compile(r"^(?:(?P<target>postgres|redis)-)?(?P<kind>[a-z-]+)@(?P<at>[^:]+)(?::(?P<duration>.+))?$")
 _AMOUNT = re.compile(r"^(?P<number>\d+(?:\.\d+)?)(?P<unit>s|%)?$")
 
 
@@ -116,12 +184,14 @@ def effective_schedule(spec: str, run_seconds: float) -> str:
     return spec
 
 
-def parse_schedule(spec: str, run_seconds: float) -> list[PlannedFault]:
-    """The faults of ``spec`` (a name from :data:`NAMED_SCHEDULES` or a spec string) for a run of
-    ``run_seconds``, ordered by start; :class:`ScheduleError` says what is wrong. ``default``
-    means ``quick`` in a short run (:func:`effective_schedule`)."""
+def parse_schedule(spec: str, run_seconds: float, backend: str = "postgres") -> list[PlannedFault]:
+    """The faults of ``spec`` (a name from the backend's :data:`BACKEND_SCHEDULES` or a spec
+    string) for a run of ``run_seconds`` on ``backend``, ordered by start; :class:`ScheduleError`
+    says what is wrong. ``default`` means ``quick`` in a short run (:func:`effective_schedule`)."""
+    if backend not in BACKEND_SCHEDULES:
+        raise ScheduleError(f"unknown backend {backend!r} (backends: {', '.join(BACKENDS)})")
     spec = effective_schedule(spec, run_seconds)
-    text = NAMED_SCHEDULES.get(spec.strip(), spec)
+    text = BACKEND_SCHEDULES[backend].get(spec.strip(), spec)
     faults: list[PlannedFault] = []
     for raw in (part.strip() for part in text.split(",")):
         if not raw:
@@ -142,7 +212,7 @@ def parse_schedule(spec: str, run_seconds: float) -> list[PlannedFault]:
         )
         if kind is FaultKind.BAD:
             duration = 0.0
-        fault = PlannedFault(kind, at, duration)
+        fault = PlannedFault(kind, at, duration, _target(kind, match["target"], backend))
         if fault.ends > run_seconds:
             raise ScheduleError(
                 f"{fault.describe()} ends at {fault.ends:.1f}s, after the run ({run_seconds:.0f}s): "
@@ -152,10 +222,37 @@ def parse_schedule(spec: str, run_seconds: float) -> list[PlannedFault]:
     return sorted(faults, key=lambda fault: fault.at)
 
 
+def _target(kind: FaultKind, target: str | None, backend: str) -> str | None:
+    """The server ``kind`` acts on, checked against what ``backend`` runs."""
+    allowed = BACKEND_FAULTS[backend]
+    if kind not in allowed:
+        kinds = ", ".join(sorted(item.value for item in allowed))
+        raise ScheduleError(f"{kind.value} is not a fault of the {backend} backend (its kinds: {kinds})")
+    if target is not None and kind not in SERVER_FAULTS:
+        raise ScheduleError(f"{target}-{kind.value}: {kind.value} acts on the store, not on a server")
+    if backend == "hybrid" and kind in SERVER_FAULTS:
+        if target is None:
+            raise ScheduleError(
+                f"{kind.value}: the hybrid runs two servers; name one: "
+                + " or ".join(f"{name}-{kind.value}" for name in TARGETS)
+            )
+        return target
+    if target is not None and target != backend:
+        raise ScheduleError(f"{target}-{kind.value}: the {backend} backend runs no {target} server")
+    return None
+
+
 __all__ = [
+    "BACKENDS",
+    "BACKEND_FAULTS",
+    "BACKEND_SCHEDULES",
     "DEFAULT_DURATIONS",
     "DEFAULT_SCHEDULE_SECONDS",
     "NAMED_SCHEDULES",
+    "HYBRID_SCHEDULES",
+    "REDIS_SCHEDULES",
+    "SERVER_FAULTS",
+    "TARGETS",
     "FaultKind",
     "PlannedFault",
     "ScheduleError",

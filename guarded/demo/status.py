@@ -2,8 +2,8 @@
 
 Per method: calls so far by outcome, the call rate and the p99 latency over the last few
 seconds (from the call-duration histogram's buckets, so a p99 reads "at most 2.5 ms"). For the
-store: circuit breaker state, dead-letter depth and parked writes, acknowledged writes pending
-in the batcher, replayed writes, and the faults in progress.
+store: circuit breaker state (of each part, for a store guarded part by part), dead-letter depth
+and parked writes, acknowledged writes pending in the batcher, replayed writes, and the faults in progress.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from guarded.controller import ComposedController
 from guarded.guard import GuardController
 from guarded.observability import telemetry_names as names
 from guarded.observability.call_stats import CallStats
@@ -90,7 +91,7 @@ class StatusSampler:
         self,
         *,
         stats: CallStats,
-        control: GuardController,
+        control: GuardController | ComposedController,
         registry: CollectorRegistry,
         duration: float,
         clock: Callable[[], float],
@@ -99,7 +100,8 @@ class StatusSampler:
         phase: Callable[[], str] = lambda: "running",
     ) -> None:
         self._stats = stats
-        self._control = control
+        self._guards = list(control.parts.values()) if isinstance(control, ComposedController) else [control]
+        self._names = {part.name for part in self._guards}
         self._registry = registry
         self._duration = duration
         self._clock = clock
@@ -111,9 +113,8 @@ class StatusSampler:
     def _buckets(self) -> tuple[dict[str, list[int]], dict[str, dict[str, int]]]:
         buckets: dict[str, list[int]] = {}
         outcomes: dict[str, dict[str, int]] = {}
-        store = self._control.name
         for (name, method, outcome), series in list(self._stats.durations.items()):
-            if name != store:
+            if name not in self._names:
                 continue
             counts = list(series.counts)
             found = buckets.get(method)
@@ -122,17 +123,24 @@ class StatusSampler:
         return buckets, outcomes
 
     def _store_samples(self) -> tuple[int, int]:
-        store = self._control.name
         pending = replayed = 0.0
         for family in self._registry.collect():
             for sample in family.samples:
-                if sample.labels.get(names.LABEL_STORE) != store:
+                if sample.labels.get(names.LABEL_STORE) not in self._names:
                     continue
                 if sample.name == names.BATCH_PENDING:
                     pending += sample.value
                 elif sample.name == names.DLQ_REPLAYED:
                     replayed += sample.value
         return int(pending), int(replayed)
+
+    def _circuit(self) -> str:
+        """The breaker's state; of each part (``hot open, record closed``) when there are several."""
+        if len(self._guards) == 1:
+            return self._guards[0].breaker.state.value
+        return ", ".join(
+            f"{part.name.rsplit('.', 1)[-1]} {part.breaker.state.value}" for part in self._guards
+        )
 
     def sample(self) -> Status:
         """The run as it stands now."""
@@ -158,16 +166,16 @@ class StatusSampler:
                     outcomes=outcomes[method],
                 )
             )
-        buffer = self._control.dead_letters
+        buffers = [part.dead_letters for part in self._guards if part.dead_letters is not None]
         pending, replayed = self._store_samples()
         return Status(
             elapsed=now,
             duration=self._duration,
             phase=self._phase(),
             rows=rows,
-            circuit=self._control.breaker.state.value,
-            dead_letter_depth=buffer.depth if buffer is not None else 0,
-            parked=buffer.gauges().parked if buffer is not None else 0,
+            circuit=self._circuit(),
+            dead_letter_depth=sum(buffer.depth for buffer in buffers),
+            parked=sum(buffer.gauges().parked for buffer in buffers),
             batch_pending=pending,
             replayed=replayed,
             faults=self._faults(),

@@ -238,6 +238,7 @@ class Session:
         )
         if await self._call(self.store.save_task(state)) is not ESCAPED:
             self.ledger.upsert(WriteKind.TASK, task_id, task_summary(status.value, state.progress))
+            self.ledger.task_sessions[task_id] = self.id
         if step == 0:
             await self._telemetry(state, "task_spawned", "spawned", None)
         elif last:
