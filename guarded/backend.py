@@ -89,6 +89,7 @@ from typing import ClassVar, Protocol
 
 from .config import UnknownSettingError, closest_hint
 from .durations import DURATION_EXAMPLES, parse_duration
+from .env_settings import ConfigurationError, EnvSettings
 from .error_classes import (
     INSUFFICIENT_PRIVILEGE,
     INSUFFICIENT_RESOURCES,
@@ -108,12 +109,15 @@ from .error_classes import (
 from .errors import WriteSupersededError
 from .local_artifacts import (
     ArtifactLimitError,
+    ArtifactPut,
     ArtifactTooLargeError,
     GroupLimit,
     InMemoryArtifactStore,
     artifact_id,
     checked_artifact_bytes,
     new_artifact_ref,
+    plan_evictions,
+    prepare_artifact_put,
     ref_groups,
     sanitize_artifact_namespace,
 )
@@ -372,9 +376,12 @@ __all__ = [
     "UNDEFINED_OBJECT",
     "UNTIMED_REPLAY",
     "ArtifactLimitError",
+    "ArtifactPut",
     "ArtifactTooLargeError",
     "BackendDeclarations",
     "BackendNotReachedError",
+    "ConfigurationError",
+    "EnvSettings",
     "ErrorClass",
     "ErrorClassifier",
     "GroupLimit",
@@ -397,6 +404,8 @@ __all__ = [
     "new_artifact_ref",
     "next_logical_time",
     "parse_duration",
+    "plan_evictions",
+    "prepare_artifact_put",
     "read_must_be_current",
     "ref_groups",
     "register_classifier",

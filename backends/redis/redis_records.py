@@ -1,57 +1,20 @@
-"""How the Redis store checks and encodes what it stores: JSON text from :mod:`guarded.codec`
-(which refuses NaN and infinities, lone surrogates and what JSON cannot carry, naming the path),
-no larger than the store's ``max_value_bytes``; the identity of a runtime event; times."""
+"""How the Redis store encodes what it stores: JSON text from :mod:`guarded.codec` (which refuses
+NaN and infinities, lone surrogates and what JSON cannot carry, naming the path; its argument checks
+are :mod:`guarded.codec`'s too), no larger than the store's ``max_value_bytes``; times."""
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
-import math
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from guarded.codec import JSONObject, check_text, to_json_object
+from guarded.codec import JSONObject, to_json_object
 from guarded.errors import InvalidPayloadError
 
 Item = TypeVar("Item")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-@contextlib.contextmanager
-def refusing(method: str, argument: str = "") -> Iterator[None]:
-    """Name ``method`` (and the ``argument`` the path is relative to) in any
-    :class:`InvalidPayloadError` raised inside the block."""
-    try:
-        yield
-    except InvalidPayloadError as exc:
-        raise exc.at(argument).for_method(method) from None
-
-
-def text(value: Any, path: str) -> str:
-    """``value`` when it is a string without lone surrogates, else :class:`InvalidPayloadError`."""
-    if not isinstance(value, str):
-        raise InvalidPayloadError(f"expected a string, got {type(value).__name__}", path=path)
-    return check_text(value, path)
-
-
-def optional_text(value: Any, path: str) -> str | None:
-    return None if value is None else text(value, path)
-
-
-def finite(value: Any, path: str) -> float:
-    """``value`` (an int or a finite float) as a float; refuse what cannot be one."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidPayloadError(f"expected a number, got {type(value).__name__}", path=path)
-    try:
-        result = float(value)
-    except OverflowError:
-        raise InvalidPayloadError("an integer too large for a double precision", path=path) from None
-    if not math.isfinite(result):
-        raise InvalidPayloadError("not a finite number", path=path)
-    return result
 
 
 def dumps(value: Any, limit: int, path: str = "") -> str:
@@ -82,14 +45,6 @@ def record_text(encode: Callable[[], JSONObject], limit: int, path: str) -> tupl
     except InvalidPayloadError as exc:
         raise exc.at(path) from None
     return doc, dumps(doc, limit, path)
-
-
-def event_fingerprint(doc: JSONObject) -> str:
-    """The identity of an encoded runtime event: the SHA-256 of the canonical JSON (sorted keys,
-    compact) of its trace id, ``ts`` as a float, kind, node name, node id and payload."""
-    identity = {**doc, "ts": float(doc["ts"])}  # type: ignore[arg-type]
-    raw = json.dumps(identity, ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
 
 
 def micros(moment: datetime) -> int:
@@ -135,14 +90,9 @@ def decoded(value: Any) -> str:
 __all__ = [
     "decoded",
     "dumps",
-    "event_fingerprint",
-    "finite",
     "grouped",
     "items_of",
     "micros",
     "object_text",
-    "optional_text",
     "record_text",
-    "refusing",
-    "text",
 ]

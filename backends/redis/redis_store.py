@@ -77,8 +77,13 @@ from guarded.codec import (
     RecordTypes,
     decode_trajectory,
     encode_trajectory,
+    event_fingerprint,
     installed_types,
+    refusing,
 )
+from guarded.codec import float_argument as finite
+from guarded.codec import optional_text_argument as optional_text
+from guarded.codec import text_argument as text
 from guarded.errors import InvalidPayloadError, WriteSupersededError
 from guarded.models import GLOBAL_TRACE_ID, ArtifactRetentionConfig
 
@@ -89,16 +94,11 @@ from .redis_options import SETTING_NAMES, RedisSettings, check_settings
 from .redis_records import (
     decoded,
     dumps,
-    event_fingerprint,
-    finite,
     grouped,
     items_of,
     micros,
     object_text,
-    optional_text,
     record_text,
-    refusing,
-    text,
 )
 from .redis_scripts import Scripts
 

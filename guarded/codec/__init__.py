@@ -6,6 +6,8 @@ object; ``decode(name, data)`` rebuilds it. Values JSON cannot carry are refused
 never by content (``payload[key #0 (str)][3]``).
 """
 
+from .arguments import float_argument, optional_text_argument, refusing, text_argument
+from .event_identity import event_fingerprint
 from .json_values import JSONObject, JSONValue, check_text, key_path, to_json_object, to_json_value
 from .records import (
     ARTIFACT_REF,
@@ -56,11 +58,16 @@ __all__ = [
     "decode_trajectory",
     "encode",
     "encode_trajectory",
+    "event_fingerprint",
+    "float_argument",
     "installed_types",
     "key_path",
+    "optional_text_argument",
     "penguiflow_types",
     "record_types_of",
+    "refusing",
     "register_trajectory_type",
+    "text_argument",
     "to_json_object",
     "to_json_value",
 ]

@@ -1,0 +1,53 @@
+"""Checks of a store method's scalar arguments, shared by every backend: text without lone
+surrogates, optional text, finite numbers, and :func:`refusing`, which names the method (and the
+argument) in the :class:`~guarded.errors.InvalidPayloadError` a check raises."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import InvalidPayloadError
+from .json_values import check_text
+
+
+@contextlib.contextmanager
+def refusing(method: str, argument: str = "") -> Iterator[None]:
+    """Attach ``method`` (and the ``argument`` the path is relative to) to any
+    :class:`InvalidPayloadError` raised inside the block."""
+    try:
+        yield
+    except InvalidPayloadError as exc:
+        raise exc.at(argument).for_method(method) from None
+
+
+def text_argument(value: Any, path: str) -> str:
+    """``value`` when it is a ``str`` without lone surrogates, else :class:`InvalidPayloadError`."""
+    if not isinstance(value, str):
+        raise InvalidPayloadError(f"expected a string, got {type(value).__name__}", path=path)
+    return check_text(value, path)
+
+
+def optional_text_argument(value: Any, path: str) -> str | None:
+    """:func:`text_argument` that accepts ``None``."""
+    return None if value is None else text_argument(value, path)
+
+
+def float_argument(value: Any, path: str) -> float:
+    """``value`` (an int or a finite float) as a float (a ``double precision``); refuse what cannot
+    be one."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidPayloadError(f"expected a number, got {type(value).__name__}", path=path)
+    try:
+        result = float(value)
+    except OverflowError:
+        # The value itself is never repeated: reasons are logged and kept with parked writes.
+        raise InvalidPayloadError("an integer too large for a double precision", path=path) from None
+    if not math.isfinite(result):
+        raise InvalidPayloadError(f"{value!r} is not a finite number", path=path)
+    return result
+
+
+__all__ = ["float_argument", "optional_text_argument", "refusing", "text_argument"]
