@@ -46,12 +46,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 import orjson
 
 from guarded.codec import (
+    canonical_json,
+    compact_json,
     float_argument,
     optional_text_argument,
     refusing,
@@ -112,28 +113,8 @@ to_float = float_argument
 # --- JSON ------------------------------------------------------------------------------------------
 
 
-def _refuse(value: Any) -> Any:
-    raise TypeError(f"a {type(value).__name__} is not JSON-serialisable")
-
-
-def _make_encoder(*, sort_keys: bool) -> Callable[[Any], str]:
-    """A compact, ``ensure_ascii=False``, ``allow_nan=False`` JSON encoder.
-
-    Built once around CPython's C encoder (``json.JSONEncoder.encode`` builds it on every call).
-    No circular-reference check: values reaching it were walked by :func:`is_plain_json` (a
-    cycle fails there with ``RecursionError``) or rebuilt by the strict codec (bounded depth).
-    """
-    if c_make_encoder is not None:
-        chunks = c_make_encoder(None, _refuse, encode_basestring, None, ":", ",", sort_keys, False, False)
-        return lambda value: "".join(chunks(value, 0))
-    encoder = json.JSONEncoder(  # pragma: no cover - interpreters without the C accelerator
-        ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=sort_keys, check_circular=False
-    )
-    return encoder.encode  # pragma: no cover
-
-
-_dumps = _make_encoder(sort_keys=False)
-_canonical_dumps = _make_encoder(sort_keys=True)
+_dumps = compact_json
+_canonical_dumps = canonical_json
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 

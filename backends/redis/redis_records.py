@@ -4,12 +4,11 @@ are :mod:`guarded.codec`'s too), no larger than the store's ``max_value_bytes``;
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Hashable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from guarded.codec import JSONObject, to_json_object
+from guarded.codec import JSONObject, compact_json, to_json_object
 from guarded.errors import InvalidPayloadError
 
 Item = TypeVar("Item")
@@ -19,7 +18,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def dumps(value: Any, limit: int, path: str = "") -> str:
     """The JSON text of an already encoded (plain) value, refused when larger than ``limit`` bytes."""
-    encoded = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    encoded = compact_json(value)
     if len(encoded) > limit // 4 and len(encoded.encode("utf-8")) > limit:
         raise InvalidPayloadError(
             f"the value's JSON text is larger than the store's max_value_bytes ({limit} bytes)", path=path

@@ -52,6 +52,7 @@ from typing import Any, Self
 
 from redis import asyncio as redis_asyncio
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError
 
 from guarded.backend import (
     LOGICAL_TIMES,
@@ -252,7 +253,12 @@ class RedisStateStore:
         registered = self._scripts.by_name[script]
         wanted = self.settings.replicas_to_ack
         if not wanted:
-            return await registered(keys=list(keys), args=list(args))
+            # EVALSHA straight from the client: redis-py's Script.__call__ costs more than the call.
+            try:
+                return await self._client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
+            except NoScriptError:  # the server's script cache was flushed (a restart, a failover)
+                registered.sha = await self._client.script_load(registered.script)
+                return await self._client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
         pipe = self._client.pipeline(transaction=False)
         await registered(keys=list(keys), args=list(args), client=pipe)
         pipe.execute_command("WAIT", wanted, self.settings.ms("ack_timeout"))
@@ -309,7 +315,7 @@ class RedisStateStore:
         text(event.kind, "kind")
         optional_text(event.node_name, "node_name")
         optional_text(event.node_id, "node_id")
-        doc, _ = record_text(lambda: STORED_EVENT.encode(event), self.settings.max_value_bytes, "")
+        doc = STORED_EVENT.encode(event)  # its JSON text, checked for size, is written below
         doc["trace_id"] = trace_id
         doc["ts"] = ts
         return trace_id, event_fingerprint(doc), ts, dumps(doc, self.settings.max_value_bytes)
@@ -705,21 +711,24 @@ class RedisStateStore:
         async def save(group: list[tuple[tuple[str, str, int, str], int]]) -> int:
             refused = 0
             for (task_id, session_id, updated, doc), order in group:
-                applied, had, before = await self.run(
-                    "task_save", [self.keys.task(task_id)], [ttl, updated, session_id, doc]
-                )
+                keys, args = [self.keys.task(task_id)], [ttl, updated, session_id, doc]
+                if not self.is_cluster:  # one script indexes it too: its keys need not share a slot
+                    keys.append(self.keys.tasks_of(session_id))
+                    args += [float(order), task_id]
+                applied, had, before = await self.run("task_save", keys, args)
                 if not int(applied):
                     refused += 1
                     continue
                 previous = decoded(before) if int(had) else None
                 if previous is not None and previous != session_id:
                     await self.acknowledged(("ZREM", self.keys.tasks_of(previous), task_id))
-                await self._index(
-                    self.keys.tasks_of(session_id),
-                    ttl,
-                    [(float(order), task_id)],
-                    keep=previous == session_id,
-                )
+                if self.is_cluster:
+                    await self._index(
+                        self.keys.tasks_of(session_id),
+                        ttl,
+                        [(float(order), task_id)],
+                        keep=previous == session_id,
+                    )
             return refused
 
         refused = sum(await self._each([save(group) for group in grouped(items, lambda item: item[0][0])]))

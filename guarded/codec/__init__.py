@@ -8,6 +8,7 @@ never by content (``payload[key #0 (str)][3]``).
 
 from .arguments import float_argument, optional_text_argument, refusing, text_argument
 from .event_identity import event_fingerprint
+from .json_text import canonical_json, compact_json
 from .json_values import JSONObject, JSONValue, check_text, key_path, to_json_object, to_json_value
 from .records import (
     ARTIFACT_REF,
@@ -53,7 +54,9 @@ __all__ = [
     "RecordCodec",
     "RecordTypes",
     "check_text",
+    "canonical_json",
     "codec_for",
+    "compact_json",
     "decode",
     "decode_trajectory",
     "encode",

@@ -4,23 +4,32 @@ argument) in the :class:`~guarded.errors.InvalidPayloadError` a check raises."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from typing import Any
 
 from ..errors import InvalidPayloadError
 from .json_values import check_text
 
 
-@contextlib.contextmanager
-def refusing(method: str, argument: str = "") -> Iterator[None]:
+class refusing:
     """Attach ``method`` (and the ``argument`` the path is relative to) to any
-    :class:`InvalidPayloadError` raised inside the block."""
-    try:
-        yield
-    except InvalidPayloadError as exc:
-        raise exc.at(argument).for_method(method) from None
+    :class:`InvalidPayloadError` raised inside the block.
+
+    A class, not a ``contextlib.contextmanager``: it wraps nearly every store call, and a
+    generator-based context manager costs several times as much to enter and leave."""
+
+    __slots__ = ("argument", "method")
+
+    def __init__(self, method: str, argument: str = "") -> None:
+        self.method = method
+        self.argument = argument
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, trace: Any) -> None:
+        if isinstance(exc, InvalidPayloadError):
+            raise exc.at(self.argument).for_method(self.method) from None
 
 
 def text_argument(value: Any, path: str) -> str:

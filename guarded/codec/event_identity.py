@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import json
 
+from .json_text import canonical_json
 from .json_values import JSONObject
 
 
@@ -13,8 +13,7 @@ def event_fingerprint(event: JSONObject) -> str:
     encoded runtime event (:data:`~guarded.codec.STORED_EVENT`): its trace id, ``ts`` as a float,
     kind, node name, node id and payload. Two saves of one event have one fingerprint."""
     identity = {**event, "ts": float(event["ts"])}  # type: ignore[arg-type]
-    raw = json.dumps(identity, ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
+    return hashlib.sha256(canonical_json(identity).encode("utf-8")).hexdigest()
 
 
 __all__ = ["event_fingerprint"]
