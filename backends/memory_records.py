@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
-from guarded.codec import STORED_EVENT, JSONObject, event_fingerprint, to_json_object
+from guarded.codec import STORED_EVENT, JSONObject, event_fingerprint, item_arguments, to_json_object
 from guarded.errors import InvalidPayloadError
 from guarded.models import GLOBAL_TRACE_ID, StoredEvent
 
@@ -37,12 +37,11 @@ def bulk_calls(
 ) -> Iterator[tuple[int, tuple[Any, ...]]]:
     """``(index, arguments)`` of each item of a bulk call, refusing an item of another shape."""
     for index, item in enumerate(items):
-        if not isinstance(item, tuple | list) or len(item) != arity:
-            got = f"{len(item)} values" if isinstance(item, tuple | list) else f"a {type(item).__name__}"
-            raise InvalidPayloadError(
-                f"expected a {shape} tuple, got {got}", path=f"items[{index}]", method=method
-            )
-        yield index, tuple(item)
+        try:
+            arguments = item_arguments(item, arity, shape)
+        except InvalidPayloadError as exc:
+            raise exc.at(f"items[{index}]").for_method(method) from None
+        yield index, arguments
 
 
 def object_text(method: str, argument: str, value: Any) -> str:

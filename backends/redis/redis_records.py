@@ -8,7 +8,7 @@ from collections.abc import Callable, Hashable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from guarded.codec import JSONObject, compact_json, to_json_object
+from guarded.codec import JSONObject, compact_json, item_arguments, to_json_object
 from guarded.errors import InvalidPayloadError
 
 Item = TypeVar("Item")
@@ -64,12 +64,10 @@ def items_of(
         if arity == 1:
             calls.append((item,))
             continue
-        if not isinstance(item, tuple | list) or len(item) != arity:
-            got = f"{len(item)} values" if isinstance(item, tuple | list) else f"a {type(item).__name__}"
-            raise InvalidPayloadError(
-                f"expected a {shape} tuple, got {got}", path=f"{name}[{index}]", method=method
-            )
-        calls.append(tuple(item))
+        try:
+            calls.append(item_arguments(item, arity, shape))
+        except InvalidPayloadError as exc:
+            raise exc.at(f"{name}[{index}]").for_method(method) from None
     return calls
 
 

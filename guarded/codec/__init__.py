@@ -6,7 +6,7 @@ object; ``decode(name, data)`` rebuilds it. Values JSON cannot carry are refused
 never by content (``payload[key #0 (str)][3]``).
 """
 
-from .arguments import float_argument, optional_text_argument, refusing, text_argument
+from .arguments import float_argument, item_arguments, optional_text_argument, refusing, text_argument
 from .event_identity import event_fingerprint
 from .json_text import canonical_json, compact_json
 from .json_values import JSONObject, JSONValue, check_text, key_path, to_json_object, to_json_value
@@ -64,6 +64,7 @@ __all__ = [
     "event_fingerprint",
     "float_argument",
     "installed_types",
+    "item_arguments",
     "key_path",
     "optional_text_argument",
     "penguiflow_types",

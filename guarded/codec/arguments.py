@@ -59,4 +59,14 @@ def float_argument(value: Any, path: str) -> float:
     return result
 
 
-__all__ = ["float_argument", "optional_text_argument", "refusing", "text_argument"]
+def item_arguments(item: Any, arity: int, shape: str) -> tuple[Any, ...]:
+    """The arguments of one item of a bulk call (``save_memory_states``' ``(key, state)``):
+    ``item`` as a tuple when it is a tuple or list of ``arity`` values, else
+    :class:`InvalidPayloadError` naming the expected ``shape`` (the caller adds the item's path)."""
+    if not isinstance(item, tuple | list) or len(item) != arity:
+        got = f"{len(item)} values" if isinstance(item, tuple | list) else f"a {type(item).__name__}"
+        raise InvalidPayloadError(f"expected a {shape} tuple, got {got}")
+    return tuple(item)
+
+
+__all__ = ["float_argument", "item_arguments", "optional_text_argument", "refusing", "text_argument"]
