@@ -1,12 +1,9 @@
 """Last-write-wins on Redis, enforced in the server's scripts: a direct write is applied with
 ``max(its time, the stored time + 1)``, a replay only when not older (else
-``WriteSupersededError``), every stored time merged into the process clock; a task never goes back
-to an older ``updated_at``."""
+``WriteSupersededError``), every stored time merged into the process clock (tasks by
+``updated_at``, on every durable store: tests/durable/test_durable_last_write_wins.py)."""
 
 from __future__ import annotations
-
-from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 from redis import asyncio as redis_asyncio
@@ -15,28 +12,7 @@ from guarded.backend import next_logical_time
 from guarded.backends.redis import RedisStateStore
 from guarded.errors import WriteSupersededError
 from guarded.logical_time import logical_times, replaying
-from guarded.models import RemoteBinding, TaskContextSnapshot, TaskState, TaskStatus, TaskType
-
-T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
-
-
-def task(status: TaskStatus, updated_at: datetime, session: str = "s", **changes: Any) -> TaskState:
-    fields: dict[str, Any] = {
-        "task_id": "task",
-        "session_id": session,
-        "status": status,
-        "task_type": TaskType.BACKGROUND,
-        "priority": 1,
-        "context_snapshot": TaskContextSnapshot(session_id=session, task_id="task"),
-        "updated_at": updated_at,
-    }
-    fields.update(changes)
-    return TaskState(**fields)
-
-
-async def status_of(store: RedisStateStore, session: str = "s") -> str:
-    [only] = await store.list_tasks(session)
-    return str(only.status.value)
+from guarded.models import RemoteBinding
 
 
 @pytest.mark.asyncio
