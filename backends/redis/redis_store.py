@@ -270,10 +270,12 @@ class RedisStateStore:
     async def acknowledged(self, *commands: Sequence[Any]) -> list[Any]:
         """Run plain commands (``("ZREM", key, member)``) on keys of one tag in one pipeline and,
         with ``replicas_to_ack``, ``WAIT`` for the replicas on the same connection; their replies."""
+        wanted = self.settings.replicas_to_ack
+        if len(commands) == 1 and not wanted:  # one command needs no pipeline
+            return [await self._client.execute_command(*commands[0])]
         pipe = self._client.pipeline(transaction=False)
         for command in commands:
             pipe.execute_command(*command)
-        wanted = self.settings.replicas_to_ack
         if wanted:
             pipe.execute_command("WAIT", wanted, self.settings.ms("ack_timeout"))
         replies: list[Any] = await pipe.execute()
