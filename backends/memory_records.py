@@ -4,14 +4,13 @@ stored form of a remote binding."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
-from guarded.codec import STORED_EVENT, JSONObject, to_json_object
+from guarded.codec import STORED_EVENT, JSONObject, event_fingerprint, item_arguments, to_json_object
 from guarded.errors import InvalidPayloadError
 from guarded.models import GLOBAL_TRACE_ID, StoredEvent
 
@@ -38,12 +37,11 @@ def bulk_calls(
 ) -> Iterator[tuple[int, tuple[Any, ...]]]:
     """``(index, arguments)`` of each item of a bulk call, refusing an item of another shape."""
     for index, item in enumerate(items):
-        if not isinstance(item, tuple | list) or len(item) != arity:
-            got = f"{len(item)} values" if isinstance(item, tuple | list) else f"a {type(item).__name__}"
-            raise InvalidPayloadError(
-                f"expected a {shape} tuple, got {got}", path=f"items[{index}]", method=method
-            )
-        yield index, tuple(item)
+        try:
+            arguments = item_arguments(item, arity, shape)
+        except InvalidPayloadError as exc:
+            raise exc.at(f"items[{index}]").for_method(method) from None
+        yield index, arguments
 
 
 def object_text(method: str, argument: str, value: Any) -> str:
@@ -53,13 +51,6 @@ def object_text(method: str, argument: str, value: Any) -> str:
 
 def text_of(data: JSONObject, key: str) -> str:
     return cast(str, data[key])
-
-
-def event_fingerprint(event: JSONObject) -> str:
-    """SHA-256 identity of an encoded event: trace, ts (as a float), kind, node name, node id, payload."""
-    identity = {**event, "ts": ts_of(event)}
-    raw = json.dumps(identity, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
 
 
 def ts_of(event: JSONObject) -> float:

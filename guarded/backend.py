@@ -91,6 +91,7 @@ from typing import Any, ClassVar, Protocol, Self
 
 from .config import UnknownSettingError, closest_hint
 from .durations import DURATION_EXAMPLES, parse_duration
+from .env_settings import ConfigurationError, EnvSettings
 from .error_classes import (
     INSUFFICIENT_PRIVILEGE,
     INSUFFICIENT_RESOURCES,
@@ -110,12 +111,15 @@ from .error_classes import (
 from .errors import WriteSupersededError
 from .local_artifacts import (
     ArtifactLimitError,
+    ArtifactPut,
     ArtifactTooLargeError,
     GroupLimit,
     InMemoryArtifactStore,
     artifact_id,
     checked_artifact_bytes,
     new_artifact_ref,
+    plan_evictions,
+    prepare_artifact_put,
     ref_groups,
     sanitize_artifact_namespace,
 )
@@ -408,10 +412,13 @@ __all__ = [
     "UNDEFINED_OBJECT",
     "UNTIMED_REPLAY",
     "ArtifactLimitError",
+    "ArtifactPut",
     "ArtifactTooLargeError",
     "BackendDeclarations",
     "BackendNotReachedError",
     "ComposedStore",
+    "ConfigurationError",
+    "EnvSettings",
     "ErrorClass",
     "ErrorClassifier",
     "GroupLimit",
@@ -434,6 +441,8 @@ __all__ = [
     "new_artifact_ref",
     "next_logical_time",
     "parse_duration",
+    "plan_evictions",
+    "prepare_artifact_put",
     "read_must_be_current",
     "ref_groups",
     "register_classifier",

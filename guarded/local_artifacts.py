@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
-from .codec import ARTIFACT_REF, ARTIFACT_SCOPE, check_text, to_json_object
+from .codec import ARTIFACT_REF, ARTIFACT_SCOPE, check_text, optional_text_argument, to_json_object
 from .errors import InvalidPayloadError
 from .models import ArtifactRef, ArtifactRetentionConfig, ArtifactScope
 
@@ -386,19 +386,78 @@ def _plan_evictions(
     for limit in limits:
         limit.check_fits_alone(size)
     by_recency = retention.cleanup_strategy == "lru"
-    victims: list[str] = []
-    for limit in limits:
+
+    def members_of(limit: GroupLimit) -> list[tuple[str, int]]:
         members = sorted(
-            (
-                key
-                for key, item in items.items()
-                if item.groups[limit.group] == limit.key and key not in victims
-            ),
+            (key for key, item in items.items() if item.groups[limit.group] == limit.key),
             key=lambda key: items[key].used if by_recency else items[key].inserted,
         )
-        victims += limit.evictions(
-            [(key, len(items[key].data)) for key in members], size, retention.cleanup_strategy
-        )
+        return [(key, len(items[key].data)) for key in members]
+
+    return plan_evictions(limits, members_of, size, retention.cleanup_strategy)
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactPut:
+    """A checked put: the bytes, the encoded ref (:func:`new_artifact_ref`) and the limits of the
+    artifact's session and trace groups, each of which it fits on its own."""
+
+    data: bytes
+    ref: dict[str, Any]
+    groups: tuple[GroupLimit, GroupLimit]
+
+
+def prepare_artifact_put(
+    data: object,
+    retention: ArtifactRetentionConfig,
+    *,
+    mime_type: object,
+    filename: object,
+    namespace: object,
+    scope: Any,
+    meta: dict[str, Any] | None,
+    group_key: Callable[[str], str] = str,
+) -> ArtifactPut:
+    """Check a put of a durable store before any I/O: ``data`` (:func:`checked_artifact_bytes`),
+    the optional texts, the ref; the groups are the ref's session and trace (an artifact without
+    one is in the group of key ``None``), their keys as ``group_key`` writes them (a backend's
+    column escape). Raises :class:`~guarded.errors.InvalidPayloadError`,
+    :class:`ArtifactTooLargeError` or :class:`ArtifactLimitError` (too large for a group alone)."""
+    data = checked_artifact_bytes(data, retention)
+    optional_text_argument(mime_type, "mime_type")
+    optional_text_argument(filename, "filename")
+    optional_text_argument(namespace, "namespace")
+    ref = new_artifact_ref(
+        data,
+        mime_type=cast(str | None, mime_type),
+        filename=cast(str | None, filename),
+        namespace=cast(str | None, namespace),
+        scope=scope,
+        meta=meta,
+    )
+    session, trace = ref_groups(ref)
+    groups = (
+        GroupLimit.session(None if session is None else group_key(session), retention),
+        GroupLimit.trace(None if trace is None else group_key(trace), retention),
+    )
+    for group in groups:
+        group.check_fits_alone(len(data))
+    return ArtifactPut(data, ref, groups)
+
+
+def plan_evictions(
+    groups: Sequence[GroupLimit],
+    members_of: Callable[[GroupLimit], Sequence[tuple[str, int]]],
+    size: int,
+    strategy: str,
+) -> list[str]:
+    """The ids to evict, in order, so an artifact of ``size`` bytes fits every group: each group's
+    :meth:`GroupLimit.evictions` over ``members_of(group)`` (its artifacts as ``(id, size)`` in the
+    strategy's order) less those already evicted for an earlier group."""
+    victims: list[str] = []
+    for group in groups:
+        members = [member for member in members_of(group) if member[0] not in victims]
+        victims += group.evictions(members, size, strategy)
     return victims
 
 
@@ -415,12 +474,15 @@ def _as_scope(scope: Any) -> ArtifactScope | None:
 
 __all__ = [
     "ArtifactLimitError",
+    "ArtifactPut",
     "ArtifactTooLargeError",
     "GroupLimit",
     "InMemoryArtifactStore",
     "artifact_id",
     "checked_artifact_bytes",
     "new_artifact_ref",
+    "plan_evictions",
+    "prepare_artifact_put",
     "ref_groups",
     "sanitize_artifact_namespace",
 ]

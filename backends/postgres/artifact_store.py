@@ -28,9 +28,8 @@ from guarded.backend import (
     ArtifactLimitError,
     ArtifactTooLargeError,
     GroupLimit,
-    checked_artifact_bytes,
-    new_artifact_ref,
-    ref_groups,
+    plan_evictions,
+    prepare_artifact_put,
 )
 from guarded.codec import ARTIFACT_REF, ARTIFACT_SCOPE, RecordTypes
 from guarded.errors import InvalidPayloadError
@@ -39,7 +38,6 @@ from guarded.models import ArtifactRetentionConfig
 from .connection import Connection, Database, transaction
 from .json_codec import (
     check_text,
-    check_text_opt,
     dump_json,
     loads_json,
     refusing,
@@ -65,20 +63,19 @@ def _key_in(group: GroupLimit, member: _Member) -> str | None:
     return member.session_key if group.group == "session" else member.trace_key
 
 
-def plan_evictions(
+def plan_member_evictions(
     members: list[_Member], groups: tuple[GroupLimit, ...], size: int, strategy: str
 ) -> list[str]:
     """IDs to evict (oldest first by the strategy's order) so ``size`` more bytes fit every group."""
     ordered = sorted(members, key=lambda member: member.order)
-    victims: list[str] = []
-    for group in groups:
-        in_group = [
-            (member.artifact_id, member.size)
-            for member in ordered
-            if _key_in(group, member) == group.key and member.artifact_id not in victims
-        ]
-        victims += group.evictions(in_group, size, strategy)
-    return victims
+    return plan_evictions(
+        groups,
+        lambda group: [
+            (member.artifact_id, member.size) for member in ordered if _key_in(group, member) == group.key
+        ],
+        size,
+        strategy,
+    )
 
 
 class PostgresArtifactStore:
@@ -172,20 +169,18 @@ class PostgresArtifactStore:
         meta: dict[str, Any] | None,
     ) -> tuple[tuple[Any, ...], tuple[GroupLimit, GroupLimit]]:
         """Validate a put and return the row to insert and the artifact's groups."""
-        retention = self._retention
-        data = checked_artifact_bytes(data, retention)
-        check_text_opt(mime_type, "mime_type")
-        check_text_opt(filename, "filename")
-        check_text_opt(namespace, "namespace")
-        ref = new_artifact_ref(
-            data, mime_type=mime_type, filename=filename, namespace=namespace, scope=scope, meta=meta
+        put = prepare_artifact_put(
+            data,
+            self._retention,
+            mime_type=mime_type,
+            filename=filename,
+            namespace=namespace,
+            scope=scope,
+            meta=meta,
+            group_key=to_db_text,
         )
-        session, trace = ref_groups(ref)
-        session_key = None if session is None else to_db_text(session)
-        trace_key = None if trace is None else to_db_text(trace)
-        groups = (GroupLimit.session(session_key, retention), GroupLimit.trace(trace_key, retention))
-        for group in groups:
-            group.check_fits_alone(len(data))
+        data, ref, groups = put.data, put.ref, put.groups
+        session_key, trace_key = groups[0].key, groups[1].key
         row = (
             ref["id"],
             session_key,
@@ -257,7 +252,7 @@ class PostgresArtifactStore:
             )
             for record in records
         ]
-        return plan_evictions(members, groups, size, self._retention.cleanup_strategy)
+        return plan_member_evictions(members, groups, size, self._retention.cleanup_strategy)
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -331,5 +326,5 @@ __all__ = [
     "ArtifactLimitError",
     "ArtifactTooLargeError",
     "PostgresArtifactStore",
-    "plan_evictions",
+    "plan_member_evictions",
 ]

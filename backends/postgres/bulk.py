@@ -19,6 +19,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from guarded.backend import REPLAYING, current_logical_times, merge_logical_time
+from guarded.codec import item_arguments
 from guarded.errors import InvalidPayloadError, WriteSupersededError
 
 from .connection import Database
@@ -46,10 +47,7 @@ def encode_items(
             if arity == 1:
                 rows.append(encode(item))
                 continue
-            if not isinstance(item, tuple | list) or len(item) != arity:
-                got = f"{len(item)} values" if isinstance(item, tuple | list) else f"a {type(item).__name__}"
-                raise InvalidPayloadError(f"expected a {shape} tuple, got {got}")
-            rows.append(encode(*item))
+            rows.append(encode(*item_arguments(item, arity, shape)))
         except InvalidPayloadError as exc:
             raise exc.at(f"{name}[{index}]") from None
     return rows

@@ -2,7 +2,7 @@
 
 Idempotency: the primary key is ``(trace_id, event_fp)`` where ``event_fp`` is the SHA-256 of the
 canonical JSON (sorted keys, compact) of ``{trace_id, ts, kind, node_name, node_id, payload}``
--- the spec's recipe and the in-memory reference's :func:`guarded.backends.memory.event_fingerprint`,
+-- the spec's recipe and the in-memory reference's :func:`guarded.codec.event_fingerprint`,
 with ``ts`` as a float and ``trace_id=None`` (or empty) normalised to ``"__global__"`` (the
 event reads back with that trace id). A retried save hits ``ON CONFLICT DO NOTHING``.
 

@@ -59,7 +59,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from guarded.backend import DURATION_EXAMPLES, parse_duration
+from guarded.backend import ConfigurationError, EnvSettings
 from guarded.models import ArtifactRetentionConfig
 
 from .connection import PoolSettings
@@ -73,12 +73,6 @@ from .store import PostgresStateStore, StoreOptions
 PREFIX = "GUARDED_PG_"
 _NEXT_URI = re.compile(r"\s*,\s*(?=postgres(?:ql)?://)")
 """A comma that starts another connection URI (a multi-host URI's own commas do not)."""
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-class ConfigurationError(ValueError):
-    """An environment variable has a value the factory cannot use; the message names it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,51 +85,12 @@ class FactoryConfig:
     options: StoreOptions
 
 
-def _get(env: Mapping[str, str], name: str) -> str | None:
-    value = env.get(PREFIX + name)
-    return value.strip() if value is not None and value.strip() else None
-
-
-def _number(
-    env: Mapping[str, str], name: str, default: float | None, *, nullable: bool = False
-) -> float | None:
-    raw = _get(env, name)
-    if raw is None:
-        return default
-    if nullable and raw.lower() == "none":
-        return None
-    try:
-        return parse_duration(raw)
-    except ValueError as exc:
-        raise ConfigurationError(
-            f"{PREFIX}{name}={raw!r}: {exc}; write a duration such as {DURATION_EXAMPLES} "
-            "(a plain number is seconds)"
-        ) from None
-
-
-def _integer(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = _get(env, name)
-    if raw is None:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigurationError(f"{PREFIX}{name}={raw!r} is not an integer") from None
-
-
-def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = _get(env, name)
-    if raw is None:
-        return default
-    if raw.lower() in _TRUE:
-        return True
-    if raw.lower() in _FALSE:
-        return False
-    raise ConfigurationError(f"{PREFIX}{name}={raw!r} must be 1/0, true/false, yes/no or on/off")
+def _env(env: Mapping[str, str]) -> EnvSettings:
+    return EnvSettings(env, PREFIX)
 
 
 def _pooler(env: Mapping[str, str]) -> str | None:
-    raw = _get(env, "POOLER")
+    raw = _env(env).text("POOLER")
     if raw is None:
         return None
     try:
@@ -147,11 +102,11 @@ def _pooler(env: Mapping[str, str]) -> str | None:
 def _artifact_retention(env: Mapping[str, str]) -> ArtifactRetentionConfig:
     values: dict[str, Any] = {}
     for field_name, info in ArtifactRetentionConfig.model_fields.items():
-        raw = _get(env, f"ARTIFACT_{field_name.upper()}")
+        raw = _env(env).text(f"ARTIFACT_{field_name.upper()}")
         if raw is None:
             continue
         if info.annotation is int:
-            values[field_name] = _integer(env, f"ARTIFACT_{field_name.upper()}", 0)
+            values[field_name] = _env(env).integer(f"ARTIFACT_{field_name.upper()}", 0)
         else:
             values[field_name] = raw
     try:
@@ -163,35 +118,36 @@ def _artifact_retention(env: Mapping[str, str]) -> ArtifactRetentionConfig:
 def config_from_env(env: Mapping[str, str] | None = None) -> FactoryConfig:
     """Read the factory configuration from ``env`` (default ``os.environ``)."""
     env = os.environ if env is None else env
-    dsn = _get(env, "DSN") or (env.get("DATABASE_URL") or None)
-    schema = _get(env, "SCHEMA") or "public"
+    dsn = _env(env).text("DSN") or (env.get("DATABASE_URL") or None)
+    schema = _env(env).text("SCHEMA") or "public"
     try:
         validate_schema_name(schema)
     except ValueError as exc:
         raise ConfigurationError(f"{PREFIX}SCHEMA: {exc}") from None
     defaults = PoolSettings()
     pool = PoolSettings(
-        min_size=_integer(env, "POOL_MIN_SIZE", defaults.min_size),
-        max_size=_integer(env, "POOL_MAX_SIZE", defaults.max_size),
-        command_timeout=_number(env, "COMMAND_TIMEOUT", defaults.command_timeout, nullable=True),
-        statement_timeout=_number(env, "STATEMENT_TIMEOUT", defaults.statement_timeout, nullable=True),
-        connect_timeout=_number(env, "CONNECT_TIMEOUT", defaults.connect_timeout) or defaults.connect_timeout,
-        application_name=_get(env, "APPLICATION_NAME") or defaults.application_name,
+        min_size=_env(env).integer("POOL_MIN_SIZE", defaults.min_size),
+        max_size=_env(env).integer("POOL_MAX_SIZE", defaults.max_size),
+        command_timeout=_env(env).duration("COMMAND_TIMEOUT", defaults.command_timeout, nullable=True),
+        statement_timeout=_env(env).duration("STATEMENT_TIMEOUT", defaults.statement_timeout, nullable=True),
+        connect_timeout=_env(env).duration("CONNECT_TIMEOUT", defaults.connect_timeout)
+        or defaults.connect_timeout,
+        application_name=_env(env).text("APPLICATION_NAME") or defaults.application_name,
         pooler=_pooler(env),
     )
     options: StoreOptions = {
-        "migrate": _flag(env, "MIGRATE", True),
-        "metrics": _flag(env, "METRICS", True),
-        "stats_interval": _number(env, "STATS_INTERVAL", 60.0, nullable=True),
+        "migrate": _env(env).flag("MIGRATE", True),
+        "metrics": _env(env).flag("METRICS", True),
+        "stats_interval": _env(env).duration("STATS_INTERVAL", 60.0, nullable=True),
         "artifact_retention": _artifact_retention(env),
         "retention": RetentionPolicy(
-            events_max_age=_number(env, "RETENTION_EVENTS", None, nullable=True),
-            updates_max_age=_number(env, "RETENTION_UPDATES", None, nullable=True),
-            steering_max_age=_number(env, "RETENTION_STEERING", None, nullable=True),
-            planner_events_max_age=_number(env, "RETENTION_PLANNER_EVENTS", None, nullable=True),
+            events_max_age=_env(env).duration("RETENTION_EVENTS", None, nullable=True),
+            updates_max_age=_env(env).duration("RETENTION_UPDATES", None, nullable=True),
+            steering_max_age=_env(env).duration("RETENTION_STEERING", None, nullable=True),
+            planner_events_max_age=_env(env).duration("RETENTION_PLANNER_EVENTS", None, nullable=True),
         ),
     }
-    replicas = _get(env, "REPLICA_DSN")
+    replicas = _env(env).text("REPLICA_DSN")
     if replicas is not None:
         options["replica_dsn"] = tuple(dsn for dsn in _NEXT_URI.split(replicas) if dsn.strip())
     for setting, option in (
@@ -199,22 +155,22 @@ def config_from_env(env: Mapping[str, str] | None = None) -> FactoryConfig:
         ("REPLICA_CHECK_INTERVAL", "replica_check_interval"),
         ("REPLICA_READ_TIMEOUT", "replica_read_timeout"),
     ):
-        seconds = _number(env, setting, None)
+        seconds = _env(env).duration(setting, None)
         if seconds is not None:
             options[option] = seconds  # type: ignore[literal-required]
-    name = _get(env, "STORE_NAME")
+    name = _env(env).text("STORE_NAME")
     if name is not None:
         options["name"] = name
-    pause_ttl = _number(env, "PAUSE_TTL", None)
+    pause_ttl = _env(env).duration("PAUSE_TTL", None)
     if pause_ttl is not None:
         options["pause_ttl"] = pause_ttl
-    grace = _get(env, "CONSUME_GRACE")
+    grace = _env(env).text("CONSUME_GRACE")
     if grace is not None:
         try:
             options["consume_grace"] = float(grace)
         except ValueError:
             raise ConfigurationError(f"{PREFIX}CONSUME_GRACE={grace!r} is not a number of seconds") from None
-    partitioning = _get(env, "PARTITIONING")
+    partitioning = _env(env).text("PARTITIONING")
     if partitioning is not None and partitioning.lower() != "none":
         try:
             options["partitioning"] = check_period(partitioning.lower(), f"{PREFIX}PARTITIONING")

@@ -43,18 +43,22 @@ import turns the ``orjson`` path off if the installed version writes the probe v
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import re
-from collections.abc import Callable, Iterator, Mapping
-from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 
-from guarded.codec import check_text as codec_check_text
-from guarded.codec import to_json_value
+from guarded.codec import (
+    canonical_json,
+    compact_json,
+    float_argument,
+    optional_text_argument,
+    refusing,
+    text_argument,
+    to_json_value,
+)
 from guarded.errors import InvalidPayloadError
 
 SENTINEL = "\ue000"
@@ -98,68 +102,19 @@ def key_text(value: str | None) -> str:
 
 # --- argument checks -------------------------------------------------------------------------------
 
-
-@contextlib.contextmanager
-def refusing(method: str, argument: str = "") -> Iterator[None]:
-    """Attach ``method`` (and the ``argument`` the path is relative to) to any
-    :class:`InvalidPayloadError` raised inside the block."""
-    try:
-        yield
-    except InvalidPayloadError as exc:
-        raise exc.at(argument).for_method(method) from None
-
-
-def check_text(value: Any, path: str) -> str:
-    """``value`` when it is a ``str`` without lone surrogates, else :class:`InvalidPayloadError`."""
-    if not isinstance(value, str):
-        raise InvalidPayloadError(f"expected a string, got {type(value).__name__}", path=path)
-    return codec_check_text(value, path)
-
-
-def check_text_opt(value: Any, path: str) -> str | None:
-    """:func:`check_text` that accepts ``None``."""
-    return None if value is None else check_text(value, path)
-
-
-def to_float(value: Any, path: str) -> float:
-    """``value`` (an int or a finite float) as a ``double precision``; refuse what cannot be one."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidPayloadError(f"expected a number, got {type(value).__name__}", path=path)
-    try:
-        result = float(value)
-    except OverflowError:
-        # The value itself is never repeated: reasons are logged and kept with parked writes.
-        raise InvalidPayloadError("an integer too large for a double precision", path=path) from None
-    if not math.isfinite(result):
-        raise InvalidPayloadError(f"{value!r} is not a finite number", path=path)
-    return result
+check_text = text_argument
+"""``value`` when it is a ``str`` without lone surrogates (:func:`guarded.codec.text_argument`)."""
+check_text_opt = optional_text_argument
+""":func:`check_text` that accepts ``None`` (:func:`guarded.codec.optional_text_argument`)."""
+to_float = float_argument
+"""``value`` as a ``double precision`` (:func:`guarded.codec.float_argument`)."""
 
 
 # --- JSON ------------------------------------------------------------------------------------------
 
 
-def _refuse(value: Any) -> Any:
-    raise TypeError(f"a {type(value).__name__} is not JSON-serialisable")
-
-
-def _make_encoder(*, sort_keys: bool) -> Callable[[Any], str]:
-    """A compact, ``ensure_ascii=False``, ``allow_nan=False`` JSON encoder.
-
-    Built once around CPython's C encoder (``json.JSONEncoder.encode`` builds it on every call).
-    No circular-reference check: values reaching it were walked by :func:`is_plain_json` (a
-    cycle fails there with ``RecursionError``) or rebuilt by the strict codec (bounded depth).
-    """
-    if c_make_encoder is not None:
-        chunks = c_make_encoder(None, _refuse, encode_basestring, None, ":", ",", sort_keys, False, False)
-        return lambda value: "".join(chunks(value, 0))
-    encoder = json.JSONEncoder(  # pragma: no cover - interpreters without the C accelerator
-        ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=sort_keys, check_circular=False
-    )
-    return encoder.encode  # pragma: no cover
-
-
-_dumps = _make_encoder(sort_keys=False)
-_canonical_dumps = _make_encoder(sort_keys=True)
+_dumps = compact_json
+_canonical_dumps = canonical_json
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 

@@ -28,18 +28,18 @@ from typing import Any, Protocol
 
 from guarded.backend import (
     GroupLimit,
-    checked_artifact_bytes,
-    new_artifact_ref,
     next_logical_time,
+    plan_evictions,
+    prepare_artifact_put,
     ref_groups,
 )
-from guarded.codec import ARTIFACT_REF, ARTIFACT_SCOPE, RecordTypes
+from guarded.codec import ARTIFACT_REF, ARTIFACT_SCOPE, RecordTypes, refusing, text_argument
 from guarded.errors import InvalidPayloadError
 from guarded.models import ArtifactRetentionConfig
 
 from .redis_keys import KeyLayout
 from .redis_options import RedisSettings
-from .redis_records import decoded, dumps, optional_text, refusing, text
+from .redis_records import decoded, dumps
 
 
 class ArtifactHost(Protocol):
@@ -114,25 +114,23 @@ class RedisArtifactStore:
     ) -> Any:
         """Store ``text`` as UTF-8 (see :meth:`put_bytes`); a lone surrogate is an ``InvalidPayloadError``."""
         with refusing("artifact_store.put_text"):
-            data = text(text_value, "text").encode("utf-8")
+            data = text_argument(text_value, "text").encode("utf-8")
             prepared = self._prepare(data, mime_type, filename, namespace, scope, meta)
         return await self._put(*prepared)
 
     def _prepare(
         self, data: Any, mime_type: Any, filename: Any, namespace: Any, scope: Any, meta: Any
     ) -> tuple[bytes, dict[str, Any], tuple[GroupLimit, GroupLimit]]:
-        data = checked_artifact_bytes(data, self._retention)
-        optional_text(mime_type, "mime_type")
-        optional_text(filename, "filename")
-        optional_text(namespace, "namespace")
-        ref = new_artifact_ref(
-            data, mime_type=mime_type, filename=filename, namespace=namespace, scope=scope, meta=meta
+        put = prepare_artifact_put(
+            data,
+            self._retention,
+            mime_type=mime_type,
+            filename=filename,
+            namespace=namespace,
+            scope=scope,
+            meta=meta,
         )
-        session, trace = ref_groups(ref)
-        groups = (GroupLimit.session(session, self._retention), GroupLimit.trace(trace, self._retention))
-        for group in groups:
-            group.check_fits_alone(len(data))
-        return data, ref, groups
+        return put.data, put.ref, put.groups
 
     async def _put(self, data: bytes, ref: dict[str, Any], groups: tuple[GroupLimit, GroupLimit]) -> Any:
         keys = self._store.keys
@@ -142,15 +140,17 @@ class RedisArtifactStore:
         if existing:
             await self._use(ref["id"], groups, ttl)
             return self._decode_ref(existing)
-        strategy = self._retention.cleanup_strategy
-        victims: list[str] = []
-        for group in groups:
-            if group.max_count <= 0 and group.max_bytes <= 0:
-                continue
-            members = await self._members(group)
-            victims += [
-                victim for victim in group.evictions(members, len(data), strategy) if victim not in victims
-            ]
+        members = {
+            group.group: await self._members(group)
+            for group in groups
+            if group.max_count > 0 or group.max_bytes > 0
+        }
+        victims = plan_evictions(
+            groups,
+            lambda group: members.get(group.group, []),
+            len(data),
+            self._retention.cleanup_strategy,
+        )
         for victim in victims:
             await self._remove(victim)
         ref_text = dumps(ref, 2**62)
@@ -224,7 +224,7 @@ class RedisArtifactStore:
     async def get(self, artifact_id: str) -> bytes | None:
         """The artifact's bytes, or ``None`` when missing or expired; counts as use for ``lru``."""
         with refusing("artifact_store.get"):
-            key = text(artifact_id, "artifact_id")
+            key = text_argument(artifact_id, "artifact_id")
         data, ref_text = await self._store.client.hmget(self._store.keys.artifact(key), "data", "ref")
         if data is None:
             return None
@@ -234,20 +234,20 @@ class RedisArtifactStore:
     async def get_ref(self, artifact_id: str) -> Any:
         """The artifact's ref, or ``None`` when missing or expired."""
         with refusing("artifact_store.get_ref"):
-            key = text(artifact_id, "artifact_id")
+            key = text_argument(artifact_id, "artifact_id")
         found = await self._store.client.hget(self._store.keys.artifact(key), "ref")
         return None if found is None else self._decode_ref(found)
 
     async def delete(self, artifact_id: str) -> bool:
         """Delete the artifact; ``False`` when it was missing or already expired."""
         with refusing("artifact_store.delete"):
-            key = text(artifact_id, "artifact_id")
+            key = text_argument(artifact_id, "artifact_id")
         return await self._remove(key)
 
     async def exists(self, artifact_id: str) -> bool:
         """Whether the artifact is stored and not expired."""
         with refusing("artifact_store.exists"):
-            key = text(artifact_id, "artifact_id")
+            key = text_argument(artifact_id, "artifact_id")
         return bool(await self._store.client.exists(self._store.keys.artifact(key)))
 
     async def list(self, *, scope: Any = None) -> builtins.list[Any]:

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from guarded.backend import DURATION_EXAMPLES, parse_duration
+from guarded.backend import ConfigurationError, EnvSettings
 
 from .redis_store import DEFAULT_MAX_CONNECTIONS, DEFAULT_PREFIX, RedisStateStore
 
@@ -52,10 +52,6 @@ _DURATIONS = {
     "ACK_TIMEOUT": "ack_timeout",
 }
 _INTEGERS = {"MAX_VALUE_BYTES": "max_value_bytes", "REPLICAS_TO_ACK": "replicas_to_ack"}
-
-
-class ConfigurationError(ValueError):
-    """An environment variable has a value the factory cannot use; the message names it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,60 +76,31 @@ class RedisFactoryConfig:
         return f"{scheme}://{user}:***@{place}" if ":" in credentials else f"{scheme}://{user}@{place}"
 
 
-def _get(env: Mapping[str, str], name: str) -> str | None:
-    value = env.get(PREFIX + name)
-    return value.strip() if value is not None and value.strip() else None
-
-
-def _seconds(env: Mapping[str, str], name: str) -> float | None:
-    raw = _get(env, name)
-    if raw is None:
-        return None
-    try:
-        return parse_duration(raw)
-    except ValueError as exc:
-        raise ConfigurationError(
-            f"{PREFIX}{name}={raw!r}: {exc}; write a duration such as {DURATION_EXAMPLES}"
-        ) from None
-
-
-def _integer(env: Mapping[str, str], name: str) -> int | None:
-    raw = _get(env, name)
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigurationError(f"{PREFIX}{name}={raw!r} is not an integer") from None
-
-
 def config_from_env(env: Mapping[str, str] | None = None) -> RedisFactoryConfig:
     """Read the factory configuration from ``env`` (default ``os.environ``)."""
     env = os.environ if env is None else env
+    read = EnvSettings(env, PREFIX)
     options: dict[str, Any] = {}
     for name, option in _DURATIONS.items():
-        raw = _get(env, name)
+        raw = read.text(name)
         if raw is not None and raw.lower() == "none":
             raise ConfigurationError(f"{PREFIX}{name}=none: no key of the store is kept unbounded")
-        seconds = _seconds(env, name)
+        seconds = read.duration(name, None)
         if seconds is not None:
             options[option] = seconds
     for name, option in _INTEGERS.items():
-        number = _integer(env, name)
+        number = read.optional_integer(name)
         if number is not None:
             options[option] = number
-    store_name = _get(env, "STORE_NAME")
+    store_name = read.text("STORE_NAME")
     if store_name is not None:
         options["name"] = store_name
-    cluster = (_get(env, "CLUSTER") or "0").lower()
-    if cluster not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
-        raise ConfigurationError(f"{PREFIX}CLUSTER={cluster!r} must be 1/0, true/false, yes/no or on/off")
-    timeout = _seconds(env, "SOCKET_TIMEOUT")
+    timeout = read.duration("SOCKET_TIMEOUT", 10.0)
     return RedisFactoryConfig(
-        url=_get(env, "URL") or DEFAULT_URL,
-        cluster=cluster in ("1", "true", "yes", "on"),
-        prefix=_get(env, "PREFIX") or DEFAULT_PREFIX,
-        max_connections=_integer(env, "MAX_CONNECTIONS") or DEFAULT_MAX_CONNECTIONS,
+        url=read.text("URL") or DEFAULT_URL,
+        cluster=read.flag("CLUSTER", False),
+        prefix=read.text("PREFIX") or DEFAULT_PREFIX,
+        max_connections=read.optional_integer("MAX_CONNECTIONS") or DEFAULT_MAX_CONNECTIONS,
         socket_timeout=10.0 if timeout is None else timeout,
         options=options,
     )

@@ -1,18 +1,14 @@
-"""How the Redis store checks and encodes what it stores: JSON text from :mod:`guarded.codec`
-(which refuses NaN and infinities, lone surrogates and what JSON cannot carry, naming the path),
-no larger than the store's ``max_value_bytes``; the identity of a runtime event; times."""
+"""How the Redis store encodes what it stores: JSON text from :mod:`guarded.codec` (which refuses
+NaN and infinities, lone surrogates and what JSON cannot carry, naming the path; its argument checks
+are :mod:`guarded.codec`'s too), no larger than the store's ``max_value_bytes``; times."""
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import math
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from guarded.codec import JSONObject, check_text, to_json_object
+from guarded.codec import JSONObject, compact_json, item_arguments, to_json_object
 from guarded.errors import InvalidPayloadError
 
 Item = TypeVar("Item")
@@ -20,43 +16,9 @@ Item = TypeVar("Item")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-@contextlib.contextmanager
-def refusing(method: str, argument: str = "") -> Iterator[None]:
-    """Name ``method`` (and the ``argument`` the path is relative to) in any
-    :class:`InvalidPayloadError` raised inside the block."""
-    try:
-        yield
-    except InvalidPayloadError as exc:
-        raise exc.at(argument).for_method(method) from None
-
-
-def text(value: Any, path: str) -> str:
-    """``value`` when it is a string without lone surrogates, else :class:`InvalidPayloadError`."""
-    if not isinstance(value, str):
-        raise InvalidPayloadError(f"expected a string, got {type(value).__name__}", path=path)
-    return check_text(value, path)
-
-
-def optional_text(value: Any, path: str) -> str | None:
-    return None if value is None else text(value, path)
-
-
-def finite(value: Any, path: str) -> float:
-    """``value`` (an int or a finite float) as a float; refuse what cannot be one."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidPayloadError(f"expected a number, got {type(value).__name__}", path=path)
-    try:
-        result = float(value)
-    except OverflowError:
-        raise InvalidPayloadError("an integer too large for a double precision", path=path) from None
-    if not math.isfinite(result):
-        raise InvalidPayloadError("not a finite number", path=path)
-    return result
-
-
 def dumps(value: Any, limit: int, path: str = "") -> str:
     """The JSON text of an already encoded (plain) value, refused when larger than ``limit`` bytes."""
-    encoded = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    encoded = compact_json(value)
     if len(encoded) > limit // 4 and len(encoded.encode("utf-8")) > limit:
         raise InvalidPayloadError(
             f"the value's JSON text is larger than the store's max_value_bytes ({limit} bytes)", path=path
@@ -84,14 +46,6 @@ def record_text(encode: Callable[[], JSONObject], limit: int, path: str) -> tupl
     return doc, dumps(doc, limit, path)
 
 
-def event_fingerprint(doc: JSONObject) -> str:
-    """The identity of an encoded runtime event: the SHA-256 of the canonical JSON (sorted keys,
-    compact) of its trace id, ``ts`` as a float, kind, node name, node id and payload."""
-    identity = {**doc, "ts": float(doc["ts"])}  # type: ignore[arg-type]
-    raw = json.dumps(identity, ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
-
-
 def micros(moment: datetime) -> int:
     """Microseconds since the epoch of ``moment`` (a naive one read as UTC), exactly."""
     aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
@@ -110,12 +64,10 @@ def items_of(
         if arity == 1:
             calls.append((item,))
             continue
-        if not isinstance(item, tuple | list) or len(item) != arity:
-            got = f"{len(item)} values" if isinstance(item, tuple | list) else f"a {type(item).__name__}"
-            raise InvalidPayloadError(
-                f"expected a {shape} tuple, got {got}", path=f"{name}[{index}]", method=method
-            )
-        calls.append(tuple(item))
+        try:
+            calls.append(item_arguments(item, arity, shape))
+        except InvalidPayloadError as exc:
+            raise exc.at(f"{name}[{index}]").for_method(method) from None
     return calls
 
 
@@ -135,14 +87,9 @@ def decoded(value: Any) -> str:
 __all__ = [
     "decoded",
     "dumps",
-    "event_fingerprint",
-    "finite",
     "grouped",
     "items_of",
     "micros",
     "object_text",
-    "optional_text",
     "record_text",
-    "refusing",
-    "text",
 ]

@@ -79,8 +79,13 @@ from guarded.codec import (
     RecordTypes,
     decode_trajectory,
     encode_trajectory,
+    event_fingerprint,
     installed_types,
+    refusing,
 )
+from guarded.codec import float_argument as finite
+from guarded.codec import optional_text_argument as optional_text
+from guarded.codec import text_argument as text
 from guarded.errors import InvalidPayloadError, WriteSupersededError
 from guarded.models import GLOBAL_TRACE_ID, ArtifactRetentionConfig
 
@@ -92,16 +97,11 @@ from .redis_options import SETTING_NAMES, RedisSettings, check_settings
 from .redis_records import (
     decoded,
     dumps,
-    event_fingerprint,
-    finite,
     grouped,
     items_of,
     micros,
     object_text,
-    optional_text,
     record_text,
-    refusing,
-    text,
 )
 from .redis_scripts import Scripts
 
@@ -267,7 +267,7 @@ class RedisStateStore:
         wanted = self.settings.replicas_to_ack
         try:
             if not wanted:
-                return await registered(keys=list(keys), args=list(args))
+                return await self._evaluate(registered, keys, args)
             try:
                 result, acknowledged = await self._run_then_wait(registered, keys, args)
             except NoScriptError:
@@ -283,6 +283,15 @@ class RedisStateStore:
             raise ReplicasNotAcknowledgedError(wanted, int(acknowledged))
         return result
 
+    async def _evaluate(self, registered: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """EVALSHA straight from the client (redis-py's ``Script.__call__`` costs more than the call);
+        a server whose script cache was flushed (a restart, a failover) is given the script again."""
+        try:
+            return await self._client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            registered.sha = await self._client.script_load(registered.script)
+            return await self._client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
+
     async def _run_then_wait(self, registered: Any, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
         """The script's reply and how many replicas acknowledged it (one pipeline, one connection)."""
         pipe = self._client.pipeline(transaction=False)
@@ -294,10 +303,12 @@ class RedisStateStore:
     async def acknowledged(self, *commands: Sequence[Any]) -> list[Any]:
         """Run plain commands (``("ZREM", key, member)``) on keys of one tag in one pipeline and,
         with ``replicas_to_ack``, ``WAIT`` for the replicas on the same connection; their replies."""
+        wanted = self.settings.replicas_to_ack
+        if len(commands) == 1 and not wanted:  # one command needs no pipeline
+            return [await self._client.execute_command(*commands[0])]
         pipe = self._client.pipeline(transaction=False)
         for command in commands:
             pipe.execute_command(*command)
-        wanted = self.settings.replicas_to_ack
         if wanted:
             pipe.execute_command("WAIT", wanted, self.settings.ms("ack_timeout"))
         replies: list[Any] = await pipe.execute()
@@ -339,7 +350,7 @@ class RedisStateStore:
         text(event.kind, "kind")
         optional_text(event.node_name, "node_name")
         optional_text(event.node_id, "node_id")
-        doc, _ = record_text(lambda: STORED_EVENT.encode(event), self.settings.max_value_bytes, "")
+        doc = STORED_EVENT.encode(event)  # its JSON text, checked for size, is written below
         doc["trace_id"] = trace_id
         doc["ts"] = ts
         return trace_id, event_fingerprint(doc), ts, dumps(doc, self.settings.max_value_bytes)
@@ -737,21 +748,24 @@ class RedisStateStore:
         async def save(group: list[tuple[tuple[str, str, int, str], int]]) -> int:
             refused = 0
             for (task_id, session_id, updated, doc), order in group:
-                applied, had, before = await self.run(
-                    "task_save", [self.keys.task(task_id)], [ttl, updated, session_id, doc]
-                )
+                keys, args = [self.keys.task(task_id)], [ttl, updated, session_id, doc]
+                if not self.is_cluster:  # one script indexes it too: its keys need not share a slot
+                    keys.append(self.keys.tasks_of(session_id))
+                    args += [float(order), task_id]
+                applied, had, before = await self.run("task_save", keys, args)
                 if not int(applied):
                     refused += 1
                     continue
                 previous = decoded(before) if int(had) else None
                 if previous is not None and previous != session_id:
                     await self.acknowledged(("ZREM", self.keys.tasks_of(previous), task_id))
-                await self._index(
-                    self.keys.tasks_of(session_id),
-                    ttl,
-                    [(float(order), task_id)],
-                    keep=previous == session_id,
-                )
+                if self.is_cluster:
+                    await self._index(
+                        self.keys.tasks_of(session_id),
+                        ttl,
+                        [(float(order), task_id)],
+                        keep=previous == session_id,
+                    )
             return refused
 
         refused = sum(await self._each([save(group) for group in grouped(items, lambda item: item[0][0])]))

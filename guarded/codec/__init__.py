@@ -6,6 +6,9 @@ object; ``decode(name, data)`` rebuilds it. Values JSON cannot carry are refused
 never by content (``payload[key #0 (str)][3]``).
 """
 
+from .arguments import float_argument, item_arguments, optional_text_argument, refusing, text_argument
+from .event_identity import event_fingerprint
+from .json_text import canonical_json, compact_json
 from .json_values import JSONObject, JSONValue, check_text, key_path, to_json_object, to_json_value
 from .records import (
     ARTIFACT_REF,
@@ -51,16 +54,24 @@ __all__ = [
     "RecordCodec",
     "RecordTypes",
     "check_text",
+    "canonical_json",
     "codec_for",
+    "compact_json",
     "decode",
     "decode_trajectory",
     "encode",
     "encode_trajectory",
+    "event_fingerprint",
+    "float_argument",
     "installed_types",
+    "item_arguments",
     "key_path",
+    "optional_text_argument",
     "penguiflow_types",
     "record_types_of",
+    "refusing",
     "register_trajectory_type",
+    "text_argument",
     "to_json_object",
     "to_json_value",
 ]

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
 from guarded.codec import DEFAULT_TYPES
 from guarded.testing.postgres import EmbeddedPostgres, embedded_postgres
+from tests.support.opened_stores import closed_after
 
 StoreFactory = Callable[..., Awaitable[PostgresStateStore]]
 
@@ -48,9 +49,8 @@ def schema_name() -> str:
 @pytest_asyncio.fixture
 async def make_store(pg_dsn: str, schema_name: str) -> AsyncIterator[StoreFactory]:
     """Open stores (on the test's schema unless told otherwise); all are closed after the test."""
-    opened: list[PostgresStateStore] = []
 
-    async def make(**options: Any) -> PostgresStateStore:
+    async def connect(**options: Any) -> PostgresStateStore:
         options.setdefault("schema", schema_name)
         options.setdefault("registry", CollectorRegistry())
         options.setdefault("stats_interval", None)
@@ -58,13 +58,10 @@ async def make_store(pg_dsn: str, schema_name: str) -> AsyncIterator[StoreFactor
         # These tests build and compare guarded's models; tests/interop asks for PenguiFlow's.
         options.setdefault("types", DEFAULT_TYPES)
         dsn = options.pop("dsn", pg_dsn)
-        store = await PostgresStateStore.connect(dsn, **options)
-        opened.append(store)
-        return store
+        return await PostgresStateStore.connect(dsn, **options)
 
-    yield make
-    for store in opened:
-        await store.close()
+    async with closed_after(connect) as make:
+        yield make
 
 
 @pytest_asyncio.fixture

@@ -18,6 +18,7 @@ from redis import asyncio as redis_asyncio
 from guarded.backends.redis import RedisStateStore
 from guarded.codec import DEFAULT_TYPES
 from guarded.testing.redis import RedisServer
+from tests.support.opened_stores import closed_after
 
 RedisStoreFactory = Callable[..., Awaitable[RedisStateStore]]
 
@@ -40,19 +41,15 @@ def key_prefix() -> str:
 @pytest_asyncio.fixture
 async def make_redis_store(redis_server: RedisServer, key_prefix: str) -> AsyncIterator[RedisStoreFactory]:
     """Open stores (under the test's prefix unless told otherwise); all are closed after the test."""
-    opened: list[RedisStateStore] = []
 
-    async def make(**options: Any) -> RedisStateStore:
+    async def connect(**options: Any) -> RedisStateStore:
         options.setdefault("prefix", key_prefix)
         options.setdefault("types", DEFAULT_TYPES)
         url = options.pop("url", redis_server.url)
-        store = await RedisStateStore.connect(url, **options)
-        opened.append(store)
-        return store
+        return await RedisStateStore.connect(url, **options)
 
-    yield make
-    for store in opened:
-        await store.close()
+    async with closed_after(connect) as make:
+        yield make
 
 
 @pytest_asyncio.fixture

@@ -1,57 +1,16 @@
-"""Bad data is refused as the PostgreSQL store refuses it, before any I/O, naming the method and the
-field path (the same cases); under the guard it is parked with its reason, never retried or held."""
+"""Bad data on Redis: a value over ``max_value_bytes`` is parked by the guard with its reason, never
+retried or held (the cases every durable store refuses before any I/O, naming the method and the
+field path: tests/durable/test_durable_bad_inputs.py)."""
 
 from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry
-from redis import asyncio as redis_asyncio
 
-from guarded.backends.redis import RedisStateStore
 from guarded.config import DeadLetterConfig, GuardConfig
-from guarded.errors import InvalidPayloadError
 from guarded.guard import controller, guard
-from guarded.testing.redis import free_port
-from tests.postgres.test_bad_inputs import CASES, NAN, SURROGATE, Call
-from tests.support.records import plain_event as event
 
 from .conftest import RedisStoreFactory
-
-
-@pytest.mark.asyncio
-@pytest.mark.parametrize(("name", "call", "method", "path"), CASES, ids=[case[0] for case in CASES])
-async def test_refused_before_io_with_method_and_path(name: str, call: Call, method: str, path: str) -> None:
-    client = redis_asyncio.Redis(port=free_port())  # nothing listens: any I/O is a connection error
-    store = RedisStateStore(client)
-    try:
-        with pytest.raises(InvalidPayloadError) as caught:
-            await call(store)  # type: ignore[arg-type]
-    finally:
-        await client.aclose()
-    assert caught.value.method == method
-    assert caught.value.path == path
-    assert isinstance(caught.value, ValueError)  # never retryable
-
-
-@pytest.mark.asyncio
-async def test_bad_bulk_stores_nothing(store: RedisStateStore) -> None:
-    with pytest.raises(InvalidPayloadError):
-        await store.save_events([event(trace_id="bulk"), event(trace_id="bulk", payload={"x": NAN})])
-    assert await store.load_history("bulk") == []
-
-
-@pytest.mark.asyncio
-async def test_artifact_bad_inputs(store: RedisStateStore) -> None:
-    artifacts = store.artifact_store
-    with pytest.raises(InvalidPayloadError) as caught:
-        await artifacts.put_bytes("not bytes")  # type: ignore[arg-type]
-    assert caught.value.path == "data"
-    with pytest.raises(InvalidPayloadError) as caught:
-        await artifacts.put_text(SURROGATE)
-    assert caught.value.path == "text"
-    with pytest.raises(InvalidPayloadError) as caught:
-        await artifacts.put_bytes(b"x", meta={"m": NAN})
-    assert caught.value.path == "meta[key #0 (str)]"
 
 
 @pytest.mark.lenient

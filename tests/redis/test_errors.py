@@ -152,3 +152,13 @@ def test_loading_and_cluster_errors_are_retried() -> None:
     )
     assert classify(redis_exceptions.ResponseError("ERR unknown")) is ErrorClass.FATAL
     assert safe_message(redis_exceptions.ResponseError("ERR quoting 'a secret value'")) == "redis ERR"
+
+
+@pytest.mark.asyncio
+async def test_a_flushed_script_cache_is_reloaded_not_an_error(
+    store: RedisStateStore, raw_redis: redis_asyncio.Redis
+) -> None:
+    await store.save_memory_state("k:s", {"v": 1})
+    await raw_redis.script_flush()  # a restart or a failover to a node that never saw the scripts
+    await store.save_memory_state("k:s", {"v": 2})
+    assert await store.load_memory_state("k:s") == {"v": 2}

@@ -1,13 +1,9 @@
 """Last-write-wins on Redis, enforced in the server's scripts: a direct write is applied with
 ``max(its time, the stored time + 1)``, a replay only when not older (else
-``WriteSupersededError``), every stored time merged into the process clock; a task never goes back
-to an older ``updated_at``."""
+``WriteSupersededError``), every stored time merged into the process clock (tasks by
+``updated_at``, on every durable store: tests/durable/test_durable_last_write_wins.py)."""
 
 from __future__ import annotations
-
-import asyncio
-from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 from redis import asyncio as redis_asyncio
@@ -16,79 +12,7 @@ from guarded.backend import next_logical_time
 from guarded.backends.redis import RedisStateStore
 from guarded.errors import WriteSupersededError
 from guarded.logical_time import logical_times, replaying
-from guarded.models import RemoteBinding, TaskContextSnapshot, TaskState, TaskStatus, TaskType
-
-T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
-
-
-def task(status: TaskStatus, updated_at: datetime, session: str = "s", **changes: Any) -> TaskState:
-    fields: dict[str, Any] = {
-        "task_id": "task",
-        "session_id": session,
-        "status": status,
-        "task_type": TaskType.BACKGROUND,
-        "priority": 1,
-        "context_snapshot": TaskContextSnapshot(session_id=session, task_id="task"),
-        "updated_at": updated_at,
-    }
-    fields.update(changes)
-    return TaskState(**fields)
-
-
-async def status_of(store: RedisStateStore, session: str = "s") -> str:
-    [only] = await store.list_tasks(session)
-    return str(only.status.value)
-
-
-@pytest.mark.asyncio
-async def test_an_older_task_never_replaces_a_newer_one(store: RedisStateStore) -> None:
-    await store.save_task(task(TaskStatus.COMPLETE, T0 + timedelta(seconds=10)))
-    await store.save_task(task(TaskStatus.RUNNING, T0))  # a late write
-    assert await status_of(store) == "COMPLETE"
-    with replaying(), pytest.raises(WriteSupersededError):
-        await store.save_task(task(TaskStatus.RUNNING, T0))  # a late replay is reported
-    assert await status_of(store) == "COMPLETE"
-
-
-@pytest.mark.asyncio
-async def test_newer_and_equal_timestamps_win(store: RedisStateStore) -> None:
-    await store.save_task(task(TaskStatus.PENDING, T0))
-    await store.save_task(task(TaskStatus.RUNNING, T0 + timedelta(microseconds=1)))
-    assert await status_of(store) == "RUNNING"
-    await store.save_task(task(TaskStatus.PAUSED, T0 + timedelta(microseconds=1)))
-    assert await status_of(store) == "PAUSED"
-
-
-@pytest.mark.asyncio
-async def test_naive_timestamps_compare_as_utc(store: RedisStateStore) -> None:
-    await store.save_task(task(TaskStatus.COMPLETE, T0 + timedelta(hours=1)))
-    await store.save_task(task(TaskStatus.RUNNING, (T0 + timedelta(minutes=30)).replace(tzinfo=None)))
-    assert await status_of(store) == "COMPLETE"
-    await store.save_task(task(TaskStatus.FAILED, (T0 + timedelta(hours=2)).replace(tzinfo=None)))
-    assert await status_of(store) == "FAILED"
-
-
-@pytest.mark.asyncio
-async def test_a_stale_task_does_not_move_to_another_session(store: RedisStateStore) -> None:
-    await store.save_task(task(TaskStatus.RUNNING, T0 + timedelta(seconds=5), session="a"))
-    await store.save_task(task(TaskStatus.RUNNING, T0, session="b"))
-    assert [item.session_id for item in await store.list_tasks("a")] == ["a"]
-    assert await store.list_tasks("b") == []
-    await store.save_task(task(TaskStatus.RUNNING, T0 + timedelta(seconds=6), session="b"))
-    assert await store.list_tasks("a") == []
-    assert [item.session_id for item in await store.list_tasks("b")] == ["b"]
-
-
-@pytest.mark.asyncio
-async def test_concurrent_task_writes_converge_on_the_newest(make_redis_store: Any) -> None:
-    stores = [await make_redis_store() for _ in range(3)]
-    writes = [
-        task(TaskStatus.RUNNING, T0 + timedelta(seconds=second), priority=second) for second in range(30)
-    ]
-    shuffled = writes[1::2] + writes[::2]
-    await asyncio.gather(*(stores[index % 3].save_task(item) for index, item in enumerate(shuffled)))
-    [stored] = await stores[0].list_tasks("s")
-    assert stored.priority == writes[-1].priority
+from guarded.models import RemoteBinding
 
 
 @pytest.mark.asyncio

@@ -7,31 +7,15 @@ import asyncio
 import time
 
 import pytest
-from prometheus_client import CollectorRegistry
 from redis import asyncio as redis_asyncio
 
 from guarded.backend import next_logical_time
 from guarded.backends.redis import RedisStateStore
-from guarded.config import GuardConfig, RetryConfig
 from guarded.errors import WriteSupersededError
-from guarded.guard import guard
 from guarded.logical_time import logical_times, replaying
 from guarded.pipeline.idempotency import idempotency_key, unanswered_keys
-from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 
 from .conftest import RedisStoreFactory
-
-
-@pytest.mark.asyncio
-async def test_a_retry_with_the_same_key_gets_the_payload_again(store: RedisStateStore) -> None:
-    await store.save_planner_state("tok", {"trajectory": {"steps": []}})
-    with idempotency_key("call-1"):
-        first = await store.load_planner_state("tok")
-        retry = await store.load_planner_state("tok")  # the response of `first` was "lost"
-    assert first == retry == {"trajectory": {"steps": []}}
-    with idempotency_key("call-2"):
-        assert await store.load_planner_state("tok") is None
-    assert await store.load_planner_state("tok") is None  # no key: nobody can repeat
 
 
 @pytest.mark.asyncio
@@ -70,25 +54,6 @@ async def test_a_held_consume_takes_only_the_save_it_was_for(store: RedisStateSt
 
 
 @pytest.mark.asyncio
-async def test_the_grace_period_ends(make_redis_store: RedisStoreFactory) -> None:
-    store = await make_redis_store(consume_grace=0.3)
-    await store.save_planner_state("tok", {"x": 1})
-    with idempotency_key("call"):
-        assert await store.load_planner_state("tok") == {"x": 1}
-        await asyncio.sleep(0.45)
-        assert await store.load_planner_state("tok") is None
-
-
-@pytest.mark.asyncio
-async def test_zero_grace_disables_repeats(make_redis_store: RedisStoreFactory) -> None:
-    store = await make_redis_store(consume_grace=0)
-    await store.save_planner_state("tok", {"x": 1})
-    with idempotency_key("call"):
-        assert await store.load_planner_state("tok") == {"x": 1}
-        assert await store.load_planner_state("tok") is None
-
-
-@pytest.mark.asyncio
 async def test_pauses_expire_after_their_ttl(
     make_redis_store: RedisStoreFactory, raw_redis: redis_asyncio.Redis
 ) -> None:
@@ -115,24 +80,6 @@ async def test_a_replayed_save_keeps_only_the_ttl_left_since_its_call(
 
 
 @pytest.mark.asyncio
-async def test_concurrent_consumers_exactly_one_wins(make_redis_store: RedisStoreFactory) -> None:
-    writer = await make_redis_store()
-    readers = [await make_redis_store() for _ in range(3)]  # separate clients: real concurrency
-    for round_number in range(5):
-        token = f"tok-{round_number}"
-        await writer.save_planner_state(token, {"round": round_number})
-
-        async def consume(reader: RedisStateStore, key: str | None, token: str = token) -> object:
-            with idempotency_key(key):
-                return await reader.load_planner_state(token)
-
-        results = await asyncio.gather(
-            *(consume(readers[index % 3], None if index % 4 == 0 else f"key-{index}") for index in range(12))
-        )
-        assert [result for result in results if result is not None] == [{"round": round_number}]
-
-
-@pytest.mark.asyncio
 async def test_a_recovering_consume_takes_the_pause_from_an_unanswered_key(store: RedisStateStore) -> None:
     await store.save_planner_state("tok", {"step": 1})
     with idempotency_key("lost"):
@@ -145,19 +92,3 @@ async def test_a_recovering_consume_takes_the_pause_from_an_unanswered_key(store
         assert await store.load_planner_state("tok") == {"step": 1}  # its own retry
     with idempotency_key("third"), unanswered_keys(("lost",)):
         assert await store.load_planner_state("tok") is None
-
-
-@pytest.mark.asyncio
-async def test_a_resume_whose_answer_was_lost_is_answered_to_the_next_resume(
-    make_redis_store: RedisStoreFactory,
-) -> None:
-    backend = await make_redis_store()
-    faulty = FaultyStore(backend, FaultPlan.always(Fault.error_after(ConnectionResetError)))
-    config = GuardConfig(retry=RetryConfig(max_attempts=2, critical_max_attempts=2, initial_backoff=0.001))
-    store = guard(faulty, registry=CollectorRegistry(), config=config)
-    await backend.save_planner_state("tok", {"step": 1})
-    assert await store.load_planner_state("tok") is None  # consumed, answer lost twice
-    assert await backend.load_planner_state("tok") is None  # consumed for anyone else
-    fault_injector(faulty).plan = FaultPlan()
-    assert await store.load_planner_state("tok") == {"step": 1}
-    assert await store.load_planner_state("tok") is None  # answered once: not again

@@ -25,18 +25,18 @@ from guarded.backends.postgres.schema_migrations import advisory_lock_key, lates
 from guarded.codec import DEFAULT_TYPES
 from guarded.testing.pgbouncer import PgBouncer
 from guarded.testing.postgres import binaries_dir
+from tests.durable.test_durable_last_write_wins import (
+    test_a_stale_write_does_not_move_the_task_to_another_session,
+    test_an_older_write_never_replaces_a_newer_one,
+    test_concurrent_replays_converge_on_the_newest,
+    test_newer_and_equal_timestamps_win,
+)
 
 from ..conftest import StoreFactory
 from ..test_consume_once import (
     test_a_lost_answer_is_given_again_to_the_same_call_only,
     test_a_recovering_consume_moves_the_pause_to_its_own_key,
     test_concurrent_recovering_consumes_exactly_one_wins,
-)
-from ..test_last_write_wins import (
-    test_a_stale_write_does_not_move_the_task_to_another_session,
-    test_an_older_write_never_replaces_a_newer_one,
-    test_concurrent_replays_converge_on_the_newest,
-    test_newer_and_equal_timestamps_win,
 )
 from ..test_processes import (
     test_migrations_raced_by_several_processes,

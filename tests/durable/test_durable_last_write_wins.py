@@ -1,4 +1,6 @@
-"""Last-write-wins that never goes backwards: a late replay cannot undo a newer task state."""
+"""Last-write-wins that never goes backwards, on every durable store: a late write or replay cannot
+undo a newer task state (by ``updated_at``, naive times read as UTC), nor move it to another
+session."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from guarded.backends.postgres import PostgresStateStore
+from guarded.errors import WriteSupersededError
+from guarded.logical_time import replaying
 from guarded.models import TaskContextSnapshot, TaskState, TaskStatus, TaskType
 
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
@@ -28,20 +31,23 @@ def task(status: TaskStatus, updated_at: datetime, session: str = "s", **changes
     return TaskState(**fields)
 
 
-async def status_of(store: PostgresStateStore, session: str = "s") -> str:
+async def status_of(store: Any, session: str = "s") -> str:
     [only] = await store.list_tasks(session)
     return str(only.status.value)
 
 
 @pytest.mark.asyncio
-async def test_an_older_write_never_replaces_a_newer_one(store: PostgresStateStore) -> None:
+async def test_an_older_write_never_replaces_a_newer_one(store: Any) -> None:
     await store.save_task(task(TaskStatus.COMPLETE, T0 + timedelta(seconds=10)))
-    await store.save_task(task(TaskStatus.RUNNING, T0))  # a late replay
+    await store.save_task(task(TaskStatus.RUNNING, T0))  # a late write
+    assert await status_of(store) == "COMPLETE"
+    with replaying(), pytest.raises(WriteSupersededError):
+        await store.save_task(task(TaskStatus.RUNNING, T0))  # a late replay is reported
     assert await status_of(store) == "COMPLETE"
 
 
 @pytest.mark.asyncio
-async def test_newer_and_equal_timestamps_win(store: PostgresStateStore) -> None:
+async def test_newer_and_equal_timestamps_win(store: Any) -> None:
     await store.save_task(task(TaskStatus.PENDING, T0))
     await store.save_task(task(TaskStatus.RUNNING, T0 + timedelta(microseconds=1)))
     assert await status_of(store) == "RUNNING"
@@ -50,7 +56,7 @@ async def test_newer_and_equal_timestamps_win(store: PostgresStateStore) -> None
 
 
 @pytest.mark.asyncio
-async def test_naive_timestamps_compare_as_utc(store: PostgresStateStore) -> None:
+async def test_naive_timestamps_compare_as_utc(store: Any) -> None:
     await store.save_task(task(TaskStatus.COMPLETE, T0 + timedelta(hours=1)))
     await store.save_task(task(TaskStatus.RUNNING, (T0 + timedelta(minutes=30)).replace(tzinfo=None)))
     assert await status_of(store) == "COMPLETE"
@@ -59,7 +65,7 @@ async def test_naive_timestamps_compare_as_utc(store: PostgresStateStore) -> Non
 
 
 @pytest.mark.asyncio
-async def test_a_stale_write_does_not_move_the_task_to_another_session(store: PostgresStateStore) -> None:
+async def test_a_stale_write_does_not_move_the_task_to_another_session(store: Any) -> None:
     await store.save_task(task(TaskStatus.RUNNING, T0 + timedelta(seconds=5), session="a"))
     await store.save_task(task(TaskStatus.RUNNING, T0, session="b"))
     assert [item.session_id for item in await store.list_tasks("a")] == ["a"]
@@ -70,7 +76,7 @@ async def test_a_stale_write_does_not_move_the_task_to_another_session(store: Po
 
 
 @pytest.mark.asyncio
-async def test_concurrent_replays_converge_on_the_newest(store: PostgresStateStore) -> None:
+async def test_concurrent_replays_converge_on_the_newest(store: Any) -> None:
     writes = [
         task(TaskStatus.RUNNING, T0 + timedelta(seconds=second), priority=second) for second in range(30)
     ]
