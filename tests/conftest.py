@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
 
+from guarded import backend
 from guarded.testing import strict
 from guarded.testing.redis_cluster import RedisCluster
 from guarded.testing.redis_cluster import redis_cluster as started_redis_cluster
@@ -36,6 +38,15 @@ def _private_state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     (``$XDG_STATE_HOME/guarded/``), and no test adopts another test's held writes."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
     monkeypatch.delenv("GUARDED_DLQ_PATH", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _process_clock_back_to_the_wall() -> Iterator[None]:
+    """A test that moves the process's logical clock ahead (a stored time from "another host's
+    clock, a minute ahead") leaves it at the wall clock: a later test that measures a TTL from its
+    call's logical time would otherwise read a minute of it as gone."""
+    yield
+    backend._last = min(backend._last, time.time_ns() // 1000)
 
 
 @pytest.fixture(scope="session")
