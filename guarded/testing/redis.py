@@ -142,15 +142,17 @@ class RedisServer:
             *self.extra,
         ]
 
-    def start(self) -> None:
-        """Start the server and wait until it answers ``PING``."""
+    def start(self, *, wait: bool = True) -> None:
+        """Start the server and wait until it answers ``PING`` (``wait=False``: return once the
+        process runs, while it may still be loading its data set)."""
         if self.running:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         self._process = subprocess.Popen(
             self._arguments(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        self.wait_ready()
+        if wait:
+            self.wait_ready()
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
         """Wait until the server answers ``PING`` with ``PONG`` (not ``LOADING``)."""
@@ -195,13 +197,13 @@ class RedisServer:
             self._process.wait(timeout=30)
         self._process = None
 
-    def restart(self) -> None:
+    def restart(self, *, wait: bool = True) -> None:
         """Start again on the same port and data directory (after :meth:`kill` or :meth:`shutdown`;
-        a running server is killed first)."""
+        a running server is killed first); ``wait`` as in :meth:`start`."""
         if self.running:
             self.kill()
         self._process = None
-        self.start()
+        self.start(wait=wait)
 
     def pause(self) -> None:
         """SIGSTOP the server: it takes connections into the kernel's backlog and answers nothing."""

@@ -10,9 +10,11 @@ import contextlib
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import CollectorRegistry
 from redis import asyncio as redis_asyncio
 from redis import exceptions as redis_exceptions
 
+from guarded import guard
 from guarded.backend import ErrorClass
 from guarded.backends.redis import RedisStateStore, ReplicasNotAcknowledgedError
 from guarded.error_classes import classify, operational_condition, reached_backend, safe_message
@@ -133,12 +135,48 @@ async def test_a_replica_answers_readonly_and_replicas_to_ack_waits_for_it(own_s
         await alone.close()
 
 
-def test_loading_and_cluster_errors_are_retried() -> None:
-    """``LOADING`` (a restarted server reading its append-only file) cannot be timed reliably on a
-    small data set: the classification of redis-py's own exceptions."""
-    loading = redis_exceptions.BusyLoadingError("Redis is loading the dataset in memory")
-    assert classify(loading) is ErrorClass.RETRYABLE
-    assert operational_condition(loading) == "server_unavailable"
+@pytest.mark.asyncio
+async def test_a_server_loading_its_data_is_retried_and_a_guarded_write_lands() -> None:
+    """A restarted server answers ``LOADING`` while it reads its data set back: retried (the server
+    is unavailable for now), and a write through the guard made then is acknowledged and kept.
+    Two million keys (``DEBUG POPULATE``) take the restart a second or two to load."""
+    with RedisServer.started(extra=("--enable-debug-command", "yes")) as server:
+        client = redis_asyncio.Redis.from_url(server.url)
+        try:
+            await client.execute_command("DEBUG", "POPULATE", 2_000_000)
+            await client.bgrewriteaof()  # the data set as the append-only file's base
+            for _ in range(600):
+                if not (await client.info("persistence"))["aof_rewrite_in_progress"]:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await client.aclose()
+        server.kill()
+        server.restart(wait=False)
+        store = RedisStateStore(redis_asyncio.Redis.from_url(server.url), prefix="loading", owns_client=True)
+        try:
+            seen: BaseException | None = None
+            while seen is None:  # the process is up before it listens; then it loads for seconds
+                try:
+                    await store.load_memory_state("k:s")
+                except redis_exceptions.BusyLoadingError as exc:
+                    seen = exc
+                except redis_exceptions.ConnectionError:
+                    await asyncio.sleep(0.01)
+                else:
+                    raise AssertionError("the server answered before it had loaded its data set")
+            assert classify(seen) is ErrorClass.RETRYABLE
+            assert operational_condition(seen) == "server_unavailable"
+            guarded = guard(store, name="loading", registry=CollectorRegistry())
+            async with guarded:
+                await guarded.save_memory_state("k:s", {"v": 1})
+            server.wait_ready()
+            assert await store.load_memory_state("k:s") == {"v": 1}
+        finally:
+            await store.close()
+
+
+def test_cluster_errors_are_retried() -> None:
     for error in (
         redis_exceptions.TryAgainError("TRYAGAIN"),
         redis_exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
