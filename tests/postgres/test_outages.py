@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -45,14 +45,18 @@ from ._outages import (
     KINDS,
     T0,
     Ledger,
-    differences,
+    assert_all_kept,
+    assert_stored_exactly,
     drain_all,
     expected_ledger,
     open_store,
     outage_config,
     perform,
+    reached,
     read_back,
     run_workers,
+    start_workload,
+    wait_for,
 )
 
 MARGIN = 0.3
@@ -79,28 +83,10 @@ def server() -> Iterator[EmbeddedPostgres]:
         yield own
 
 
-async def wait_for(condition: Callable[[], bool], seconds: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + seconds
-    while not condition():
-        if loop.time() > end:
-            raise AssertionError(f"condition not met within {seconds}s")
-        await asyncio.sleep(0.005)
-
-
-def reached(ledger: Ledger, calls: float) -> Callable[[], bool]:
-    """Whether the workload has made ``calls`` calls."""
-    return lambda: ledger.calls >= calls
-
-
 def dead_letters(store: Any) -> DeadLetterBuffer:
     buffer = controller(store).dead_letters
     assert buffer is not None
     return buffer
-
-
-def assert_stored_exactly(expected: Ledger, found: Ledger) -> None:
-    assert differences(expected, found) == {}
 
 
 # --- 1. an outage in the middle of a workload ------------------------------------------------------
@@ -119,8 +105,7 @@ async def test_an_outage_in_the_middle_of_a_workload_loses_nothing(
         registry=registry,
         config=outage_config(tmp_path / "dlq.sqlite"),
     )
-    ledger = Ledger()
-    work = asyncio.create_task(run_workers(store, ledger, workers=workers, per_worker=per_worker, pause=0.01))
+    ledger, work = start_workload(store, workers=workers, per_worker=per_worker)
 
     await wait_for(reached(ledger, calls // 3))
     await asyncio.to_thread(server.stop)
@@ -137,10 +122,7 @@ async def test_an_outage_in_the_middle_of_a_workload_loses_nothing(
     assert counts["dead_lettered"] > 0
     assert set(counts) <= {"ok", "retried", "dead_lettered"}
 
-    assert await drain_all(store) == 0
-    await controller(store).aclose()
-    assert ledger.parts() == expected_ledger(workers, per_worker).parts()
-    assert_stored_exactly(ledger, await read_back(server.dsn, "outage"))
+    await assert_all_kept(store, ledger, server.dsn, "outage", workers=workers, per_worker=per_worker)
 
 
 def held_writes(ledger: Ledger) -> int:
@@ -478,8 +460,7 @@ async def test_a_flapping_server_loses_and_duplicates_nothing(
         registry=registry,
         config=outage_config(tmp_path / "dlq.sqlite"),
     )
-    ledger = Ledger()
-    work = asyncio.create_task(run_workers(store, ledger, workers=workers, per_worker=per_worker, pause=0.01))
+    ledger, work = start_workload(store, workers=workers, per_worker=per_worker)
     for at, mode in ((0.15, "fast"), (0.4, "immediate"), (0.65, "fast")):
         await wait_for(reached(ledger, calls * at))
         await asyncio.to_thread(server.stop, mode)
@@ -493,10 +474,7 @@ async def test_a_flapping_server_loses_and_duplicates_nothing(
     counts = outcomes(registry, "flapping")
     assert sum(counts.values()) == calls
     assert counts["dead_lettered"] > 0
-    assert await drain_all(store) == 0
-    await controller(store).aclose()
-    assert ledger.parts() == expected_ledger(workers, per_worker).parts()
-    assert_stored_exactly(ledger, await read_back(server.dsn, "flapping"))
+    await assert_all_kept(store, ledger, server.dsn, "flapping", workers=workers, per_worker=per_worker)
 
 
 # --- 7. a slow server ----------------------------------------------------------------------------

@@ -119,3 +119,43 @@ async def test_a_transaction_left_open_is_rolled_back_on_release(
     assert not await store._db.run(in_transaction)
     assert await store.load_memory_state("k") == {"v": 1}
     assert await raw.fetchval(f"SELECT count(*) FROM {table}") == 1
+
+
+class PublicPool:
+    """An asyncpg pool seen through its public interface only: every private attribute the release
+    in place reads is missing, as in an asyncpg whose internals are not the ones it was written for."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.pool, name)
+
+
+@pytest.mark.asyncio
+async def test_without_asyncpg_internals_a_release_takes_the_pool_s_own_path(
+    make_store: StoreFactory, raw: asyncpg.Connection
+) -> None:
+    store = await make_store(pool=PoolSettings(min_size=1, max_size=1))
+    await store.save_memory_state("k", {"v": 1})
+    pool = store.pool
+    store._db._pool = PublicPool(pool)  # type: ignore[assignment]
+    try:
+        with TaskCount() as tasks:
+            for _ in range(20):  # one connection: a release that did not give it back would hang
+                assert await asyncio.wait_for(store.load_memory_state("k"), 10) == {"v": 1}
+        assert tasks.created >= 20  # each release ran in the task Pool.release() starts
+        assert pool.get_idle_size() == 1
+        table = f'"{store.schema}".memory_states'
+
+        async def leave_open(conn: Connection) -> None:
+            await conn.execute("BEGIN")
+            await conn.execute(f"DELETE FROM {table}")
+
+        await store._db.run(leave_open)
+        assert await store.load_memory_state("k") == {"v": 1}  # rolled back on release
+        assert await raw.fetchval(f"SELECT count(*) FROM {table}") == 1
+    finally:
+        store._db._pool = pool
