@@ -75,12 +75,34 @@ TABLES = (
 )
 
 
-@pytest.fixture
-def server() -> Iterator[EmbeddedPostgres]:
-    """A server of the test's own: it gets stopped. ``synchronous_commit`` on, so a commit the
-    store saw survives an immediate (crash) stop."""
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[EmbeddedPostgres]:
+    """The module's server: its tests stop it. ``synchronous_commit`` on, so a commit the store saw
+    survives an immediate (crash) stop."""
     with embedded_postgres(settings={"synchronous_commit": "on"}) as own:
         yield own
+
+
+@pytest.fixture
+def server(own_server: EmbeddedPostgres) -> EmbeddedPostgres:
+    """The module's server, running and holding no schema of an earlier test: as a server of the
+    test's own would be, without starting one per test."""
+    if not own_server.running:
+        own_server.start()
+
+    async def drop_schemas() -> None:
+        conn = await asyncpg.connect(own_server.dsn)
+        try:
+            for row in await conn.fetch(
+                "SELECT nspname FROM pg_namespace "
+                "WHERE nspname NOT LIKE 'pg\\_%' AND nspname NOT IN ('information_schema', 'public')"
+            ):
+                await conn.execute(f'DROP SCHEMA "{row[0]}" CASCADE')
+        finally:
+            await conn.close()
+
+    asyncio.run(drop_schemas())
+    return own_server
 
 
 def dead_letters(store: Any) -> DeadLetterBuffer:
