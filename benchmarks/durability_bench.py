@@ -116,6 +116,7 @@ from .durability_workload import (
 )
 from .hand_group_commit import HandGroupCommit
 from .postgres_bench import COLUMNS
+from .workload import reset_schemas
 
 # --- 1. group commit ------------------------------------------------------------------------------
 
@@ -295,11 +296,7 @@ async def run(dsn: str, *, repeats: int = 7, server: EmbeddedPostgres | None = N
     """Measure everything against ``dsn`` (schema ``bench_durability`` is reset); the event drain
     stops and restarts ``server`` (an embedded server of its own when ``None``)."""
     started = time.perf_counter()
-    setup = await asyncpg.connect(dsn)
-    try:
-        await setup.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-    finally:
-        await setup.close()
+    await reset_schemas(dsn, SCHEMA)
     timings: dict[str, float] = {}
     with _private_state_home():
         store = await _connect(dsn)

@@ -42,6 +42,7 @@ from .durability_workload import (
     writer_events,
 )
 from .guard_profile import report
+from .workload import reset_schemas
 
 
 async def profile(
@@ -49,13 +50,7 @@ async def profile(
 ) -> tuple[pstats.Stats, tuple[float, float, float]]:
     """Profile one run of ``writes`` events by ``writers`` writers; the stats and the unprofiled
     warm-up's events per second and this process's CPU seconds per write and writes per flush."""
-    import asyncpg
-
-    setup = await asyncpg.connect(dsn)
-    try:
-        await setup.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-    finally:
-        await setup.close()
+    await reset_schemas(dsn, SCHEMA)
     store = await _connect(dsn)
     registry = CollectorRegistry()
     proxy = guard(store, name="profile", config=config or GuardConfig(), registry=registry)

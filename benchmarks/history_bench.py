@@ -22,8 +22,10 @@ from prometheus_client import CollectorRegistry
 
 from guarded import controller, guard
 from guarded.backends.postgres import PostgresStateStore
-from guarded.backends.postgres.partitioning import PARTITIONED_TABLES, create_partition, period_start
+from guarded.backends.postgres.partitioning import PARTITIONED_TABLES, create_partitions, period_start
 from guarded.models import StoredEvent
+
+from .workload import reset_schemas
 
 SECTION = "history"
 SCHEMA = "bench_history"
@@ -77,11 +79,7 @@ async def run(
     """Grow the table through ``sizes`` and time the probes' reads at each; ``store_options`` go
     to :meth:`PostgresStateStore.connect` (``layout`` names them in the table)."""
     schema = f"{SCHEMA}_{layout}"
-    setup = await asyncpg.connect(dsn)
-    try:
-        await setup.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-    finally:
-        await setup.close()
+    await reset_schemas(dsn, schema)
     store = await PostgresStateStore.connect(
         dsn, schema=schema, registry=CollectorRegistry(), stats_interval=None, **dict(store_options or {})
     )
@@ -93,8 +91,7 @@ async def run(
         today = period_start("daily", now)
         ddl = await asyncpg.connect(dsn)
         try:
-            for day in range(1, DAYS + 1):
-                await create_partition(ddl, schema, events, today - day * DAY, today - (day - 1) * DAY)
+            await create_partitions(ddl, schema, events, "daily", today - DAYS * DAY, today)
         finally:
             await ddl.close()
     probes = [f"probe-{index}" for index in range(PROBES)]
@@ -129,11 +126,7 @@ async def run(
         await conn.close()
         await controller(proxy).aclose()
         await store.close()
-        cleanup = await asyncpg.connect(dsn)
-        try:
-            await cleanup.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-        finally:
-            await cleanup.close()
+        await reset_schemas(dsn, schema)
     return rows
 
 

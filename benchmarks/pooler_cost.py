@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import asyncpg
 from prometheus_client import CollectorRegistry
 
 from guarded import controller, guard
@@ -36,7 +35,7 @@ from guarded.backends.postgres import PoolSettings, PostgresStateStore
 
 from .guard_report import Verdict, render_table
 from .postgres_protocol import AsyncCall, Interleaved, time_rounds
-from .workload import MethodCall, calls, seeds
+from .workload import MethodCall, calls, reset_schemas, seeds
 
 SECTION = "pooling"
 SCHEMA = "bench_pooling"
@@ -134,11 +133,7 @@ async def run(
     """Measure ``methods`` against ``dsn`` (and through ``pgbouncer_dsn``, a PgBouncer in
     transaction mode in front of the same server, when given); schema ``bench_pooling`` is reset."""
     started = time.perf_counter()
-    setup = await asyncpg.connect(dsn)
-    try:
-        await setup.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-    finally:
-        await setup.close()
+    await reset_schemas(dsn, SCHEMA)
     targets: Mapping[str, tuple[str, PoolSettings]] = {
         DIRECT: (dsn, PoolSettings(min_size=2, max_size=2)),
         POOLER: (dsn, PoolSettings(min_size=2, max_size=2, pooler="transaction")),

@@ -34,6 +34,7 @@ from guarded.models import StoredEvent
 from guarded.pipeline.idempotency import idempotency_key
 
 from .side_by_side import Row, medians
+from .workload import reset_schemas
 
 SECTION = "postgres"
 SCHEMA = "bench"
@@ -76,11 +77,7 @@ def make_events(count: int, trace_id: str = "bench-trace") -> list[StoredEvent]:
 
 async def run(dsn: str, *, repeats: int = 7, events: int = 10_000) -> list[Row]:
     """Run every Postgres benchmark against ``dsn`` and return the rows (schemas ``bench*`` are reset)."""
-    setup = await asyncpg.connect(dsn)
-    try:
-        await setup.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; DROP SCHEMA IF EXISTS {RAW} CASCADE")
-    finally:
-        await setup.close()
+    await reset_schemas(dsn, SCHEMA, RAW)
     store = await PostgresStateStore.connect(
         dsn,
         schema=SCHEMA,

@@ -41,7 +41,7 @@ from guarded import controller, guard
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
 
 from .guard_report import render_table
-from .workload import PROTOCOL_METHODS, MethodCall, calls, seeds
+from .workload import PROTOCOL_METHODS, MethodCall, calls, reset_schemas, seeds
 
 SECTION = "postgres protocol"
 TITLE = "guard(PostgresStateStore) against raw asyncpg running the same SQL, every protocol method, per call"
@@ -251,11 +251,7 @@ async def run(
 ) -> tuple[list[MethodSeries], str]:
     """Measure every method against ``dsn`` (schema ``bench_protocol`` is reset); series and table."""
     started = time.perf_counter()
-    setup = await asyncpg.connect(dsn)
-    try:
-        await setup.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-    finally:
-        await setup.close()
+    await reset_schemas(dsn, SCHEMA)
     recorder = QueryRecorder()
     store = await PostgresStateStore.connect(
         dsn,

@@ -22,7 +22,9 @@ import asyncpg
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.postgres import PostgresStateStore, RetentionPolicy
-from guarded.backends.postgres.partitioning import PARTITIONED_TABLES, create_partition, period_start
+from guarded.backends.postgres.partitioning import PARTITIONED_TABLES, create_partitions, period_start
+
+from .workload import reset_schemas
 
 SECTION = "retention"
 SCHEMA = "bench_retention"
@@ -78,9 +80,9 @@ async def _fill(conn: asyncpg.Connection, schema: str, first_day: float, per_day
 
 async def _one(dsn: str, layout: str, *, per_day: int) -> Row:
     schema = f"{SCHEMA}_{layout}"
+    await reset_schemas(dsn, schema)
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         partitioned = layout == "partitioned"
         store = await PostgresStateStore.connect(
             dsn,
@@ -94,9 +96,7 @@ async def _one(dsn: str, layout: str, *, per_day: int) -> Row:
             first_day = today - (DAYS - 1) * DAY
             if partitioned:
                 events = next(table for table in PARTITIONED_TABLES if table.name == "flow_events")
-                for day in range(DAYS - 1):
-                    lower = first_day + day * DAY
-                    await create_partition(conn, schema, events, lower, lower + DAY)
+                await create_partitions(conn, schema, events, "daily", first_day, today)
             await _fill(conn, schema, first_day, per_day)
             rows_before, bytes_before = await _rows(conn, schema), await _table_bytes(conn, schema)
             horizon = first_day + DAY + 1.0
@@ -109,9 +109,9 @@ async def _one(dsn: str, layout: str, *, per_day: int) -> Row:
             rows_after, bytes_after = await _rows(conn, schema), await _table_bytes(conn, schema)
         finally:
             await store.close()
-        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     finally:
         await conn.close()
+    await reset_schemas(dsn, schema)
     method = "drop the day's partition" if partitioned else "batched DELETE + VACUUM"
     return Row(layout, method, seconds, rows_before, rows_after, bytes_before, bytes_after)
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .workload import reset_schemas
+
 SECTION = "snapshots"
 SESSION = "bench-session"
 EVENTS_PER_TRACE = 1_000
@@ -204,7 +206,6 @@ def _run_child(*argv: str) -> dict[str, Any]:
 
 async def run(dsn: str, *, events: int, artifact_bytes: int, backends: tuple[str, ...] = BACKENDS) -> Report:
     """Populate a session, then capture and restore it in child processes, per snapshot backend."""
-    import asyncpg
 
     tag = uuid.uuid4().hex[:10]
     source = f"bench_snap_src_{tag}"
@@ -222,12 +223,7 @@ async def run(dsn: str, *, events: int, artifact_bytes: int, backends: tuple[str
                     _run_child, operation, dsn, schema, backend, where, snapshot_id
                 )
                 rows.append(Row(operation, backend, **found))
-    conn = await asyncpg.connect(dsn)
-    try:
-        for schema in schemas:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    finally:
-        await conn.close()
+    await reset_schemas(dsn, *schemas)
     return Report(events, artifact_bytes, tuple(rows))
 
 

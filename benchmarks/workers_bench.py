@@ -31,6 +31,8 @@ from typing import Any
 
 import asyncpg
 
+from .workload import reset_schemas
+
 SECTION = "workers"
 SCHEMA = "bench_workers"
 WORKER_COUNTS = (1, 2, 4)
@@ -167,11 +169,7 @@ async def _sample_connections(dsn: str, until: asyncio.Event) -> int:
 async def _prepare(dsn: str) -> None:
     from guarded.backends.postgres import PostgresStateStore
 
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-    finally:
-        await conn.close()
+    await reset_schemas(dsn, SCHEMA)
     store = await PostgresStateStore.connect(dsn, schema=SCHEMA, stats_interval=None, metrics=False)
     await store.close()
 

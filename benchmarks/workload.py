@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
+
 from guarded.models import (
     PlannerEvent,
     RemoteBinding,
@@ -43,6 +45,17 @@ APPEND_TRACE = "bench-trace-appends"
 """Where the benchmarked ``save_planner_event`` appends: planner events are not deduplicated, so
 appending to :data:`TRACE` would grow what ``list_planner_events`` reads during the run."""
 CREATED = datetime(2025, 3, 1, 12, 30, 15, tzinfo=UTC)
+
+
+async def reset_schemas(dsn: str, *schemas: str) -> None:
+    """Drop ``schemas`` (with everything in them) over a connection of their own, so a benchmark
+    starts from an empty database and leaves nothing behind."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        for schema in schemas:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
 
 
 def event(index: int = 0, trace_id: str = TRACE) -> StoredEvent:

@@ -302,6 +302,19 @@ async def create_partition(
     return name
 
 
+async def create_partitions(
+    conn: Connection, schema: str, table: PartitionedTable, period: str, start: float, until: float
+) -> list[str]:
+    """Create the partitions of ``table``, one ``period`` each, from ``start`` (a period's start)
+    until they cover ``until``; return their names, oldest first."""
+    names = []
+    while start < until:
+        end = next_boundary(period, start)
+        names.append(await create_partition(conn, schema, table, start, end))
+        start = end
+    return names
+
+
 def ahead_until(period: str, now: float, ahead: float = AHEAD_SECONDS) -> float:
     """How far ahead of ``now`` maintenance keeps partitions: ``now + ahead``, and at least to the
     end of the next period."""
@@ -326,12 +339,7 @@ async def ensure_partitions(
         table_period = period or (infer_period(width) if width is not None else "daily")
         start = layout.horizon if layout.horizon is not None else period_start(table_period, now)
         target = ahead_until(table_period, now, ahead)
-        names = []
-        while start < target:
-            end = next_boundary(table_period, start)
-            names.append(await create_partition(conn, schema, table, start, end))
-            start = end
-        created[table.name] = names
+        created[table.name] = await create_partitions(conn, schema, table, table_period, start, target)
     return created
 
 
@@ -366,6 +374,7 @@ __all__ = [
     "ahead_until",
     "check_period",
     "create_partition",
+    "create_partitions",
     "default_name",
     "drop_partition",
     "ensure_partitions",

@@ -20,7 +20,13 @@ async def test_a_held_write_is_replayed_only_into_the_store_of_its_guards_name(t
     spill = str(tmp_path / "shared.sqlite")
     a_backend, b_backend = InMemoryStateStore(), InMemoryStateStore()
     down = FaultyStore(a_backend, FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
-    a = guard(down, name="tenant_a", registry=CollectorRegistry(), spill_path=spill)
+    a = guard(
+        down,
+        name="tenant_a",
+        registry=CollectorRegistry(),
+        spill_path=spill,
+        dead_letter={"drain_timeout": 0},  # closed without trying the store again
+    )
     async with a:
         await a.save_memory_state("a-key", {"owner": "tenant_a"})
         assert controller(a).dead_letters is not None

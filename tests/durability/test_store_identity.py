@@ -244,7 +244,12 @@ async def test_an_explicit_shared_path_keeps_applications_apart(tmp_path: Path) 
     spill = str(tmp_path / "shared.sqlite")
     a_backend = _CustomStore()
     down = FaultyStore(a_backend, FaultPlan.always(Fault.error_before(ConnectionRefusedError)))
-    a = guard(down, registry=CollectorRegistry(), spill_path=spill, dead_letter={"application": "app-a"})
+    a = guard(
+        down,
+        registry=CollectorRegistry(),
+        spill_path=spill,
+        dead_letter={"application": "app-a", "drain_timeout": 0},  # closed without trying the store again
+    )
     async with a:
         await a.save_memory_state("a-key", {"owner": "app-a"})
     b_backend = _CustomStore()

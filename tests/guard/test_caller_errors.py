@@ -322,7 +322,14 @@ class HangingStore(InMemoryStateStore):
 async def test_strict_mode_still_degrades_on_store_failures() -> None:
     """The suite runs strict (tests/conftest.py): outages must look as in production."""
     registry = CollectorRegistry()
-    store = guard(HangingStore(), registry=registry, strict=True, timeout=0.2, retries=1)
+    store = guard(
+        HangingStore(),
+        registry=registry,
+        strict=True,
+        timeout=0.2,
+        retries=1,
+        dead_letter={"drain_timeout": 0},  # closed without waiting for the hanging store again
+    )
     async with store:
         loop = asyncio.get_running_loop()
         started = loop.time()

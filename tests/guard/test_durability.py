@@ -34,10 +34,18 @@ RECOVERED = FaultPlan()
 BEGIN = datetime(2026, 11, 21, tzinfo=UTC)
 
 
-def durable(path: Path | None = None, *, batch_delay: float = 0.001, **fields: Any) -> Any:
+def durable(
+    path: Path | None = None,
+    *,
+    batch_delay: float = 0.001,
+    drain_timeout: float = DeadLetterConfig().drain_timeout,
+    **fields: Any,
+) -> Any:
     return fast_config(
         batching=BatchConfig(max_delay=batch_delay),
-        dead_letter=DeadLetterConfig(path=str(path) if path else None, replay_rate=10_000),
+        dead_letter=DeadLetterConfig(
+            path=str(path) if path else None, replay_rate=10_000, drain_timeout=drain_timeout
+        ),
         stale=StaleConfig(),
         **fields,
     )
@@ -244,9 +252,7 @@ async def test_bad_data_is_parked_with_its_reason_and_not_retried() -> None:
 @pytest.mark.asyncio
 async def test_close_keeps_what_it_could_not_drain_and_the_next_process_replays_it(tmp_path: Path) -> None:
     spill = tmp_path / "dlq-{name}.sqlite"
-    store, backend, injector, _ = guarded_faulty(
-        spill,
-    )
+    store, backend, injector, _ = guarded_faulty(spill, drain_timeout=0.5)  # the close tries, briefly
     injector.plan = OUTAGE
     await store.save_memory_state("k", {"v": 1})
     for index in range(3):

@@ -289,7 +289,11 @@ async def test_writes_held_in_the_dead_letter_buffer_read_back_as_penguiflows_cl
     writes_down = FaultPlan.always(
         Fault.error_before(ConnectionRefusedError), methods={"save_task", "save_update", "save_updates"}
     )
-    async with guard(FaultyStore(backend, writes_down), registry=CollectorRegistry()) as store:
+    async with guard(
+        FaultyStore(backend, writes_down),
+        registry=CollectorRegistry(),
+        dead_letter={"drain_timeout": 0},  # closed without trying the refusing store again
+    ) as store:
         await store.save_task(task())
         await store.save_update(update())
         await controller(store).flush()

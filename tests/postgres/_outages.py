@@ -25,7 +25,7 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -367,6 +367,76 @@ async def drain_all(store: Any, seconds: float = 30.0) -> int:
         if remaining == 0 or loop.time() >= end:
             return remaining
         await asyncio.sleep(0.05)
+
+
+async def wait_for(condition: Callable[[], bool], seconds: float = 30.0) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``seconds``."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while not condition():
+        if loop.time() > end:
+            raise AssertionError(f"condition not met within {seconds}s")
+        await asyncio.sleep(0.005)
+
+
+def reached(ledger: Ledger, calls: float) -> Callable[[], bool]:
+    """Whether the workload has made ``calls`` calls."""
+    return lambda: ledger.calls >= calls
+
+
+def assert_stored_exactly(expected: Ledger, found: Ledger) -> None:
+    assert differences(expected, found) == {}
+
+
+# --- a workload through an outage -----------------------------------------------------------------
+
+
+def start_workload(store: Any, *, workers: int, per_worker: int) -> tuple[Ledger, asyncio.Task[None]]:
+    """The ledger of a :func:`run_workers` workload (writes 0.01 s apart) and its running task."""
+    ledger = Ledger()
+    work = asyncio.create_task(run_workers(store, ledger, workers=workers, per_worker=per_worker, pause=0.01))
+    return ledger, work
+
+
+async def assert_all_kept(
+    store: Any, ledger: Ledger, dsn: str, schema: str, *, workers: int, per_worker: int
+) -> None:
+    """Drain what the guard holds and close it; then every write of the workload was acknowledged
+    and PostgreSQL holds exactly what the ledger recorded."""
+    assert await drain_all(store) == 0
+    await controller(store).aclose()
+    assert ledger.parts() == expected_ledger(workers, per_worker).parts()
+    assert_stored_exactly(ledger, await read_back(dsn, schema))
+
+
+# --- calls against a stalled server ---------------------------------------------------------------
+
+Timing = tuple[str, float, str]
+"""A call's kind, the seconds it took and its outcome (``ok`` or the class of what it raised)."""
+
+
+async def two_rounds_then_close(
+    store: Any, calls: Sequence[tuple[str, Callable[[Any], Awaitable[Any]]]]
+) -> tuple[list[Timing], float]:
+    """Make ``calls`` on ``store`` twice (each round all at once), timing each, then close the
+    guard; returns the timings and the seconds the close took."""
+    loop = asyncio.get_running_loop()
+    timings: list[Timing] = []
+
+    async def timed(kind: str, call: Callable[[Any], Awaitable[Any]]) -> None:
+        started = loop.time()
+        outcome = "ok"
+        try:
+            await call(store)
+        except Exception as exc:
+            outcome = type(exc).__name__
+        timings.append((kind, loop.time() - started, outcome))
+
+    for _ in range(2):
+        await asyncio.gather(*(timed(kind, call) for kind, call in calls))
+    started = loop.time()
+    await controller(store).aclose()
+    return timings, loop.time() - started
 
 
 # --- the crash subprocess -------------------------------------------------------------------------

@@ -205,9 +205,10 @@ async def test_recovery_ends_with_the_grace_period(make_store: StoreFactory) -> 
 async def test_resumes_that_timed_out_leave_each_pause_to_exactly_one_later_resume(
     make_store: StoreFactory, pg_dsn: str, schema_name: str, raw: asyncpg.Connection
 ) -> None:
-    """Finding 1 as written: planner_pauses locked for 6 s so 10 resumes time out (each returns
-    ``None``); 10 s later 4 concurrent resumes per token: exactly one of them gets each payload
-    (before the fix: all 4, the timed-out resume's key being reused by every later resume)."""
+    """Finding 1: planner_pauses locked for 6 s so 10 resumes time out (each returns ``None``);
+    once the lock is gone and the statements left behind it have run (2 s later: the finding waited
+    10 s, which proves nothing more), 4 concurrent resumes per token: exactly one of them gets each
+    payload (before the fix: all 4, the timed-out resume's key being reused by every later resume)."""
     backend = await make_store(pool=POOL)
     store = guarded(backend)
     tokens = [f"pause-{index}" for index in range(TOKENS)]
@@ -221,7 +222,7 @@ async def test_resumes_that_timed_out_leave_each_pause_to_exactly_one_later_resu
         assert timed_out == [None] * TOKENS
         assert controller(store).stats()[("load_planner_state", "timeout")] == TOKENS
         await asyncio.sleep(max(0.0, locked_at + 6.0 - loop.time()))
-    await asyncio.sleep(10.0)
+    await asyncio.sleep(2.0)
 
     results = await resume_concurrently(store, tokens)
     assert delivered(results) == Counter({token: 1 for token in tokens})

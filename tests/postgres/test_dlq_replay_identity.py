@@ -25,7 +25,12 @@ async def _held_for(make_store: StoreFactory, schema: str, spill: Path) -> str:
     down = FaultyStore(
         store, FaultPlan.always(Fault.error_before(ConnectionRefusedError), methods={"save_memory_state"})
     )
-    guarded_store = guard(down, registry=CollectorRegistry(), spill_path=str(spill), timeout=0.3)
+    guarded_store = guard(
+        down,
+        registry=CollectorRegistry(),
+        timeout=0.3,
+        dead_letter={"path": str(spill), "drain_timeout": 0},  # closed without trying the store again
+    )
     async with guarded_store:
         await guarded_store.save_memory_state("tenant_x:key", {"owner": "tenant_x"})
         buffer = controller(guarded_store).dead_letters

@@ -16,6 +16,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+import pytest_asyncio
 
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
 from guarded.backends.postgres.connection import Connection
@@ -59,10 +60,16 @@ async def _eventually(condition: Any, what: str, seconds: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.asyncio
-async def test_a_clean_call_releases_its_connection_without_a_task(make_store: StoreFactory) -> None:
+@pytest_asyncio.fixture
+async def store(make_store: StoreFactory) -> PostgresStateStore:
+    """A store of one pooled connection, holding the memory state ``k``."""
     store = await make_store(pool=PoolSettings(min_size=1, max_size=1))
     await store.save_memory_state("k", {"v": 1})
+    return store
+
+
+@pytest.mark.asyncio
+async def test_a_clean_call_releases_its_connection_without_a_task(store: PostgresStateStore) -> None:
     with TaskCount() as tasks:
         for _ in range(20):
             assert await store.load_memory_state("k") == {"v": 1}
@@ -99,12 +106,8 @@ async def test_expired_connections_are_replaced_after_release_in_place(
     await _eventually(gone, "the expired connection was closed")
 
 
-@pytest.mark.asyncio
-async def test_a_transaction_left_open_is_rolled_back_on_release(
-    make_store: StoreFactory, raw: asyncpg.Connection
-) -> None:
-    store = await make_store(pool=PoolSettings(min_size=1, max_size=1))
-    await store.save_memory_state("k", {"v": 1})
+async def _delete_in_a_transaction_left_open(store: PostgresStateStore) -> str:
+    """Delete every memory state in a transaction the operation leaves open; the table's name."""
     table = f'"{store.schema}".memory_states'
 
     async def leave_open(conn: Connection) -> None:
@@ -112,6 +115,14 @@ async def test_a_transaction_left_open_is_rolled_back_on_release(
         await conn.execute(f"DELETE FROM {table}")
 
     await store._db.run(leave_open)
+    return table
+
+
+@pytest.mark.asyncio
+async def test_a_transaction_left_open_is_rolled_back_on_release(
+    store: PostgresStateStore, raw: asyncpg.Connection
+) -> None:
+    table = await _delete_in_a_transaction_left_open(store)
 
     async def in_transaction(conn: Connection) -> bool:
         return conn.is_in_transaction()
@@ -119,3 +130,35 @@ async def test_a_transaction_left_open_is_rolled_back_on_release(
     assert not await store._db.run(in_transaction)
     assert await store.load_memory_state("k") == {"v": 1}
     assert await raw.fetchval(f"SELECT count(*) FROM {table}") == 1
+
+
+class PublicPool:
+    """An asyncpg pool seen through its public interface only: every private attribute the release
+    in place reads is missing, as in an asyncpg whose internals are not the ones it was written for."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.pool, name)
+
+
+@pytest.mark.asyncio
+async def test_without_asyncpg_internals_a_release_takes_the_pool_s_own_path(
+    store: PostgresStateStore, raw: asyncpg.Connection
+) -> None:
+    pool = store.pool
+    store._db._pool = PublicPool(pool)  # type: ignore[assignment]
+    try:
+        with TaskCount() as tasks:
+            for _ in range(20):  # one connection: a release that did not give it back would hang
+                assert await asyncio.wait_for(store.load_memory_state("k"), 10) == {"v": 1}
+        assert tasks.created >= 20  # each release ran in the task Pool.release() starts
+        assert pool.get_idle_size() == 1
+        table = await _delete_in_a_transaction_left_open(store)
+        assert await store.load_memory_state("k") == {"v": 1}  # rolled back on release
+        assert await raw.fetchval(f"SELECT count(*) FROM {table}") == 1
+    finally:
+        store._db._pool = pool

@@ -7,7 +7,6 @@ waiting for a pool connection included, and ``aclose()`` within ``dead_letter.dr
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,10 @@ from prometheus_client import CollectorRegistry
 from backends.postgres import PostgresStateStore
 from backends.postgres.connection import PoolSettings
 from guarded.config import DeadLetterConfig, GuardConfig, TimeoutConfig
-from guarded.guard import controller, guard
+from guarded.guard import guard
 from guarded.testing.postgres import EmbeddedPostgres, embedded_postgres
 from tests.durability._support import Stall, thaw
-from tests.postgres._outages import write_call
+from tests.postgres._outages import two_rounds_then_close, write_call
 
 DEADLINE = 1.0
 DRAIN = 1.0
@@ -69,26 +68,10 @@ async def test_every_call_keeps_its_deadline_on_a_stalled_server(
     store = guard(backend, config=config, registry=CollectorRegistry())
     # Warm up: the pool has its connection, the schema is there.
     await store.save_memory_state("warm", {"x": 1})
-    loop = asyncio.get_running_loop()
-    durations: list[tuple[str, float, str]] = []
-
-    async def timed(kind: str, call: Callable[[Any], Awaitable[Any]]) -> None:
-        started = loop.time()
-        outcome = "ok"
-        try:
-            await call(store)
-        except Exception as exc:
-            outcome = type(exc).__name__
-        durations.append((kind, loop.time() - started, outcome))
-
     stall = Stall(stalled_server)
     try:
         stall.stop()
-        await asyncio.gather(*(timed(kind, call) for kind, call in calls()))
-        await asyncio.gather(*(timed(kind, call) for kind, call in calls()))  # a second round
-        started = loop.time()
-        await controller(store).aclose()
-        closed_in = loop.time() - started
+        durations, closed_in = await two_rounds_then_close(store, calls())
     finally:
         stall.resume()
     longest = max(took for _, took, _ in durations)

@@ -13,30 +13,28 @@ tests/postgres/test_outages.py:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
 from guarded.config import DeadLetterConfig, GuardConfig, TimeoutConfig
-from guarded.guard import controller, guard
+from guarded.guard import guard
 from guarded.testing.pgbouncer import PgBouncer, pgbouncer
 from guarded.testing.postgres import EmbeddedPostgres
 from tests.support.metrics import outcome_counts as outcomes
 
 from .._outages import (
-    Ledger,
-    drain_all,
-    expected_ledger,
+    assert_all_kept,
     outage_config,
     pool_settings,
-    read_back,
-    run_workers,
+    reached,
+    start_workload,
+    two_rounds_then_close,
+    wait_for,
 )
-from ..test_outages import assert_stored_exactly, reached, wait_for
 from ..test_stalled_deadlines import DEADLINE, DRAIN, SLACK, calls
 
 
@@ -71,8 +69,7 @@ async def test_a_pgbouncer_restart_in_the_middle_of_a_workload_loses_nothing(
         registry=registry,
         config=outage_config(tmp_path / "dlq.sqlite"),
     )
-    ledger = Ledger()
-    work = asyncio.create_task(run_workers(store, ledger, workers=workers, per_worker=per_worker, pause=0.01))
+    ledger, work = start_workload(store, workers=workers, per_worker=per_worker)
 
     await wait_for(reached(ledger, calls_made // 3))
     await asyncio.to_thread(own_bouncer.stop)
@@ -89,10 +86,8 @@ async def test_a_pgbouncer_restart_in_the_middle_of_a_workload_loses_nothing(
     assert counts["dead_lettered"] > 0  # the restart was felt ...
     assert set(counts) <= {"ok", "retried", "dead_lettered"}
 
-    assert await drain_all(store) == 0  # ... and every held write replayed through the new PgBouncer
-    await controller(store).aclose()
-    assert ledger.parts() == expected_ledger(workers, per_worker).parts()
-    assert_stored_exactly(ledger, await read_back(direct_dsn, schema_name))
+    # ... and every held write replayed through the new PgBouncer
+    await assert_all_kept(store, ledger, direct_dsn, schema_name, workers=workers, per_worker=per_worker)
 
 
 @pytest.mark.asyncio
@@ -106,25 +101,9 @@ async def test_every_call_keeps_its_deadline_through_a_stalled_pgbouncer(
     )
     store = guard(backend, config=config, registry=CollectorRegistry())
     await store.save_memory_state("warm", {"x": 1})  # the pool has its connection, the schema is there
-    loop = asyncio.get_running_loop()
-    durations: list[tuple[str, float, str]] = []
-
-    async def timed(kind: str, call: Callable[[Any], Awaitable[Any]]) -> None:
-        started = loop.time()
-        outcome = "ok"
-        try:
-            await call(store)
-        except Exception as exc:
-            outcome = type(exc).__name__
-        durations.append((kind, loop.time() - started, outcome))
-
     own_bouncer.stall()
     try:
-        await asyncio.gather(*(timed(kind, call) for kind, call in calls()))
-        await asyncio.gather(*(timed(kind, call) for kind, call in calls()))  # a second round
-        started = loop.time()
-        await controller(store).aclose()
-        closed_in = loop.time() - started
+        durations, closed_in = await two_rounds_then_close(store, calls())
     finally:
         own_bouncer.resume()
     assert max(took for _, took, _ in durations) > DEADLINE / 2, "the stall was not felt"
