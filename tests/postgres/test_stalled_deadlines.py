@@ -24,8 +24,10 @@ from tests.postgres._outages import two_rounds_then_close, write_call
 
 DEADLINE = 1.0
 DRAIN = 1.0
-SLACK = 0.3
-"""A loaded 2-core machine: the event loop itself may run this late."""
+SLACK = 0.75
+"""A loaded 2-core machine: the event loop itself may run this late. A full garbage collection of
+the whole suite's heap (about 600,000 objects) stops the process for 0.7 s at rest and more under
+load; the stall the deadline cuts lasts until the test resumes the server, seconds later."""
 
 
 @pytest.fixture(scope="module")
