@@ -18,7 +18,15 @@ from typing import Any, Generic, TypeVar
 
 from .. import models
 from ..errors import InvalidPayloadError
-from .json_values import JSONObject, JSONValue, NotPlain, check_text, plain_copy, to_json_object, to_json_value
+from .json_values import (
+    JSONObject,
+    JSONValue,
+    NotPlain,
+    check_text,
+    plain_copy,
+    to_json_object,
+    to_json_value,
+)
 
 T = TypeVar("T")
 
@@ -304,7 +312,9 @@ NUMBER = FieldKind(_encode_number, _decode_number, _quick_encode_number, _quick_
 BOOL = FieldKind(_encode_bool, _decode_bool, _quick_encode_bool, _quick_decode_bool)
 DATETIME = FieldKind(_encode_datetime, _decode_datetime, _quick_encode_datetime, _quick_decode_datetime)
 JSON = FieldKind(to_json_value, _same, _quick_encode_json, _quick_same)
-JSON_OBJECT = FieldKind(to_json_object, _decode_json_object, _quick_encode_json_object, _quick_decode_json_object)
+JSON_OBJECT = FieldKind(
+    to_json_object, _decode_json_object, _quick_encode_json_object, _quick_decode_json_object
+)
 
 
 def optional(kind: FieldKind) -> FieldKind:
@@ -406,7 +416,8 @@ class RecordCodec(Generic[T]):
         self.quick_decoders: tuple[_QuickDecoder, ...] | None = (
             tuple(decoders) if all(quick is not None for _, quick, _ in decoders) else None  # type: ignore[misc]
         )
-        """Each field's name, quick decoder and whether it has a default, or ``None`` when a field has none."""
+        """Each field's name, quick decoder and whether it has a default (``None``: a field has no
+        quick decoder)."""
 
     def encode(self, record: Any, path: str = "") -> JSONObject:
         """Return the JSON object for ``record`` (ours, PenguiFlow's, or any object with the attributes)."""
