@@ -37,7 +37,6 @@ what the C encoder writes there (:mod:`guarded.codec.json_text` says why and whe
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -50,6 +49,7 @@ from guarded.codec import (
     float_argument,
     optional_text_argument,
     orjson_ready,
+    parse_json,
     refusing,
     text_argument,
     to_json_value,
@@ -64,8 +64,8 @@ NULL_KEY = SENTINEL
 """A value no escaped string can equal (a lone trailing sentinel): stands for ``None`` in key columns."""
 _UNESCAPE = re.compile("\ue000([\ue001\ue002])")
 
-loads_json = json.loads
-"""Decode a ``json`` column (a ``str``)."""
+loads_json = parse_json
+"""Decode a ``json`` column (a ``str``): ``json.loads``, faster (:func:`guarded.codec.parse_json`)."""
 
 
 # --- text columns ----------------------------------------------------------------------------------
