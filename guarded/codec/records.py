@@ -158,7 +158,7 @@ def _encode_int(value: Any, path: str) -> JSONValue:
 
 def _quick_encode_int(value: Any) -> JSONValue:
     if type(value) is int and -_QUICK_INT_LIMIT < value < _QUICK_INT_LIMIT:
-        return value  # type: ignore[no-any-return]
+        return value
     raise NotPlain
 
 
@@ -193,7 +193,7 @@ def _encode_bool(value: Any, path: str) -> JSONValue:
 
 def _quick_encode_bool(value: Any) -> JSONValue:
     if type(value) is bool:
-        return value  # type: ignore[no-any-return]
+        return value
     raise NotPlain
 
 
@@ -407,14 +407,20 @@ class RecordCodec(Generic[T]):
     def __init__(self, name: str, *fields_: Field) -> None:
         self.name = name
         self.fields = fields_
-        encoders = [(field.name, field.kind.quick_encode) for field in fields_]
-        decoders = [(field.name, field.kind.quick_decode, field.has_default) for field in fields_]
+        encoders = [
+            (field.name, field.kind.quick_encode) for field in fields_ if field.kind.quick_encode is not None
+        ]
+        decoders = [
+            (field.name, field.kind.quick_decode, field.has_default)
+            for field in fields_
+            if field.kind.quick_decode is not None
+        ]
         self.quick_encoders: tuple[_QuickEncoder, ...] | None = (
-            tuple(encoders) if all(quick is not None for _, quick in encoders) else None  # type: ignore[misc]
+            tuple(encoders) if len(encoders) == len(fields_) else None
         )
         """Each field's name and quick encoder, or ``None`` when a field has none."""
         self.quick_decoders: tuple[_QuickDecoder, ...] | None = (
-            tuple(decoders) if all(quick is not None for _, quick, _ in decoders) else None  # type: ignore[misc]
+            tuple(decoders) if len(decoders) == len(fields_) else None
         )
         """Each field's name, quick decoder and whether it has a default (``None``: a field has no
         quick decoder)."""
