@@ -17,7 +17,6 @@ differently (:data:`ORJSON_AGREES`).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
@@ -129,8 +128,20 @@ infinity, ``TypeError`` for what JSON cannot carry)."""
 canonical_json = _make_encoder(_c_canonical, orjson.OPT_SORT_KEYS)
 """:data:`compact_json` with the keys of every object sorted: one text per value (an identity)."""
 
-_LONG_DIGITS = re.compile("[0-9]{19}")
-_LONG_DIGIT_BYTES = re.compile(b"[0-9]{19}")
+_HUGE = 2.0**63
+"""``orjson`` reads an integer beyond 64 bits as a float of at least this magnitude."""
+
+
+def _holds_huge_float(value: dict[str, Any] | list[Any]) -> bool:
+    """Whether a float of magnitude :data:`_HUGE` or more is anywhere in ``value`` (a parsed tree)."""
+    for item in value.values() if type(value) is dict else value:
+        kind = type(item)
+        if kind is float:
+            if not -_HUGE < item < _HUGE:
+                return True
+        elif (kind is dict or kind is list) and _holds_huge_float(item):
+            return True
+    return False
 
 
 def _orjson_parses_alike() -> bool:
@@ -152,22 +163,25 @@ _ORJSON_PARSES_ALIKE = _orjson_parses_alike()
 def parse_json(text: str | bytes) -> Any:
     """``json.loads(text)``: the same value, or the same error, faster.
 
-    ``orjson`` reads a ``str`` or ``bytes`` text without a run of 19 digits (an integer beyond 64
-    bits, which ``orjson`` reads as a float, has one; so has a float written with that many digits):
-    what it reads, it reads as ``json.loads`` does (the same floats, last of duplicate keys wins).
-    What it refuses and ``json.loads`` takes (NaN and infinities, numbers beyond a float's range,
-    lone surrogates, a byte order mark, UTF-16 or UTF-32 bytes, deeper nesting) and every error
-    goes to ``json.loads``.
+    ``orjson`` reads the text; what it reads, it reads as ``json.loads`` does (the same floats, the
+    last of duplicate keys wins), except an integer beyond 64 bits, which it reads as a float: a
+    result holding a float of that magnitude is read again by ``json.loads``. What ``orjson``
+    refuses and ``json.loads`` takes (NaN and infinities, numbers beyond a float's range, lone
+    surrogates, a byte order mark, UTF-16 or UTF-32 bytes, deeper nesting), and every error, goes
+    to ``json.loads``.
     """
-    kind = type(text)
-    if _ORJSON_PARSES_ALIKE and (
-        (kind is str and _LONG_DIGITS.search(text) is None)  # type: ignore[arg-type]
-        or (kind is bytes and _LONG_DIGIT_BYTES.search(text) is None)  # type: ignore[arg-type]
-    ):
+    if _ORJSON_PARSES_ALIKE and (type(text) is str or type(text) is bytes):
         try:
-            return orjson.loads(text)
+            value = orjson.loads(text)
         except orjson.JSONDecodeError:
             pass
+        else:
+            kind = type(value)
+            if kind is dict or kind is list:
+                if not _holds_huge_float(value):
+                    return value
+            elif kind is not float or -_HUGE < value < _HUGE:
+                return value
     return json.loads(text)
 
 
