@@ -132,9 +132,11 @@ _HUGE = 2.0**63
 """``orjson`` reads an integer beyond 64 bits as a float of at least this magnitude."""
 
 
-def _holds_huge_float(value: dict[str, Any] | list[Any]) -> bool:
-    """Whether a float of magnitude :data:`_HUGE` or more is anywhere in ``value`` (a parsed tree)."""
-    for item in value.values() if type(value) is dict else value:
+def _holds_huge_float(value: Any) -> bool:
+    """Whether a float of magnitude :data:`_HUGE` or more is anywhere in ``value`` (a parsed
+    ``dict`` or ``list``)."""
+    items: Any = value.values() if type(value) is dict else value
+    for item in items:
         kind = type(item)
         if kind is float:
             if not -_HUGE < item < _HUGE:
