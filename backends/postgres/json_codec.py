@@ -29,32 +29,27 @@ unserialisable objects -- goes through the strict codec :func:`guarded.codec.to_
 which accepts what is storable and refuses the rest with
 :class:`~guarded.errors.InvalidPayloadError` naming the field path, before any I/O.
 
-**Events** (:func:`orjson_ready`, used by :func:`~guarded.backends.postgres.event_log.encode_event`)
-have a faster path still: when the walk also finds every float in ``[1e-4, 1e16)`` (or zero),
-``orjson`` writes the text, 4 to 8 times faster than the C encoder and byte for byte what it
-writes there: the same escapes (``ensure_ascii=False``: only ``"``, ``\\`` and control
-characters), the same shortest float digits, the same sorted key order (code points), the same
-integers (``orjson`` refuses those beyond 64 bits: the C encoder takes them). Outside that float
-range ``float.__repr__`` switches to exponent notation at bounds some ``orjson`` versions do not
-share, and NaN would become ``null``: such payloads, and anything ``orjson`` refuses (integers
-beyond 64 bits, lone surrogates, nesting beyond 255 levels), go the C encoder's way. A probe at
-import turns the ``orjson`` path off if the installed version writes the probe values differently.
+**Events** (:func:`~guarded.codec.orjson_ready`, used by
+:func:`~guarded.backends.postgres.event_log.encode_event`) have a faster path still: when the walk
+also finds every float in ``[1e-4, 1e16)`` (or zero), ``orjson`` writes the text, byte for byte
+what the C encoder writes there (:mod:`guarded.codec.json_text` says why and when).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import orjson
-
 from guarded.codec import (
+    ORJSON_AGREES,
     canonical_json,
     compact_json,
+    fixed_float,
     float_argument,
     optional_text_argument,
+    orjson_ready,
+    parse_json,
     refusing,
     text_argument,
     to_json_value,
@@ -69,8 +64,8 @@ NULL_KEY = SENTINEL
 """A value no escaped string can equal (a lone trailing sentinel): stands for ``None`` in key columns."""
 _UNESCAPE = re.compile("\ue000([\ue001\ue002])")
 
-loads_json = json.loads
-"""Decode a ``json`` column (a ``str``)."""
+loads_json = parse_json
+"""Decode a ``json`` column (a ``str``): ``json.loads``, faster (:func:`guarded.codec.parse_json`)."""
 
 
 # --- text columns ----------------------------------------------------------------------------------
@@ -144,65 +139,6 @@ def is_plain_json(value: Any) -> bool:
                 return False
         return True
     return kind in _SCALARS
-
-
-_MIN_FIXED = 1e-4
-_ORJSON_SCALARS = frozenset({str, int, bool, type(None)})
-_MAX_FIXED = 1e16
-
-
-def fixed_float(value: float) -> bool:
-    """Whether ``float.__repr__`` writes ``value`` without an exponent (``orjson`` then writes
-    the same text): zero, or a magnitude in ``[1e-4, 1e16)``. False for NaN and infinities."""
-    return _MIN_FIXED <= abs(value) < _MAX_FIXED or value == 0.0
-
-
-def orjson_ready(value: dict[str, Any]) -> bool:
-    """Whether ``orjson`` writes the ``dict`` ``value`` exactly as the C encoder would.
-
-    :func:`is_plain_json` (exact types, ``str`` keys) that also requires every float to pass
-    :func:`fixed_float`. ``orjson`` may still refuse the value (an integer beyond 64 bits, a lone
-    surrogate, nesting beyond 255 levels): callers catch :class:`orjson.JSONEncodeError`.
-    """
-    # The usual scalars are tested inline: a call per item would cost more than the test.
-    scalars = _ORJSON_SCALARS
-    for key, item in value.items():
-        if type(key) is not str or not (type(item) in scalars or _orjson_ready_other(item)):
-            return False
-    return True
-
-
-def _orjson_ready_other(item: Any) -> bool:
-    """:func:`orjson_ready` of a value that is not one of the plain scalars."""
-    kind = type(item)
-    if kind is float:
-        magnitude: float = abs(item)
-        return _MIN_FIXED <= magnitude < _MAX_FIXED or magnitude == 0.0
-    if kind is dict:
-        return orjson_ready(item)
-    if kind is not list:
-        return False
-    scalars = _ORJSON_SCALARS
-    return all(type(element) in scalars or _orjson_ready_other(element) for element in item)
-
-
-def _orjson_agrees() -> bool:
-    """Whether the installed ``orjson`` writes the probe values as the C encoder does."""
-    probe = {
-        "b": [0.0, -0.0, 1e-4, 0.00012345, 0.1, 1.5, 1e15, 9999999999999998.0, 1702857600.001],
-        "a": ["", 'é\u2028🐧\x00\x1f\x7f"\\/\ue000', 2**63, -(2**63), 2**64 - 1, True, None],
-        "é": {"z": {}, "E": [], "e": 1},
-    }
-    try:
-        return orjson.dumps(probe).decode() == _dumps(probe) and orjson.dumps(
-            probe, option=orjson.OPT_SORT_KEYS
-        ).decode() == _canonical_dumps(probe)
-    except orjson.JSONEncodeError:  # pragma: no cover - a much older orjson
-        return False
-
-
-ORJSON_AGREES = _orjson_agrees()
-"""Whether :func:`orjson_ready` values may be written by ``orjson`` (checked once, at import)."""
 
 
 def _fast(value: Any, encode: Callable[[Any], str]) -> str | None:

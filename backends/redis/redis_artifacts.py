@@ -22,7 +22,6 @@ store's advisory locks have no cluster-wide equivalent here); the next put evict
 from __future__ import annotations
 
 import builtins
-import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -33,7 +32,7 @@ from guarded.backend import (
     prepare_artifact_put,
     ref_groups,
 )
-from guarded.codec import ARTIFACT_REF, ARTIFACT_SCOPE, RecordTypes, refusing, text_argument
+from guarded.codec import ARTIFACT_REF, ARTIFACT_SCOPE, RecordTypes, parse_json, refusing, text_argument
 from guarded.errors import InvalidPayloadError
 from guarded.models import ArtifactRetentionConfig
 
@@ -204,7 +203,7 @@ class RedisArtifactStore:
             await self._store.acknowledged(("ZADD", index, "XX", order, artifact_id))
 
     def _groups_of(self, ref_text: Any) -> tuple[GroupLimit, GroupLimit]:
-        session, trace = ref_groups(json.loads(ref_text))
+        session, trace = ref_groups(parse_json(ref_text))
         return GroupLimit.session(session, self._retention), GroupLimit.trace(trace, self._retention)
 
     async def _remove(self, artifact_id: str) -> bool:
@@ -277,7 +276,7 @@ class RedisArtifactStore:
         for (ref_text,) in await pipe.execute():
             if ref_text is None:
                 continue
-            data = json.loads(ref_text)
+            data = parse_json(ref_text)
             ref_scope = data.get("scope") or {}
             if all(ref_scope.get(name) == value for name, value in wanted.items()):
                 found.append(data)
@@ -285,7 +284,7 @@ class RedisArtifactStore:
         return [ARTIFACT_REF.decode(data, self._store.types) for data in found]
 
     def _decode_ref(self, ref_text: Any) -> Any:
-        return ARTIFACT_REF.decode(json.loads(ref_text), self._store.types)
+        return ARTIFACT_REF.decode(parse_json(ref_text), self._store.types)
 
 
 __all__ = ["GROUPS", "ArtifactHost", "RedisArtifactStore"]

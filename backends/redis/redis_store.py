@@ -43,7 +43,6 @@ refused before any I/O) comes from redis-py and is for the guard to classify
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Sequence
 from datetime import datetime
 from time import time as wall_clock
@@ -81,6 +80,7 @@ from guarded.codec import (
     encode_trajectory,
     event_fingerprint,
     installed_types,
+    parse_json,
     refusing,
 )
 from guarded.codec import float_argument as finite
@@ -389,7 +389,7 @@ class RedisStateStore:
         rows = sorted(
             ((float(fields["ts"]), index, fields["d"]) for index, (_, fields) in enumerate(_entries(entries)))
         )
-        return [_decode(STORED_EVENT, json.loads(doc), self.types) for _, _, doc in rows]
+        return [_decode(STORED_EVENT, parse_json(doc), self.types) for _, _, doc in rows]
 
     # ------------------------------------------------------------------------------------------------
     # Remote bindings
@@ -479,7 +479,7 @@ class RedisStateStore:
         for doc, terminal, router in await pipe.execute():
             if doc is None or decoded(router) != "v" + router_session_id:
                 continue
-            found.append((json.loads(doc), decoded(terminal) == "1"))
+            found.append((parse_json(doc), decoded(terminal) == "1"))
         return found
 
     def _binding(self, data: dict[str, Any], terminal: bool) -> Any:
@@ -645,7 +645,7 @@ class RedisStateStore:
         if found is None or found is False:
             return None
         self.sampling.pause_consumed()
-        payload: dict[str, Any] = json.loads(found)
+        payload: dict[str, Any] = parse_json(found)
         return payload
 
     # ------------------------------------------------------------------------------------------------
@@ -702,7 +702,7 @@ class RedisStateStore:
         found = await self._client.hget(record, "state")
         if found is None:
             return None
-        state: dict[str, Any] = json.loads(found)
+        state: dict[str, Any] = parse_json(found)
         return state
 
     async def list_memory_keys(self, session_id: str) -> list[str]:
@@ -783,7 +783,7 @@ class RedisStateStore:
         for member in members:
             pipe.hmget(self.keys.task(decoded(member)), "session", "doc")
         return [
-            _decode(TASK_STATE, json.loads(doc), self.types)
+            _decode(TASK_STATE, parse_json(doc), self.types)
             for stored_session, doc in await pipe.execute()
             if doc is not None and decoded(stored_session) == session
         ]
@@ -858,7 +858,7 @@ class RedisStateStore:
             if task is not None:
                 entries = [entry for entry in entries if entry[1]["task"] == task]
             entries = entries[-limit:]
-        return [_decode(codec, json.loads(fields["d"]), self.types) for _, fields in entries]
+        return [_decode(codec, parse_json(fields["d"]), self.types) for _, fields in entries]
 
     async def list_updates(
         self, session_id: str, *, task_id: str | None = None, since_id: str | None = None, limit: int = 500
@@ -958,7 +958,7 @@ class RedisStateStore:
         stored_session, doc = await self._client.hmget(self.keys.trajectory(trace), "session", "doc")
         if doc is None or decoded(stored_session) != session:
             return None
-        return decode_trajectory(json.loads(doc))
+        return decode_trajectory(parse_json(doc))
 
     async def list_traces(self, session_id: str, limit: int = 50) -> list[str]:
         """Trace ids ever saved under the session, most recently saved there first (PenguiFlow's
@@ -982,7 +982,7 @@ class RedisStateStore:
     def _encode_planner_event(self, trace_id: Any, event: Any) -> tuple[str, str]:
         trace = text(trace_id, "trace_id")
         _, doc = record_text(lambda: PLANNER_EVENT.encode(event), self.settings.max_value_bytes, "event")
-        finite(json.loads(doc).get("ts"), "event.ts")
+        finite(parse_json(doc).get("ts"), "event.ts")
         return trace, doc
 
     async def save_planner_event(self, trace_id: str, event: Any) -> None:
@@ -1033,7 +1033,7 @@ class RedisStateStore:
             trace = text(trace_id, "trace_id")
         stream, _ = self.keys.planner_events(trace)
         entries = _entries(await self._client.xrange(stream))
-        return [_decode(PLANNER_EVENT, json.loads(fields["d"]), self.types) for _, fields in entries]
+        return [_decode(PLANNER_EVENT, parse_json(fields["d"]), self.types) for _, fields in entries]
 
 
 def _call_keys(count: int) -> list[str]:

@@ -8,7 +8,7 @@ never by content (``payload[key #0 (str)][3]``).
 
 from .arguments import float_argument, item_arguments, optional_text_argument, refusing, text_argument
 from .event_identity import event_fingerprint
-from .json_text import canonical_json, compact_json
+from .json_text import ORJSON_AGREES, canonical_json, compact_json, fixed_float, orjson_ready, parse_json
 from .json_values import JSONObject, JSONValue, check_text, key_path, to_json_object, to_json_value
 from .records import (
     ARTIFACT_REF,
@@ -41,6 +41,7 @@ __all__ = [
     "ARTIFACT_SCOPE",
     "CODECS",
     "DEFAULT_TYPES",
+    "ORJSON_AGREES",
     "PLANNER_EVENT",
     "REMOTE_BINDING",
     "STATE_UPDATE",
@@ -62,11 +63,14 @@ __all__ = [
     "encode",
     "encode_trajectory",
     "event_fingerprint",
+    "fixed_float",
     "float_argument",
     "installed_types",
     "item_arguments",
     "key_path",
     "optional_text_argument",
+    "orjson_ready",
+    "parse_json",
     "penguiflow_types",
     "record_types_of",
     "refusing",

@@ -67,50 +67,52 @@ def check_text(value: str, path: str) -> str:
     return value if type(value) is str else str.__str__(value)
 
 
-class _NotPlain(Exception):
-    """:func:`_plain_copy` met something it does not copy itself."""
+class NotPlain(Exception):
+    """A fast path (:func:`plain_copy`, the record codecs' quick forms) met a value it leaves to
+    the checked path, which returns the same result or the error naming the path."""
 
 
-def _plain_copy(value: Any, depth: int) -> JSONValue:
+def plain_copy(value: Any, depth: int) -> JSONValue:
     """:func:`to_json_value` of a tree of exactly ``dict`` (``str`` keys), ``list``, ``tuple``,
     ASCII ``str``, ``None``, ``bool``, ``int`` of at most :data:`_SAFE_INT_BITS` bits and finite
-    ``float``, copied without building a path; raises :class:`_NotPlain` for anything else, which
-    :func:`to_json_value` then walks with paths (the same copy, or the error naming the path)."""
+    ``float``, copied without building a path; raises :class:`NotPlain` for anything else, which
+    :func:`to_json_value` then walks with paths (the same copy, or the error naming the path).
+    May also raise ``RecursionError`` (a reference cycle), which is handled the same way."""
     kind = type(value)
     if kind is str:
         if value.isascii():
             return value  # type: ignore[no-any-return]
-        raise _NotPlain
+        raise NotPlain
     if value is None or kind is bool:
         return value  # type: ignore[no-any-return]
     if kind is int:
         if value.bit_length() <= _SAFE_INT_BITS:
             return value  # type: ignore[no-any-return]
-        raise _NotPlain
+        raise NotPlain
     if kind is float:
         if value - value == 0.0:  # finite: inf - inf and nan - nan are nan
             return value  # type: ignore[no-any-return]
-        raise _NotPlain
+        raise NotPlain
     if depth >= MAX_DEPTH:
-        raise _NotPlain
+        raise NotPlain
     depth += 1
     if kind is dict:
         result: dict[str, JSONValue] = {}
         for key, item in value.items():
             if type(key) is not str or not key.isascii():
-                raise _NotPlain
-            result[key] = _plain_copy(item, depth)
+                raise NotPlain
+            result[key] = plain_copy(item, depth)
         return result
     if kind is list or kind is tuple:
-        return [_plain_copy(item, depth) for item in value]
-    raise _NotPlain
+        return [plain_copy(item, depth) for item in value]
+    raise NotPlain
 
 
 def to_json_value(value: Any, path: str = "", depth: int = 0) -> JSONValue:
     """Return a plain-JSON copy of ``value`` or raise :class:`InvalidPayloadError` naming its path."""
     try:
-        return _plain_copy(value, depth)
-    except (_NotPlain, RecursionError):
+        return plain_copy(value, depth)
+    except (NotPlain, RecursionError):
         return _checked_copy(value, path, depth)
 
 

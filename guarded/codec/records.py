@@ -18,7 +18,15 @@ from typing import Any, Generic, TypeVar
 
 from .. import models
 from ..errors import InvalidPayloadError
-from .json_values import JSONObject, JSONValue, check_text, to_json_object, to_json_value
+from .json_values import (
+    JSONObject,
+    JSONValue,
+    NotPlain,
+    check_text,
+    plain_copy,
+    to_json_object,
+    to_json_value,
+)
 
 T = TypeVar("T")
 
@@ -95,23 +103,48 @@ def record_types_of(store: object) -> RecordTypes:
     return types if isinstance(types, RecordTypes) else installed_types()
 
 
-# --- field kinds: each a pair (encode(value, path) -> JSON, decode(json, types) -> value) -------------
+# --- field kinds -----------------------------------------------------------------------------------
+# Each kind is a pair of checked functions, encode(value, path) -> JSON and decode(json, types, path)
+# -> value, which name the path of what they refuse, and usually a pair of quick ones without a path
+# that take the common values only (exact types, ASCII or valid text, no exotic numbers) and raise
+# NotPlain for any other; the codec then runs the checked functions, so a quick function never
+# changes a result or an error, it only skips building paths and the checks a plain value passes.
 
 
 @dataclass(frozen=True, slots=True)
 class FieldKind:
     encode: Callable[[Any, str], JSONValue]
     decode: Callable[[Any, RecordTypes, str], Any]
+    quick_encode: Callable[[Any], JSONValue] | None = None
+    """``encode`` of the values it takes without a path; :class:`NotPlain` for any other."""
+    quick_decode: Callable[[Any, RecordTypes], Any] | None = None
+    """``decode`` of the values it takes without a path; :class:`NotPlain` for any other."""
 
 
 def _fail(path: str, expected: str, value: Any) -> InvalidPayloadError:
     return InvalidPayloadError(f"expected {expected}, got {type(value).__name__}", path=path)
 
 
+_QUICK_INT_LIMIT = 2**64
+"""Integers of smaller magnitude are written as JSON and fit a float: the quick forms take them."""
+
+
 def _encode_text(value: Any, path: str) -> JSONValue:
     if not isinstance(value, str):
         raise _fail(path, "a string", value)
     return check_text(value, path)
+
+
+def _quick_encode_text(value: Any) -> JSONValue:
+    if type(value) is str:
+        if value.isascii():
+            return value
+        try:
+            value.encode("utf-8")  # lone surrogates: the checked path names them
+        except UnicodeEncodeError:
+            raise NotPlain from None
+        return value
+    raise NotPlain
 
 
 def _encode_int(value: Any, path: str) -> JSONValue:
@@ -121,6 +154,12 @@ def _encode_int(value: Any, path: str) -> JSONValue:
     if not isinstance(value, int):
         raise _fail(path, "an integer", value)
     return to_json_value(int(value), path)  # refuses one beyond the digit limit
+
+
+def _quick_encode_int(value: Any) -> JSONValue:
+    if type(value) is int and -_QUICK_INT_LIMIT < value < _QUICK_INT_LIMIT:
+        return value
+    raise NotPlain
 
 
 def _encode_number(value: Any, path: str) -> JSONValue:
@@ -137,16 +176,47 @@ def _encode_number(value: Any, path: str) -> JSONValue:
     return to_json_value(int(value), path)
 
 
+def _quick_encode_number(value: Any) -> JSONValue:
+    kind = type(value)
+    if (kind is float and value - value == 0.0) or (  # finite: inf - inf and nan - nan are nan
+        kind is int and -_QUICK_INT_LIMIT < value < _QUICK_INT_LIMIT
+    ):
+        return value  # type: ignore[no-any-return]
+    raise NotPlain
+
+
 def _encode_bool(value: Any, path: str) -> JSONValue:
     if not isinstance(value, bool):
         raise _fail(path, "a boolean", value)
     return value
 
 
+def _quick_encode_bool(value: Any) -> JSONValue:
+    if type(value) is bool:
+        return value
+    raise NotPlain
+
+
 def _encode_datetime(value: Any, path: str) -> JSONValue:
     if not isinstance(value, datetime):
         raise _fail(path, "a datetime", value)
     return value.isoformat()
+
+
+def _quick_encode_datetime(value: Any) -> JSONValue:
+    if type(value) is datetime:
+        return value.isoformat()
+    raise NotPlain
+
+
+def _quick_encode_json(value: Any) -> JSONValue:
+    return plain_copy(value, 0)
+
+
+def _quick_encode_json_object(value: Any) -> JSONValue:
+    if type(value) is dict:
+        return plain_copy(value, 0)
+    raise NotPlain
 
 
 def _decode_datetime(value: Any, types: RecordTypes, path: str) -> datetime:
@@ -158,7 +228,20 @@ def _decode_datetime(value: Any, types: RecordTypes, path: str) -> datetime:
         raise _fail(path, "an ISO 8601 string", value) from None
 
 
+def _quick_decode_datetime(value: Any, types: RecordTypes) -> datetime:
+    if type(value) is str:
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            pass
+    raise NotPlain
+
+
 def _same(value: Any, types: RecordTypes, path: str) -> Any:
+    return value
+
+
+def _quick_same(value: Any, types: RecordTypes) -> Any:
     return value
 
 
@@ -168,10 +251,22 @@ def _decode_text(value: Any, types: RecordTypes, path: str) -> Any:
     return value
 
 
+def _quick_decode_text(value: Any, types: RecordTypes) -> Any:
+    if type(value) is str:
+        return value
+    raise NotPlain
+
+
 def _decode_int(value: Any, types: RecordTypes, path: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _fail(path, "an integer", value)
     return value
+
+
+def _quick_decode_int(value: Any, types: RecordTypes) -> Any:
+    if type(value) is int:
+        return value
+    raise NotPlain
 
 
 def _decode_bool(value: Any, types: RecordTypes, path: str) -> Any:
@@ -180,10 +275,22 @@ def _decode_bool(value: Any, types: RecordTypes, path: str) -> Any:
     return value
 
 
+def _quick_decode_bool(value: Any, types: RecordTypes) -> Any:
+    if type(value) is bool:
+        return value
+    raise NotPlain
+
+
 def _decode_json_object(value: Any, types: RecordTypes, path: str) -> Any:
     if not isinstance(value, Mapping):
         raise _fail(path, "a JSON object", value)
     return dict(value)
+
+
+def _quick_decode_json_object(value: Any, types: RecordTypes) -> Any:
+    if type(value) is dict:
+        return dict(value)
+    raise NotPlain
 
 
 def _decode_number(value: Any, types: RecordTypes, path: str) -> Any:
@@ -192,36 +299,62 @@ def _decode_number(value: Any, types: RecordTypes, path: str) -> Any:
     return value
 
 
-TEXT = FieldKind(_encode_text, _decode_text)
-INT = FieldKind(_encode_int, _decode_int)
-NUMBER = FieldKind(_encode_number, _decode_number)
-BOOL = FieldKind(_encode_bool, _decode_bool)
-DATETIME = FieldKind(_encode_datetime, _decode_datetime)
-JSON = FieldKind(to_json_value, _same)
-JSON_OBJECT = FieldKind(to_json_object, _decode_json_object)
+def _quick_decode_number(value: Any, types: RecordTypes) -> Any:
+    kind = type(value)
+    if kind is float or kind is int:
+        return value
+    raise NotPlain
+
+
+TEXT = FieldKind(_encode_text, _decode_text, _quick_encode_text, _quick_decode_text)
+INT = FieldKind(_encode_int, _decode_int, _quick_encode_int, _quick_decode_int)
+NUMBER = FieldKind(_encode_number, _decode_number, _quick_encode_number, _quick_decode_number)
+BOOL = FieldKind(_encode_bool, _decode_bool, _quick_encode_bool, _quick_decode_bool)
+DATETIME = FieldKind(_encode_datetime, _decode_datetime, _quick_encode_datetime, _quick_decode_datetime)
+JSON = FieldKind(to_json_value, _same, _quick_encode_json, _quick_same)
+JSON_OBJECT = FieldKind(
+    to_json_object, _decode_json_object, _quick_encode_json_object, _quick_decode_json_object
+)
 
 
 def optional(kind: FieldKind) -> FieldKind:
     """``kind`` or ``None``."""
+    quick_encode, quick_decode = kind.quick_encode, kind.quick_decode
+
+    def quick_encode_optional(value: Any) -> JSONValue:
+        return None if value is None else quick_encode(value)  # type: ignore[misc]
+
+    def quick_decode_optional(value: Any, types: RecordTypes) -> Any:
+        return None if value is None else quick_decode(value, types)  # type: ignore[misc]
+
     return FieldKind(
         lambda value, path: None if value is None else kind.encode(value, path),
         lambda value, types, path: None if value is None else kind.decode(value, types, path),
+        None if quick_encode is None else quick_encode_optional,
+        None if quick_decode is None else quick_decode_optional,
     )
 
 
 def enum(family_name: str) -> FieldKind:
     """An enum of the family's class ``family_name``; encodes its value, accepts any enum or raw value."""
+    members = {member.value: member.value for member in getattr(DEFAULT_TYPES, family_name)}
+    expected = f"a {family_name} ({', '.join(sorted(members))})"
 
     def encode(value: Any, path: str) -> JSONValue:
         raw = value.value if isinstance(value, Enum) else value
-        members = {member.value: member.value for member in getattr(DEFAULT_TYPES, family_name)}
         try:
             canonical = members.get(raw)
         except TypeError:  # unhashable (a list, a dict): certainly not a member
             canonical = None
         if canonical is None:
-            raise _fail(path, f"a {family_name} ({', '.join(sorted(members))})", value)
+            raise _fail(path, expected, value)
         return canonical  # type: ignore[no-any-return]
+
+    def quick_encode(value: Any) -> JSONValue:
+        try:
+            return members[value.value if isinstance(value, Enum) else value]  # type: ignore[no-any-return]
+        except (KeyError, TypeError):
+            raise NotPlain from None
 
     def decode(value: Any, types: RecordTypes, path: str) -> Any:
         try:
@@ -229,7 +362,19 @@ def enum(family_name: str) -> FieldKind:
         except ValueError:
             raise _fail(path, f"a {family_name}", value) from None
 
-    return FieldKind(encode, decode)
+    def quick_decode(value: Any, types: RecordTypes) -> Any:
+        try:
+            return _members_by_value(getattr(types, family_name))[value]
+        except (KeyError, TypeError):  # not a member's value, or unhashable: ask the class
+            raise NotPlain from None
+
+    return FieldKind(encode, decode, quick_encode, quick_decode)
+
+
+@functools.cache
+def _members_by_value(enum_class: type[Enum]) -> dict[Any, Enum]:
+    """The members of ``enum_class`` by value: what ``enum_class(value)`` returns for a member's value."""
+    return {member.value: member for member in enum_class}
 
 
 def nested(codec: RecordCodec[Any]) -> FieldKind:
@@ -237,6 +382,8 @@ def nested(codec: RecordCodec[Any]) -> FieldKind:
     return FieldKind(
         lambda value, path: codec.encode(value, path),
         lambda value, types, path: codec.decode(value, types, path),
+        None if codec.quick_encoders is None else codec.quick_encode,
+        None if codec.quick_decoders is None else codec.quick_decode,
     )
 
 
@@ -250,15 +397,41 @@ class Field:
     has_default: bool = False
 
 
+_QuickEncoder = tuple[str, Callable[[Any], JSONValue]]
+_QuickDecoder = tuple[str, Callable[[Any, RecordTypes], Any], bool]
+
+
 class RecordCodec(Generic[T]):
     """Encodes one record type to a JSON object and decodes it back into a family class."""
 
     def __init__(self, name: str, *fields_: Field) -> None:
         self.name = name
         self.fields = fields_
+        encoders = [
+            (field.name, field.kind.quick_encode) for field in fields_ if field.kind.quick_encode is not None
+        ]
+        decoders = [
+            (field.name, field.kind.quick_decode, field.has_default)
+            for field in fields_
+            if field.kind.quick_decode is not None
+        ]
+        self.quick_encoders: tuple[_QuickEncoder, ...] | None = (
+            tuple(encoders) if len(encoders) == len(fields_) else None
+        )
+        """Each field's name and quick encoder, or ``None`` when a field has none."""
+        self.quick_decoders: tuple[_QuickDecoder, ...] | None = (
+            tuple(decoders) if len(decoders) == len(fields_) else None
+        )
+        """Each field's name, quick decoder and whether it has a default (``None``: a field has no
+        quick decoder)."""
 
     def encode(self, record: Any, path: str = "") -> JSONObject:
         """Return the JSON object for ``record`` (ours, PenguiFlow's, or any object with the attributes)."""
+        if self.quick_encoders is not None:
+            try:
+                return self.quick_encode(record)
+            except (NotPlain, AttributeError, RecursionError):
+                pass  # the checked path returns the same object, or the error naming the path
         result: JSONObject = {}
         for field in self.fields:
             value = getattr(record, field.name, _MISSING)
@@ -270,11 +443,23 @@ class RecordCodec(Generic[T]):
             result[field.name] = field.kind.encode(value, where)
         return result
 
+    def quick_encode(self, record: Any) -> JSONObject:
+        """:meth:`encode` of a record whose every field its quick encoder takes; raises
+        :class:`NotPlain` (or ``AttributeError``, ``RecursionError``) for any other."""
+        return {name: quick(getattr(record, name)) for name, quick in self.quick_encoders}  # type: ignore[union-attr]
+
     def decode(self, data: Mapping[str, Any], types: RecordTypes = DEFAULT_TYPES, path: str = "") -> T:
         """Rebuild the record from :meth:`encode`'s output as an instance of ``types``' class."""
+        if self.quick_decoders is not None and type(data) is dict:
+            try:
+                kwargs = self._quick_arguments(data, types)
+            except NotPlain:
+                pass  # the checked path below names what is wrong
+            else:
+                return self._build(kwargs, types, path)
         if not isinstance(data, Mapping):
             raise _fail(path or self.name, f"a stored {self.name} object", data)
-        kwargs: dict[str, Any] = {}
+        kwargs = {}
         for field in self.fields:
             where = f"{path}.{field.name}" if path else field.name
             if field.name in data:
@@ -283,6 +468,28 @@ class RecordCodec(Generic[T]):
                 raise InvalidPayloadError(
                     f"stored {self.name} lacks required field {field.name!r}", path=where
                 )
+        return self._build(kwargs, types, path)
+
+    def quick_decode(self, data: Any, types: RecordTypes) -> T:
+        """:meth:`decode` of a stored object whose every field its quick decoder takes and that
+        builds its class; raises :class:`NotPlain` for any other."""
+        if type(data) is not dict:
+            raise NotPlain
+        try:
+            return getattr(types, self.name)(**self._quick_arguments(data, types))  # type: ignore[no-any-return]
+        except (TypeError, ValueError):
+            raise NotPlain from None
+
+    def _quick_arguments(self, data: dict[str, Any], types: RecordTypes) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        for name, quick, has_default in self.quick_decoders:  # type: ignore[union-attr]
+            if name in data:
+                kwargs[name] = quick(data[name], types)
+            elif not has_default:
+                raise NotPlain
+        return kwargs
+
+    def _build(self, kwargs: dict[str, Any], types: RecordTypes, path: str) -> T:
         cls: type[T] = getattr(types, self.name)
         try:
             return cls(**kwargs)
