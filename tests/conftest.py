@@ -40,13 +40,16 @@ def _private_state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     monkeypatch.delenv("GUARDED_DLQ_PATH", raising=False)
 
 
+_wall_clock_ns = time.time_ns  # not the one a test may have patched when the fixture ends
+
+
 @pytest.fixture(autouse=True)
 def _process_clock_back_to_the_wall() -> Iterator[None]:
     """A test that moves the process's logical clock ahead (a stored time from "another host's
     clock, a minute ahead") leaves it at the wall clock: a later test that measures a TTL from its
     call's logical time would otherwise read a minute of it as gone."""
     yield
-    backend._last = min(backend._last, time.time_ns() // 1000)
+    backend._last = min(backend._last, _wall_clock_ns() // 1000)
 
 
 @pytest.fixture(scope="session")

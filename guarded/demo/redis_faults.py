@@ -13,8 +13,6 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from redis import asyncio as redis_asyncio
-
 from guarded.testing.redis import RedisServer
 
 KILL_INTERVAL = 0.2
@@ -56,6 +54,8 @@ async def stall_redis(
 async def kill_redis_clients(urls: list[str], duration: float) -> tuple[str, bool]:
     """``CLIENT KILL TYPE normal`` on every node of ``urls`` every :data:`KILL_INTERVAL` seconds for
     ``duration`` seconds (the killing connection skips itself); how many connections were killed."""
+    from redis import asyncio as redis_asyncio  # the optional 'redis' extra, needed only here
+
     loop = asyncio.get_running_loop()
     end = loop.time() + duration
     admins: list[Any] = [redis_asyncio.Redis.from_url(url, socket_timeout=2.0) for url in urls]

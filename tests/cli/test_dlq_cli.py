@@ -118,6 +118,9 @@ def test_ctrl_c_during_a_replay_says_what_was_done(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C reaches a command run from a terminal: a suite started in the background by a
+        # shell without job control hands its children SIGINT ignored, and Python keeps it so.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     timer = threading.Timer(120, process.kill)
     timer.start()
