@@ -82,28 +82,26 @@ _TOO_LARGE = ("string exceeds maximum allowed size", "invalid bulk length", "too
 """Phrases of the replies that refuse a value for its size: the same write can never succeed."""
 
 
+_CODE_OF_EXCEPTION: tuple[tuple[type[BaseException], str], ...] = (
+    (redis_exceptions.BusyLoadingError, "LOADING"),  # before ConnectionError: redis-py derives it from that
+    (redis_exceptions.ReadOnlyError, "READONLY"),
+    (redis_exceptions.OutOfMemoryError, "OOM"),
+    (redis_exceptions.NoScriptError, "NOSCRIPT"),
+    (redis_exceptions.ClusterDownError, "CLUSTERDOWN"),
+    (redis_exceptions.TryAgainError, "TRYAGAIN"),
+    (redis_exceptions.MasterDownError, "MASTERDOWN"),
+    (redis_exceptions.AskError, "ASK"),
+    (redis_exceptions.MovedError, "MOVED"),
+    (redis_exceptions.NoPermissionError, "NOPERM"),
+)
+"""redis-py's exception classes for the server's error codes, most specific first."""
+
+
 def error_code(exc: BaseException) -> str | None:
     """The server's error code ``exc`` carries (``OOM``, ``BUSY``, ...), or ``None``."""
-    if isinstance(exc, redis_exceptions.BusyLoadingError):
-        return "LOADING"
-    if isinstance(exc, redis_exceptions.ReadOnlyError):
-        return "READONLY"
-    if isinstance(exc, redis_exceptions.OutOfMemoryError):
-        return "OOM"
-    if isinstance(exc, redis_exceptions.NoScriptError):
-        return "NOSCRIPT"
-    if isinstance(exc, redis_exceptions.ClusterDownError):
-        return "CLUSTERDOWN"
-    if isinstance(exc, redis_exceptions.TryAgainError):
-        return "TRYAGAIN"
-    if isinstance(exc, redis_exceptions.MasterDownError):
-        return "MASTERDOWN"
-    if isinstance(exc, redis_exceptions.AskError):
-        return "ASK"
-    if isinstance(exc, redis_exceptions.MovedError):
-        return "MOVED"
-    if isinstance(exc, redis_exceptions.NoPermissionError):
-        return "NOPERM"
+    for kind, code in _CODE_OF_EXCEPTION:
+        if isinstance(exc, kind):
+            return code
     if isinstance(exc, redis_exceptions.ResponseError):
         words = str(exc).split(None, 1)
         if words and words[0].isupper() and words[0].isalpha():
