@@ -12,6 +12,7 @@ from .backend import ComposedStore, store_parts_of
 from .config import GuardConfig
 from .deadletter import DeadLetterBuffer
 from .guard_core import GuardCore, core_of
+from .health_status import Health, assess_guard, combine
 from .layers.breaker import CircuitBreaker
 from .layers.bulkhead import Bulkhead
 from .policy import MethodPolicy
@@ -88,6 +89,19 @@ class GuardController:
         durability = self._core.durability
         return durability.buffer if durability is not None else None
 
+    def health(self) -> Health:
+        """Whether the guard keeps the writes it is given: ``ok``, ``degraded`` (every write is
+        kept, but e.g. the breaker is open and writes wait in the spill file) or ``failing`` (the
+        guard is closed, or writes are held while the spill file is unusable), with the reasons.
+        Reads the guard's state only: never waits, never calls the backend."""
+        durability = self._core.durability
+        return assess_guard(
+            breaker=self._core.breaker,
+            bulkhead=self._core.bulkhead,
+            buffer=self.dead_letters,
+            closed=durability is not None and durability.closed,
+        )
+
     async def flush(self) -> None:
         """Hand every batched write to the backend now (what fails is dead-lettered)."""
         await self._core.flush()
@@ -136,6 +150,11 @@ class ComposedController:
     def guarded_methods(self) -> list[str]:
         """Names of the store methods the parts' guards wrap."""
         return sorted({method for part in self._parts.values() for method in part.guarded_methods()})
+
+    def health(self) -> Health:
+        """The worst health of the parts (see :meth:`GuardController.health`), every reason's
+        message prefixed by the part's name."""
+        return combine({name: part.health() for name, part in self._parts.items()})
 
     async def flush(self) -> None:
         """Hand every part's batched writes to its backend now."""
