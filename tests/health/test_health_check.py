@@ -4,6 +4,7 @@ temporary directory, and one whose directory cannot be created."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from guarded import controller, guard
 from guarded.backends.hybrid_store import HybridStateStore
 from guarded.backends.memory import InMemoryStateStore
-from guarded.config import BatchConfig, BreakerConfig, DeadLetterConfig, GuardConfig
+from guarded.config import BatchConfig, BreakerConfig, BulkheadConfig, DeadLetterConfig, GuardConfig
 from guarded.errors import WriteNotKeptError
 from guarded.health import health_app, probe
 from guarded.health_status import HealthStatus
@@ -32,7 +33,7 @@ WAIT = 30.0
 DOWN = FaultPlan.always(Fault.error_before(ConnectionRefusedError))
 
 
-def config(spill: Path | None, *, dead_letter: DeadLetterConfig | None = None) -> GuardConfig:
+def config(spill: Path | None, *, dead_letter: DeadLetterConfig | None = None, **fields: Any) -> GuardConfig:
     breaker = BreakerConfig.model_validate({"window_size": 4, "minimum_calls": 4, "open_duration": 600.0})
     return fast_config(
         breaker=breaker,
@@ -40,6 +41,7 @@ def config(spill: Path | None, *, dead_letter: DeadLetterConfig | None = None) -
         batching=BatchConfig(enabled=False),
         dead_letter=dead_letter
         or DeadLetterConfig(path=None if spill is None else str(spill), drain_timeout=0.5),
+        **fields,
     )
 
 
@@ -260,4 +262,37 @@ async def test_the_asgi_app_answers_the_probes(tmp_path: Path) -> None:
             assert (await client.get("/livez")).status_code == 503
     finally:
         fault_injector(faulty).plan = FaultPlan()
+        await controls.aclose()
+
+
+async def test_a_saturated_bulkhead_is_degraded(tmp_path: Path) -> None:
+    faulty = FaultyStore(InMemoryStateStore(), FaultPlan.always(Fault.hang()))
+    limited = config(
+        tmp_path / "dlq.sqlite",
+        attempt=WAIT,
+        deadline=WAIT,
+        bulkhead=BulkheadConfig(max_concurrent=1),
+    )
+    store = guard(faulty, registry=CollectorRegistry(), config=limited)
+    controls = controller(store)
+    bulkhead = controls.bulkhead
+    assert bulkhead is not None
+    calls = [asyncio.create_task(store.load_history(f"t{index}")) for index in range(2)]
+    try:
+
+        async def saturated() -> bool:
+            await asyncio.sleep(0.01)
+            return bulkhead.waiting == 1
+
+        await until(saturated, "one call in the backend and one waiting")
+        assert codes(store) == ["bulkhead_saturated"]
+        assert controls.health().status is HealthStatus.DEGRADED
+        fault_injector(faulty).plan = FaultPlan()
+        fault_injector(faulty).release()
+        assert await asyncio.gather(*calls) == [[], []]
+        assert controls.health().status is HealthStatus.OK
+    finally:
+        fault_injector(faulty).plan = FaultPlan()
+        fault_injector(faulty).release()
+        await asyncio.gather(*calls, return_exceptions=True)
         await controls.aclose()
