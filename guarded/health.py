@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Literal
 
 from .controller import ComposedController, GuardController, controller
-from .health_status import Health
+from .health_status import Health, HealthReason, HealthStatus
 
 Controls = GuardController | ComposedController
 Scope = MutableMapping[str, Any]
@@ -104,4 +104,4 @@ def health_app(store_or_controller: object) -> HealthApp:
     return HealthApp(controls_of(store_or_controller))
 
 
-__all__ = ["HealthApp", "health_app", "probe"]
+__all__ = ["Health", "HealthApp", "HealthReason", "HealthStatus", "health_app", "probe"]
