@@ -40,20 +40,29 @@ def _closed(health: Health) -> bool:
     return any(reason.code == "guard_closed" for reason in health.reasons)
 
 
-def probe(store_or_controller: object, which: Probe) -> tuple[int, dict[str, Any]]:
+def _ready(health: Health) -> bool:
+    return health.ready
+
+
+def probe(
+    store_or_controller: object, which: Probe, *, ready_when: Callable[[Health], bool] = _ready
+) -> tuple[int, dict[str, Any]]:
     """The answer of the ``which`` probe (``"livez"`` or ``"readyz"``) as ``(status code, JSON
     body)``, for frameworks other than plain ASGI. ``livez`` fails (503) only when the guard is
-    closed; ``readyz`` fails when the health is ``failing``."""
+    closed; ``readyz`` fails when ``ready_when(health)`` is false (by default: when the health
+    is ``failing``; e.g. ``lambda health: health.status is HealthStatus.OK`` also takes a
+    degraded pod out of the load balancer)."""
     health = controls_of(store_or_controller).health()
-    passing = not _closed(health) if which == "livez" else health.ready
+    passing = not _closed(health) if which == "livez" else ready_when(health)
     return (200 if passing else 503), health.as_json()
 
 
 class HealthApp:
     """The ASGI app of :func:`health_app`."""
 
-    def __init__(self, controls: Controls) -> None:
+    def __init__(self, controls: Controls, *, ready_when: Callable[[Health], bool] = _ready) -> None:
         self.controls = controls
+        self.ready_when = ready_when
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -67,7 +76,8 @@ class HealthApp:
         elif scope.get("method") not in ("GET", "HEAD"):
             await self._respond(send, 405, {"error": "method not allowed"}, allow=True)
         else:
-            status, body = probe(self.controls, "livez" if path == LIVENESS_PATH else "readyz")
+            which: Probe = "livez" if path == LIVENESS_PATH else "readyz"
+            status, body = probe(self.controls, which, ready_when=self.ready_when)
             await self._respond(send, status, body, head=scope.get("method") == "HEAD")
 
     @staticmethod
@@ -96,12 +106,12 @@ class HealthApp:
         await send({"type": "http.response.body", "body": b"" if head else content})
 
 
-def health_app(store_or_controller: object) -> HealthApp:
+def health_app(store_or_controller: object, *, ready_when: Callable[[Health], bool] = _ready) -> HealthApp:
     """A plain ASGI app serving ``GET /livez`` and ``GET /readyz`` for a guarded store (or its
     controller; a composed store's answers the worst of its parts). Mount it beside your
     application (e.g. Starlette's ``Mount("/", health_app(store))``) or serve it on a port of its
-    own."""
-    return HealthApp(controls_of(store_or_controller))
+    own. ``ready_when``: see :func:`probe`."""
+    return HealthApp(controls_of(store_or_controller), ready_when=ready_when)
 
 
 __all__ = ["Health", "HealthApp", "HealthReason", "HealthStatus", "health_app", "probe"]

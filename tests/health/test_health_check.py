@@ -14,6 +14,10 @@ import httpx
 import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Mount, Route
 
 from guarded import controller, guard
 from guarded.backends.hybrid_store import HybridStateStore
@@ -95,6 +99,8 @@ async def test_breaker_open_with_a_working_spill_file_is_degraded_and_ok_once_cl
     assert "1 writes held" in health.reasons[1].message
     assert all("payload-text" not in reason.message for reason in health.reasons)
     assert probe(store, "readyz")[0] == probe(store, "livez")[0] == 200
+    strict = probe(store, "readyz", ready_when=lambda health: health.status is HealthStatus.OK)
+    assert strict[0] == 503
 
     fault_injector(faulty).plan = FaultPlan()
     controls.breaker.reset()
@@ -296,3 +302,21 @@ async def test_a_saturated_bulkhead_is_degraded(tmp_path: Path) -> None:
         fault_injector(faulty).release()
         await asyncio.gather(*calls, return_exceptions=True)
         await controls.aclose()
+
+
+async def test_the_app_mounted_in_starlette_beside_other_routes(tmp_path: Path) -> None:
+    store = guard(InMemoryStateStore(), registry=CollectorRegistry(), config=config(tmp_path / "dlq.sqlite"))
+
+    async def hello(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("hello")
+
+    app = Starlette(routes=[Route("/hello", hello), Mount("/", app=health_app(store))])
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://pod") as client:
+            assert (await client.get("/hello")).text == "hello"
+            assert (await client.get("/readyz")).json() == {"status": "ok", "reasons": []}
+            controller(store).breaker.force_open()
+            ready = await client.get("/readyz")
+            assert (ready.status_code, ready.json()["status"]) == (200, "degraded")
+    finally:
+        await controller(store).aclose()
