@@ -176,6 +176,18 @@ async def test_dead_lettering_off_and_the_breaker_open_is_failing() -> None:
     await controller(store).aclose()
 
 
+async def test_a_closed_guard_without_dead_letters_is_failing() -> None:
+    store = guard(
+        InMemoryStateStore(),
+        registry=CollectorRegistry(),
+        config=config(None, dead_letter=DeadLetterConfig(enabled=False, path=None)),
+    )
+    assert controller(store).health().status is HealthStatus.OK
+    await controller(store).aclose()
+    assert codes(store) == ["guard_closed"]
+    assert controller(store).health().status is HealthStatus.FAILING
+
+
 async def test_memory_only_held_writes_are_degraded() -> None:
     faulty = FaultyStore(InMemoryStateStore(), DOWN)
     store = guard(faulty, registry=CollectorRegistry(), config=config(None))
