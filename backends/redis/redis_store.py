@@ -43,7 +43,7 @@ refused before any I/O) comes from redis-py and is for the guard to classify
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from time import time as wall_clock
 from types import TracebackType
@@ -267,15 +267,14 @@ class RedisStateStore:
         wanted = self.settings.replicas_to_ack
         try:
             if not wanted:
-                return await self._evaluate(registered, keys, args)
-            try:
-                result, acknowledged = await self._run_then_wait(registered, keys, args)
-            except NoScriptError:
-                # redis-py's cluster pipeline never loads a script the node lacks, and a promoted
-                # replica or a restarted server starts with an empty script cache: load it (on every
-                # master of a cluster) and run again.
-                await self._client.script_load(registered.script)
-                result, acknowledged = await self._run_then_wait(registered, keys, args)
+                # EVALSHA straight from the client: redis-py's Script.__call__ costs more than the call.
+                return await self._loading_script(
+                    registered,
+                    lambda: self._client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args),
+                )
+            result, acknowledged = await self._loading_script(
+                registered, lambda: self._run_then_wait(registered, keys, args)
+            )
         except Exception as exc:
             self.sampling.command_failed(exc)
             raise
@@ -283,14 +282,15 @@ class RedisStateStore:
             raise ReplicasNotAcknowledgedError(wanted, int(acknowledged))
         return result
 
-    async def _evaluate(self, registered: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """EVALSHA straight from the client (redis-py's ``Script.__call__`` costs more than the call);
-        a server whose script cache was flushed (a restart, a failover) is given the script again."""
+    async def _loading_script(self, registered: Any, attempt: Callable[[], Awaitable[Any]]) -> Any:
+        """``attempt()``, once more after loading ``registered`` when the server lacks it: a restarted
+        server or a promoted replica starts with an empty script cache, and redis-py's cluster
+        pipeline never loads a script the node lacks (loaded on every master of a cluster)."""
         try:
-            return await self._client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
+            return await attempt()
         except NoScriptError:
             registered.sha = await self._client.script_load(registered.script)
-            return await self._client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
+            return await attempt()
 
     async def _run_then_wait(self, registered: Any, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
         """The script's reply and how many replicas acknowledged it (one pipeline, one connection)."""
