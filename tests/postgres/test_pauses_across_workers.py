@@ -32,31 +32,13 @@ from prometheus_client import CollectorRegistry
 from guarded.backends.postgres import PostgresStateStore
 from guarded.guard import controller, guard
 from tests.guard.support import no_background_replay
+from tests.support.pause_partition import PausePartition
 
 TOKENS = 10
 
 
-class PartitionedStore(PostgresStateStore):
-    """A real PostgreSQL store whose pause calls fail with a connection error while ``down``
-    (fault injection: the worker cannot reach the database)."""
-
-    down = False
-
-    def _reach(self) -> None:
-        if self.down:
-            raise ConnectionResetError("injected partition")
-
-    async def save_planner_state(self, token: str, payload: dict[str, Any]) -> None:
-        self._reach()
-        await super().save_planner_state(token, payload)
-
-    async def save_planner_states(self, items: Any) -> None:
-        self._reach()
-        await super().save_planner_states(items)
-
-    async def load_planner_state(self, token: str) -> dict[str, Any] | None:
-        self._reach()
-        return await super().load_planner_state(token)
+class PartitionedStore(PausePartition, PostgresStateStore):
+    """A real PostgreSQL store whose pause calls fail with a connection error while ``down``."""
 
 
 def worker_config(

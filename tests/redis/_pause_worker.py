@@ -30,6 +30,7 @@ from guarded.backends.redis import RedisStateStore
 from guarded.guard import controller, guard
 from tests.postgres.test_pauses_across_workers import worker_config
 from tests.redis._processes import open_store
+from tests.support.pause_partition import PausePartition
 
 
 def pause_payload(token: str) -> dict[str, Any]:
@@ -37,26 +38,8 @@ def pause_payload(token: str) -> dict[str, Any]:
     return {"token": token, "trajectory": {"steps": [token]}}
 
 
-class PartitionedRedisStore(RedisStateStore):
+class PartitionedRedisStore(PausePartition, RedisStateStore):
     """A real Redis store whose pause calls fail with a connection error while ``down``."""
-
-    down = False
-
-    def _reach(self) -> None:
-        if self.down:
-            raise ConnectionResetError("injected partition")
-
-    async def save_planner_state(self, token: str, payload: dict[str, Any]) -> None:
-        self._reach()
-        await super().save_planner_state(token, payload)
-
-    async def save_planner_states(self, items: Any) -> None:
-        self._reach()
-        await super().save_planner_states(items)
-
-    async def load_planner_state(self, token: str) -> dict[str, Any] | None:
-        self._reach()
-        return await super().load_planner_state(token)
 
 
 async def resume_all(store: Any, tokens: int, per_token: int) -> dict[str, Any]:
