@@ -125,6 +125,7 @@ from .local_artifacts import (
 )
 from .observability import telemetry_names as metric_names
 from .observability.per_registry import PerRegistry
+from .observability.scrape_time_gauges import FunctionGauge, function_gauge
 from .policy_table import PolicyTable
 from .protocol import LEGACY_ALIASES
 from .steering import sanitize_steering_event
@@ -421,6 +422,7 @@ __all__ = [
     "EnvSettings",
     "ErrorClass",
     "ErrorClassifier",
+    "FunctionGauge",
     "GroupLimit",
     "InMemoryArtifactStore",
     "PerRegistry",
@@ -435,6 +437,7 @@ __all__ = [
     "current_logical_time",
     "current_logical_times",
     "current_unanswered_keys",
+    "function_gauge",
     "is_replay",
     "merge_logical_time",
     "metric_names",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from guarded.backend import PerRegistry
+from guarded.backend import FunctionGauge, PerRegistry, function_gauge
 from guarded.backend import metric_names as names
 
 ACQUIRE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -31,9 +31,9 @@ _TABLE_LABELS = (names.LABEL_STORE, names.LABEL_SCHEMA, names.LABEL_TABLE)
 class PgMetricFamilies:
     """The Postgres backend's metric families in one registry."""
 
-    pool_size: Gauge
-    pool_max_size: Gauge
-    pool_in_use: Gauge
+    pool_size: FunctionGauge
+    pool_max_size: FunctionGauge
+    pool_in_use: FunctionGauge
     acquire_seconds: Histogram
     connection_errors: Counter
     pooler_errors: Counter
@@ -50,23 +50,20 @@ class PgMetricFamilies:
 
 def _families(registry: CollectorRegistry) -> PgMetricFamilies:
     families = PgMetricFamilies(
-        pool_size=Gauge(
+        pool_size=function_gauge(
+            registry,
             names.GUARDED_PG_POOL_SIZE,
             "Connections open in the store's asyncpg pool.",
             _STORE_LABELS,
-            registry=registry,
         ),
-        pool_max_size=Gauge(
+        pool_max_size=function_gauge(
+            registry,
             names.GUARDED_PG_POOL_MAX_SIZE,
             "Configured maximum size of the store's asyncpg pool.",
             _STORE_LABELS,
-            registry=registry,
         ),
-        pool_in_use=Gauge(
-            names.GUARDED_PG_POOL_IN_USE,
-            "Pool connections checked out right now.",
-            _STORE_LABELS,
-            registry=registry,
+        pool_in_use=function_gauge(
+            registry, names.GUARDED_PG_POOL_IN_USE, "Pool connections checked out right now.", _STORE_LABELS
         ),
         acquire_seconds=Histogram(
             names.GUARDED_PG_POOL_ACQUIRE_SECONDS,
@@ -93,18 +90,21 @@ def _families(registry: CollectorRegistry) -> PgMetricFamilies:
             "Estimated live rows per table (sampled periodically).",
             _TABLE_LABELS,
             registry=registry,
+            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_PG_TABLE_ROWS),
         ),
         table_size_bytes=Gauge(
             names.GUARDED_PG_TABLE_SIZE_BYTES,
             "On-disk size per table including indexes and TOAST (sampled periodically).",
             _TABLE_LABELS,
             registry=registry,
+            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_PG_TABLE_SIZE_BYTES),
         ),
         table_stats_timestamp=Gauge(
             names.GUARDED_PG_TABLE_STATS_TIMESTAMP,
             "Unix time of the last successful table sample.",
             _STORE_LABELS,
             registry=registry,
+            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_PG_TABLE_STATS_TIMESTAMP),
         ),
         cleanup_deleted=Counter(
             names.GUARDED_PG_CLEANUP_DELETED_ROWS_TOTAL,
@@ -117,18 +117,21 @@ def _families(registry: CollectorRegistry) -> PgMetricFamilies:
             "Migration version of the schema the store runs against.",
             _STORE_LABELS,
             registry=registry,
+            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_PG_MIGRATION_VERSION),
         ),
         schema_expected_version=Gauge(
             names.GUARDED_PG_SCHEMA_EXPECTED_VERSION,
             "Newest migration version the running code knows.",
             _STORE_LABELS,
             registry=registry,
+            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_PG_SCHEMA_EXPECTED_VERSION),
         ),
         partition_horizon=Gauge(
             names.GUARDED_PG_PARTITION_HORIZON,
             "Unix time where the newest partition of a partitioned table ends.",
             _TABLE_LABELS,
             registry=registry,
+            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_PG_PARTITION_HORIZON),
         ),
         partitions_dropped=Counter(
             names.GUARDED_PG_PARTITIONS_DROPPED_TOTAL,
@@ -168,11 +171,11 @@ class StoreMetrics:
         self._tables: set[str] = set()
         families = self.families
         if pool_size is not None:
-            families.pool_size.labels(*self.labels).set_function(pool_size)
+            families.pool_size.set_function(self.labels, pool_size)
         if pool_max_size is not None:
-            families.pool_max_size.labels(*self.labels).set_function(pool_max_size)
+            families.pool_max_size.set_function(self.labels, pool_max_size)
         if pool_in_use is not None:
-            families.pool_in_use.labels(*self.labels).set_function(pool_in_use)
+            families.pool_in_use.set_function(self.labels, pool_in_use)
         self._acquire = families.acquire_seconds.labels(*self.labels)
         self._connection_errors = families.connection_errors.labels(*self.labels)
         # Every kind exported from the start at zero: a panel shows a rate of none, and an
@@ -223,10 +226,9 @@ class StoreMetrics:
     def close(self) -> None:
         """Remove this store's children so a closed store stops being exported."""
         families = self.families
+        for gauge in (families.pool_size, families.pool_max_size, families.pool_in_use):
+            gauge.remove(self.labels)
         for family in (
-            families.pool_size,
-            families.pool_max_size,
-            families.pool_in_use,
             families.acquire_seconds,
             families.connection_errors,
             families.table_stats_timestamp,

@@ -55,6 +55,7 @@ def _families(registry: CollectorRegistry) -> ReplicaMetricFamilies:
             "Seconds a replica is behind the primary, measured by WAL position at each check.",
             (*store_labels, names.LABEL_REPLICA),
             registry=registry,
+            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_PG_REPLICA_LAG_SECONDS),
         ),
         skipped=Counter(
             names.GUARDED_PG_REPLICA_SKIPPED_TOTAL,

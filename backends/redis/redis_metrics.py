@@ -51,12 +51,14 @@ def _families(registry: CollectorRegistry) -> RedisMetricFamilies:
             "Memory the Redis node uses (INFO used_memory).",
             _NODE,
             registry=registry,
+            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_REDIS_MEMORY_USED_BYTES),
         ),
         maxmemory=Gauge(
             names.GUARDED_REDIS_MAXMEMORY_BYTES,
             "The Redis node's maxmemory (0: no limit).",
             _NODE,
             registry=registry,
+            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_REDIS_MAXMEMORY_BYTES),
         ),
         evicted_keys=Counter(
             names.GUARDED_REDIS_EVICTED_KEYS_TOTAL,
@@ -75,6 +77,7 @@ def _families(registry: CollectorRegistry) -> RedisMetricFamilies:
             "Client connections open on the Redis node (every client's).",
             _NODE,
             registry=registry,
+            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_REDIS_CONNECTED_CLIENTS),
         ),
         ping_seconds=Histogram(
             names.GUARDED_REDIS_PING_SECONDS,
@@ -88,6 +91,7 @@ def _families(registry: CollectorRegistry) -> RedisMetricFamilies:
             "1 when the Redis node answered the last sample, 0 when it did not.",
             _NODE,
             registry=registry,
+            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_REDIS_NODE_UP),
         ),
         node_errors=Counter(
             names.GUARDED_REDIS_NODE_ERRORS_TOTAL,
@@ -100,6 +104,7 @@ def _families(registry: CollectorRegistry) -> RedisMetricFamilies:
             "Unix time of the last sample in which every Redis node answered.",
             _STORE,
             registry=registry,
+            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_REDIS_SAMPLE_TIMESTAMP),
         ),
         pauses_saved=Counter(
             names.GUARDED_REDIS_PAUSES_SAVED_TOTAL,

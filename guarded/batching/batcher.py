@@ -71,7 +71,7 @@ from ..config import BatchConfig
 from ..observability import telemetry_names as names
 from ..observability.batch_stats import BatchStats, FlushSeries, batch_stats
 from ..observability.per_registry import PerRegistry
-from ..observability.store_gauge import StoreTotalGauge, store_total_gauge
+from ..observability.scrape_time_gauges import StoreTotalGauge, store_total_gauge
 from ..outcome import Outcome
 from ..pipeline.loops import abandon
 

@@ -1,8 +1,8 @@
 """Metrics: one latency observation per logical call, by store, method and final outcome.
 
 Observations go to :class:`~guarded.observability.call_stats.CallStats` (plain counters, exported at scrape
-time); breaker state and transitions are ordinary prometheus-client instruments. Exemplars carry
-the trace id when the call's span is recording.
+time); the breaker's state is read at scrape time and its transitions are counted by a
+prometheus-client counter. Exemplars carry the trace id when the call's span is recording.
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter
 
 from ..layers.breaker import BreakerState, CircuitBreaker
 from ..observability import telemetry_names as names
 from ..observability.call_stats import CallStats, DurationSeries, call_stats
 from ..observability.failure_log import OperationalErrors, operational_errors
 from ..observability.per_registry import PerRegistry
+from ..observability.scrape_time_gauges import FunctionGauge, function_gauge
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.loops import abandoned_by_caller
@@ -30,7 +31,7 @@ _OK = Outcome.OK
 @dataclass(frozen=True, slots=True)
 class GuardInstruments:
     stats: CallStats
-    circuit_state: Gauge
+    circuit_state: FunctionGauge
     circuit_transitions: Counter
     operational: OperationalErrors
 
@@ -38,11 +39,11 @@ class GuardInstruments:
 def _guard_instruments(registry: CollectorRegistry) -> GuardInstruments:
     return GuardInstruments(
         stats=call_stats(registry),
-        circuit_state=Gauge(
+        circuit_state=function_gauge(
+            registry,
             names.CIRCUIT_STATE,
             "Circuit breaker state: 1 for the current state, 0 for the others.",
             [names.LABEL_STORE, names.LABEL_STATE],
-            registry=registry,
         ),
         circuit_transitions=Counter(
             names.CIRCUIT_TRANSITIONS,
@@ -68,7 +69,7 @@ def publish_breaker_state(instruments: GuardInstruments, store: str, breaker: Ci
             live = found()
             return 1.0 if live is not None and live.peek_state() is candidate else 0.0
 
-        instruments.circuit_state.labels(store, candidate.value).set_function(is_current)
+        instruments.circuit_state.set_function((store, candidate.value), is_current)
 
 
 class MetricsLayer(StepLayer):

@@ -52,7 +52,7 @@ from ..durability.ports import DurabilityPorts
 from ..error_classes import is_programming_error
 from ..logical_time import WRITE_TIME_ARGUMENT, kept_write_time
 from ..observability import telemetry_names as names
-from ..observability.store_gauge import store_total_gauge
+from ..observability.scrape_time_gauges import store_total_gauge
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.entry import is_hashable

@@ -15,6 +15,8 @@ from typing import Generic, TypeVar
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.registry import Collector
 
+from .multiprocess_metrics import register_scrape_time
+
 T = TypeVar("T")
 
 
@@ -40,11 +42,12 @@ class PerRegistry(Generic[T]):
 def registered(build: Callable[[], T], collector: Callable[[T], Collector] | None = None) -> PerRegistry[T]:
     """One ``build()`` per registry, registered with that registry on first use: through
     ``collector(it)`` when given (statistics a collector reads at scrape time), else itself (it is
-    the collector)."""
+    the collector). Either computes its samples when collected
+    (:func:`~guarded.observability.multiprocess_metrics.register_scrape_time`)."""
 
     def make(registry: CollectorRegistry) -> T:
         found = build()
-        registry.register(collector(found) if collector is not None else found)  # type: ignore[arg-type]
+        register_scrape_time(registry, collector(found) if collector is not None else found)  # type: ignore[arg-type]
         return found
 
     return PerRegistry(make)

@@ -10,6 +10,9 @@ method, outcome) — never a trace id or session id.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Literal
+
 from .. import error_classes
 
 # --- label names --------------------------------------------------------------------------------
@@ -439,3 +442,39 @@ ALERT_NAMES = (
     ALERT_REDIS_MEMORY_NEAR_MAX,
     ALERT_REDIS_EVICTING,
 )
+
+# --- prometheus-client's multiprocess mode -------------------------------------------------------
+
+GaugeMultiprocessMode = Literal[
+    "all", "liveall", "min", "livemin", "max", "livemax", "sum", "livesum", "mostrecent", "livemostrecent"
+]
+"""How prometheus-client's ``MultiProcessCollector`` combines one gauge of several processes."""
+
+GAUGE_MULTIPROCESS_MODES: Mapping[str, GaugeMultiprocessMode] = {
+    CIRCUIT_STATE: "livemax",
+    DLQ_OLDEST_AGE: "livemax",
+    DLQ_SPILL_AVAILABLE: "livemin",
+    GUARDED_PG_TABLE_ROWS: "livemostrecent",
+    GUARDED_PG_TABLE_SIZE_BYTES: "livemostrecent",
+    GUARDED_PG_TABLE_STATS_TIMESTAMP: "livemax",
+    GUARDED_PG_MIGRATION_VERSION: "livemax",
+    GUARDED_PG_SCHEMA_EXPECTED_VERSION: "livemin",
+    GUARDED_PG_PARTITION_HORIZON: "livemostrecent",
+    GUARDED_PG_REPLICA_LAG_SECONDS: "livemax",
+    GUARDED_REDIS_MEMORY_USED_BYTES: "livemostrecent",
+    GUARDED_REDIS_MAXMEMORY_BYTES: "livemostrecent",
+    GUARDED_REDIS_CONNECTED_CLIENTS: "livemostrecent",
+    GUARDED_REDIS_NODE_UP: "livemin",
+    GUARDED_REDIS_SAMPLE_TIMESTAMP: "livemax",
+}
+"""The gauges that are not summed over the live processes in multiprocess mode, by name: a state
+or an age reads as its worst process (a breaker open in any worker reads open, the oldest held
+write is the oldest of any worker), a sample of the server's own figures as the most recent
+sample. Counters and histograms are summed."""
+
+
+def gauge_multiprocess_mode(name: str) -> GaugeMultiprocessMode:
+    """How the gauge ``name`` of several processes is combined in multiprocess mode: its entry in
+    :data:`GAUGE_MULTIPROCESS_MODES`, else summed over the live processes (``livesum``), as
+    quantities held by each process (writes held, calls in flight, connections) add up."""
+    return GAUGE_MULTIPROCESS_MODES.get(name, "livesum")

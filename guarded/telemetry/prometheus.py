@@ -32,6 +32,7 @@ def _task_instruments(registry: CollectorRegistry) -> TaskInstruments:
         "Tasks spawned and not yet completed, failed or cancelled, by the labels of their spawn.",
         [names.LABEL_TASK_TYPE, names.LABEL_MODE],
         registry=registry,
+        multiprocess_mode=names.gauge_multiprocess_mode(names.TASKS_IN_FLIGHT),
     )
 
     def adjust(labels: InFlightLabels, delta: int) -> None:

@@ -1,0 +1,225 @@
+"""prometheus-client's multiprocess mode for the metrics guarded computes at scrape time.
+
+With ``PROMETHEUS_MULTIPROC_DIR`` set (``uvicorn --workers N``, gunicorn), prometheus-client's own
+instruments write each change to files of their process in that directory, and a
+``MultiProcessCollector`` adds up the files of every process when one of them is scraped. Most of
+guarded's metrics are not such instruments: the hot path bumps plain integers and a collector
+turns them into samples when it is scraped (the calls, their latency and retries, the bulkhead,
+the dead-letter buffer, the batchers, the breaker's state). Every such collector is registered
+through :func:`register_scrape_time`; in multiprocess mode a thread of each process writes their
+samples into its files every :data:`WRITE_INTERVAL` seconds and once more when the process
+exits, in the form prometheus-client writes its own (a counter's total, a histogram's buckets
+one by one and its sum, a gauge under the mode
+:func:`~guarded.observability.telemetry_names.gauge_multiprocess_mode` names), so the scrape adds
+them up with everything else. Outside multiprocess mode nothing here runs.
+
+What the mode cannot carry: exemplars (prometheus-client keeps none in its files), and a scrape
+sees each process as of its last write (at most :data:`WRITE_INTERVAL` old).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, values
+from prometheus_client.multiprocess import mark_process_dead
+from prometheus_client.registry import Collector
+
+from .telemetry_names import gauge_multiprocess_mode
+
+WRITE_INTERVAL = 1.0
+"""Seconds between two writes of a process's scrape-time metrics into the multiprocess directory."""
+
+logger = logging.getLogger(__name__)
+
+_MOST_RECENT = ("mostrecent", "livemostrecent")
+_MAX = ("max", "livemax")
+_MIN = ("min", "livemin")
+
+
+def multiprocess_mode() -> bool:
+    """Whether prometheus-client runs in multiprocess mode in this process (it decides when it is
+    first imported, from ``PROMETHEUS_MULTIPROC_DIR``)."""
+    return bool(getattr(values.ValueClass, "_multiprocess", False))
+
+
+def register_scrape_time(registry: CollectorRegistry, collector: Collector) -> None:
+    """Register ``collector`` (one that computes its samples when collected) with ``registry``,
+    and in multiprocess mode have its samples written to this process's files as well."""
+    registry.register(collector)
+    if multiprocess_mode():
+        _writer.watch(collector)
+
+
+def write_scrape_time_metrics() -> None:
+    """Write this process's scrape-time metrics into the multiprocess directory now (the thread
+    does it every :data:`WRITE_INTERVAL` seconds and at exit); nothing outside multiprocess mode."""
+    if multiprocess_mode():
+        _writer.write()
+
+
+@dataclass(frozen=True, slots=True)
+class _SampleKey:
+    """Where one sample goes: prometheus-client's file key, and the file (type and gauge mode)."""
+
+    kind: str
+    metric: str
+    sample: str
+    label_names: tuple[str, ...]
+    label_values: tuple[str, ...]
+    documentation: str
+    mode: str
+
+
+class ScrapeTimeWriter:
+    """Writes the samples of the watched collectors into this process's multiprocess files."""
+
+    def __init__(self, interval: float = WRITE_INTERVAL) -> None:
+        self._interval = interval
+        self._collectors: weakref.WeakSet[Collector] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._values: dict[_SampleKey, object] = {}
+        self._gauges_written: set[_SampleKey] = set()
+        self._baseline: dict[_SampleKey, float] = {}
+        """Counts inherited from a parent process at ``fork`` (the parent wrote them already)."""
+        self._thread: threading.Thread | None = None
+        self._exit_hooked = False
+
+    def watch(self, collector: Collector) -> None:
+        """Write ``collector``'s samples from now on, for as long as it is alive."""
+        with self._lock:
+            self._collectors.add(collector)
+            self._start()
+
+    def write(self) -> None:
+        """Write every watched collector's current samples."""
+        with self._lock:
+            samples = self._collect()
+            for key in self._gauges_written - samples.keys():
+                samples[key] = 0.0  # a series that is gone reads 0 rather than its last value
+            now = time.time()
+            for key, value in samples.items():
+                found = self._values.get(key)
+                if found is None:
+                    found = self._values[key] = values.ValueClass(
+                        key.kind,
+                        key.metric,
+                        key.sample,
+                        key.label_names,
+                        key.label_values,
+                        key.documentation,
+                        multiprocess_mode=key.mode,
+                    )
+                value -= self._baseline.get(key, 0.0)
+                found.set(value, now if key.mode in _MOST_RECENT else None)  # type: ignore[attr-defined]
+            self._gauges_written = {key for key in samples if key.kind == "gauge"}
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's counts are the parent's (it writes them), so this
+        process writes only what it adds from here; the parent's thread did not come along."""
+        self._lock = threading.Lock()
+        self._values.clear()
+        self._gauges_written.clear()
+        self._thread = None
+        if self._collectors:
+            self._baseline = {key: value for key, value in self._collect().items() if key.kind != "gauge"}
+            self._start()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="guarded-multiprocess-metrics", daemon=True
+            )
+            self._thread.start()
+        if not self._exit_hooked:
+            self._exit_hooked = True
+            atexit.register(self._at_exit)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self._interval)
+            self._write_logging_failures()
+
+    def _at_exit(self) -> None:
+        self._write_logging_failures()
+        mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]  # its live gauges go with it
+
+    def _write_logging_failures(self) -> None:
+        try:
+            self.write()
+        except Exception:
+            logger.warning("could not write guarded's metrics to the multiprocess directory", exc_info=True)
+
+    def _collect(self) -> dict[_SampleKey, float]:
+        samples: dict[_SampleKey, float] = {}
+        for collector in list(self._collectors):
+            for family in collector.collect():
+                for key, value in _family_samples(family):
+                    samples[key] = _combined(key, samples.get(key), value)
+        return samples
+
+
+def _family_samples(family: object) -> Iterator[tuple[_SampleKey, float]]:
+    """The samples of one collected family as prometheus-client's multiprocess files hold them."""
+    kind: str = family.type  # type: ignore[attr-defined]
+    name: str = family.name  # type: ignore[attr-defined]
+    documentation: str = family.documentation  # type: ignore[attr-defined]
+    mode = gauge_multiprocess_mode(name) if kind == "gauge" else ""
+    previous_bucket: dict[tuple[tuple[str, str], ...], float] = {}
+    for sample in family.samples:  # type: ignore[attr-defined]
+        labels = dict(sample.labels)
+        if kind == "counter" and not sample.name.endswith("_total"):
+            continue  # ``_created``: the files have none
+        if kind == "histogram":
+            if sample.name.endswith("_bucket"):
+                bound = labels.pop("le")
+                series = tuple(sorted(labels.items()))
+                cumulative = float(sample.value)
+                below = previous_bucket.get(series, 0.0)
+                previous_bucket[series] = cumulative
+                label_names = (*labels, "le")
+                label_values = (*labels.values(), bound)
+                value = cumulative - below  # the files hold each bucket's own count
+                yield (
+                    _SampleKey(kind, name, sample.name, label_names, label_values, documentation, mode),
+                    value,
+                )
+                continue
+            if not sample.name.endswith("_sum"):
+                continue  # ``_count`` is the buckets' total, ``_created`` is not kept
+        elif kind not in ("counter", "gauge"):
+            continue
+        key = _SampleKey(kind, name, sample.name, tuple(labels), tuple(labels.values()), documentation, mode)
+        yield key, float(sample.value)
+
+
+def _combined(key: _SampleKey, earlier: float | None, value: float) -> float:
+    """Two samples of one series from two collectors of this process (two registries)."""
+    if earlier is None:
+        return value
+    if key.mode in _MAX:
+        return max(earlier, value)
+    if key.mode in _MIN:
+        return min(earlier, value)
+    if key.mode in _MOST_RECENT:
+        return value
+    return earlier + value
+
+
+_writer = ScrapeTimeWriter()
+os.register_at_fork(after_in_child=_writer.after_fork)
+
+__all__ = [
+    "WRITE_INTERVAL",
+    "ScrapeTimeWriter",
+    "multiprocess_mode",
+    "register_scrape_time",
+    "write_scrape_time_metrics",
+]
