@@ -20,6 +20,7 @@ WAIT = 60.0
 """Seconds uvicorn has to start, and the workers' writes to reach the scrape, on a loaded machine."""
 
 REQUESTS = 40
+UVICORN = (sys.executable, "-m", "uvicorn", "tests.telemetry.uvicorn_app:app", "--workers", "2")
 
 
 def free_port() -> int:
@@ -46,8 +47,7 @@ def test_one_scrape_counts_the_calls_of_every_uvicorn_worker(tmp_path: Path) -> 
     base = f"http://127.0.0.1:{port}"
     with (tmp_path / "uvicorn.log").open("w") as log:
         server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "tests.telemetry.uvicorn_app:app", "--workers", "2"]
-            + ["--host", "127.0.0.1", "--port", str(port)],
+            [*UVICORN, "--host", "127.0.0.1", "--port", str(port)],
             cwd=REPO,
             env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)},
             stdout=log,
@@ -73,7 +73,7 @@ def test_one_scrape_counts_the_calls_of_every_uvicorn_worker(tmp_path: Path) -> 
         while counted != REQUESTS and time.monotonic() < deadline + WAIT:
             counted = ok_saves(httpx.get(f"{base}/metrics/", timeout=10.0).text)
             time.sleep(0.2)
-        assert counted == REQUESTS, f"{REQUESTS} calls made through {len(workers)} worker(s), {counted} counted"
+        assert counted == REQUESTS, f"{REQUESTS} calls through {len(workers)} worker(s), {counted} counted"
     finally:
         server.send_signal(signal.SIGINT)
         try:

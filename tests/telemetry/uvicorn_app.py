@@ -5,6 +5,7 @@ worker's pid; ``/metrics`` serves every worker's metrics through a ``MultiProces
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import CollectorRegistry, make_asgi_app
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -25,7 +26,7 @@ async def save(request: Request) -> PlainTextResponse:
     return PlainTextResponse(str(os.getpid()))
 
 
-def metrics_app() -> object:
+def metrics_app() -> Any:
     registry = CollectorRegistry()
     MultiProcessCollector(registry)  # reads every worker's files in PROMETHEUS_MULTIPROC_DIR
     return make_asgi_app(registry)
