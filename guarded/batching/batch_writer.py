@@ -247,6 +247,11 @@ class BatchWriter:
         except BaseException as exc:
             return raising(exc)
 
+    def runs_as_called(self, method: str) -> bool:
+        """Whether a lone write of ``method`` goes out as the very call its caller made: no item
+        key of its own, and the store takes it by that name (not a legacy alias)."""
+        return method not in self._keyed_appends and self.offered(method) == method
+
     async def one_failed(self, write: PendingWrite, exc: BaseException) -> list[Outcome]:
         """The writer's answer for a lone write whose call (:meth:`start_one`) failed with ``exc``:
         parked as bad data, or dead-lettered; a cancellation of the flush is raised."""

@@ -128,6 +128,10 @@ class LoneWriter(Protocol):
     def start_one(self, write: PendingWrite) -> Awaitable[Any] | None:
         """The write's call, started (``None``: write it through the writer itself); never raises."""
 
+    def runs_as_called(self, method: str) -> bool:
+        """Whether a lone write of ``method`` is exactly the call its caller made (no key of its
+        own, the store takes it by that name), so the caller's own call may carry it."""
+
     def one_failed(self, write: PendingWrite, exc: BaseException) -> Awaitable[Sequence[Outcome] | None]:
         """The writer's outcomes for the write whose started call failed with ``exc``; raises a
         cancellation of the flush."""
@@ -435,16 +439,23 @@ class Batcher:
             return QUEUED if self._enqueue(write) is None else ALONE
         return NO_ROOM
 
-    def write_alone(self, method: str) -> Awaitable[Outcome | None]:
+    def write_alone(self, method: str, started: Awaitable[Any] | None = None) -> Awaitable[Outcome | None]:
         """Write the one queued write of ``method`` that :meth:`offer` answered :data:`ALONE`;
-        the awaitable answers its outcome (``None`` for a write-behind write)."""
+        the awaitable answers its outcome (``None`` for a write-behind write). ``started``: the
+        write's call as its caller already made it (when :meth:`runs_as_called`), else the
+        writer makes it."""
         mq = self._queues[method]
         batch = [mq.queue.popleft()]  # _take(mq, 1), inline: the queue holds only this write
         start = mq.taken
         mq.taken = start + 1
         mq.in_flight[start] = batch
         mq.active += 1
-        return self._run_lone(mq, start, batch)
+        return self._run_lone(mq, start, batch, started)
+
+    def runs_as_called(self, method: str) -> bool:
+        """Whether the writer writes a lone write of ``method`` as the call its caller made, so
+        the caller may hand that call to :meth:`write_alone`."""
+        return self._lone is not None and self._lone.runs_as_called(method)
 
     async def submit(self, write: PendingWrite, *, deadline: float) -> bool:
         """Queue ``write``; ``True`` once it is queued (the caller may be acknowledged).
@@ -626,7 +637,9 @@ class Batcher:
             mq.flushes.observe(len(batch), loop.time() - began)
             self._finish(mq, start, batch)
 
-    async def _run_lone(self, mq: MethodQueue, start: int, batch: list[PendingWrite]) -> Outcome | None:
+    async def _run_lone(
+        self, mq: MethodQueue, start: int, batch: list[PendingWrite], started: Awaitable[Any] | None
+    ) -> Outcome | None:
         """Write the one write of ``batch`` in its caller's task (:meth:`write_alone`) and answer
         its outcome (``None`` for a write-behind write): :meth:`_run_flush` for a batch of one,
         without its loops."""
@@ -636,7 +649,9 @@ class Batcher:
         done = write.done
         lone = self._lone
         try:
-            if lone is not None and (started := lone.start_one(write)) is not None:
+            if started is None and lone is not None:
+                started = lone.start_one(write)
+            if lone is not None and started is not None:
                 try:
                     await started
                     outcomes = None

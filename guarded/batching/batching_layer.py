@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeAlias
 
+from ..backend import ITEM_KEYS
 from ..deadletter.buffer_ports import HeldWriteKeeper, Lifecycle
 from ..errors import WriteNotKeptError, WriteRefusedError
 from ..outcome import Outcome
@@ -32,7 +33,15 @@ from .batcher import ALONE, QUEUED, Batcher, PendingWrite
 class WriteQueue:
     """The batcher, as the batching and read layers see it."""
 
-    __slots__ = ("flush_scope", "kept_kwargs", "offer", "pending_for_scope", "submit", "write_alone")
+    __slots__ = (
+        "flush_scope",
+        "kept_kwargs",
+        "offer",
+        "pending_for_scope",
+        "runs_as_called",
+        "submit",
+        "write_alone",
+    )
 
     def __init__(self, batcher: Batcher, kept_kwargs: Callable[[PendingWrite], Mapping[str, Any]]) -> None:
         self.submit: Callable[..., Awaitable[bool]] = batcher.submit
@@ -40,9 +49,13 @@ class WriteQueue:
         self.offer: Callable[[PendingWrite], int] = batcher.offer
         """``offer(write)``: queue ``write`` without waiting; ``QUEUED``, ``ALONE`` (then await
         ``write_alone(method)`` at once) or ``NO_ROOM`` (then ``submit`` it)."""
-        self.write_alone: Callable[[str], Awaitable[Outcome | None]] = batcher.write_alone
-        """Write the lone write :attr:`offer` answered ``ALONE`` for, in the caller's task; the
-        awaitable answers the write's outcome."""
+        self.write_alone: Callable[..., Awaitable[Outcome | None]] = batcher.write_alone
+        """``write_alone(method, started=None)``: write the lone write :attr:`offer` answered
+        ``ALONE`` for, in the caller's task (``started``: the caller's own call of it, when
+        :attr:`runs_as_called`); the awaitable answers the write's outcome."""
+        self.runs_as_called: Callable[[str], bool] = batcher.runs_as_called
+        """Whether a lone write of a method goes to the backend as the call its caller made, so
+        the caller's call may carry it through the layers below (no second call of the guard's)."""
         self.flush_scope: Callable[[str, str], Awaitable[None]] = batcher.flush_scope
         """Write out what waits for one trace or session (before a read of it)."""
         self.pending_for_scope: Callable[[str, str], list[PendingWrite]] = batcher.pending_for_scope
@@ -87,16 +100,18 @@ class BatchingLayer(StepLayer):
         call (the batcher writes it) -- for a group-commit write queued behind a running flush,
         the caller awaits the write's own future, with no frame of its own -- and settles the
         write's outcome."""
-        steps = self._steps(method)
+        steps = self._steps(method, inner)
         if steps is None:
             return None
         enqueued, settle = steps
         return Step(run=enqueued, ok=settle)
 
-    def _steps(self, method: MethodSetup) -> _Steps | None:
+    def _steps(self, method: MethodSetup, inner: Service) -> _Steps | None:
         """The two steps of a batched write of ``method`` (``None`` when the queue does not take
         it): handing the call's write to the batcher, which returns what to await for the
-        batcher's verdict (its outcome, ``None`` once settled), and the caller's answer to it."""
+        batcher's verdict (its outcome, ``None`` once settled), and the caller's answer to it.
+        A lone write that is exactly its caller's call goes to the backend as that call, through
+        ``inner`` (the layers below: breaker, retry, bulkhead, timeout)."""
         queue, keeper = self._queue, self._keeper
         policy = method.policy
         if queue is None or keeper is None or not queue.takes(policy):
@@ -109,6 +124,8 @@ class BatchingLayer(StepLayer):
         is_open, ensure_open = lifecycle.is_open, lifecycle.ensure_open
         hold, kept_kwargs = keeper.hold, queue.kept_kwargs
         commit = method.settings.ack == "commit"
+        as_called = policy.alias_of is None and queue.runs_as_called(name)
+        no_item_keys = ITEM_KEYS.get
         ok, rejected, dead_lettered = Outcome.OK, Outcome.REJECTED, Outcome.DEAD_LETTERED
         refused = Outcome.REFUSED
 
@@ -181,6 +198,8 @@ class BatchingLayer(StepLayer):
                 if offered == QUEUED:
                     return done
                 if offered == ALONE:
+                    if as_called and no_item_keys() is None:
+                        return write_alone(name, inner(call))
                     return write_alone(name)
             return finish(call, write, offered)
 

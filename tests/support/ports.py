@@ -219,8 +219,12 @@ class FakeQueue:
         """Never takes a write at once: every write goes through :meth:`submit`, as scripted."""
         return NO_ROOM
 
-    async def write_alone(self, method: str) -> None:
+    async def write_alone(self, method: str, started: object = None) -> None:
         raise AssertionError("offer() never answers ALONE")
+
+    @staticmethod
+    def runs_as_called(method: str) -> bool:
+        return False
 
     async def submit(self, write: PendingWrite, *, deadline: float) -> bool:
         self.submitted.append((write, deadline))
