@@ -166,8 +166,11 @@ async def test_an_unusable_spill_directory_while_the_database_is_down_is_not_rea
         spill_dir.mkdir()
         await asyncio.to_thread(server.start)
         await acknowledged(store.save_memory_state, "after", {"v": 1})  # a trial call closes the breaker
-        await until_status(store, HealthStatus.OK)
+        await wait_for(lambda: controls.health().ready, WAIT)
         assert probe(store, "readyz")[0] == 200
+        # Nothing needs holding: the spill file is tried again by the guard's periodic sweep
+        # (every 30 s), so the guard may stay degraded (spill_unusable) until then, never failing.
+        assert codes(store) <= {"spill_unusable"}
     finally:
         if spill_dir.is_file():
             spill_dir.unlink()
