@@ -80,6 +80,11 @@ read once when the guard is built; and the bulk forms of :data:`BULK_FORMS`, whi
 when the backend has a method of that name. A store made of other stores (a hybrid) declares
 :class:`ComposedStore`: the guard then guards each part on its own. :data:`LEGACY_ALIASES` names
 the protocol's legacy method names and the method each stands for.
+
+**What a backend may report**: a backend with a connection pool may have :class:`ReportsPoolUsage`'s
+``pool_usage()``, a snapshot (:class:`PoolUsage`: connections in use, the maximum, callers waiting)
+that the guard's health check reads on every call without awaiting; every connection in use with
+callers waiting makes the guard ``degraded`` with the reason ``pool_saturated``.
 """
 
 from __future__ import annotations
@@ -127,6 +132,7 @@ from .observability import telemetry_names as metric_names
 from .observability.per_registry import PerRegistry
 from .observability.scrape_time_gauges import FunctionGauge, function_gauge
 from .policy_table import PolicyTable
+from .pool_usage import POOL_USAGE, PoolUsage, ReportsPoolUsage
 from .protocol import LEGACY_ALIASES
 from .steering import sanitize_steering_event
 
@@ -398,6 +404,7 @@ __all__ = [
     "MAX_CONCURRENCY",
     "MUST_BE_CURRENT",
     "OPERATIONAL_CONDITIONS",
+    "POOL_USAGE",
     "READ_ONLY",
     "RECOVERS_UNANSWERED_CONSUMES",
     "REPLAYING",
@@ -426,6 +433,8 @@ __all__ = [
     "GroupLimit",
     "InMemoryArtifactStore",
     "PerRegistry",
+    "PoolUsage",
+    "ReportsPoolUsage",
     "UnknownSettingError",
     "WriteSupersededError",
     "age_of",

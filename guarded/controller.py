@@ -16,6 +16,7 @@ from .health_status import Health, assess_guard, combine
 from .layers.breaker import CircuitBreaker
 from .layers.bulkhead import Bulkhead
 from .policy import MethodPolicy
+from .pool_usage import pool_usage_of
 
 
 @overload
@@ -93,13 +94,15 @@ class GuardController:
         """Whether the guard keeps the writes it is given: ``ok``, ``degraded`` (every write is
         kept, but e.g. the breaker is open and writes wait in the spill file) or ``failing`` (the
         guard is closed, or writes are held while the spill file is unusable), with the reasons.
-        Reads the guard's state only: never waits, never calls the backend."""
+        Reads the guard's state and what the backend reports of its connection pool
+        (:class:`~guarded.backend.ReportsPoolUsage`): never waits, never calls the backend's I/O."""
         durability = self._core.durability
         return assess_guard(
             breaker=self._core.breaker,
             bulkhead=self._core.bulkhead,
             buffer=self.dead_letters,
             closed=durability is not None and durability.closed,
+            pool=pool_usage_of(self._core.target),
         )
 
     async def flush(self) -> None:

@@ -1,5 +1,6 @@
 """The health of a guard: ``ok``, ``degraded`` or ``failing``, with the reasons, read from the
-guard's breaker, bulkhead and dead-letter buffer without waiting on anything.
+guard's breaker, bulkhead and dead-letter buffer, and what the backend reports of its connection
+pool, without waiting on anything.
 
 The rule it follows: a guard that keeps every write it acknowledges is at worst ``degraded``
 (its backend may be down while the spill file takes the writes); one that cannot keep writes
@@ -18,6 +19,7 @@ from typing import Any
 from .deadletter import DeadLetterBuffer
 from .layers.breaker import BreakerState, CircuitBreaker
 from .layers.bulkhead import Bulkhead
+from .pool_usage import PoolUsage
 
 SPILL_NEAR_CAP = 0.9
 """The share of ``dead_letter.max_disk_bytes`` held on disk from which the spill file counts as
@@ -148,14 +150,29 @@ def _bulkhead_reasons(bulkhead: Bulkhead | None) -> list[HealthReason]:
     return [_reason("bulkhead_saturated", HealthStatus.DEGRADED, message)]
 
 
+def _pool_reasons(pool: PoolUsage | None) -> list[HealthReason]:
+    if pool is None or not pool.saturated:
+        return []
+    waiting = ""
+    if pool.waiting is not None:
+        waiting = f", {pool.waiting} {'caller' if pool.waiting == 1 else 'callers'} waiting"
+    message = (
+        f"the backend's connection pool is saturated: {pool.in_use} of {pool.max_size} connections "
+        f"in use{waiting}"
+    )
+    return [_reason("pool_saturated", HealthStatus.DEGRADED, message)]
+
+
 def assess_guard(
     *,
     breaker: CircuitBreaker,
     bulkhead: Bulkhead | None,
     buffer: DeadLetterBuffer | None,
     closed: bool,
+    pool: PoolUsage | None = None,
 ) -> Health:
-    """The health of one guard from its parts; ``closed``: the guard was closed."""
+    """The health of one guard from its parts; ``closed``: the guard was closed; ``pool``: what
+    the backend reports of its connection pool (:class:`~guarded.pool_usage.ReportsPoolUsage`)."""
     if closed:
         return health_of(
             (_reason("guard_closed", HealthStatus.FAILING, "the guard is closed: it takes no writes"),)
@@ -163,6 +180,7 @@ def assess_guard(
     breaker_open, reasons = _breaker_reasons(breaker)
     reasons += _buffer_reasons(buffer, breaker_open=breaker_open)
     reasons += _bulkhead_reasons(bulkhead)
+    reasons += _pool_reasons(pool)
     return health_of(tuple(reasons))
 
 

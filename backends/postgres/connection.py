@@ -50,6 +50,8 @@ from typing import Any, TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from guarded.backend import PoolUsage
+
 from .database_metrics import StoreMetrics
 from .options import check_options
 from .pooler import (
@@ -531,6 +533,21 @@ class Database:
     def pool_in_use(self) -> int:
         pool = self._pool
         return pool.get_size() - pool.get_idle_size() if pool is not None else 0
+
+    def pool_waiting(self) -> int | None:
+        """Callers waiting for a connection now; ``None`` when asyncpg cannot tell. asyncpg keeps
+        its free connections in an ``asyncio`` queue and has no public count of the callers
+        waiting on it: the queue's waiters are read when it has them."""
+        waiters = getattr(getattr(self._pool, "_queue", None), "_getters", None)
+        if waiters is None:
+            return None
+        return sum(1 for waiter in waiters if not waiter.done())
+
+    def pool_usage(self) -> PoolUsage | None:
+        """How full the pool is now (never waits); ``None`` before a lazy pool is opened."""
+        if self._pool is None:
+            return None
+        return PoolUsage(self.pool_in_use(), self.pool_max_size(), self.pool_waiting())
 
 
 __all__ = [

@@ -41,6 +41,7 @@ from typing import Any, Self, Unpack
 
 import asyncpg
 
+from guarded.backend import PoolUsage
 from guarded.codec import installed_types
 
 from . import schema_migrations as migrations_module
@@ -309,6 +310,12 @@ class PostgresStateStore(ProtocolMethods):
     def pool(self) -> asyncpg.Pool:
         """The asyncpg pool (for ops tooling; the store does not expect others to use its schema)."""
         return self._db.pool
+
+    def pool_usage(self) -> PoolUsage | None:
+        """How full the store's pool is now: connections in use, the maximum, callers waiting
+        (:class:`guarded.backend.ReportsPoolUsage`; the guard's health check reports
+        ``pool_saturated`` from it). ``None`` before a lazy store's pool is opened."""
+        return self._db.pool_usage()
 
     async def migration_status(self) -> migrations_module.MigrationStatus:
         """Where the schema stands relative to the migrations shipped with this code."""

@@ -26,6 +26,7 @@ from guarded.config import BatchConfig, BreakerConfig, BulkheadConfig, DeadLette
 from guarded.errors import WriteNotKeptError
 from guarded.health import health_app, probe
 from guarded.health_status import HealthStatus
+from guarded.pool_usage import PoolUsage
 from guarded.testing import Fault, FaultPlan, FaultyStore, fault_injector
 from tests.guard.support import fast_config, no_background_replay
 
@@ -330,5 +331,36 @@ async def test_the_app_mounted_in_starlette_beside_other_routes(tmp_path: Path) 
             controller(store).breaker.force_open()
             ready = await client.get("/readyz")
             assert (ready.status_code, ready.json()["status"]) == (200, "degraded")
+    finally:
+        await controller(store).aclose()
+
+
+@pytest.mark.parametrize(
+    ("usage", "saturated"),
+    [
+        (PoolUsage(in_use=2, max_size=2, waiting=1), True),
+        (PoolUsage(in_use=2, max_size=2, waiting=0), False),
+        (PoolUsage(in_use=2, max_size=2), True),  # who waits is unknown: every connection in use
+        (PoolUsage(in_use=1, max_size=2), False),
+        (PoolUsage(in_use=0, max_size=0, waiting=3), False),  # no pool to speak of
+    ],
+)
+async def test_a_pool_is_saturated_when_every_connection_is_in_use_and_callers_wait(
+    usage: PoolUsage, saturated: bool
+) -> None:
+    assert usage.saturated is saturated
+
+
+class PoolReportFails(InMemoryStateStore):
+    """A backend whose pool report raises (a fault injected in the report, not in the store)."""
+
+    def pool_usage(self) -> PoolUsage | None:
+        raise RuntimeError("the pool report broke")
+
+
+async def test_a_failing_pool_report_leaves_the_health_check_answering() -> None:
+    store = guard(PoolReportFails(), registry=CollectorRegistry(), config=config(None))
+    try:
+        assert probe(store, "readyz") == (200, {"status": "ok", "reasons": []})
     finally:
         await controller(store).aclose()
