@@ -265,13 +265,19 @@ class RedisStateStore:
         :class:`~.redis_errors.ReplicasNotAcknowledgedError`."""
         registered = self._scripts.by_name[script]
         wanted = self.settings.replicas_to_ack
+        if not wanted:
+            # Awaited here, not through _loading_script: the usual call pays for no further coroutine
+            # or closure; a server without the script (NOSCRIPT) is recovered below.
+            try:
+                return await self._evalsha(registered, keys, args)
+            except NoScriptError:
+                pass
+            except Exception as exc:
+                self.sampling.command_failed(exc)
+                raise
         try:
             if not wanted:
-                # EVALSHA straight from the client: redis-py's Script.__call__ costs more than the call.
-                return await self._loading_script(
-                    registered,
-                    lambda: self._client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args),
-                )
+                return await self._loading_script(registered, lambda: self._evalsha(registered, keys, args))
             result, acknowledged = await self._loading_script(
                 registered, lambda: self._run_then_wait(registered, keys, args)
             )
@@ -281,6 +287,11 @@ class RedisStateStore:
         if int(acknowledged) < wanted:
             raise ReplicasNotAcknowledgedError(wanted, int(acknowledged))
         return result
+
+    def _evalsha(self, registered: Any, keys: Sequence[str], args: Sequence[Any]) -> Awaitable[Any]:
+        """``EVALSHA`` of a registered script straight from the client: redis-py's
+        ``Script.__call__`` costs more than the call."""
+        return self._client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)  # type: ignore[no-any-return]
 
     async def _loading_script(self, registered: Any, attempt: Callable[[], Awaitable[Any]]) -> Any:
         """``attempt()``, once more after loading ``registered`` when the server lacks it: a restarted
@@ -680,11 +691,13 @@ class RedisStateStore:
         items = list(zip(rows, times, strict=True))
 
         async def save(group: list[tuple[tuple[str, str], int]]) -> int:
-            records = [self.keys.memory(key)[0] for (key, _), _ in group]
+            keys: list[str] = [""]  # the index first, then a record per item
             args: list[Any] = [replay, ttl]
             for (key, state), time in group:
+                record, keys[0] = self.keys.memory(key)
+                keys.append(record)
                 args += [time, key, state]
-            results = await self.run("memory_save", [self.keys.memory(group[0][0][0])[1], *records], args)
+            results = await self.run("memory_save", keys, args)
             stored = [int(value) for value in results[1::2] if value]
             if stored:
                 merge_logical_time(max(stored))
