@@ -107,6 +107,8 @@ from .redis_scripts import Scripts
 
 DEFAULT_PREFIX = "guarded"
 DEFAULT_MAX_CONNECTIONS = 32
+_IN_MILLISECONDS = ("pause_ttl", "memory_ttl", "session_ttl", "trace_ttl", "ack_timeout")
+"""The settings the store sends to Redis in milliseconds (:meth:`RedisSettings.ms`)."""
 
 
 def _superseded(refused: int, method: str) -> None:
@@ -220,6 +222,16 @@ class RedisStateStore:
         return store
 
     @property
+    def settings(self) -> RedisSettings:
+        """What the store runs with (its times in milliseconds are worked out when it is set)."""
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: RedisSettings) -> None:
+        self._settings = settings
+        self._ms = {name: settings.ms(name) for name in _IN_MILLISECONDS}
+
+    @property
     def client(self) -> Any:
         """The redis-py client (for operators' tools)."""
         return self._client
@@ -264,7 +276,7 @@ class RedisStateStore:
         same connection) until that many replicas have it, else
         :class:`~.redis_errors.ReplicasNotAcknowledgedError`."""
         registered = self._scripts.by_name[script]
-        wanted = self.settings.replicas_to_ack
+        wanted = self._settings.replicas_to_ack
         if not wanted:
             # Awaited here, not through _loading_script: the usual call pays for no further coroutine
             # or closure; a server without the script (NOSCRIPT) is recovered below.
@@ -307,21 +319,21 @@ class RedisStateStore:
         """The script's reply and how many replicas acknowledged it (one pipeline, one connection)."""
         pipe = self._client.pipeline(transaction=False)
         await registered(keys=list(keys), args=list(args), client=pipe)
-        pipe.execute_command("WAIT", self.settings.replicas_to_ack, self.settings.ms("ack_timeout"))
+        pipe.execute_command("WAIT", self._settings.replicas_to_ack, self._ms["ack_timeout"])
         replies: list[Any] = await pipe.execute()
         return replies
 
     async def acknowledged(self, *commands: Sequence[Any]) -> list[Any]:
         """Run plain commands (``("ZREM", key, member)``) on keys of one tag in one pipeline and,
         with ``replicas_to_ack``, ``WAIT`` for the replicas on the same connection; their replies."""
-        wanted = self.settings.replicas_to_ack
+        wanted = self._settings.replicas_to_ack
         if len(commands) == 1 and not wanted:  # one command needs no pipeline
             return [await self._client.execute_command(*commands[0])]
         pipe = self._client.pipeline(transaction=False)
         for command in commands:
             pipe.execute_command(*command)
         if wanted:
-            pipe.execute_command("WAIT", wanted, self.settings.ms("ack_timeout"))
+            pipe.execute_command("WAIT", wanted, self._ms["ack_timeout"])
         replies: list[Any] = await pipe.execute()
         if wanted:
             acknowledged = int(replies.pop())
@@ -364,7 +376,7 @@ class RedisStateStore:
         doc = STORED_EVENT.encode(event)  # its JSON text, checked for size, is written below
         doc["trace_id"] = trace_id
         doc["ts"] = ts
-        return trace_id, event_fingerprint(doc), ts, dumps(doc, self.settings.max_value_bytes)
+        return trace_id, event_fingerprint(doc), ts, dumps(doc, self._settings.max_value_bytes)
 
     async def save_event(self, event: Any) -> None:
         """Append a runtime event to its trace; a repeat (same trace, ts, kind, node, payload) is not."""
@@ -381,7 +393,7 @@ class RedisStateStore:
         await self._append_events(rows)
 
     async def _append_events(self, rows: Sequence[tuple[str, str, float, str]]) -> None:
-        ttl = self.settings.ms("trace_ttl")
+        ttl = self._ms["trace_ttl"]
 
         def append(group: list[tuple[str, str, float, str]]) -> Awaitable[Any]:
             args: list[Any] = [ttl]
@@ -408,7 +420,7 @@ class RedisStateStore:
 
     def _encode_binding(self, binding: Any) -> tuple[str, str | None, str, str, str | None, str]:
         """``(trace_id, context_id, task_id, doc, router_session_id, terminal)`` of a binding."""
-        doc, encoded = record_text(lambda: REMOTE_BINDING.encode(binding), self.settings.max_value_bytes, "")
+        doc, encoded = record_text(lambda: REMOTE_BINDING.encode(binding), self._settings.max_value_bytes, "")
         router = doc.get("router_session_id")
         context = doc.get("context_id")
         return (
@@ -441,8 +453,8 @@ class RedisStateStore:
             return
         times = self._times(len(rows))
         replay = is_replay()
-        ttl = self.settings.ms("trace_ttl")
-        session_ttl = self.settings.ms("session_ttl")
+        ttl = self._ms["trace_ttl"]
+        session_ttl = self._ms["session_ttl"]
         items = [(row, time, next_logical_time()) for row, time in zip(rows, times, strict=True)]
 
         async def save(
@@ -564,7 +576,7 @@ class RedisStateStore:
             return
         times = self._times(len(keys))
         replay = "1" if is_replay() else "0"
-        ttl = self.settings.ms("trace_ttl")
+        ttl = self._ms["trace_ttl"]
 
         async def mark(group: list[tuple[tuple[str, str | None, str], int]]) -> int:
             args: list[Any] = [replay, ttl, *(time for _, time in group)]
@@ -586,7 +598,7 @@ class RedisStateStore:
     async def save_planner_state(self, token: str, payload: dict[str, Any]) -> None:
         """Save a pause payload, consumable for ``pause_ttl`` seconds (a consumed token again)."""
         with refusing("save_planner_state"):
-            row = (text(token, "token"), object_text(payload, self.settings.max_value_bytes, "payload"))
+            row = (text(token, "token"), object_text(payload, self._settings.max_value_bytes, "payload"))
         await self._save_pauses("save_planner_state", [row])
 
     async def save_planner_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
@@ -598,7 +610,10 @@ class RedisStateStore:
             ):
                 try:
                     rows.append(
-                        (text(token, "token"), object_text(payload, self.settings.max_value_bytes, "payload"))
+                        (
+                            text(token, "token"),
+                            object_text(payload, self._settings.max_value_bytes, "payload"),
+                        )
                     )
                 except InvalidPayloadError as exc:
                     raise exc.at(f"items[{index}]") from None
@@ -609,7 +624,7 @@ class RedisStateStore:
             return
         times = self._times(len(rows))
         replay = "1" if is_replay() else "0"
-        ttl = self.settings.pause_ttl
+        ttl = self._settings.pause_ttl
         living = []
         for (token, payload), time in zip(rows, times, strict=True):
             left = ttl_left(ttl, time)
@@ -647,8 +662,8 @@ class RedisStateStore:
         args = [
             mode,
             time,
-            self.settings.ms("pause_ttl"),
-            round(self.settings.consume_grace * 1000),
+            self._ms["pause_ttl"],
+            round(self._settings.consume_grace * 1000),
             consumer or "",
             *unanswered,
         ]
@@ -666,7 +681,7 @@ class RedisStateStore:
     async def save_memory_state(self, key: str, state: dict[str, Any]) -> None:
         """Upsert the memory state of ``key``."""
         with refusing("save_memory_state"):
-            row = (text(key, "key"), object_text(state, self.settings.max_value_bytes, "state"))
+            row = (text(key, "key"), object_text(state, self._settings.max_value_bytes, "state"))
         await self._save_memory("save_memory_state", [row])
 
     async def save_memory_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
@@ -676,7 +691,7 @@ class RedisStateStore:
             for index, (key, state) in enumerate(items_of("save_memory_states", items, 2, "(key, state)")):
                 try:
                     rows.append(
-                        (text(key, "key"), object_text(state, self.settings.max_value_bytes, "state"))
+                        (text(key, "key"), object_text(state, self._settings.max_value_bytes, "state"))
                     )
                 except InvalidPayloadError as exc:
                     raise exc.at(f"items[{index}]") from None
@@ -687,7 +702,7 @@ class RedisStateStore:
             return
         times = self._times(len(rows))
         replay = "1" if is_replay() else "0"
-        ttl = self.settings.ms("memory_ttl")
+        ttl = self._ms["memory_ttl"]
         items = list(zip(rows, times, strict=True))
 
         async def save(group: list[tuple[tuple[str, str], int]]) -> int:
@@ -733,7 +748,7 @@ class RedisStateStore:
 
     def _encode_task(self, state: Any) -> tuple[str, str, int, str]:
         """``(task_id, session_id, updated_at in µs, doc)`` of a task state."""
-        doc, encoded = record_text(lambda: TASK_STATE.encode(state), self.settings.max_value_bytes, "")
+        doc, encoded = record_text(lambda: TASK_STATE.encode(state), self._settings.max_value_bytes, "")
         updated_at = getattr(state, "updated_at", None)
         if not isinstance(updated_at, datetime):
             raise InvalidPayloadError("expected a datetime", path="updated_at")
@@ -755,7 +770,7 @@ class RedisStateStore:
         await self._save_tasks("save_tasks", rows)
 
     async def _save_tasks(self, method: str, rows: Sequence[tuple[str, str, int, str]]) -> None:
-        ttl = self.settings.ms("session_ttl")
+        ttl = self._ms["session_ttl"]
         items = [(row, next_logical_time()) for row in rows]
 
         async def save(group: list[tuple[tuple[str, str, int, str], int]]) -> int:
@@ -807,11 +822,11 @@ class RedisStateStore:
 
     def _encode_item(self, codec: RecordCodec[Any], item: Any, id_field: str) -> tuple[str, str, str, str]:
         """``(session_id, item id, task_id, doc)`` of an update or a steering event."""
-        doc, encoded = record_text(lambda: codec.encode(item), self.settings.max_value_bytes, "")
+        doc, encoded = record_text(lambda: codec.encode(item), self._settings.max_value_bytes, "")
         return str(doc["session_id"]), str(doc[id_field]), str(doc["task_id"]), encoded
 
     async def _append(self, kind: str, rows: Sequence[tuple[str, str, str, str]]) -> None:
-        ttl = self.settings.ms("session_ttl")
+        ttl = self._ms["session_ttl"]
 
         def append(group: list[tuple[str, str, str, str]]) -> Awaitable[Any]:
             args: list[Any] = [ttl]
@@ -913,7 +928,7 @@ class RedisStateStore:
             doc = encode_trajectory(trajectory, "trajectory")
         except RecursionError:
             raise InvalidPayloadError("nested too deeply (a reference cycle?)", path="trajectory") from None
-        return trace, session, dumps(doc, self.settings.max_value_bytes, "trajectory")
+        return trace, session, dumps(doc, self._settings.max_value_bytes, "trajectory")
 
     async def save_trajectory(self, trace_id: str, session_id: str, trajectory: Any) -> None:
         """Upsert the trajectory of the trace; the trace becomes the session's most recent."""
@@ -939,8 +954,8 @@ class RedisStateStore:
             return
         times = self._times(len(rows))
         replay = "1" if is_replay() else "0"
-        ttl = self.settings.ms("trace_ttl")
-        session_ttl = self.settings.ms("session_ttl")
+        ttl = self._ms["trace_ttl"]
+        session_ttl = self._ms["session_ttl"]
         items = [(row, time, next_logical_time()) for row, time in zip(rows, times, strict=True)]
 
         async def save(group: list[tuple[tuple[str, str, str], int, int]]) -> int:
@@ -994,7 +1009,7 @@ class RedisStateStore:
 
     def _encode_planner_event(self, trace_id: Any, event: Any) -> tuple[str, str]:
         trace = text(trace_id, "trace_id")
-        _, doc = record_text(lambda: PLANNER_EVENT.encode(event), self.settings.max_value_bytes, "event")
+        _, doc = record_text(lambda: PLANNER_EVENT.encode(event), self._settings.max_value_bytes, "event")
         finite(parse_json(doc).get("ts"), "event.ts")
         return trace, doc
 
@@ -1022,7 +1037,7 @@ class RedisStateStore:
             return
         with refusing("save_planner_events"):
             keys = _call_keys(len(rows))
-        ttl = self.settings.ms("trace_ttl")
+        ttl = self._ms["trace_ttl"]
         items = [(trace, doc, key) for (trace, doc), key in zip(rows, keys, strict=True)]
 
         def append(group: list[tuple[str, str, str]]) -> Awaitable[Any]:
