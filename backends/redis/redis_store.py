@@ -78,7 +78,7 @@ from guarded.codec import (
     RecordTypes,
     decode_trajectory,
     encode_trajectory,
-    event_fingerprint,
+    event_fingerprint_and_text,
     installed_types,
     parse_json,
     refusing,
@@ -102,6 +102,7 @@ from .redis_records import (
     micros,
     object_text,
     record_text,
+    within,
 )
 from .redis_scripts import Scripts
 
@@ -376,7 +377,8 @@ class RedisStateStore:
         doc = STORED_EVENT.encode(event)  # its JSON text, checked for size, is written below
         doc["trace_id"] = trace_id
         doc["ts"] = ts
-        return trace_id, event_fingerprint(doc), ts, dumps(doc, self._settings.max_value_bytes)
+        fingerprint, encoded = event_fingerprint_and_text(doc)
+        return trace_id, fingerprint, ts, within(encoded, self._settings.max_value_bytes)
 
     async def save_event(self, event: Any) -> None:
         """Append a runtime event to its trace; a repeat (same trace, ts, kind, node, payload) is not."""
