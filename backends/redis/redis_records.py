@@ -77,8 +77,6 @@ def items_of(
 
 def grouped(items: Sequence[Item], key: Callable[[Item], Hashable]) -> list[list[Item]]:
     """``items`` in groups of one key each (a hash tag: one slot), each group in list order."""
-    if len(items) == 1:  # a single write: its key need not be computed
-        return [list(items)]
     groups: dict[Hashable, list[Item]] = {}
     for item in items:
         groups.setdefault(key(item), []).append(item)

@@ -43,11 +43,11 @@ refused before any I/O) comes from redis-py and is for the guard to classify
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from datetime import datetime
 from time import time as wall_clock
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from prometheus_client import CollectorRegistry
 from redis import asyncio as redis_asyncio
@@ -106,10 +106,27 @@ from .redis_records import (
 )
 from .redis_scripts import Scripts
 
+_Item = TypeVar("_Item")
+
 DEFAULT_PREFIX = "guarded"
 DEFAULT_MAX_CONNECTIONS = 32
 _IN_MILLISECONDS = ("pause_ttl", "memory_ttl", "session_ttl", "trace_ttl", "ack_timeout")
 """The settings the store sends to Redis in milliseconds (:meth:`RedisSettings.ms`)."""
+
+
+def _refused(results: Sequence[Any]) -> int:
+    """How many items a last-write-wins script refused, from its reply (per item: applied 1/0, the
+    record's time); every stored time goes to ``merge_logical_time``."""
+    refused = newest = 0
+    for index in range(0, len(results), 2):
+        if not int(results[index]):
+            refused += 1
+        stored = results[index + 1]
+        if stored and int(stored) > newest:
+            newest = int(stored)
+    if newest:
+        merge_logical_time(newest)
+    return refused
 
 
 def _superseded(refused: int, method: str) -> None:
@@ -342,11 +359,17 @@ class RedisStateStore:
                 raise ReplicasNotAcknowledgedError(wanted, acknowledged)
         return replies
 
-    async def _each(self, calls: Sequence[Awaitable[Any]]) -> list[Any]:
-        """Await the calls of several tags together (they touch distinct slots)."""
-        if len(calls) == 1:
-            return [await calls[0]]
-        return list(await asyncio.gather(*calls))
+    async def _each(
+        self,
+        items: Sequence[_Item],
+        tag_of: Callable[[_Item], Hashable],
+        call: Callable[[list[_Item]], Awaitable[Any]],
+    ) -> list[Any]:
+        """``call(group)`` for the items of each tag (:func:`~.redis_records.grouped`), awaited together
+        (they touch distinct slots); their results. A single item is its own group."""
+        if len(items) == 1:
+            return [await call(list(items))]
+        return list(await asyncio.gather(*[call(group) for group in grouped(items, tag_of)]))
 
     def _times(self, count: int) -> Sequence[int]:
         return current_logical_times(count)
@@ -403,7 +426,7 @@ class RedisStateStore:
                 args += [fingerprint, repr(ts), doc]
             return self.run("events_append", self.keys.events(group[0][0]), args)
 
-        await self._each([append(group) for group in grouped(rows, lambda row: row[0])])
+        await self._each(rows, lambda row: row[0], append)
 
     async def load_history(self, trace_id: str) -> list[Any]:
         """The trace's events by ascending ``ts``, ties in insertion order; ``[]`` when unknown."""
@@ -485,7 +508,7 @@ class RedisStateStore:
                     await self._index(saved_index, session_ttl, [(float(saved), member)], keep=False)
             return refused
 
-        refused = await self._each([save(group) for group in grouped(items, lambda item: item[0][0])])
+        refused = await self._each(items, lambda item: item[0][0], save)
         _superseded(sum(refused), method)
 
     async def _bindings_indexed(
@@ -582,15 +605,12 @@ class RedisStateStore:
 
         async def mark(group: list[tuple[tuple[str, str | None, str], int]]) -> int:
             args: list[Any] = [replay, ttl, *(time for _, time in group)]
-            results = await self.run("binding_mark", [self.keys.binding(*key) for key, _ in group], args)
-            outcomes = [int(value) for value in results[0::2]]
-            stored = [int(value) for value in results[1::2] if value]
-            if stored:
-                merge_logical_time(max(stored))
-            return outcomes.count(0)
+            return _refused(
+                await self.run("binding_mark", [self.keys.binding(*key) for key, _ in group], args)
+            )
 
         items = list(zip(keys, times, strict=True))
-        refused = await self._each([mark(group) for group in grouped(items, lambda item: item[0][0])])
+        refused = await self._each(items, lambda item: item[0][0], mark)
         _superseded(sum(refused), method)
 
     # ------------------------------------------------------------------------------------------------
@@ -637,13 +657,9 @@ class RedisStateStore:
             args: list[Any] = [replay]
             for _, payload, time, left_ms in group:
                 args += [time, left_ms, payload]
-            results = await self.run("pause_save", [self.keys.pause(group[0][0])] * len(group), args)
-            stored = [int(value) for value in results[1::2] if value]
-            if stored:
-                merge_logical_time(max(stored))
-            return [int(value) for value in results[0::2]].count(0)
+            return _refused(await self.run("pause_save", [self.keys.pause(group[0][0])] * len(group), args))
 
-        refused = await self._each([save(group) for group in grouped(living, lambda item: item[0])])
+        refused = await self._each(living, lambda item: item[0], save)
         self.sampling.pauses_saved(len(living) - sum(refused))
         _superseded(sum(refused), method)
 
@@ -714,15 +730,9 @@ class RedisStateStore:
                 record, keys[0] = self.keys.memory(key)
                 keys.append(record)
                 args += [time, key, state]
-            results = await self.run("memory_save", keys, args)
-            stored = [int(value) for value in results[1::2] if value]
-            if stored:
-                merge_logical_time(max(stored))
-            return [int(value) for value in results[0::2]].count(0)
+            return _refused(await self.run("memory_save", keys, args))
 
-        refused = await self._each(
-            [save(group) for group in grouped(items, lambda item: memory_group(item[0][0]))]
-        )
+        refused = await self._each(items, lambda item: memory_group(item[0][0]), save)
         _superseded(sum(refused), method)
 
     async def load_memory_state(self, key: str) -> dict[str, Any] | None:
@@ -798,7 +808,7 @@ class RedisStateStore:
                     )
             return refused
 
-        refused = sum(await self._each([save(group) for group in grouped(items, lambda item: item[0][0])]))
+        refused = sum(await self._each(items, lambda item: item[0][0], save))
         if refused and is_replay():
             raise WriteSupersededError(refused, method=method)
 
@@ -836,7 +846,7 @@ class RedisStateStore:
                 args += [item_id, task_id, doc]
             return self.run("stream_append", self.keys.stream(kind, group[0][0]), args)
 
-        await self._each([append(group) for group in grouped(rows, lambda row: row[0])])
+        await self._each(rows, lambda row: row[0], append)
 
     async def save_update(self, update: Any) -> None:
         """Append an update; idempotent by ``(session_id, update_id)``."""
@@ -978,7 +988,7 @@ class RedisStateStore:
                     refused += 1
             return refused
 
-        refused = await self._each([save(group) for group in grouped(items, lambda item: item[0][0])])
+        refused = await self._each(items, lambda item: item[0][0], save)
         _superseded(sum(refused), method)
 
     async def get_trajectory(self, trace_id: str, session_id: str) -> Any:
@@ -1048,7 +1058,7 @@ class RedisStateStore:
                 args += [key, doc]
             return self.run("planner_append", self.keys.planner_events(group[0][0]), args)
 
-        await self._each([append(group) for group in grouped(items, lambda item: item[0])])
+        await self._each(items, lambda item: item[0], append)
 
     async def list_planner_events(self, trace_id: str) -> list[Any]:
         """Planner events of a trace in emission order."""
