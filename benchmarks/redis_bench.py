@@ -8,8 +8,8 @@ one real ``redis-server`` (``guarded.testing.redis``), timed in interleaved roun
 * ``raw redis-py``: the commands the bare store sends for one call of the method, exactly as it
   sends them (``EVALSHA`` of the same Lua script with the same keys and arguments, or the same
   ``HGET``/``XRANGE``; recorded from the store's client), replayed on a plain ``redis.asyncio``
-  client with a pool of the same size. Arguments are prepared in advance: the floor (server,
-  network, redis-py), no encoding or validation.
+  client configured as the store's (pool size and wait, socket timeouts). Arguments are prepared
+  in advance: the floor (server, network, redis-py), no encoding or validation.
 * ``bare store``: ``RedisStateStore``'s method.
 * ``guard``: the same method of ``guard(store)`` with the default configuration (``save_event`` is
   batched by the guard and returns once its batch is written).
@@ -235,6 +235,21 @@ def format_report(
     return "\n".join(lines)
 
 
+def _raw_client(url: str, store_client: Any) -> Any:
+    """A plain ``redis.asyncio`` client configured as the store's own: a blocking pool of the same
+    size and wait, the same socket timeouts (a read under a timeout costs redis-py a few µs more),
+    so the two series differ only by what the store does around the commands."""
+    pool = store_client.connection_pool
+    timeouts = {
+        name: pool.connection_kwargs.get(name) for name in ("socket_timeout", "socket_connect_timeout")
+    }
+    return redis_asyncio.Redis.from_pool(
+        redis_asyncio.BlockingConnectionPool.from_url(
+            url, max_connections=pool.max_connections, timeout=pool.timeout, **timeouts
+        )
+    )
+
+
 async def _per_call(url: str, *, rounds: int, per_round: int, methods: Sequence[str]) -> list[RedisRow]:
     store = await RedisStateStore.connect(
         url,
@@ -243,9 +258,7 @@ async def _per_call(url: str, *, rounds: int, per_round: int, methods: Sequence[
         registry=CollectorRegistry(),
         sample_interval=None,
     )
-    raw = redis_asyncio.Redis.from_pool(
-        redis_asyncio.BlockingConnectionPool.from_url(url, max_connections=POOL_SIZE)
-    )
+    raw = _raw_client(url, store.client)
     proxy = guard(store, name="bench-redis", registry=CollectorRegistry())
     try:
         for seed in seeds():  # writes first, so reads find their rows

@@ -12,7 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guarded.codec import canonical_json, compact_json, parse_json
+from guarded.codec import (
+    canonical_json,
+    compact_json,
+    event_fingerprint,
+    event_fingerprint_and_text,
+    parse_json,
+)
+from guarded.codec.json_text import compact_and_canonical_json
 
 floats = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(
     [1e-4, 9.9e-5, 1e-5, 5e-324, 1e16, 9999999999999998.0, 1e22, -0.0, 0.0]
@@ -44,9 +51,24 @@ def test_the_texts_are_json_dumps_texts(value: Any) -> None:
     assert canonical_json(value) == json.dumps(value, sort_keys=True, **options)
 
 
+@settings(max_examples=400, deadline=None)
+@given(values)
+def test_both_texts_at_once_are_each_text(value: Any) -> None:
+    assert _outcome(compact_and_canonical_json, value) == _outcome(
+        lambda both: (compact_json(both), canonical_json(both)), value
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(texts, values, max_size=5), integers | floats)
+def test_an_event_fingerprint_and_text_at_once_are_each(event: dict[str, Any], ts: int | float) -> None:
+    event = {**event, "ts": ts}
+    assert event_fingerprint_and_text(event) == (event_fingerprint(event), compact_json(event))
+
+
 @pytest.mark.parametrize("value", [{"x": math.nan}, {"x": [math.inf]}, {"x": object()}])
 def test_what_json_dumps_refuses_is_refused(value: Any) -> None:
-    for encode in (compact_json, canonical_json):
+    for encode in (compact_json, canonical_json, compact_and_canonical_json):
         with pytest.raises((ValueError, TypeError)):
             encode(value)
 

@@ -29,9 +29,15 @@ from guarded.errors import InvalidPayloadError
 _FORBIDDEN_IN_PREFIX = frozenset("{}*?[]\\") | frozenset(" \t\r\n\v\f")
 
 
+_LEFT_AS_IS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+"""What percent-encoding leaves as it is (``urllib.parse``'s always-safe characters)."""
+
+
 def escape_id(value: str) -> str:
     """The key form of a caller's id (see the module docs); ``value`` is valid text (no lone
     surrogates: the store checks it first)."""
+    if _LEFT_AS_IS.issuperset(value):  # nothing to encode: the id as it is, without quote's work
+        return value
     return quote(value, safe="")
 
 

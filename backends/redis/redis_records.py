@@ -18,7 +18,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def dumps(value: Any, limit: int, path: str = "") -> str:
     """The JSON text of an already encoded (plain) value, refused when larger than ``limit`` bytes."""
-    encoded = compact_json(value)
+    return within(compact_json(value), limit, path)
+
+
+def within(encoded: str, limit: int, path: str = "") -> str:
+    """The JSON text ``encoded``, refused when larger than ``limit`` bytes."""
     if len(encoded) > limit // 4 and len(encoded.encode("utf-8")) > limit:
         raise InvalidPayloadError(
             f"the value's JSON text is larger than the store's max_value_bytes ({limit} bytes)", path=path
@@ -92,4 +96,5 @@ __all__ = [
     "micros",
     "object_text",
     "record_text",
+    "within",
 ]

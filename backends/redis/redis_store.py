@@ -43,11 +43,11 @@ refused before any I/O) comes from redis-py and is for the guard to classify
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from datetime import datetime
 from time import time as wall_clock
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from prometheus_client import CollectorRegistry
 from redis import asyncio as redis_asyncio
@@ -78,7 +78,7 @@ from guarded.codec import (
     RecordTypes,
     decode_trajectory,
     encode_trajectory,
-    event_fingerprint,
+    event_fingerprint_and_text,
     installed_types,
     parse_json,
     refusing,
@@ -102,11 +102,31 @@ from .redis_records import (
     micros,
     object_text,
     record_text,
+    within,
 )
 from .redis_scripts import Scripts
 
+_Item = TypeVar("_Item")
+
 DEFAULT_PREFIX = "guarded"
 DEFAULT_MAX_CONNECTIONS = 32
+_IN_MILLISECONDS = ("pause_ttl", "memory_ttl", "session_ttl", "trace_ttl", "ack_timeout")
+"""The settings the store sends to Redis in milliseconds (:meth:`RedisSettings.ms`)."""
+
+
+def _refused(results: Sequence[Any]) -> int:
+    """How many items a last-write-wins script refused, from its reply (per item: applied 1/0, the
+    record's time); every stored time goes to ``merge_logical_time``."""
+    refused = newest = 0
+    for index in range(0, len(results), 2):
+        if not int(results[index]):
+            refused += 1
+        stored = results[index + 1]
+        if stored and int(stored) > newest:
+            newest = int(stored)
+    if newest:
+        merge_logical_time(newest)
+    return refused
 
 
 def _superseded(refused: int, method: str) -> None:
@@ -220,6 +240,16 @@ class RedisStateStore:
         return store
 
     @property
+    def settings(self) -> RedisSettings:
+        """What the store runs with (its times in milliseconds are worked out when it is set)."""
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: RedisSettings) -> None:
+        self._settings = settings
+        self._ms = {name: settings.ms(name) for name in _IN_MILLISECONDS}
+
+    @property
     def client(self) -> Any:
         """The redis-py client (for operators' tools)."""
         return self._client
@@ -264,14 +294,20 @@ class RedisStateStore:
         same connection) until that many replicas have it, else
         :class:`~.redis_errors.ReplicasNotAcknowledgedError`."""
         registered = self._scripts.by_name[script]
-        wanted = self.settings.replicas_to_ack
+        wanted = self._settings.replicas_to_ack
+        if not wanted:
+            # Awaited here, not through _loading_script: the usual call pays for no further coroutine
+            # or closure; a server without the script (NOSCRIPT) is recovered below.
+            try:
+                return await self._evalsha(registered, keys, args)
+            except NoScriptError:
+                pass
+            except Exception as exc:
+                self.sampling.command_failed(exc)
+                raise
         try:
             if not wanted:
-                # EVALSHA straight from the client: redis-py's Script.__call__ costs more than the call.
-                return await self._loading_script(
-                    registered,
-                    lambda: self._client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args),
-                )
+                return await self._loading_script(registered, lambda: self._evalsha(registered, keys, args))
             result, acknowledged = await self._loading_script(
                 registered, lambda: self._run_then_wait(registered, keys, args)
             )
@@ -281,6 +317,11 @@ class RedisStateStore:
         if int(acknowledged) < wanted:
             raise ReplicasNotAcknowledgedError(wanted, int(acknowledged))
         return result
+
+    def _evalsha(self, registered: Any, keys: Sequence[str], args: Sequence[Any]) -> Awaitable[Any]:
+        """``EVALSHA`` of a registered script straight from the client: redis-py's
+        ``Script.__call__`` costs more than the call."""
+        return self._client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)  # type: ignore[no-any-return]
 
     async def _loading_script(self, registered: Any, attempt: Callable[[], Awaitable[Any]]) -> Any:
         """``attempt()``, once more after loading ``registered`` when the server lacks it: a restarted
@@ -296,21 +337,21 @@ class RedisStateStore:
         """The script's reply and how many replicas acknowledged it (one pipeline, one connection)."""
         pipe = self._client.pipeline(transaction=False)
         await registered(keys=list(keys), args=list(args), client=pipe)
-        pipe.execute_command("WAIT", self.settings.replicas_to_ack, self.settings.ms("ack_timeout"))
+        pipe.execute_command("WAIT", self._settings.replicas_to_ack, self._ms["ack_timeout"])
         replies: list[Any] = await pipe.execute()
         return replies
 
     async def acknowledged(self, *commands: Sequence[Any]) -> list[Any]:
         """Run plain commands (``("ZREM", key, member)``) on keys of one tag in one pipeline and,
         with ``replicas_to_ack``, ``WAIT`` for the replicas on the same connection; their replies."""
-        wanted = self.settings.replicas_to_ack
+        wanted = self._settings.replicas_to_ack
         if len(commands) == 1 and not wanted:  # one command needs no pipeline
             return [await self._client.execute_command(*commands[0])]
         pipe = self._client.pipeline(transaction=False)
         for command in commands:
             pipe.execute_command(*command)
         if wanted:
-            pipe.execute_command("WAIT", wanted, self.settings.ms("ack_timeout"))
+            pipe.execute_command("WAIT", wanted, self._ms["ack_timeout"])
         replies: list[Any] = await pipe.execute()
         if wanted:
             acknowledged = int(replies.pop())
@@ -318,11 +359,17 @@ class RedisStateStore:
                 raise ReplicasNotAcknowledgedError(wanted, acknowledged)
         return replies
 
-    async def _each(self, calls: Sequence[Awaitable[Any]]) -> list[Any]:
-        """Await the calls of several tags together (they touch distinct slots)."""
-        if len(calls) == 1:
-            return [await calls[0]]
-        return list(await asyncio.gather(*calls))
+    async def _each(
+        self,
+        items: Sequence[_Item],
+        tag_of: Callable[[_Item], Hashable],
+        call: Callable[[list[_Item]], Awaitable[Any]],
+    ) -> list[Any]:
+        """``call(group)`` for the items of each tag (:func:`~.redis_records.grouped`), awaited together
+        (they touch distinct slots); their results. A single item is its own group."""
+        if len(items) == 1:
+            return [await call(list(items))]
+        return list(await asyncio.gather(*[call(group) for group in grouped(items, tag_of)]))
 
     def _times(self, count: int) -> Sequence[int]:
         return current_logical_times(count)
@@ -353,7 +400,8 @@ class RedisStateStore:
         doc = STORED_EVENT.encode(event)  # its JSON text, checked for size, is written below
         doc["trace_id"] = trace_id
         doc["ts"] = ts
-        return trace_id, event_fingerprint(doc), ts, dumps(doc, self.settings.max_value_bytes)
+        fingerprint, encoded = event_fingerprint_and_text(doc)
+        return trace_id, fingerprint, ts, within(encoded, self._settings.max_value_bytes)
 
     async def save_event(self, event: Any) -> None:
         """Append a runtime event to its trace; a repeat (same trace, ts, kind, node, payload) is not."""
@@ -370,7 +418,7 @@ class RedisStateStore:
         await self._append_events(rows)
 
     async def _append_events(self, rows: Sequence[tuple[str, str, float, str]]) -> None:
-        ttl = self.settings.ms("trace_ttl")
+        ttl = self._ms["trace_ttl"]
 
         def append(group: list[tuple[str, str, float, str]]) -> Awaitable[Any]:
             args: list[Any] = [ttl]
@@ -378,7 +426,7 @@ class RedisStateStore:
                 args += [fingerprint, repr(ts), doc]
             return self.run("events_append", self.keys.events(group[0][0]), args)
 
-        await self._each([append(group) for group in grouped(rows, lambda row: row[0])])
+        await self._each(rows, lambda row: row[0], append)
 
     async def load_history(self, trace_id: str) -> list[Any]:
         """The trace's events by ascending ``ts``, ties in insertion order; ``[]`` when unknown."""
@@ -397,7 +445,7 @@ class RedisStateStore:
 
     def _encode_binding(self, binding: Any) -> tuple[str, str | None, str, str, str | None, str]:
         """``(trace_id, context_id, task_id, doc, router_session_id, terminal)`` of a binding."""
-        doc, encoded = record_text(lambda: REMOTE_BINDING.encode(binding), self.settings.max_value_bytes, "")
+        doc, encoded = record_text(lambda: REMOTE_BINDING.encode(binding), self._settings.max_value_bytes, "")
         router = doc.get("router_session_id")
         context = doc.get("context_id")
         return (
@@ -430,8 +478,8 @@ class RedisStateStore:
             return
         times = self._times(len(rows))
         replay = is_replay()
-        ttl = self.settings.ms("trace_ttl")
-        session_ttl = self.settings.ms("session_ttl")
+        ttl = self._ms["trace_ttl"]
+        session_ttl = self._ms["session_ttl"]
         items = [(row, time, next_logical_time()) for row, time in zip(rows, times, strict=True)]
 
         async def save(
@@ -460,7 +508,7 @@ class RedisStateStore:
                     await self._index(saved_index, session_ttl, [(float(saved), member)], keep=False)
             return refused
 
-        refused = await self._each([save(group) for group in grouped(items, lambda item: item[0][0])])
+        refused = await self._each(items, lambda item: item[0][0], save)
         _superseded(sum(refused), method)
 
     async def _bindings_indexed(
@@ -553,19 +601,16 @@ class RedisStateStore:
             return
         times = self._times(len(keys))
         replay = "1" if is_replay() else "0"
-        ttl = self.settings.ms("trace_ttl")
+        ttl = self._ms["trace_ttl"]
 
         async def mark(group: list[tuple[tuple[str, str | None, str], int]]) -> int:
             args: list[Any] = [replay, ttl, *(time for _, time in group)]
-            results = await self.run("binding_mark", [self.keys.binding(*key) for key, _ in group], args)
-            outcomes = [int(value) for value in results[0::2]]
-            stored = [int(value) for value in results[1::2] if value]
-            if stored:
-                merge_logical_time(max(stored))
-            return outcomes.count(0)
+            return _refused(
+                await self.run("binding_mark", [self.keys.binding(*key) for key, _ in group], args)
+            )
 
         items = list(zip(keys, times, strict=True))
-        refused = await self._each([mark(group) for group in grouped(items, lambda item: item[0][0])])
+        refused = await self._each(items, lambda item: item[0][0], mark)
         _superseded(sum(refused), method)
 
     # ------------------------------------------------------------------------------------------------
@@ -575,7 +620,7 @@ class RedisStateStore:
     async def save_planner_state(self, token: str, payload: dict[str, Any]) -> None:
         """Save a pause payload, consumable for ``pause_ttl`` seconds (a consumed token again)."""
         with refusing("save_planner_state"):
-            row = (text(token, "token"), object_text(payload, self.settings.max_value_bytes, "payload"))
+            row = (text(token, "token"), object_text(payload, self._settings.max_value_bytes, "payload"))
         await self._save_pauses("save_planner_state", [row])
 
     async def save_planner_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
@@ -587,7 +632,10 @@ class RedisStateStore:
             ):
                 try:
                     rows.append(
-                        (text(token, "token"), object_text(payload, self.settings.max_value_bytes, "payload"))
+                        (
+                            text(token, "token"),
+                            object_text(payload, self._settings.max_value_bytes, "payload"),
+                        )
                     )
                 except InvalidPayloadError as exc:
                     raise exc.at(f"items[{index}]") from None
@@ -598,7 +646,7 @@ class RedisStateStore:
             return
         times = self._times(len(rows))
         replay = "1" if is_replay() else "0"
-        ttl = self.settings.pause_ttl
+        ttl = self._settings.pause_ttl
         living = []
         for (token, payload), time in zip(rows, times, strict=True):
             left = ttl_left(ttl, time)
@@ -609,13 +657,9 @@ class RedisStateStore:
             args: list[Any] = [replay]
             for _, payload, time, left_ms in group:
                 args += [time, left_ms, payload]
-            results = await self.run("pause_save", [self.keys.pause(group[0][0])] * len(group), args)
-            stored = [int(value) for value in results[1::2] if value]
-            if stored:
-                merge_logical_time(max(stored))
-            return [int(value) for value in results[0::2]].count(0)
+            return _refused(await self.run("pause_save", [self.keys.pause(group[0][0])] * len(group), args))
 
-        refused = await self._each([save(group) for group in grouped(living, lambda item: item[0])])
+        refused = await self._each(living, lambda item: item[0], save)
         self.sampling.pauses_saved(len(living) - sum(refused))
         _superseded(sum(refused), method)
 
@@ -636,8 +680,8 @@ class RedisStateStore:
         args = [
             mode,
             time,
-            self.settings.ms("pause_ttl"),
-            round(self.settings.consume_grace * 1000),
+            self._ms["pause_ttl"],
+            round(self._settings.consume_grace * 1000),
             consumer or "",
             *unanswered,
         ]
@@ -655,7 +699,7 @@ class RedisStateStore:
     async def save_memory_state(self, key: str, state: dict[str, Any]) -> None:
         """Upsert the memory state of ``key``."""
         with refusing("save_memory_state"):
-            row = (text(key, "key"), object_text(state, self.settings.max_value_bytes, "state"))
+            row = (text(key, "key"), object_text(state, self._settings.max_value_bytes, "state"))
         await self._save_memory("save_memory_state", [row])
 
     async def save_memory_states(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
@@ -665,7 +709,7 @@ class RedisStateStore:
             for index, (key, state) in enumerate(items_of("save_memory_states", items, 2, "(key, state)")):
                 try:
                     rows.append(
-                        (text(key, "key"), object_text(state, self.settings.max_value_bytes, "state"))
+                        (text(key, "key"), object_text(state, self._settings.max_value_bytes, "state"))
                     )
                 except InvalidPayloadError as exc:
                     raise exc.at(f"items[{index}]") from None
@@ -676,23 +720,19 @@ class RedisStateStore:
             return
         times = self._times(len(rows))
         replay = "1" if is_replay() else "0"
-        ttl = self.settings.ms("memory_ttl")
+        ttl = self._ms["memory_ttl"]
         items = list(zip(rows, times, strict=True))
 
         async def save(group: list[tuple[tuple[str, str], int]]) -> int:
-            records = [self.keys.memory(key)[0] for (key, _), _ in group]
+            keys: list[str] = [""]  # the index first, then a record per item
             args: list[Any] = [replay, ttl]
             for (key, state), time in group:
+                record, keys[0] = self.keys.memory(key)
+                keys.append(record)
                 args += [time, key, state]
-            results = await self.run("memory_save", [self.keys.memory(group[0][0][0])[1], *records], args)
-            stored = [int(value) for value in results[1::2] if value]
-            if stored:
-                merge_logical_time(max(stored))
-            return [int(value) for value in results[0::2]].count(0)
+            return _refused(await self.run("memory_save", keys, args))
 
-        refused = await self._each(
-            [save(group) for group in grouped(items, lambda item: memory_group(item[0][0]))]
-        )
+        refused = await self._each(items, lambda item: memory_group(item[0][0]), save)
         _superseded(sum(refused), method)
 
     async def load_memory_state(self, key: str) -> dict[str, Any] | None:
@@ -720,7 +760,7 @@ class RedisStateStore:
 
     def _encode_task(self, state: Any) -> tuple[str, str, int, str]:
         """``(task_id, session_id, updated_at in µs, doc)`` of a task state."""
-        doc, encoded = record_text(lambda: TASK_STATE.encode(state), self.settings.max_value_bytes, "")
+        doc, encoded = record_text(lambda: TASK_STATE.encode(state), self._settings.max_value_bytes, "")
         updated_at = getattr(state, "updated_at", None)
         if not isinstance(updated_at, datetime):
             raise InvalidPayloadError("expected a datetime", path="updated_at")
@@ -742,7 +782,7 @@ class RedisStateStore:
         await self._save_tasks("save_tasks", rows)
 
     async def _save_tasks(self, method: str, rows: Sequence[tuple[str, str, int, str]]) -> None:
-        ttl = self.settings.ms("session_ttl")
+        ttl = self._ms["session_ttl"]
         items = [(row, next_logical_time()) for row in rows]
 
         async def save(group: list[tuple[tuple[str, str, int, str], int]]) -> int:
@@ -768,7 +808,7 @@ class RedisStateStore:
                     )
             return refused
 
-        refused = sum(await self._each([save(group) for group in grouped(items, lambda item: item[0][0])]))
+        refused = sum(await self._each(items, lambda item: item[0][0], save))
         if refused and is_replay():
             raise WriteSupersededError(refused, method=method)
 
@@ -794,11 +834,11 @@ class RedisStateStore:
 
     def _encode_item(self, codec: RecordCodec[Any], item: Any, id_field: str) -> tuple[str, str, str, str]:
         """``(session_id, item id, task_id, doc)`` of an update or a steering event."""
-        doc, encoded = record_text(lambda: codec.encode(item), self.settings.max_value_bytes, "")
+        doc, encoded = record_text(lambda: codec.encode(item), self._settings.max_value_bytes, "")
         return str(doc["session_id"]), str(doc[id_field]), str(doc["task_id"]), encoded
 
     async def _append(self, kind: str, rows: Sequence[tuple[str, str, str, str]]) -> None:
-        ttl = self.settings.ms("session_ttl")
+        ttl = self._ms["session_ttl"]
 
         def append(group: list[tuple[str, str, str, str]]) -> Awaitable[Any]:
             args: list[Any] = [ttl]
@@ -806,7 +846,7 @@ class RedisStateStore:
                 args += [item_id, task_id, doc]
             return self.run("stream_append", self.keys.stream(kind, group[0][0]), args)
 
-        await self._each([append(group) for group in grouped(rows, lambda row: row[0])])
+        await self._each(rows, lambda row: row[0], append)
 
     async def save_update(self, update: Any) -> None:
         """Append an update; idempotent by ``(session_id, update_id)``."""
@@ -900,7 +940,7 @@ class RedisStateStore:
             doc = encode_trajectory(trajectory, "trajectory")
         except RecursionError:
             raise InvalidPayloadError("nested too deeply (a reference cycle?)", path="trajectory") from None
-        return trace, session, dumps(doc, self.settings.max_value_bytes, "trajectory")
+        return trace, session, dumps(doc, self._settings.max_value_bytes, "trajectory")
 
     async def save_trajectory(self, trace_id: str, session_id: str, trajectory: Any) -> None:
         """Upsert the trajectory of the trace; the trace becomes the session's most recent."""
@@ -926,8 +966,8 @@ class RedisStateStore:
             return
         times = self._times(len(rows))
         replay = "1" if is_replay() else "0"
-        ttl = self.settings.ms("trace_ttl")
-        session_ttl = self.settings.ms("session_ttl")
+        ttl = self._ms["trace_ttl"]
+        session_ttl = self._ms["session_ttl"]
         items = [(row, time, next_logical_time()) for row, time in zip(rows, times, strict=True)]
 
         async def save(group: list[tuple[tuple[str, str, str], int, int]]) -> int:
@@ -948,7 +988,7 @@ class RedisStateStore:
                     refused += 1
             return refused
 
-        refused = await self._each([save(group) for group in grouped(items, lambda item: item[0][0])])
+        refused = await self._each(items, lambda item: item[0][0], save)
         _superseded(sum(refused), method)
 
     async def get_trajectory(self, trace_id: str, session_id: str) -> Any:
@@ -981,7 +1021,7 @@ class RedisStateStore:
 
     def _encode_planner_event(self, trace_id: Any, event: Any) -> tuple[str, str]:
         trace = text(trace_id, "trace_id")
-        _, doc = record_text(lambda: PLANNER_EVENT.encode(event), self.settings.max_value_bytes, "event")
+        _, doc = record_text(lambda: PLANNER_EVENT.encode(event), self._settings.max_value_bytes, "event")
         finite(parse_json(doc).get("ts"), "event.ts")
         return trace, doc
 
@@ -1009,7 +1049,7 @@ class RedisStateStore:
             return
         with refusing("save_planner_events"):
             keys = _call_keys(len(rows))
-        ttl = self.settings.ms("trace_ttl")
+        ttl = self._ms["trace_ttl"]
         items = [(trace, doc, key) for (trace, doc), key in zip(rows, keys, strict=True)]
 
         def append(group: list[tuple[str, str, str]]) -> Awaitable[Any]:
@@ -1018,7 +1058,7 @@ class RedisStateStore:
                 args += [key, doc]
             return self.run("planner_append", self.keys.planner_events(group[0][0]), args)
 
-        await self._each([append(group) for group in grouped(items, lambda item: item[0])])
+        await self._each(items, lambda item: item[0], append)
 
     async def list_planner_events(self, trace_id: str) -> list[Any]:
         """Planner events of a trace in emission order."""

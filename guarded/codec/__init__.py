@@ -7,7 +7,7 @@ never by content (``payload[key #0 (str)][3]``).
 """
 
 from .arguments import float_argument, item_arguments, optional_text_argument, refusing, text_argument
-from .event_identity import event_fingerprint
+from .event_identity import event_fingerprint, event_fingerprint_and_text
 from .json_text import ORJSON_AGREES, canonical_json, compact_json, fixed_float, orjson_ready, parse_json
 from .json_values import JSONObject, JSONValue, check_text, key_path, to_json_object, to_json_value
 from .records import (
@@ -63,6 +63,7 @@ __all__ = [
     "encode",
     "encode_trajectory",
     "event_fingerprint",
+    "event_fingerprint_and_text",
     "fixed_float",
     "float_argument",
     "installed_types",

@@ -128,6 +128,20 @@ infinity, ``TypeError`` for what JSON cannot carry)."""
 canonical_json = _make_encoder(_c_canonical, orjson.OPT_SORT_KEYS)
 """:data:`compact_json` with the keys of every object sorted: one text per value (an identity)."""
 
+
+def compact_and_canonical_json(value: Any) -> tuple[str, str]:
+    """``(compact_json(value), canonical_json(value))`` with :func:`orjson_ready` walked once, not
+    twice (a runtime event is written both ways: its stored text and its identity). The choice is
+    :func:`_make_encoder`'s: ``orjson`` when ready and it takes the value, else the C encoder."""
+    if ORJSON_AGREES and type(value) is dict:
+        try:
+            if orjson_ready(value):
+                return orjson.dumps(value).decode(), orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+        except (orjson.JSONEncodeError, RecursionError):
+            pass
+    return _c_compact(value), _c_canonical(value)
+
+
 _HUGE = 2.0**63
 """``orjson`` reads an integer beyond 64 bits as a float of at least this magnitude."""
 
@@ -187,4 +201,12 @@ def parse_json(text: str | bytes) -> Any:
     return json.loads(text)
 
 
-__all__ = ["ORJSON_AGREES", "canonical_json", "compact_json", "fixed_float", "orjson_ready", "parse_json"]
+__all__ = [
+    "ORJSON_AGREES",
+    "canonical_json",
+    "compact_and_canonical_json",
+    "compact_json",
+    "fixed_float",
+    "orjson_ready",
+    "parse_json",
+]

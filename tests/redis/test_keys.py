@@ -156,3 +156,16 @@ def test_slots_of_distinct_ids_are_independent() -> None:
     """Escaped distinct ids give distinct tags (no two ids share one key)."""
     tags = {escape_id(a + b) for a, b in itertools.product(NASTY, repeat=2)}
     assert len(tags) == len({a + b for a, b in itertools.product(NASTY, repeat=2)})
+
+
+@pytest.mark.asyncio
+async def test_settings_set_on_a_store_give_the_ttls_of_its_next_writes(
+    store: RedisStateStore, raw_redis: redis_asyncio.Redis
+) -> None:
+    from dataclasses import replace
+
+    store.settings = replace(store.settings, memory_ttl=50.0)
+    await store.save_memory_state("k", {"v": 1})
+    record, index = store.keys.memory("k")
+    for key in (record, index):
+        assert 0 < await raw_redis.pttl(key) <= 50_000
