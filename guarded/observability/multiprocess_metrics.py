@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import threading
 import time
@@ -102,8 +103,13 @@ class ScrapeTimeWriter:
         """Write every watched collector's current samples."""
         with self._lock:
             samples = self._collect()
-            for key in self._gauges_written - samples.keys():
-                samples[key] = 0.0  # a series that is gone reads 0 rather than its last value
+            gone = self._gauges_written - samples.keys()
+            for key in gone:
+                # A series that is gone must not count in the combined gauge (its last value would
+                # linger): 0 adds nothing to a sum nor to the maximum of guarded's gauges (none is
+                # negative), +inf nothing to a minimum, and a most recent sample dated 0 is never
+                # the most recent.
+                samples[key] = math.inf if key.mode in _MIN else 0.0
             now = time.time()
             for key, value in samples.items():
                 found = self._values.get(key)
@@ -118,7 +124,10 @@ class ScrapeTimeWriter:
                         multiprocess_mode=key.mode,
                     )
                 value -= self._baseline.get(key, 0.0)
-                found.set(value, now if key.mode in _MOST_RECENT else None)  # type: ignore[attr-defined]
+                if key.mode in _MOST_RECENT:
+                    found.set(value, 0.0 if key in gone else now)  # type: ignore[attr-defined]
+                else:
+                    found.set(value, None)  # type: ignore[attr-defined]
             self._gauges_written = {key for key in samples if key.kind == "gauge"}
 
     def after_fork(self) -> None:
