@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.killed_process import REPO
 
 from .test_multiprocess_metrics import WAIT, scrape, worker_environment
@@ -46,3 +48,47 @@ def test_a_series_gone_in_one_worker_leaves_the_others_value(tmp_path: Path) -> 
             process.stdin.write("\n")
             process.stdin.flush()
             process.wait(WAIT)
+
+
+REDIS_NODE_REMOVED = """
+import dataclasses
+from prometheus_client import CollectorRegistry
+from guarded.backends.redis.redis_metrics import NodeInfo, RedisStoreMetrics
+metrics = RedisStoreMetrics(store="agents", registry=CollectorRegistry())
+metrics.add_node("n1")
+metrics.node_answered("n1", 0.001, NodeInfo(**{field.name: 1 for field in dataclasses.fields(NodeInfo)}))
+metrics.remove_node("n1")
+print("ready", flush=True)
+input()
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="prometheus-client cannot remove a series of its own instruments in multiprocess mode "
+    "(Gauge.remove warns and leaves the files as they are): the Redis and PostgreSQL stores' gauges "
+    "would have to be scrape-time collectors",
+)
+def test_a_redis_node_removed_in_multiprocess_mode_leaves_no_gauge_and_no_warning(tmp_path: Path) -> None:
+    environment = worker_environment(tmp_path / "prometheus")
+    process = subprocess.Popen(
+        [sys.executable, "-W", "error::UserWarning", "-c", REDIS_NODE_REMOVED],
+        cwd=REPO,
+        env=environment,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        ready = process.stdout.readline().strip()
+        assert ready == "ready", "removing a node's series raised nothing into the store"
+        gauges = [key for key in scrape(tmp_path / "prometheus") if key[0] == "guarded_redis_node_up"]
+        assert gauges == [], "the removed node's gauge is gone"
+    finally:
+        if process.poll() is None:
+            assert process.stdin is not None
+            process.stdin.write("\n")
+            process.stdin.flush()
+        process.wait(WAIT)
