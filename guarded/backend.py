@@ -129,8 +129,9 @@ from .local_artifacts import (
     sanitize_artifact_namespace,
 )
 from .observability import telemetry_names as metric_names
+from .observability.multiprocess_metrics import forget_series
 from .observability.per_registry import PerRegistry
-from .observability.scrape_time_gauges import FunctionGauge, function_gauge
+from .observability.scrape_time_gauges import ScrapeTimeGauge, scrape_time_gauge
 from .policy_table import PolicyTable
 from .pool_usage import POOL_USAGE, PoolUsage, ReportsPoolUsage
 from .protocol import LEGACY_ALIASES
@@ -429,10 +430,10 @@ __all__ = [
     "EnvSettings",
     "ErrorClass",
     "ErrorClassifier",
-    "FunctionGauge",
     "GroupLimit",
     "InMemoryArtifactStore",
     "PerRegistry",
+    "ScrapeTimeGauge",
     "PoolUsage",
     "ReportsPoolUsage",
     "UnknownSettingError",
@@ -446,7 +447,8 @@ __all__ = [
     "current_logical_time",
     "current_logical_times",
     "current_unanswered_keys",
-    "function_gauge",
+    "forget_series",
+    "scrape_time_gauge",
     "is_replay",
     "merge_logical_time",
     "metric_names",

@@ -10,14 +10,13 @@ names are a fixed set.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-from guarded.backend import FunctionGauge, PerRegistry, function_gauge
+from guarded.backend import PerRegistry, ScrapeTimeGauge, forget_series, scrape_time_gauge
 from guarded.backend import metric_names as names
 
 ACQUIRE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -31,38 +30,38 @@ _TABLE_LABELS = (names.LABEL_STORE, names.LABEL_SCHEMA, names.LABEL_TABLE)
 class PgMetricFamilies:
     """The Postgres backend's metric families in one registry."""
 
-    pool_size: FunctionGauge
-    pool_max_size: FunctionGauge
-    pool_in_use: FunctionGauge
+    pool_size: ScrapeTimeGauge
+    pool_max_size: ScrapeTimeGauge
+    pool_in_use: ScrapeTimeGauge
     acquire_seconds: Histogram
     connection_errors: Counter
     pooler_errors: Counter
-    table_rows: Gauge
-    table_size_bytes: Gauge
-    table_stats_timestamp: Gauge
+    table_rows: ScrapeTimeGauge
+    table_size_bytes: ScrapeTimeGauge
+    table_stats_timestamp: ScrapeTimeGauge
     cleanup_deleted: Counter
-    schema_version: Gauge
-    schema_expected_version: Gauge
-    partition_horizon: Gauge
+    schema_version: ScrapeTimeGauge
+    schema_expected_version: ScrapeTimeGauge
+    partition_horizon: ScrapeTimeGauge
     partitions_dropped: Counter
     partition_dropped_bytes: Counter
 
 
 def _families(registry: CollectorRegistry) -> PgMetricFamilies:
     families = PgMetricFamilies(
-        pool_size=function_gauge(
+        pool_size=scrape_time_gauge(
             registry,
             names.GUARDED_PG_POOL_SIZE,
             "Connections open in the store's asyncpg pool.",
             _STORE_LABELS,
         ),
-        pool_max_size=function_gauge(
+        pool_max_size=scrape_time_gauge(
             registry,
             names.GUARDED_PG_POOL_MAX_SIZE,
             "Configured maximum size of the store's asyncpg pool.",
             _STORE_LABELS,
         ),
-        pool_in_use=function_gauge(
+        pool_in_use=scrape_time_gauge(
             registry, names.GUARDED_PG_POOL_IN_USE, "Pool connections checked out right now.", _STORE_LABELS
         ),
         acquire_seconds=Histogram(
@@ -85,26 +84,23 @@ def _families(registry: CollectorRegistry) -> PgMetricFamilies:
             (*_STORE_LABELS, names.LABEL_POOLER_ERROR_KIND),
             registry=registry,
         ),
-        table_rows=Gauge(
+        table_rows=scrape_time_gauge(
+            registry,
             names.GUARDED_PG_TABLE_ROWS,
             "Estimated live rows per table (sampled periodically).",
             _TABLE_LABELS,
-            registry=registry,
-            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_PG_TABLE_ROWS),
         ),
-        table_size_bytes=Gauge(
+        table_size_bytes=scrape_time_gauge(
+            registry,
             names.GUARDED_PG_TABLE_SIZE_BYTES,
             "On-disk size per table including indexes and TOAST (sampled periodically).",
             _TABLE_LABELS,
-            registry=registry,
-            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_PG_TABLE_SIZE_BYTES),
         ),
-        table_stats_timestamp=Gauge(
+        table_stats_timestamp=scrape_time_gauge(
+            registry,
             names.GUARDED_PG_TABLE_STATS_TIMESTAMP,
             "Unix time of the last successful table sample.",
             _STORE_LABELS,
-            registry=registry,
-            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_PG_TABLE_STATS_TIMESTAMP),
         ),
         cleanup_deleted=Counter(
             names.GUARDED_PG_CLEANUP_DELETED_ROWS_TOTAL,
@@ -112,26 +108,23 @@ def _families(registry: CollectorRegistry) -> PgMetricFamilies:
             _TABLE_LABELS,
             registry=registry,
         ),
-        schema_version=Gauge(
+        schema_version=scrape_time_gauge(
+            registry,
             names.GUARDED_PG_MIGRATION_VERSION,
             "Migration version of the schema the store runs against.",
             _STORE_LABELS,
-            registry=registry,
-            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_PG_MIGRATION_VERSION),
         ),
-        schema_expected_version=Gauge(
+        schema_expected_version=scrape_time_gauge(
+            registry,
             names.GUARDED_PG_SCHEMA_EXPECTED_VERSION,
             "Newest migration version the running code knows.",
             _STORE_LABELS,
-            registry=registry,
-            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_PG_SCHEMA_EXPECTED_VERSION),
         ),
-        partition_horizon=Gauge(
+        partition_horizon=scrape_time_gauge(
+            registry,
             names.GUARDED_PG_PARTITION_HORIZON,
             "Unix time where the newest partition of a partitioned table ends.",
             _TABLE_LABELS,
-            registry=registry,
-            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_PG_PARTITION_HORIZON),
         ),
         partitions_dropped=Counter(
             names.GUARDED_PG_PARTITIONS_DROPPED_TOTAL,
@@ -198,16 +191,16 @@ class StoreMetrics:
         """The schema's migration version as the store found (or left) it on connecting, beside
         ``expected``, the newest version this code knows: a schema a newer deployment migrated
         shows the skew."""
-        self.families.schema_version.labels(*self.labels).set(version)
-        self.families.schema_expected_version.labels(*self.labels).set(expected)
+        self.families.schema_version.set(self.labels, version)
+        self.families.schema_expected_version.set(self.labels, expected)
 
     def set_table_stats(self, stats: Mapping[str, tuple[int, int]]) -> None:
         """Record ``{table: (rows, bytes)}`` from one sample."""
         for table, (rows, size) in stats.items():
             self._tables.add(table)
-            self.families.table_rows.labels(*self.labels, table).set(rows)
-            self.families.table_size_bytes.labels(*self.labels, table).set(size)
-        self.families.table_stats_timestamp.labels(*self.labels).set(time.time())
+            self.families.table_rows.set((*self.labels, table), rows)
+            self.families.table_size_bytes.set((*self.labels, table), size)
+        self.families.table_stats_timestamp.set(self.labels, time.time())
 
     def cleanup_deleted(self, table: str, rows: int) -> None:
         self._tables.add(table)
@@ -216,7 +209,7 @@ class StoreMetrics:
     def set_partition_horizon(self, table: str, horizon: float) -> None:
         """Where ``table``'s newest partition ends (Unix time)."""
         self._tables.add(table)
-        self.families.partition_horizon.labels(*self.labels, table).set(horizon)
+        self.families.partition_horizon.set((*self.labels, table), horizon)
 
     def partitions_dropped(self, table: str, count: int, size: int) -> None:
         self._tables.add(table)
@@ -226,31 +219,28 @@ class StoreMetrics:
     def close(self) -> None:
         """Remove this store's children so a closed store stops being exported."""
         families = self.families
-        for gauge in (families.pool_size, families.pool_max_size, families.pool_in_use):
-            gauge.remove(self.labels)
-        for family in (
-            families.acquire_seconds,
-            families.connection_errors,
+        for gauge in (
+            families.pool_size,
+            families.pool_max_size,
+            families.pool_in_use,
             families.table_stats_timestamp,
             families.schema_version,
             families.schema_expected_version,
         ):
-            with contextlib.suppress(KeyError):
-                family.remove(*self.labels)
+            gauge.remove(self.labels)
+        for counted in (families.acquire_seconds, families.connection_errors):
+            forget_series(counted, *self.labels)
         for kind in self._pooler_error_kinds:
-            with contextlib.suppress(KeyError):
-                families.pooler_errors.remove(*self.labels, kind)
+            forget_series(families.pooler_errors, *self.labels, kind)
         for table in self._tables:
-            for table_family in (
-                families.table_rows,
-                families.table_size_bytes,
+            for table_gauge in (families.table_rows, families.table_size_bytes, families.partition_horizon):
+                table_gauge.remove((*self.labels, table))
+            for table_counter in (
                 families.cleanup_deleted,
-                families.partition_horizon,
                 families.partitions_dropped,
                 families.partition_dropped_bytes,
             ):
-                with contextlib.suppress(KeyError):
-                    table_family.remove(*self.labels, table)
+                forget_series(table_counter, *self.labels, table)
 
 
 __all__ = ["ACQUIRE_BUCKETS", "PgMetricFamilies", "StoreMetrics", "families_for"]

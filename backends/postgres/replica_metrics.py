@@ -9,13 +9,12 @@ bounded: ``target`` is ``primary`` or one of the configured replicas (``replica0
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
-from guarded.backend import PerRegistry
+from guarded.backend import PerRegistry, ScrapeTimeGauge, forget_series, scrape_time_gauge
 from guarded.backend import metric_names as names
 
 PRIMARY = "primary"
@@ -37,7 +36,7 @@ class ReplicaMetricFamilies:
     """The replica metric families of one registry."""
 
     reads: Counter
-    lag_seconds: Gauge
+    lag_seconds: ScrapeTimeGauge
     skipped: Counter
 
 
@@ -50,12 +49,11 @@ def _families(registry: CollectorRegistry) -> ReplicaMetricFamilies:
             (*store_labels, names.LABEL_TARGET),
             registry=registry,
         ),
-        lag_seconds=Gauge(
+        lag_seconds=scrape_time_gauge(
+            registry,
             names.GUARDED_PG_REPLICA_LAG_SECONDS,
             "Seconds a replica is behind the primary, measured by WAL position at each check.",
             (*store_labels, names.LABEL_REPLICA),
-            registry=registry,
-            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_PG_REPLICA_LAG_SECONDS),
         ),
         skipped=Counter(
             names.GUARDED_PG_REPLICA_SKIPPED_TOTAL,
@@ -89,7 +87,7 @@ class ReplicaMetrics:
                 self._families.skipped.labels(store, schema, replica, reason)
 
     def set_lag(self, replica: str, seconds: float) -> None:
-        self._families.lag_seconds.labels(*self._labels, replica).set(seconds)
+        self._families.lag_seconds.set((*self._labels, replica), seconds)
 
     def skipped(self, replica: str, reason: str) -> None:
         self._families.skipped.labels(*self._labels, replica, reason).inc()
@@ -98,14 +96,11 @@ class ReplicaMetrics:
         """Remove this store's children."""
         families = self._families
         for target in (PRIMARY, *self._replicas):
-            with contextlib.suppress(KeyError):
-                families.reads.remove(*self._labels, target)
+            forget_series(families.reads, *self._labels, target)
         for replica in self._replicas:
-            with contextlib.suppress(KeyError):
-                families.lag_seconds.remove(*self._labels, replica)
+            families.lag_seconds.remove((*self._labels, replica))
             for reason in SKIP_REASONS:
-                with contextlib.suppress(KeyError):
-                    families.skipped.remove(*self._labels, replica, reason)
+                forget_series(families.skipped, *self._labels, replica, reason)
 
 
 __all__ = [

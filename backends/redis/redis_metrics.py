@@ -11,13 +11,12 @@ server of the deployment (bounded by the cluster's size), error kinds are a fixe
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-from guarded.backend import PerRegistry
+from guarded.backend import PerRegistry, ScrapeTimeGauge, forget_series, scrape_time_gauge
 from guarded.backend import metric_names as names
 
 PING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -31,34 +30,32 @@ _NODE = (names.LABEL_STORE, names.LABEL_NODE)
 class RedisMetricFamilies:
     """The Redis backend's metric families in one registry."""
 
-    memory_used: Gauge
-    maxmemory: Gauge
+    memory_used: ScrapeTimeGauge
+    maxmemory: ScrapeTimeGauge
     evicted_keys: Counter
     expired_keys: Counter
-    connected_clients: Gauge
+    connected_clients: ScrapeTimeGauge
     ping_seconds: Histogram
-    node_up: Gauge
+    node_up: ScrapeTimeGauge
     node_errors: Counter
-    sample_timestamp: Gauge
+    sample_timestamp: ScrapeTimeGauge
     pauses_saved: Counter
     pauses_consumed: Counter
 
 
 def _families(registry: CollectorRegistry) -> RedisMetricFamilies:
     return RedisMetricFamilies(
-        memory_used=Gauge(
+        memory_used=scrape_time_gauge(
+            registry,
             names.GUARDED_REDIS_MEMORY_USED_BYTES,
             "Memory the Redis node uses (INFO used_memory).",
             _NODE,
-            registry=registry,
-            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_REDIS_MEMORY_USED_BYTES),
         ),
-        maxmemory=Gauge(
+        maxmemory=scrape_time_gauge(
+            registry,
             names.GUARDED_REDIS_MAXMEMORY_BYTES,
             "The Redis node's maxmemory (0: no limit).",
             _NODE,
-            registry=registry,
-            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_REDIS_MAXMEMORY_BYTES),
         ),
         evicted_keys=Counter(
             names.GUARDED_REDIS_EVICTED_KEYS_TOTAL,
@@ -72,12 +69,11 @@ def _families(registry: CollectorRegistry) -> RedisMetricFamilies:
             _NODE,
             registry=registry,
         ),
-        connected_clients=Gauge(
+        connected_clients=scrape_time_gauge(
+            registry,
             names.GUARDED_REDIS_CONNECTED_CLIENTS,
             "Client connections open on the Redis node (every client's).",
             _NODE,
-            registry=registry,
-            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_REDIS_CONNECTED_CLIENTS),
         ),
         ping_seconds=Histogram(
             names.GUARDED_REDIS_PING_SECONDS,
@@ -86,12 +82,11 @@ def _families(registry: CollectorRegistry) -> RedisMetricFamilies:
             buckets=PING_BUCKETS,
             registry=registry,
         ),
-        node_up=Gauge(
+        node_up=scrape_time_gauge(
+            registry,
             names.GUARDED_REDIS_NODE_UP,
             "1 when the Redis node answered the last sample, 0 when it did not.",
             _NODE,
-            registry=registry,
-            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_REDIS_NODE_UP),
         ),
         node_errors=Counter(
             names.GUARDED_REDIS_NODE_ERRORS_TOTAL,
@@ -99,12 +94,11 @@ def _families(registry: CollectorRegistry) -> RedisMetricFamilies:
             (*_NODE, names.LABEL_REDIS_ERROR_KIND),
             registry=registry,
         ),
-        sample_timestamp=Gauge(
+        sample_timestamp=scrape_time_gauge(
+            registry,
             names.GUARDED_REDIS_SAMPLE_TIMESTAMP,
             "Unix time of the last sample in which every Redis node answered.",
             _STORE,
-            registry=registry,
-            multiprocess_mode=names.gauge_multiprocess_mode(names.GUARDED_REDIS_SAMPLE_TIMESTAMP),
         ),
         pauses_saved=Counter(
             names.GUARDED_REDIS_PAUSES_SAVED_TOTAL,
@@ -176,20 +170,12 @@ class RedisStoreMetrics:
         self._nodes.discard(node)
         self._last_counts.pop(node, None)
         families = self.families
-        for family in (
-            families.memory_used,
-            families.maxmemory,
-            families.evicted_keys,
-            families.expired_keys,
-            families.connected_clients,
-            families.ping_seconds,
-            families.node_up,
-        ):
-            with contextlib.suppress(KeyError):
-                family.remove(self.store, node)
+        for gauge in (families.memory_used, families.maxmemory, families.connected_clients, families.node_up):
+            gauge.remove((self.store, node))
+        for counted in (families.evicted_keys, families.expired_keys, families.ping_seconds):
+            forget_series(counted, self.store, node)
         for kind in names.REDIS_NODE_ERROR_KINDS:
-            with contextlib.suppress(KeyError):
-                families.node_errors.remove(self.store, node, kind)
+            forget_series(families.node_errors, self.store, node, kind)
 
     def node_answered(self, node: str, ping_seconds: float, info: NodeInfo) -> None:
         """Record one sample of ``node``: its PING round trip and what its ``INFO`` said.
@@ -200,11 +186,11 @@ class RedisStoreMetrics:
         """
         self.add_node(node)
         families = self.families
-        families.node_up.labels(self.store, node).set(1)
+        families.node_up.set((self.store, node), 1)
         families.ping_seconds.labels(self.store, node).observe(ping_seconds)
-        families.memory_used.labels(self.store, node).set(info.used_memory)
-        families.maxmemory.labels(self.store, node).set(info.maxmemory)
-        families.connected_clients.labels(self.store, node).set(info.connected_clients)
+        families.memory_used.set((self.store, node), info.used_memory)
+        families.maxmemory.set((self.store, node), info.maxmemory)
+        families.connected_clients.set((self.store, node), info.connected_clients)
         previous = self._last_counts.get(node)
         self._last_counts[node] = (info.evicted_keys, info.expired_keys)
         if previous is None:
@@ -220,7 +206,7 @@ class RedisStoreMetrics:
     def node_failed(self, node: str, kind: str) -> None:
         """``node`` did not answer a sample: down, and one error of ``kind``."""
         self.add_node(node)
-        self.families.node_up.labels(self.store, node).set(0)
+        self.families.node_up.set((self.store, node), 0)
         self.node_error(node, kind)
 
     def node_error(self, node: str, kind: str) -> None:
@@ -232,7 +218,7 @@ class RedisStoreMetrics:
 
     def sampled(self) -> None:
         """Every node answered the sample just taken."""
-        self.families.sample_timestamp.labels(self.store).set(time.time())
+        self.families.sample_timestamp.set((self.store,), time.time())
 
     def pause_saved(self, count: int = 1) -> None:
         self._pauses_saved.inc(count)
@@ -245,9 +231,9 @@ class RedisStoreMetrics:
         for node in list(self._nodes):
             self.remove_node(node)
         families = self.families
-        for family in (families.sample_timestamp, families.pauses_saved, families.pauses_consumed):
-            with contextlib.suppress(KeyError):
-                family.remove(self.store)
+        families.sample_timestamp.remove((self.store,))
+        for counter in (families.pauses_saved, families.pauses_consumed):
+            forget_series(counter, self.store)
 
 
 __all__ = ["PING_BUCKETS", "NodeInfo", "RedisMetricFamilies", "RedisStoreMetrics", "families_for"]

@@ -19,7 +19,7 @@ from ..observability import telemetry_names as names
 from ..observability.call_stats import CallStats, DurationSeries, call_stats
 from ..observability.failure_log import OperationalErrors, operational_errors
 from ..observability.per_registry import PerRegistry
-from ..observability.scrape_time_gauges import FunctionGauge, function_gauge
+from ..observability.scrape_time_gauges import ScrapeTimeGauge, scrape_time_gauge
 from ..outcome import Outcome
 from ..pipeline.call import Call, MethodSetup, Service
 from ..pipeline.loops import abandoned_by_caller
@@ -31,7 +31,7 @@ _OK = Outcome.OK
 @dataclass(frozen=True, slots=True)
 class GuardInstruments:
     stats: CallStats
-    circuit_state: FunctionGauge
+    circuit_state: ScrapeTimeGauge
     circuit_transitions: Counter
     operational: OperationalErrors
 
@@ -39,7 +39,7 @@ class GuardInstruments:
 def _guard_instruments(registry: CollectorRegistry) -> GuardInstruments:
     return GuardInstruments(
         stats=call_stats(registry),
-        circuit_state=function_gauge(
+        circuit_state=scrape_time_gauge(
             registry,
             names.CIRCUIT_STATE,
             "Circuit breaker state: 1 for the current state, 0 for the others.",

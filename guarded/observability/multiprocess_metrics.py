@@ -20,6 +20,7 @@ sees each process as of its last write (at most :data:`WRITE_INTERVAL` old).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import math
 import os
@@ -30,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, values
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import mark_process_dead
 from prometheus_client.registry import Collector
 
@@ -57,6 +59,16 @@ def register_scrape_time(registry: CollectorRegistry, collector: Collector) -> N
     registry.register(collector)
     if multiprocess_mode():
         _writer.watch(collector)
+
+
+def forget_series(metric: MetricWrapperBase, *label_values: str) -> None:
+    """Stop exporting one series of a prometheus-client counter or histogram (a closed store's, a
+    node's that left). In multiprocess mode its counts stay in the process's files as counts of
+    an exited process do (prometheus-client cannot remove them and warns), so it is left as it is."""
+    if multiprocess_mode():
+        return
+    with contextlib.suppress(KeyError):
+        metric.remove(*label_values)
 
 
 def write_scrape_time_metrics() -> None:
@@ -228,6 +240,7 @@ os.register_at_fork(after_in_child=_writer.after_fork)
 __all__ = [
     "WRITE_INTERVAL",
     "ScrapeTimeWriter",
+    "forget_series",
     "multiprocess_mode",
     "register_scrape_time",
     "write_scrape_time_metrics",

@@ -56,15 +56,20 @@ class StoreTotalGauge(Collector):
         yield GaugeMetricFamily(self.name, "", labels=[names.LABEL_STORE])
 
 
-class FunctionGauge(Collector):
-    """The gauge ``name`` whose series each read a function at scrape time, as
-    ``Gauge.set_function`` does, but in multiprocess mode too."""
+class ScrapeTimeGauge(Collector):
+    """The gauge ``name`` whose series are each a value or a function read at scrape time (as a
+    prometheus-client ``Gauge`` with ``set`` and ``set_function``), in multiprocess mode too, where
+    a series can also be removed."""
 
     def __init__(self, name: str, documentation: str, label_names: Sequence[str]) -> None:
         self.name = name
         self.documentation = documentation
         self.label_names = list(label_names)
-        self._functions: dict[tuple[str, ...], Callable[[], float]] = {}
+        self._functions: dict[tuple[str, ...], Callable[[], float] | float] = {}
+
+    def set(self, label_values: Sequence[str], value: float) -> None:
+        """The series of ``label_values`` reads ``value`` from now on."""
+        self._functions[tuple(label_values)] = float(value)
 
     def set_function(self, label_values: Sequence[str], function: Callable[[], float]) -> None:
         """Read the series of ``label_values`` from ``function()`` (which replaces the one before)."""
@@ -76,8 +81,8 @@ class FunctionGauge(Collector):
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(self.name, self.documentation, labels=self.label_names)
-        for label_values, function in list(self._functions.items()):
-            family.add_metric(list(label_values), function())
+        for label_values, found in list(self._functions.items()):
+            family.add_metric(list(label_values), found if isinstance(found, float) else found())
         yield family
 
     def describe(self) -> Iterator[Metric]:
@@ -85,7 +90,7 @@ class FunctionGauge(Collector):
 
 
 _store_totals: PerRegistry[dict[str, StoreTotalGauge]] = PerRegistry(lambda registry: {})
-_functions: PerRegistry[dict[str, FunctionGauge]] = PerRegistry(lambda registry: {})
+_functions: PerRegistry[dict[str, ScrapeTimeGauge]] = PerRegistry(lambda registry: {})
 
 
 def store_total_gauge(
@@ -100,16 +105,16 @@ def store_total_gauge(
     return found
 
 
-def function_gauge(
+def scrape_time_gauge(
     registry: CollectorRegistry, name: str, documentation: str, label_names: Sequence[str]
-) -> FunctionGauge:
+) -> ScrapeTimeGauge:
     """The function gauge ``name`` of ``registry``, registered on first use and shared afterwards."""
     by_name = _functions(registry)
     found = by_name.get(name)
     if found is None:
-        found = by_name[name] = FunctionGauge(name, documentation, label_names)
+        found = by_name[name] = ScrapeTimeGauge(name, documentation, label_names)
         register_scrape_time(registry, found)
     return found
 
 
-__all__ = ["FunctionGauge", "StoreSource", "StoreTotalGauge", "function_gauge", "store_total_gauge"]
+__all__ = ["ScrapeTimeGauge", "StoreSource", "StoreTotalGauge", "scrape_time_gauge", "store_total_gauge"]

@@ -15,13 +15,13 @@ from prometheus_client import CollectorRegistry
 
 from guarded.observability import multiprocess_metrics
 from guarded.observability import telemetry_names as names
-from guarded.observability.scrape_time_gauges import function_gauge
+from guarded.observability.scrape_time_gauges import scrape_time_gauge
 
 multiprocess_metrics._writer._interval = 3600.0  # no timer write during the test
 
 registry = CollectorRegistry()
-spill = function_gauge(registry, names.DLQ_SPILL_AVAILABLE, "Spill file takes writes.", [names.LABEL_STORE])
-rows = function_gauge(registry, names.GUARDED_PG_TABLE_ROWS, "Rows.", [names.LABEL_STORE])
+spill = scrape_time_gauge(registry, names.DLQ_SPILL_AVAILABLE, "Spill usable.", [names.LABEL_STORE])
+rows = scrape_time_gauge(registry, names.GUARDED_PG_TABLE_ROWS, "Rows.", [names.LABEL_STORE])
 gone = sys.argv[1] == "gone"
 spill.set_function(["agents"], lambda: 1.0)
 rows.set_function(["agents"], lambda: 5.0 if gone else 7.0)

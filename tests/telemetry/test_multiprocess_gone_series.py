@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.killed_process import REPO
 
 from .test_multiprocess_metrics import WAIT, scrape, worker_environment
@@ -63,12 +61,6 @@ input()
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prometheus-client cannot remove a series of its own instruments in multiprocess mode "
-    "(Gauge.remove warns and leaves the files as they are): the Redis and PostgreSQL stores' gauges "
-    "would have to be scrape-time collectors",
-)
 def test_a_redis_node_removed_in_multiprocess_mode_leaves_no_gauge_and_no_warning(tmp_path: Path) -> None:
     environment = worker_environment(tmp_path / "prometheus")
     process = subprocess.Popen(
