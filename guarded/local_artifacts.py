@@ -34,9 +34,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
-from .codec import ARTIFACT_REF, ARTIFACT_SCOPE, check_text, optional_text_argument, to_json_object
+from .codec import (
+    ARTIFACT_REF,
+    ARTIFACT_SCOPE,
+    check_text,
+    optional_text_argument,
+    refusing,
+    text_argument,
+    to_json_object,
+)
 from .errors import InvalidPayloadError
 from .models import ArtifactRef, ArtifactRetentionConfig, ArtifactScope
 
@@ -445,6 +453,87 @@ def prepare_artifact_put(
     return ArtifactPut(data, ref, groups)
 
 
+PreparedPut = TypeVar("PreparedPut")
+
+
+class CheckedArtifactPuts(Generic[PreparedPut]):
+    """``put_bytes`` and ``put_text`` of a durable artifact store, written once: a put is checked
+    (:func:`prepare_artifact_put`, its group keys as :meth:`_artifact_group_key` writes them) and
+    made into what the store writes (:meth:`_prepared`) before any I/O, so an argument that cannot
+    be stored raises :class:`~guarded.errors.InvalidPayloadError`, :class:`ArtifactTooLargeError`
+    or :class:`ArtifactLimitError` at once; then it is written (:meth:`_write`)."""
+
+    _retention: ArtifactRetentionConfig
+
+    def _artifact_group_key(self, key: str) -> str:
+        """A group's key (a session or trace id) as the store keeps it."""
+        return key
+
+    def _prepared(self, put: ArtifactPut, mime_type: str | None) -> PreparedPut:
+        """What the store writes for the checked ``put``."""
+        raise NotImplementedError
+
+    async def _write(self, prepared: PreparedPut) -> Any:
+        """Write ``prepared``; returns the artifact's ref."""
+        raise NotImplementedError
+
+    async def put_bytes(
+        self,
+        data: bytes,
+        *,
+        mime_type: str | None = None,
+        filename: str | None = None,
+        namespace: str | None = None,
+        scope: Any = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Any:
+        """Store ``data`` and return its ref; identical content and namespace return the stored ref.
+
+        Raises :class:`ArtifactTooLargeError`, :class:`ArtifactLimitError`, or
+        :class:`~guarded.errors.InvalidPayloadError` for arguments that cannot be stored.
+        """
+        with refusing("artifact_store.put_bytes"):
+            prepared = self._checked(data, mime_type, filename, namespace, scope, meta)
+        return await self._write(prepared)
+
+    async def put_text(
+        self,
+        text: str,
+        *,
+        mime_type: str = "text/plain",
+        filename: str | None = None,
+        namespace: str | None = None,
+        scope: Any = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Any:
+        """Store ``text`` as UTF-8 (see :meth:`put_bytes`); a lone surrogate is an ``InvalidPayloadError``."""
+        with refusing("artifact_store.put_text"):
+            data = text_argument(text, "text").encode("utf-8")
+            prepared = self._checked(data, mime_type, filename, namespace, scope, meta)
+        return await self._write(prepared)
+
+    def _checked(
+        self,
+        data: object,
+        mime_type: object,
+        filename: object,
+        namespace: object,
+        scope: Any,
+        meta: dict[str, Any] | None,
+    ) -> PreparedPut:
+        put = prepare_artifact_put(
+            data,
+            self._retention,
+            mime_type=mime_type,
+            filename=filename,
+            namespace=namespace,
+            scope=scope,
+            meta=meta,
+            group_key=self._artifact_group_key,
+        )
+        return self._prepared(put, cast(str | None, mime_type))
+
+
 def plan_evictions(
     groups: Sequence[GroupLimit],
     members_of: Callable[[GroupLimit], Sequence[tuple[str, int]]],
@@ -476,6 +565,7 @@ __all__ = [
     "ArtifactLimitError",
     "ArtifactPut",
     "ArtifactTooLargeError",
+    "CheckedArtifactPuts",
     "GroupLimit",
     "InMemoryArtifactStore",
     "artifact_id",

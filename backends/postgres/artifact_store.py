@@ -26,10 +26,11 @@ from typing import Any
 
 from guarded.backend import (
     ArtifactLimitError,
+    ArtifactPut,
     ArtifactTooLargeError,
+    CheckedArtifactPuts,
     GroupLimit,
     plan_evictions,
-    prepare_artifact_put,
 )
 from guarded.codec import ARTIFACT_REF, ARTIFACT_SCOPE, RecordTypes
 from guarded.errors import InvalidPayloadError
@@ -78,7 +79,7 @@ def plan_member_evictions(
     )
 
 
-class PostgresArtifactStore:
+class PostgresArtifactStore(CheckedArtifactPuts[tuple[tuple[Any, ...], tuple[GroupLimit, GroupLimit]]]):
     """Artifacts in the ``artifacts`` table of a store's schema (``store.artifact_store``)."""
 
     def __init__(
@@ -124,67 +125,18 @@ class PostgresArtifactStore:
 
     # -- writes -----------------------------------------------------------------------------------
 
-    async def put_bytes(
-        self,
-        data: bytes,
-        *,
-        mime_type: str | None = None,
-        filename: str | None = None,
-        namespace: str | None = None,
-        scope: Any = None,
-        meta: dict[str, Any] | None = None,
-    ) -> Any:
-        """Store ``data`` and return its ref; identical content and namespace return the stored ref.
+    def _artifact_group_key(self, key: str) -> str:
+        return to_db_text(key)
 
-        Raises :class:`ArtifactTooLargeError`, :class:`ArtifactLimitError`, or
-        :class:`~guarded.errors.InvalidPayloadError` for arguments that cannot be stored.
-        """
-        with refusing("artifact_store.put_bytes"):
-            prepared = self._prepare(data, mime_type, filename, namespace, scope, meta)
-        return await self._put(*prepared)
-
-    async def put_text(
-        self,
-        text: str,
-        *,
-        mime_type: str = "text/plain",
-        filename: str | None = None,
-        namespace: str | None = None,
-        scope: Any = None,
-        meta: dict[str, Any] | None = None,
-    ) -> Any:
-        """Store ``text`` as UTF-8 (see :meth:`put_bytes`); a lone surrogate is an ``InvalidPayloadError``."""
-        with refusing("artifact_store.put_text"):
-            data = check_text(text, "text").encode("utf-8")
-            prepared = self._prepare(data, mime_type, filename, namespace, scope, meta)
-        return await self._put(*prepared)
-
-    def _prepare(
-        self,
-        data: Any,
-        mime_type: str | None,
-        filename: str | None,
-        namespace: str | None,
-        scope: Any,
-        meta: dict[str, Any] | None,
+    def _prepared(
+        self, put: ArtifactPut, mime_type: str | None
     ) -> tuple[tuple[Any, ...], tuple[GroupLimit, GroupLimit]]:
-        """Validate a put and return the row to insert and the artifact's groups."""
-        put = prepare_artifact_put(
-            data,
-            self._retention,
-            mime_type=mime_type,
-            filename=filename,
-            namespace=namespace,
-            scope=scope,
-            meta=meta,
-            group_key=to_db_text,
-        )
+        """The row to insert and the artifact's groups."""
         data, ref, groups = put.data, put.ref, put.groups
-        session_key, trace_key = groups[0].key, groups[1].key
         row = (
             ref["id"],
-            session_key,
-            trace_key,
+            groups[0].key,
+            groups[1].key,
             len(data),
             to_db_text_opt(mime_type),
             ref["sha256"],
@@ -192,6 +144,9 @@ class PostgresArtifactStore:
             data,
         )
         return row, groups
+
+    async def _write(self, prepared: tuple[tuple[Any, ...], tuple[GroupLimit, GroupLimit]]) -> Any:
+        return await self._put(*prepared)
 
     async def _put(self, row: tuple[Any, ...], groups: tuple[GroupLimit, GroupLimit]) -> Any:
         key, session_key, trace_key, size = row[0], row[1], row[2], row[3]

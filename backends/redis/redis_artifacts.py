@@ -26,10 +26,11 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from guarded.backend import (
+    ArtifactPut,
+    CheckedArtifactPuts,
     GroupLimit,
     next_logical_time,
     plan_evictions,
-    prepare_artifact_put,
     ref_groups,
 )
 from guarded.codec import ARTIFACT_REF, ARTIFACT_SCOPE, RecordTypes, parse_json, refusing, text_argument
@@ -59,7 +60,7 @@ class ArtifactHost(Protocol):
 GROUPS = ("session", "trace")
 
 
-class RedisArtifactStore:
+class RedisArtifactStore(CheckedArtifactPuts[ArtifactPut]):
     """Artifacts of one :class:`~.redis_store.RedisStateStore` (its ``artifact_store``)."""
 
     def __init__(self, store: ArtifactHost, retention: ArtifactRetentionConfig | None = None) -> None:
@@ -83,53 +84,11 @@ class RedisArtifactStore:
 
     # -- writes -----------------------------------------------------------------------------------
 
-    async def put_bytes(
-        self,
-        data: bytes,
-        *,
-        mime_type: str | None = None,
-        filename: str | None = None,
-        namespace: str | None = None,
-        scope: Any = None,
-        meta: dict[str, Any] | None = None,
-    ) -> Any:
-        """Store ``data`` and return its ref; identical content and namespace return the stored ref.
+    def _prepared(self, put: ArtifactPut, mime_type: str | None) -> ArtifactPut:
+        return put
 
-        Raises ``ArtifactTooLargeError``, ``ArtifactLimitError``, or
-        :class:`~guarded.errors.InvalidPayloadError` for arguments that cannot be stored."""
-        with refusing("artifact_store.put_bytes"):
-            prepared = self._prepare(data, mime_type, filename, namespace, scope, meta)
-        return await self._put(*prepared)
-
-    async def put_text(
-        self,
-        text_value: str,
-        *,
-        mime_type: str = "text/plain",
-        filename: str | None = None,
-        namespace: str | None = None,
-        scope: Any = None,
-        meta: dict[str, Any] | None = None,
-    ) -> Any:
-        """Store ``text`` as UTF-8 (see :meth:`put_bytes`); a lone surrogate is an ``InvalidPayloadError``."""
-        with refusing("artifact_store.put_text"):
-            data = text_argument(text_value, "text").encode("utf-8")
-            prepared = self._prepare(data, mime_type, filename, namespace, scope, meta)
-        return await self._put(*prepared)
-
-    def _prepare(
-        self, data: Any, mime_type: Any, filename: Any, namespace: Any, scope: Any, meta: Any
-    ) -> tuple[bytes, dict[str, Any], tuple[GroupLimit, GroupLimit]]:
-        put = prepare_artifact_put(
-            data,
-            self._retention,
-            mime_type=mime_type,
-            filename=filename,
-            namespace=namespace,
-            scope=scope,
-            meta=meta,
-        )
-        return put.data, put.ref, put.groups
+    async def _write(self, prepared: ArtifactPut) -> Any:
+        return await self._put(prepared.data, prepared.ref, prepared.groups)
 
     async def _put(self, data: bytes, ref: dict[str, Any], groups: tuple[GroupLimit, GroupLimit]) -> Any:
         keys = self._store.keys
