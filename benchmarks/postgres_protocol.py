@@ -114,6 +114,21 @@ POOL_RESET = "SELECT pg_advisory_unlock_all()"
 """How asyncpg's pool resets a released connection (logged too; the raw pool sends it on its own)."""
 
 
+async def recorded_store(dsn: str, schema: str = SCHEMA) -> tuple[PostgresStateStore, QueryRecorder]:
+    """A store on ``schema`` of ``dsn``, reset (pool of two, no table sampling), whose connections
+    record every statement they send."""
+    await reset_schemas(dsn, schema)
+    recorder = QueryRecorder()
+    store = await PostgresStateStore.connect(
+        dsn,
+        schema=schema,
+        registry=CollectorRegistry(),
+        stats_interval=None,
+        pool=PoolSettings(min_size=2, max_size=2, init=recorder.install),
+    )
+    return store, recorder
+
+
 async def _no_reset(conn: asyncpg.Connection) -> None:
     return None
 
@@ -251,15 +266,7 @@ async def run(
 ) -> tuple[list[MethodSeries], str]:
     """Measure every method against ``dsn`` (schema ``bench_protocol`` is reset); series and table."""
     started = time.perf_counter()
-    await reset_schemas(dsn, SCHEMA)
-    recorder = QueryRecorder()
-    store = await PostgresStateStore.connect(
-        dsn,
-        schema=SCHEMA,
-        registry=CollectorRegistry(),
-        stats_interval=None,
-        pool=PoolSettings(min_size=2, max_size=2, init=recorder.install),
-    )
+    store, recorder = await recorded_store(dsn)
     raw = await asyncpg.create_pool(dsn, min_size=2, max_size=2)
     raw_no_reset = await asyncpg.create_pool(dsn, min_size=2, max_size=2, reset=_no_reset)
     assert raw is not None

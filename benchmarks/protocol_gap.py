@@ -37,11 +37,10 @@ import asyncpg
 from prometheus_client import CollectorRegistry
 
 from guarded import controller, guard
-from guarded.backends.postgres import PoolSettings, PostgresStateStore
 
 from .guard_report import render_table
-from .postgres_protocol import AsyncCall, QueryRecorder, _bound, _no_reset, _replay
-from .workload import PROTOCOL_METHODS, NullStore, calls, reset_schemas, seeds
+from .postgres_protocol import AsyncCall, _bound, _no_reset, _replay, recorded_store
+from .workload import PROTOCOL_METHODS, NullStore, calls, seeds
 
 SCHEMA = "bench_gap"
 METHODS = ("save_event", "load_memory_state")
@@ -99,15 +98,7 @@ async def on_server(
     dsn: str, methods: Sequence[str], *, rounds: int, per_round: int
 ) -> dict[str, dict[str, Series]]:
     """Raw (no reset), bare store and guard for each of ``methods`` on ``dsn`` (schema reset)."""
-    await reset_schemas(dsn, SCHEMA)
-    recorder = QueryRecorder()
-    store = await PostgresStateStore.connect(
-        dsn,
-        schema=SCHEMA,
-        registry=CollectorRegistry(),
-        stats_interval=None,
-        pool=PoolSettings(min_size=2, max_size=2, init=recorder.install),
-    )
+    store, recorder = await recorded_store(dsn, SCHEMA)
     raw = await asyncpg.create_pool(dsn, min_size=2, max_size=2, reset=_no_reset)
     assert raw is not None
     proxy = guard(store, name="bench-gap", registry=CollectorRegistry())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -89,32 +89,34 @@ class ScrapeTimeGauge(Collector):
         yield GaugeMetricFamily(self.name, "", labels=self.label_names)
 
 
-_store_totals: PerRegistry[dict[str, StoreTotalGauge]] = PerRegistry(lambda registry: {})
-_functions: PerRegistry[dict[str, ScrapeTimeGauge]] = PerRegistry(lambda registry: {})
+_gauges: PerRegistry[dict[str, Collector]] = PerRegistry(lambda registry: {})
+"""Every scrape-time gauge of a registry, by name."""
+
+G = TypeVar("G", bound=Collector)
+
+
+def _registered_once(registry: CollectorRegistry, name: str, build: Callable[[], G]) -> G:
+    """The gauge ``name`` of ``registry``: ``build()`` registered on first use, shared afterwards."""
+    by_name = _gauges(registry)
+    found = by_name.get(name)
+    if found is None:
+        found = by_name[name] = build()
+        register_scrape_time(registry, found)
+    return found  # type: ignore[return-value]  # the name was first built by the same function
 
 
 def store_total_gauge(
     registry: CollectorRegistry, name: str, documentation: str, value: Callable[[Any], float]
 ) -> StoreTotalGauge:
-    """The gauge ``name`` of ``registry``, registered on first use and shared afterwards."""
-    by_name = _store_totals(registry)
-    found = by_name.get(name)
-    if found is None:
-        found = by_name[name] = StoreTotalGauge(name, documentation, value)
-        register_scrape_time(registry, found)
-    return found
+    """The store-total gauge ``name`` of ``registry``, registered on first use and shared afterwards."""
+    return _registered_once(registry, name, lambda: StoreTotalGauge(name, documentation, value))
 
 
 def scrape_time_gauge(
     registry: CollectorRegistry, name: str, documentation: str, label_names: Sequence[str]
 ) -> ScrapeTimeGauge:
-    """The function gauge ``name`` of ``registry``, registered on first use and shared afterwards."""
-    by_name = _functions(registry)
-    found = by_name.get(name)
-    if found is None:
-        found = by_name[name] = ScrapeTimeGauge(name, documentation, label_names)
-        register_scrape_time(registry, found)
-    return found
+    """The scrape-time gauge ``name`` of ``registry``, registered on first use and shared afterwards."""
+    return _registered_once(registry, name, lambda: ScrapeTimeGauge(name, documentation, label_names))
 
 
 __all__ = ["ScrapeTimeGauge", "StoreSource", "StoreTotalGauge", "scrape_time_gauge", "store_total_gauge"]
