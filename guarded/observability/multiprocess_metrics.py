@@ -35,10 +35,14 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import mark_process_dead
 from prometheus_client.registry import Collector
 
+from .rate_limited_log import RateLimitedLog
 from .telemetry_names import gauge_multiprocess_mode
 
 WRITE_INTERVAL = 1.0
 """Seconds between two writes of a process's scrape-time metrics into the multiprocess directory."""
+
+FAILURE_LOG_INTERVAL = 300.0
+"""Seconds between two warnings of the same failure to collect or write (the first is logged at once)."""
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +108,7 @@ class ScrapeTimeWriter:
         """Counts inherited from a parent process at ``fork`` (the parent wrote them already)."""
         self._thread: threading.Thread | None = None
         self._exit_hooked = False
+        self._failures = RateLimitedLog(FAILURE_LOG_INTERVAL, log=logger)
 
     def watch(self, collector: Collector) -> None:
         """Write ``collector``'s samples from now on, for as long as it is alive."""
@@ -170,18 +175,39 @@ class ScrapeTimeWriter:
 
     def _at_exit(self) -> None:
         self._write_logging_failures()
-        mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]  # its live gauges go with it
+        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if directory:
+            with contextlib.suppress(OSError):  # its live gauges go with it
+                mark_process_dead(os.getpid(), directory)  # type: ignore[no-untyped-call]
 
     def _write_logging_failures(self) -> None:
         try:
             self.write()
-        except Exception:
-            logger.warning("could not write guarded's metrics to the multiprocess directory", exc_info=True)
+        except Exception as exc:
+            self._failures.log(
+                ("write", type(exc).__name__),
+                logging.WARNING,
+                "could not write guarded's metrics to the multiprocess directory: %s",
+                type(exc).__name__,
+                extra={"event": "multiprocess_metrics_not_written", "error_type": type(exc).__name__},
+            )
 
     def _collect(self) -> dict[_SampleKey, float]:
         samples: dict[_SampleKey, float] = {}
         for collector in list(self._collectors):
-            for family in collector.collect():
+            try:
+                families = list(collector.collect())
+            except Exception as exc:  # one collector's failure leaves the others' samples
+                self._failures.log(
+                    ("collect", type(collector).__name__, type(exc).__name__),
+                    logging.WARNING,
+                    "could not collect %s for the multiprocess directory: %s",
+                    type(collector).__name__,
+                    type(exc).__name__,
+                    extra={"event": "multiprocess_metrics_not_collected", "error_type": type(exc).__name__},
+                )
+                continue
+            for family in families:
                 for key, value in _family_samples(family):
                     samples[key] = _combined(key, samples.get(key), value)
         return samples

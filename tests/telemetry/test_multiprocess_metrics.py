@@ -204,3 +204,53 @@ def test_a_worker_forked_after_calls_reports_only_its_own(tmp_path: Path) -> Non
     )
     ok_saves = (("method", "save_memory_state"), ("outcome", "ok"), ("store", "agents"))
     assert scrape(directory)[("guarded_store_calls", "guarded_store_calls_total", ok_saves)] == 3 + 4
+
+
+A_COLLECTOR_FAILS = """
+import asyncio, time
+from prometheus_client import REGISTRY
+from prometheus_client.registry import Collector
+from guarded import guard
+from guarded.backends.memory import InMemoryStateStore
+from guarded.config import DeadLetterConfig, GuardConfig
+from guarded.observability.multiprocess_metrics import register_scrape_time, write_scrape_time_metrics
+
+class Broken(Collector):
+    def describe(self):
+        return []
+
+    def collect(self):
+        raise RuntimeError("a collector that fails")
+
+register_scrape_time(REGISTRY, Broken())
+config = GuardConfig(dead_letter=DeadLetterConfig(path=None))
+store = guard(InMemoryStateStore(), name="agents", config=config)
+
+async def saves():
+    for number in range(3):
+        await store.save_memory_state(f"key-{number}", {"n": number})
+
+asyncio.run(saves())
+write_scrape_time_metrics()
+write_scrape_time_metrics()
+time.sleep(2.5)  # the writer's thread writes twice meanwhile, and goes on
+"""
+
+
+def test_a_collector_that_fails_leaves_the_others_written_and_warns_once(tmp_path: Path) -> None:
+    directory = tmp_path / "prometheus"
+    finished = subprocess.run(
+        [sys.executable, "-c", A_COLLECTOR_FAILS],
+        cwd=REPO,
+        env=worker_environment(directory),
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert finished.returncode == 0, finished.stderr
+    ok_saves = (("method", "save_memory_state"), ("outcome", "ok"), ("store", "agents"))
+    assert scrape(directory)[("guarded_store_calls", "guarded_store_calls_total", ok_saves)] == 3
+    warnings = [line for line in finished.stderr.splitlines() if "could not collect Broken" in line]
+    assert len(warnings) == 1, finished.stderr
+    assert "Traceback" not in finished.stderr
