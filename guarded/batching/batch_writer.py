@@ -248,9 +248,16 @@ class BatchWriter:
             return raising(exc)
 
     def runs_as_called(self, method: str) -> bool:
-        """Whether a lone write of ``method`` goes out as the very call its caller made: no item
-        key of its own, and the store takes it by that name (not a legacy alias)."""
-        return method not in self._keyed_appends and self.offered(method) == method
+        """Whether a lone write of ``method`` goes out as the very call its caller made: the store
+        takes it by that name (not a legacy alias)."""
+        return self.offered(method) == method
+
+    def as_called(self, write: PendingWrite, started: Awaitable[Any]) -> Awaitable[Any]:
+        """The caller's own call of a lone write, under its item key when it is a keyed append
+        (the key it is held and replayed with if it fails)."""
+        if write.method not in self._keyed_appends:
+            return started
+        return _under_item_keys((self._write_key(write),), started)
 
     async def one_failed(self, write: PendingWrite, exc: BaseException) -> list[Outcome]:
         """The writer's answer for a lone write whose call (:meth:`start_one`) failed with ``exc``:
@@ -288,14 +295,7 @@ class BatchWriter:
             if keys is None and _ITEM_KEYS.get() is None:
                 await self._run(self.offered(write.method), write.args, write.kwargs)
             else:
-                token = _ITEM_KEYS.set(keys)  # item_keys(keys), without a generator per write
-                try:
-                    await self._run(self.offered(write.method), write.args, write.kwargs)
-                finally:
-                    try:  # noqa: SIM105 - inline: suppress() costs a context manager per write
-                        _ITEM_KEYS.reset(token)
-                    except ValueError:  # a closed loop's call, collected as garbage (another context)
-                        pass
+                await _under_item_keys(keys, self._run(self.offered(write.method), write.args, write.kwargs))
             return _OK
         except BaseException as exc:
             return await self._write_failed(write, exc)
@@ -311,6 +311,19 @@ class BatchWriter:
             await self._park(write.method, write.args, write.kwargs, exc)
             return _REJECTED
         return exc
+
+
+async def _under_item_keys(keys: tuple[str, ...] | None, call: Awaitable[Any]) -> Any:
+    """``await call`` with ``keys`` as the item keys it sees (``item_keys(keys)``, without a
+    generator per write); ``call`` must not have started."""
+    token = _ITEM_KEYS.set(keys)
+    try:
+        return await call
+    finally:
+        try:  # noqa: SIM105 - inline: suppress() costs a context manager per write
+            _ITEM_KEYS.reset(token)
+        except ValueError:  # a closed loop's call, collected as garbage (another context)
+            pass
 
 
 def _raised_by_store(exc: BaseException) -> bool:

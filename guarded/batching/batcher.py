@@ -129,8 +129,12 @@ class LoneWriter(Protocol):
         """The write's call, started (``None``: write it through the writer itself); never raises."""
 
     def runs_as_called(self, method: str) -> bool:
-        """Whether a lone write of ``method`` is exactly the call its caller made (no key of its
-        own, the store takes it by that name), so the caller's own call may carry it."""
+        """Whether a lone write of ``method`` may go out as the call its caller made (the store
+        takes it by that name), so the caller's own call may carry it."""
+
+    def as_called(self, write: PendingWrite, started: Awaitable[Any]) -> Awaitable[Any]:
+        """``started``, the caller's own call of the lone ``write``, with what the writer puts
+        around a write (a keyed append's item key)."""
 
     def one_failed(self, write: PendingWrite, exc: BaseException) -> Awaitable[Sequence[Outcome] | None]:
         """The writer's outcomes for the write whose started call failed with ``exc``; raises a
@@ -649,8 +653,8 @@ class Batcher:
         done = write.done
         lone = self._lone
         try:
-            if started is None and lone is not None:
-                started = lone.start_one(write)
+            if lone is not None:
+                started = lone.start_one(write) if started is None else lone.as_called(write, started)
             if lone is not None and started is not None:
                 try:
                     await started
