@@ -147,6 +147,16 @@ class ScrapeTimeWriter:
                     found.set(value, None)  # type: ignore[attr-defined]
             self._gauges_written = {key for key in samples if key.kind == "gauge"}
 
+    def before_fork(self) -> None:
+        """Before ``fork()``: wait for a write under way to end, and hold off the next one until
+        the fork is done, so that no child starts with prometheus-client's lock (or this writer's)
+        held by a thread it does not have (its first metric write would wait for ever)."""
+        self._lock.acquire()
+
+    def after_fork_in_parent(self) -> None:
+        """After ``fork()``, in the parent: writes go on."""
+        self._lock.release()
+
     def after_fork(self) -> None:
         """In a forked child: the parent's counts are the parent's (it writes them), so this
         process writes only what it adds from here; the parent's thread did not come along."""
@@ -261,7 +271,11 @@ def _combined(key: _SampleKey, earlier: float | None, value: float) -> float:
 
 
 _writer = ScrapeTimeWriter()
-os.register_at_fork(after_in_child=_writer.after_fork)
+os.register_at_fork(
+    before=_writer.before_fork,
+    after_in_parent=_writer.after_fork_in_parent,
+    after_in_child=_writer.after_fork,
+)
 
 __all__ = [
     "WRITE_INTERVAL",

@@ -254,3 +254,59 @@ def test_a_collector_that_fails_leaves_the_others_written_and_warns_once(tmp_pat
     warnings = [line for line in finished.stderr.splitlines() if "could not collect Broken" in line]
     assert len(warnings) == 1, finished.stderr
     assert "Traceback" not in finished.stderr
+
+
+FORK_DURING_A_WRITE = """
+import os, sys, threading, time
+from prometheus_client import REGISTRY, Counter
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+from guarded.observability.multiprocess_metrics import register_scrape_time, write_scrape_time_metrics
+
+class Many(Collector):
+    def describe(self):
+        return []
+
+    def collect(self):
+        family = CounterMetricFamily("guarded_fork_test", "Many series.", labels=["n"])
+        for number in range(20_000):
+            family.add_metric([str(number)], number)
+        yield family
+
+register_scrape_time(REGISTRY, Many())
+write_scrape_time_metrics()  # the files and their keys exist: later writes only set values
+writing = threading.Thread(target=write_scrape_time_metrics)
+writing.start()
+children = []
+while writing.is_alive() and len(children) < 20:  # forks all along the write
+    child = os.fork()
+    if child == 0:
+        Counter("guarded_fork_child", "A child's own counter.").inc()  # takes prometheus-client's lock
+        os._exit(0)
+    children.append(child)
+    time.sleep(0.02)
+deadline = time.monotonic() + 30
+hung = set(children)
+while hung and time.monotonic() < deadline:
+    hung = {child for child in hung if not os.waitpid(child, os.WNOHANG)[0]}
+    time.sleep(0.05)
+for child in hung:
+    os.kill(child, 9)
+print(f"{len(children)} children, {len(hung)} hung", flush=True)
+writing.join()
+"""
+
+
+def test_a_fork_during_a_write_leaves_the_child_free_to_write(tmp_path: Path) -> None:
+    """gunicorn --preload forks workers from a process whose writer thread may be mid-write: a
+    child must not inherit prometheus-client's lock held (its first metric write would hang)."""
+    finished = subprocess.run(
+        [sys.executable, "-c", FORK_DURING_A_WRITE],
+        cwd=REPO,
+        env=worker_environment(tmp_path / "prometheus"),
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert finished.stdout.strip().endswith(" 0 hung"), finished.stdout + finished.stderr
