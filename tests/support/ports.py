@@ -225,6 +225,7 @@ class FakeQueue:
     @staticmethod
     def runs_as_called(method: str) -> bool:
         return False
+
     async def submit(self, write: PendingWrite, *, deadline: float) -> bool:
         self.submitted.append((write, deadline))
         if self.room and self.settle is not None:
