@@ -10,13 +10,12 @@ from __future__ import annotations
 from guarded.observability import telemetry_names as names
 
 from . import promql as q
-from .model import AlertAnnotation, Dashboard, Panel, Query, QueryVariable, Row, SeriesStyle, Threshold
-from .provisioning import PROMETHEUS_NAME, PROMETHEUS_UID
+from .backend_dashboard import INSTANCE, backend_dashboard
+from .model import Dashboard, Panel, Query, QueryVariable, Row, SeriesStyle, Threshold
 from .semantics import PARTITION_HORIZON_ALERT_SECONDS
 from .store_overview import PAUSE_ALERTS
 
 UID = "guarded-postgres"
-INSTANCE = "instance"
 SCOPE = q.Scope((INSTANCE, names.LABEL_STORE, names.LABEL_SCHEMA))
 STORE_SCHEMA = (names.LABEL_STORE, names.LABEL_SCHEMA)
 PER_PROCESS = (INSTANCE, *STORE_SCHEMA)
@@ -320,7 +319,7 @@ def _partition_panels() -> tuple[Panel, ...]:
 def dashboard() -> Dashboard:
     """The Postgres backend dashboard."""
     source = q.histogram_count(names.GUARDED_PG_POOL_ACQUIRE_SECONDS)
-    return Dashboard(
+    return backend_dashboard(
         uid=UID,
         title="guarded / Postgres backend",
         description=(
@@ -328,28 +327,19 @@ def dashboard() -> Dashboard:
             "schema version, partitions."
         ),
         tags=("guarded", "postgres"),
-        variables=(
-            QueryVariable(INSTANCE, "Instance", source),
-            QueryVariable(names.LABEL_STORE, "Store", f"{source}{{{q.variable_matcher(INSTANCE)}}}"),
-            QueryVariable(
-                names.LABEL_SCHEMA,
-                "Schema",
-                f"{source}{{{q.variable_matcher(INSTANCE)}, {q.variable_matcher(names.LABEL_STORE)}}}",
-            ),
-        ),
-        annotations=(
-            AlertAnnotation(
-                "Store alerts",
-                q.firing_alerts(BACKEND_ALERTS, q.variable_matcher(names.LABEL_STORE)),
-                color="orange",
-            ),
-        ),
+        source=source,
+        alerts=BACKEND_ALERTS,
         rows=(
             Row("Connection pool", _pool_panels()),
             Row("Read replicas", _replica_panels()),
             Row("Tables", _table_panels()),
             Row("Partitions", _partition_panels()),
         ),
-        default_datasource_uid=PROMETHEUS_UID,
-        default_datasource_name=PROMETHEUS_NAME,
+        variables=(
+            QueryVariable(
+                names.LABEL_SCHEMA,
+                "Schema",
+                f"{source}{{{q.variable_matcher(INSTANCE)}, {q.variable_matcher(names.LABEL_STORE)}}}",
+            ),
+        ),
     )

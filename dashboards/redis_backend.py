@@ -13,13 +13,12 @@ from __future__ import annotations
 from guarded.observability import telemetry_names as names
 
 from . import promql as q
-from .model import AlertAnnotation, Dashboard, Panel, Query, QueryVariable, Row, SeriesStyle, Threshold
-from .provisioning import PROMETHEUS_NAME, PROMETHEUS_UID
+from .backend_dashboard import INSTANCE, backend_dashboard
+from .model import Dashboard, Panel, Query, Row, SeriesStyle, Threshold
 from .semantics import ERROR_OUTCOMES, LATENCY_P99_ALERT_SECONDS, REDIS_MEMORY_ALERT_RATIO
 from .store_overview import PAUSE_ALERTS
 
 UID = "guarded-redis"
-INSTANCE = "instance"
 SCOPE = q.Scope((INSTANCE, names.LABEL_STORE))
 STORE_METHOD = (names.LABEL_STORE, names.LABEL_METHOD)
 STORE_NODE = (names.LABEL_STORE, names.LABEL_NODE)
@@ -262,7 +261,7 @@ def _memory_panels() -> tuple[Panel, ...]:
 def dashboard() -> Dashboard:
     """The Redis backend dashboard."""
     source = q.histogram_count(names.GUARDED_REDIS_PING_SECONDS)
-    return Dashboard(
+    return backend_dashboard(
         uid=UID,
         title="guarded / Redis backend",
         description=(
@@ -270,22 +269,11 @@ def dashboard() -> Dashboard:
             "against maxmemory, evicted and expired keys; pauses saved and consumed."
         ),
         tags=("guarded", "redis"),
-        variables=(
-            QueryVariable(INSTANCE, "Instance", source),
-            QueryVariable(names.LABEL_STORE, "Store", f"{source}{{{q.variable_matcher(INSTANCE)}}}"),
-        ),
-        annotations=(
-            AlertAnnotation(
-                "Store alerts",
-                q.firing_alerts(BACKEND_ALERTS, q.variable_matcher(names.LABEL_STORE)),
-                color="orange",
-            ),
-        ),
+        source=source,
+        alerts=BACKEND_ALERTS,
         rows=(
             Row("Calls by method", _call_panels()),
             Row("Nodes", _node_panels()),
             Row("Memory and keys", _memory_panels()),
         ),
-        default_datasource_uid=PROMETHEUS_UID,
-        default_datasource_name=PROMETHEUS_NAME,
     )
