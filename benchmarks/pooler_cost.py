@@ -22,10 +22,9 @@ the hop is PgBouncer's, not the store's.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -34,6 +33,7 @@ from guarded import controller, guard
 from guarded.backends.postgres import PoolSettings, PostgresStateStore
 
 from .guard_report import Verdict, render_table
+from .method_samples import MethodSamples
 from .postgres_protocol import AsyncCall, Interleaved, time_rounds
 from .workload import MethodCall, calls, reset_schemas, seeds
 
@@ -49,17 +49,8 @@ TARGET_TEXT = f'guard(PostgresStateStore) pooler="transaction" <= {TARGET}x the 
 
 
 @dataclass
-class PoolingRow:
-    method: str
-    samples: dict[str, list[float]] = field(default_factory=dict)
-
-    def median_us(self, series: str) -> float | None:
-        found = self.samples.get(series)
-        return statistics.median(found) * 1e6 if found else None
-
-    def ratio(self, series: str) -> float | None:
-        value, direct = self.median_us(series), self.median_us(DIRECT)
-        return None if value is None or not direct else value / direct
+class PoolingRow(MethodSamples):
+    reference = DIRECT
 
 
 @dataclass

@@ -24,7 +24,6 @@ alternating, p50 and p99 of the pair, no target (the figure the hybrid store's r
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from guarded import controller, guard
 from guarded.backends.redis import RedisStateStore
 
 from .guard_report import Verdict, render_table
+from .method_samples import MethodSamples
 from .postgres_protocol import AsyncCall, Interleaved, time_rounds
 from .workload import PAUSE, MethodCall, calls, seeds
 
@@ -69,18 +69,10 @@ Command = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 @dataclass
-class RedisRow:
-    method: str
+class RedisRow(MethodSamples):
+    reference = RAW
+
     commands: int = 0
-    samples: dict[str, list[float]] = field(default_factory=dict)
-
-    def median_us(self, series: str) -> float | None:
-        found = self.samples.get(series)
-        return statistics.median(found) * 1e6 if found else None
-
-    def ratio(self, series: str) -> float | None:
-        value, raw = self.median_us(series), self.median_us(RAW)
-        return None if value is None or not raw else value / raw
 
 
 @dataclass
