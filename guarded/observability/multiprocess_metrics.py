@@ -103,6 +103,9 @@ class ScrapeTimeWriter:
         self._collectors: weakref.WeakSet[Collector] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._values: dict[_SampleKey, object] = {}
+        self._written: dict[_SampleKey, float | None] = {}
+        """What was last written of each sample (``None``: that it is gone); a sample that has not
+        changed since is not written again."""
         self._gauges_written: set[_SampleKey] = set()
         self._baseline: dict[_SampleKey, float] = {}
         """Counts inherited from a parent process at ``fork`` (the parent wrote them already)."""
@@ -129,6 +132,11 @@ class ScrapeTimeWriter:
                 samples[key] = math.inf if key.mode in _MIN else 0.0
             now = time.time()
             for key, value in samples.items():
+                value -= self._baseline.get(key, 0.0)
+                written: float | None = None if key in gone else value
+                if key in self._written and self._written[key] == written:
+                    continue  # unchanged since its last write
+                self._written[key] = written
                 found = self._values.get(key)
                 if found is None:
                     found = self._values[key] = values.ValueClass(
@@ -140,7 +148,6 @@ class ScrapeTimeWriter:
                         key.documentation,
                         multiprocess_mode=key.mode,
                     )
-                value -= self._baseline.get(key, 0.0)
                 if key.mode in _MOST_RECENT:
                     found.set(value, 0.0 if key in gone else now)  # type: ignore[attr-defined]
                 else:
@@ -162,6 +169,7 @@ class ScrapeTimeWriter:
         process writes only what it adds from here; the parent's thread did not come along."""
         self._lock = threading.Lock()
         self._values.clear()
+        self._written.clear()
         self._gauges_written.clear()
         self._thread = None
         if self._collectors:
