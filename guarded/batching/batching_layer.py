@@ -125,7 +125,7 @@ class BatchingLayer(StepLayer):
         hold, kept_kwargs = keeper.hold, queue.kept_kwargs
         commit = method.settings.ack == "commit"
         as_called = policy.alias_of is None and queue.runs_as_called(name)
-        no_item_keys = ITEM_KEYS.get
+        item_keys_now = ITEM_KEYS.get
         ok, rejected, dead_lettered = Outcome.OK, Outcome.REJECTED, Outcome.DEAD_LETTERED
         refused = Outcome.REFUSED
 
@@ -198,7 +198,7 @@ class BatchingLayer(StepLayer):
                 if offered == QUEUED:
                     return done
                 if offered == ALONE:
-                    if as_called and no_item_keys() is None:
+                    if as_called and item_keys_now() is None:
                         return write_alone(name, inner(call))
                     return write_alone(name)
             return finish(call, write, offered)
